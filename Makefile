@@ -1,0 +1,37 @@
+# The README's two commands: `make test` and `make demo`. Both work from a clean clone.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: test demo lint format system-deps bench clean
+
+$(STAMP): pyproject.toml
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e '.[dev]'
+	@touch $(STAMP)
+
+system-deps:
+	@bash .ci/system-deps.sh
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+format: $(STAMP)
+	$(BIN)/ruff format .
+	$(BIN)/ruff check --fix .
+
+test: system-deps $(STAMP) lint
+	$(BIN)/pytest -q
+
+demo: system-deps $(STAMP)
+	@if $(BIN)/replicator demo --help >/dev/null 2>&1; then \
+		$(BIN)/replicator demo --project-dir .; \
+	else \
+		echo "replicator demo needs the sync engine, which has not landed yet (see README)."; \
+	fi
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache *.egg-info

@@ -1,0 +1,5 @@
+"""`python -m replicator` runs the CLI."""
+
+from .cli import main
+
+main()

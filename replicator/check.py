@@ -1,0 +1,139 @@
+"""`replicator check`: every problem a sync would hit, found up front, each with its fix."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import psycopg
+from psycopg import sql
+
+from .catalog import describe_table, leading_index_columns
+from .config import TableConfig
+from .database import connect, fetch_all
+from .errors import ReplicatorError
+from .identifiers import display_ident
+from .inspect_table import inspect_table
+from .project import Project
+
+Level = Literal["ok", "warn", "error"]
+
+
+@dataclass(frozen=True)
+class Finding:
+    level: Level
+    subject: str
+    message: str
+    fix: str | None = None
+
+    def line(self) -> str:
+        text = f"{self.level:<5} {self.subject}: {self.message}"
+        return f"{text}; fix: {self.fix}" if self.fix else text
+
+
+def run_checks(project: Project) -> list[Finding]:
+    """Check connections, privileges, keys and indexes; never writes anything."""
+    findings: list[Finding] = []
+    connections = project.connections()
+    source = _connect(connections.source, "source", "REPLICATOR_SOURCE_URL", findings)
+    dest = _connect(connections.destination, "destination", "REPLICATOR_DEST_URL", findings)
+    try:
+        if dest is not None:
+            findings.extend(_destination_privileges(dest))
+        for table in project.config.tables:
+            findings.extend(_check_state(project, table))
+            if source is not None:
+                findings.extend(_check_table(source, table, project))
+    finally:
+        for conn in (source, dest):
+            if conn is not None:
+                conn.close()
+    return findings
+
+
+def _connect(url: str, role: str, variable: str, findings: list[Finding]) -> Any:
+    try:
+        conn = connect(url, role)
+    except ReplicatorError as exc:
+        findings.append(Finding("error", role, str(exc), f"check {variable}"))
+        return None
+    (version,) = conn.execute("SHOW server_version").fetchone()
+    findings.append(Finding("ok", role, f"connected (PostgreSQL {version})"))
+    return conn
+
+
+def _destination_privileges(conn: psycopg.Connection[Any]) -> Iterator[Finding]:
+    rows = fetch_all(
+        conn,
+        "SELECT current_user, has_database_privilege(current_database(), 'CREATE')",
+    )
+    user, can_create = rows[0]
+    if can_create:
+        yield Finding("ok", "destination", f"role {user} may create schemas")
+    else:
+        yield Finding(
+            "error",
+            "destination",
+            f"role {user} may not create schemas in this database",
+            f"GRANT CREATE ON DATABASE <db> TO {display_ident(user)}",
+        )
+
+
+def _check_state(project: Project, table: TableConfig) -> Iterator[Finding]:
+    try:
+        project.store.read(table.name)
+    except ReplicatorError as exc:
+        yield Finding("error", table.written_name, str(exc))
+
+
+def _check_table(
+    conn: psycopg.Connection[Any], table: TableConfig, project: Project
+) -> Iterator[Finding]:
+    subject = table.written_name
+    info = describe_table(conn, table.name)
+    if info is None:
+        yield Finding(
+            "error",
+            subject,
+            "source table does not exist",
+            "create it, or fix the name in tables-config.json",
+        )
+        return
+    (can_select,) = conn.execute("SELECT has_table_privilege(%s, 'SELECT')", (info.oid,)).fetchone()
+    if not can_select:
+        yield Finding(
+            "error",
+            subject,
+            "the source role may not SELECT from it",
+            sql.SQL("GRANT SELECT ON {} TO <source role>")
+            .format(sql.Identifier(info.name.schema, info.name.name))
+            .as_string(None),
+        )
+        return
+    try:
+        built = inspect_table(conn, table, project.templates)
+    except ReplicatorError as exc:
+        yield Finding("error", subject, str(exc).removeprefix(f"{subject}: "))
+        return
+    key = ", ".join(map(display_ident, built.primary_key)) or "none"
+    yield Finding("ok", subject, f"{info.kind}, {len(info.columns)} columns, primary key ({key})")
+    if table.replication_key is None:
+        return
+    if table.replication_key in leading_index_columns(conn, info.oid):
+        yield Finding(
+            "ok", subject, f"replication key {display_ident(table.replication_key)} is indexed"
+        )
+    else:
+        yield Finding(
+            "warn",
+            subject,
+            f"replication key {display_ident(table.replication_key)} has no index: "
+            "every sync will scan the whole table",
+            sql.SQL("CREATE INDEX ON {} ({})")
+            .format(
+                sql.Identifier(info.name.schema, info.name.name),
+                sql.Identifier(table.replication_key),
+            )
+            .as_string(None),
+        )

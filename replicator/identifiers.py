@@ -1,0 +1,119 @@
+"""PostgreSQL identifiers: parsing names as PostgreSQL reads them, quoting them through sqlglot.
+
+Unquoted parts fold to lower case (ASCII only, as PostgreSQL does in UTF-8 databases); double
+quotes keep case and allow any character, with `""` standing for one quote.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from sqlglot import exp
+
+MAX_IDENTIFIER_BYTES = 63
+# PostgreSQL's lexer: ident_start [A-Za-z\200-\377_], ident_cont adds digits and $.
+_UNQUOTED = re.compile("[A-Za-z_\u0080-\U0010ffff][A-Za-z0-9_$\u0080-\U0010ffff]*")
+_SIMPLE = re.compile(r"[a-z_][a-z0-9_$]*")
+
+
+def quote_ident(name: str) -> str:
+    """The identifier quoted for PostgreSQL, whatever it contains."""
+    return exp.to_identifier(name, quoted=True).sql(dialect="postgres")
+
+
+def display_ident(name: str) -> str:
+    """The identifier as a person would write it: bare when that reads back the same."""
+    return name if _SIMPLE.fullmatch(name) else quote_ident(name)
+
+
+def _split(text: str) -> list[str]:
+    """Split a dotted name into identifier parts, applying PostgreSQL's quoting rules."""
+    parts: list[str] = []
+    i, n = 0, len(text)
+    while True:
+        i = _skip_space(text, i)
+        if i < n and text[i] == '"':
+            j, buf = i + 1, []
+            while True:
+                k = text.find('"', j)
+                if k < 0:
+                    raise ValueError(f"unterminated quoted identifier in {text!r}")
+                buf.append(text[j:k])
+                if k + 1 < n and text[k + 1] == '"':
+                    buf.append('"')
+                    j = k + 2
+                    continue
+                i = k + 1
+                break
+            part = "".join(buf)
+            if not part:
+                raise ValueError(f"empty quoted identifier in {text!r}")
+        else:
+            m = _UNQUOTED.match(text, i)
+            if not m:
+                raise ValueError(f"expected an identifier at position {i + 1} of {text!r}")
+            part = m.group(0).translate(_ASCII_LOWER)
+            i = m.end()
+        parts.append(part)
+        i = _skip_space(text, i)
+        if i == n:
+            return parts
+        if text[i] != ".":
+            raise ValueError(f"unexpected {text[i]!r} at position {i + 1} of {text!r}")
+        i += 1
+
+
+def _skip_space(text: str, i: int) -> int:
+    while i < len(text) and text[i] in " \t\n\r\f":  # PostgreSQL's scanner_isspace
+        i += 1
+    return i
+
+
+_ASCII_LOWER = str.maketrans("ABCDEFGHIJKLMNOPQRSTUVWXYZ", "abcdefghijklmnopqrstuvwxyz")
+
+
+def _check_length(part: str, text: str) -> None:
+    if len(part.encode()) > MAX_IDENTIFIER_BYTES:
+        raise ValueError(
+            f"identifier {part!r} in {text!r} is longer than PostgreSQL's "
+            f"{MAX_IDENTIFIER_BYTES}-byte limit"
+        )
+
+
+def parse_column(text: str) -> str:
+    """Parse one column name (`updated_at`, `"UpdatedAt"`)."""
+    parts = _split(text.strip())
+    if len(parts) != 1:
+        raise ValueError(f"expected a column name, got {text!r}")
+    _check_length(parts[0], text)
+    return parts[0]
+
+
+@dataclass(frozen=True, order=True)
+class TableName:
+    """A schema-qualified table name, as PostgreSQL stores it (already unquoted and folded)."""
+
+    schema: str
+    name: str
+
+    @classmethod
+    def parse(cls, text: str) -> TableName:
+        """Parse `schema.table` with PostgreSQL quoting rules; both parts are required."""
+        parts = _split(text.strip())
+        if len(parts) != 2:
+            raise ValueError(f'expected "schema.table", got {text!r}')
+        for part in parts:
+            _check_length(part, text)
+        return cls(parts[0], parts[1])
+
+    def table(self) -> exp.Table:
+        """The sqlglot node for this table, both parts quoted."""
+        return exp.table_(self.name, db=self.schema, quoted=True)
+
+    def sql(self) -> str:
+        """The quoted SQL form: `"schema"."table"`."""
+        return self.table().sql(dialect="postgres")
+
+    def __str__(self) -> str:
+        return f"{display_ident(self.schema)}.{display_ident(self.name)}"

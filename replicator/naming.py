@@ -1,0 +1,31 @@
+"""Names the tool derives for its own objects (staging tables) from any source identifier.
+
+Derived names must never collide or be truncated into each other at PostgreSQL's 63-byte
+limit: each carries a hash of the full target name and a readable, byte-safe prefix of it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+from .identifiers import MAX_IDENTIFIER_BYTES, TableName
+
+INTERNAL_SCHEMA = "_replicator"
+
+
+def _truncate_bytes(text: str, limit: int) -> str:
+    encoded = text.encode()[:limit]
+    return encoded.decode(errors="ignore")
+
+
+def derived_name(kind: str, target: TableName) -> str:
+    """`<kind>_<hash>_<readable target>`, at most 63 bytes, unique per (kind, target)."""
+    digest = hashlib.sha256(f"{target.schema}\0{target.name}".encode()).hexdigest()[:10]
+    head = f"{kind}_{digest}_"
+    room = MAX_IDENTIFIER_BYTES - len(head.encode())
+    return head + _truncate_bytes(f"{target.schema}.{target.name}", room)
+
+
+def staging_table(target: TableName) -> TableName:
+    """The UNLOGGED table a batch for `target` is staged in before the merge."""
+    return TableName(INTERNAL_SCHEMA, derived_name("stg", target))

@@ -1,0 +1,122 @@
+"""Throwaway PostgreSQL clusters for tests and `replicator demo`: initdb in a folder, a free
+port, sockets in the folder, stopped and removed at the end.
+
+initdb refuses to run as root, so as root the folder is handed to the `postgres` user and
+every server binary runs through `runuser -u postgres --`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import glob
+import os
+import shutil
+import socket
+import subprocess
+from pathlib import Path
+
+PG_BIN_ENV = "REPLICATOR_PG_BIN"
+
+
+def find_pg_bin() -> Path:
+    """The folder holding initdb and pg_ctl: $REPLICATOR_PG_BIN, Debian's newest, or PATH."""
+    override = os.environ.get(PG_BIN_ENV)
+    candidates = [override] if override else []
+    candidates += sorted(
+        glob.glob("/usr/lib/postgresql/*/bin"), key=lambda p: int(p.split("/")[-2]), reverse=True
+    )
+    initdb = shutil.which("initdb")
+    if initdb:
+        candidates.append(str(Path(initdb).parent))
+    for folder in candidates:
+        if (Path(folder) / "initdb").is_file() and (Path(folder) / "pg_ctl").is_file():
+            return Path(folder)
+    raise RuntimeError(
+        "PostgreSQL server binaries (initdb, pg_ctl) not found: install the `postgresql` "
+        f"package or set {PG_BIN_ENV}"
+    )
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class PgCluster:
+    """One throwaway server. `url()` gives a libpq URI for user postgres over TCP."""
+
+    def __init__(self, folder: Path, *, logical: bool = False, durable: bool = False) -> None:
+        self.folder = folder
+        self.data = folder / "data"
+        self.logfile = folder / "server.log"
+        self.logical = logical
+        self.durable = durable
+        self.port = free_port()
+        self.bin = find_pg_bin()
+        self.running = False
+
+    def _run(self, *args: str) -> subprocess.CompletedProcess[str]:
+        command = [str(self.bin / args[0]), *args[1:]]
+        if os.geteuid() == 0:
+            command = ["runuser", "-u", "postgres", "--", *command]
+        return subprocess.run(
+            command, check=True, capture_output=True, text=True, stdin=subprocess.DEVNULL
+        )
+
+    def start(self) -> PgCluster:
+        self.folder.mkdir(parents=True, exist_ok=True)
+        if os.geteuid() == 0:
+            # The server user must reach its folder: a private temp dir above it gets o+x.
+            parent = self.folder.parent
+            parent.chmod(parent.stat().st_mode | 0o711)
+            shutil.chown(self.folder, "postgres", "postgres")
+        try:
+            self._run(
+                "initdb",
+                "-D",
+                str(self.data),
+                "-U",
+                "postgres",
+                "--auth=trust",
+                "-E",
+                "UTF8",
+                "--locale=C",
+            )
+        except subprocess.CalledProcessError as exc:
+            raise RuntimeError(f"initdb failed: {exc.stderr.strip()}") from None
+        settings = {
+            "listen_addresses": "'127.0.0.1'",
+            "port": str(self.port),
+            "unix_socket_directories": f"'{self.folder}'",
+            "max_connections": "100",
+            "wal_level": "logical" if self.logical else "replica",
+            "logging_collector": "off",
+        }
+        if not self.durable:  # throwaway data: trade crash safety for speed
+            settings.update(fsync="off", synchronous_commit="off", full_page_writes="off")
+        with open(self.data / "postgresql.conf", "a", encoding="utf-8") as conf:
+            conf.writelines(f"{k} = {v}\n" for k, v in settings.items())
+        try:
+            self._run(
+                "pg_ctl", "-D", str(self.data), "-l", str(self.logfile), "-w", "-t", "60", "start"
+            )
+        except subprocess.CalledProcessError as exc:
+            log = self.logfile.read_text(errors="replace") if self.logfile.exists() else ""
+            raise RuntimeError(f"PostgreSQL did not start: {exc.stderr}\n{log}") from None
+        self.running = True
+        return self
+
+    def url(self, dbname: str = "postgres") -> str:
+        return f"postgresql://postgres@127.0.0.1:{self.port}/{dbname}"
+
+    def stop(self) -> None:
+        if not self.running:
+            return
+        self.running = False
+        with contextlib.suppress(subprocess.CalledProcessError):
+            self._run("pg_ctl", "-D", str(self.data), "-m", "immediate", "-w", "stop")
+
+    def destroy(self) -> None:
+        self.stop()
+        shutil.rmtree(self.folder, ignore_errors=True)

@@ -1,0 +1,45 @@
+"""What to do with each table this run: a pure function of what was observed.
+
+The reason strings start with the stable phrases the webhook contract pins (DESIGN §2).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from .state import TableState
+
+Action = Literal["full_reload", "incremental"]
+
+
+@dataclass(frozen=True)
+class Plan:
+    action: Action
+    reason: str
+
+
+def plan_table(
+    mode: str,
+    state: TableState | None,
+    *,
+    full_refresh: bool = False,
+    destination_exists: bool = True,
+    schema_change: str | None = None,
+) -> Plan:
+    """Full reload when anything says so, else incremental from the stored cursor."""
+    if mode == "full-refresh":
+        return Plan("full_reload", "mode full-refresh")
+    if full_refresh:
+        return Plan("full_reload", "--full-refresh")
+    if state is not None and state.pending_full_reload:
+        return Plan("full_reload", "refresh requested")
+    if state is None or state.last_synced_at is None:
+        return Plan("full_reload", "no state")
+    if not destination_exists:
+        return Plan("full_reload", "destination table missing")
+    if schema_change:
+        return Plan("full_reload", f"schema changed: {schema_change}")
+    if state.cursor is None:  # the last load found the source table empty
+        return Plan("incremental", "cursor none (source was empty)")
+    return Plan("incremental", f"cursor {state.cursor.value}")

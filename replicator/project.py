@@ -1,0 +1,48 @@
+"""A project directory: its config, environment, templates and sync-state, loaded once."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+
+from .config import ProjectConfig, TableConfig, load_config
+from .settings import Connections, Environment
+from .state import STATE_DIR, StateStore
+from .templates import Templates
+
+
+@dataclass(frozen=True)
+class Project:
+    root: Path
+    config: ProjectConfig
+    env: Environment
+
+    @classmethod
+    def load(cls, root: Path) -> Project:
+        """Validate the config and read the environment; ConfigError (exit 2) when invalid."""
+        root = root.resolve()
+        env = Environment.load(root)
+        return cls(root, load_config(root), env)
+
+    @property
+    def state_dir(self) -> Path:
+        return self.root / STATE_DIR
+
+    @cached_property
+    def store(self) -> StateStore:
+        return StateStore(self.state_dir)
+
+    @cached_property
+    def templates(self) -> Templates:
+        return Templates(self.root)
+
+    def connections(self) -> Connections:
+        return Connections.from_environment(self.env)
+
+    def select(self, names: tuple[str, ...]) -> tuple[TableConfig, ...]:
+        """The tables named on the command line in config order; all of them when none."""
+        if not names:
+            return self.config.tables
+        chosen = {self.config.find(n).name for n in names}
+        return tuple(t for t in self.config.tables if t.name in chosen)

@@ -1,0 +1,98 @@
+"""`replicator refresh` and `replicator state ...`: read or edit sync-state under the run lock."""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+from .catalog import describe_table
+from .database import connect, execute
+from .errors import ReplicatorError, StateError
+from .identifiers import display_ident
+from .project import Project
+from .runlock import run_lock
+from .settings import SOURCE_URL
+from .state import Cursor, TableState
+
+
+def mark_for_refresh(project: Project, names: tuple[str, ...]) -> int:
+    """Flag tables for a full reload at the next sync (the flag clears when it commits)."""
+    tables = project.select(names)
+    with run_lock(project.state_dir):
+        for table in tables:
+            state = project.store.read(table.name) or TableState(table=str(table.name))
+            updated = state.model_copy(
+                update={"pending_full_reload": True, "pending_reason": "refresh requested"}
+            )
+            project.store.write(updated, table.name)
+            click.echo(f"{table.written_name}: marked for a full reload at the next sync")
+    return 0
+
+
+def show_state(project: Project, names: tuple[str, ...]) -> int:
+    """Print the states as one JSON object keyed by table name (null: no state yet)."""
+    out: dict[str, object] = {}
+    failed = False
+    for table in project.select(names):
+        try:
+            state = project.store.read(table.name)
+        except StateError as exc:
+            out[table.written_name] = {"error": str(exc)}
+            failed = True
+            continue
+        out[table.written_name] = state.model_dump(mode="json") if state else None
+    click.echo(json.dumps(out, indent=2, ensure_ascii=False))
+    return 1 if failed else 0
+
+
+def reset_state(project: Project, names: tuple[str, ...]) -> int:
+    """Delete tables' state files: their next sync reloads them in full."""
+    tables = project.select(names)
+    with run_lock(project.state_dir):
+        for table in tables:
+            existed = project.store.delete(table.name)
+            verb = "state removed" if existed else "had no state"
+            click.echo(f"{table.written_name}: {verb}; the next sync reloads it in full")
+    return 0
+
+
+def set_cursor(project: Project, name: str, value: str) -> int:
+    """Set a table's cursor, cast by the source to the replication key's type and reprinted."""
+    table = project.config.find(name)
+    if table.replication_key is None:
+        raise ReplicatorError(f"{table.written_name}: mode full-refresh has no cursor")
+    with connect(project.env.connection(SOURCE_URL), "source") as conn:
+        info = describe_table(conn, table.name)
+        column = info.column(table.replication_key) if info else None
+        if column is None:
+            raise ReplicatorError(
+                f"{table.written_name}: replication key column "
+                f"{display_ident(table.replication_key)} not found in the source table"
+            )
+        canonical = _cast(conn, value, column.type, table.written_name)
+    with run_lock(project.state_dir):
+        state = project.store.read(table.name)
+        if state is None or state.last_synced_at is None:
+            raise ReplicatorError(
+                f"{table.written_name}: has no state yet; its first sync is a full load "
+                "(run `replicator sync` first, then set the cursor)"
+            )
+        project.store.write(
+            state.model_copy(update={"cursor": Cursor(value=canonical, type=column.type)}),
+            table.name,
+        )
+    click.echo(f"{table.written_name}: cursor set to {canonical} ({column.type})")
+    return 0
+
+
+def _cast(conn, value: str, type_text: str, subject: str) -> str:
+    from psycopg import sql
+
+    try:
+        row = execute(
+            conn, sql.SQL("SELECT %s::{}::text").format(sql.SQL(type_text)), (value,)
+        ).fetchone()
+    except ReplicatorError as exc:
+        raise ReplicatorError(f"{subject}: {value!r} is not a valid {type_text}: {exc}") from None
+    return row[0]

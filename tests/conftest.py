@@ -1,0 +1,163 @@
+"""Shared fixtures: one throwaway PostgreSQL pair and one local Spark session per test run.
+
+Set REPLICATOR_TEST_SOURCE_URL and REPLICATOR_TEST_DEST_URL to use existing servers instead.
+Each test that needs a database gets its own schema on both sides, dropped afterwards.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import signal
+import tempfile
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from click.testing import CliRunner, Result
+from psycopg import sql
+
+from replicator.cli import cli
+from replicator.pgcluster import PgCluster
+
+ENV_VARS = (
+    "REPLICATOR_SOURCE_URL",
+    "REPLICATOR_DEST_URL",
+    "REPLICATOR_WEBHOOK_URL",
+    "REPLICATOR_WEBHOOK_SECRET",
+    "REPLICATOR_SPARK_MASTER",
+    "REPLICATOR_FAILPOINT",
+)
+
+
+@dataclass(frozen=True)
+class Servers:
+    source_url: str
+    dest_url: str
+
+
+def _raise_interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+@pytest.fixture(scope="session")
+def pg_servers() -> Iterator[Servers]:
+    """Two PostgreSQL servers (source with wal_level=logical), torn down even on Ctrl-C."""
+    source = os.environ.get("REPLICATOR_TEST_SOURCE_URL")
+    dest = os.environ.get("REPLICATOR_TEST_DEST_URL")
+    if source and dest:
+        yield Servers(source, dest)
+        return
+    base = Path(tempfile.mkdtemp(prefix="replicator-test-pg-"))
+    clusters = [PgCluster(base / "source", logical=True), PgCluster(base / "dest")]
+
+    def cleanup() -> None:
+        for cluster in clusters:
+            cluster.destroy()
+
+    atexit.register(cleanup)
+    previous = {s: signal.signal(s, _raise_interrupt) for s in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        for cluster in clusters:
+            cluster.start()
+        yield Servers(clusters[0].url(), clusters[1].url())
+    finally:
+        cleanup()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+@pytest.fixture
+def source_conn(pg_servers: Servers) -> Iterator[psycopg.Connection[Any]]:
+    with psycopg.connect(pg_servers.source_url, autocommit=True) as conn:
+        yield conn
+
+
+@pytest.fixture
+def dest_conn(pg_servers: Servers) -> Iterator[psycopg.Connection[Any]]:
+    with psycopg.connect(pg_servers.dest_url, autocommit=True) as conn:
+        yield conn
+
+
+@pytest.fixture
+def schema(
+    request: pytest.FixtureRequest,
+    source_conn: psycopg.Connection[Any],
+    dest_conn: psycopg.Connection[Any],
+) -> Iterator[str]:
+    """A schema of the test's own on source and destination, dropped afterwards."""
+    name = f"t_{request.node.name[:30].lower()}_{uuid.uuid4().hex[:8]}"
+    name = "".join(ch if ch.isalnum() or ch == "_" else "_" for ch in name)
+    for conn in (source_conn, dest_conn):
+        conn.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(name)))
+    try:
+        yield name
+    finally:
+        for conn in (source_conn, dest_conn):
+            conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(name)))
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[Any]:
+    """The run's local Spark session (local[2], UI off), started on first use."""
+    from replicator.spark_session import start_spark
+
+    session = start_spark("local[2]", {"spark.sql.shuffle.partitions": "2"})
+    yield session
+    session.stop()
+
+
+@pytest.fixture(autouse=True)
+def _clean_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No REPLICATOR_* setting from the outer shell leaks into a test."""
+    for var in ENV_VARS:
+        monkeypatch.delenv(var, raising=False)
+
+
+@dataclass
+class ProjectDir:
+    """A project folder on disk plus a way to run the CLI against it."""
+
+    path: Path
+    env: dict[str, str]
+
+    def write_config(self, document: dict[str, Any] | str) -> None:
+        text = document if isinstance(document, str) else json.dumps(document, indent=2)
+        (self.path / "tables-config.json").write_text(text, encoding="utf-8")
+
+    def write(self, relative: str, text: str) -> Path:
+        path = self.path / relative
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text, encoding="utf-8")
+        return path
+
+    def run(self, *args: str, env: dict[str, str | None] | None = None) -> Result:
+        """`replicator <args> --project-dir <path>`, in-process."""
+        merged: dict[str, str | None] = {**self.env, **(env or {})}
+        return CliRunner().invoke(cli, [*args, "--project-dir", str(self.path)], env=merged)
+
+    def files(self) -> set[str]:
+        return {str(p.relative_to(self.path)) for p in self.path.rglob("*")}
+
+
+@pytest.fixture
+def project(tmp_path: Path) -> ProjectDir:
+    """An empty project folder; connection settings are added by `db_project`."""
+    folder = tmp_path / "project"
+    folder.mkdir()
+    (folder / "sync-state").mkdir()
+    return ProjectDir(folder, {})
+
+
+@pytest.fixture
+def db_project(project: ProjectDir, pg_servers: Servers) -> ProjectDir:
+    """A project whose connection settings point at the test servers."""
+    project.env.update(
+        REPLICATOR_SOURCE_URL=pg_servers.source_url, REPLICATOR_DEST_URL=pg_servers.dest_url
+    )
+    return project

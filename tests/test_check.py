@@ -1,0 +1,99 @@
+"""`replicator check`: one line per finding, with a fix; exit 0 only when nothing is wrong."""
+
+from __future__ import annotations
+
+import pytest
+from psycopg import sql
+
+
+@pytest.fixture
+def tables(source_conn, schema):
+    def create(name: str, ddl: str) -> None:
+        source_conn.execute(sql.SQL("CREATE TABLE {} " + ddl).format(sql.Identifier(schema, name)))
+
+    create("good", "(id int PRIMARY KEY, updated_at timestamptz)")
+    source_conn.execute(
+        sql.SQL("CREATE INDEX ON {} (updated_at)").format(sql.Identifier(schema, "good"))
+    )
+    create("no_pk", "(id int, updated_at timestamptz)")
+    create("no_index", "(id int PRIMARY KEY, updated_at timestamptz)")
+    return schema
+
+
+def test_all_good_is_exit_0(db_project, tables):
+    db_project.write_config(
+        {"tables": [{"name": f"{tables}.good", "replication_key": "updated_at"}]}
+    )
+    result = db_project.run("check")
+    assert result.exit_code == 0, result.output
+    assert "ok    source: connected (PostgreSQL" in result.stdout
+    assert "ok    destination: role postgres may create schemas" in result.stdout
+    assert f"ok    {tables}.good: replication key updated_at is indexed" in result.stdout
+    assert result.stdout.strip().endswith("0 error(s), 0 warning(s)")
+
+
+def test_table_without_primary_key_is_an_error_with_fix(db_project, tables):
+    db_project.write_config(
+        {"tables": [{"name": f"{tables}.no_pk", "replication_key": "updated_at"}]}
+    )
+    result = db_project.run("check")
+    assert result.exit_code == 1
+    assert (
+        f"error {tables}.no_pk: the source table has no primary key, which mode "
+        "incremental-deduped needs"
+    ) in result.stdout
+    assert 'set "primary_key" in tables-config.json' in result.stdout
+
+
+def test_configured_primary_key_satisfies_the_check(db_project, tables):
+    db_project.write_config(
+        {
+            "tables": [
+                {"name": f"{tables}.no_pk", "replication_key": "updated_at", "primary_key": ["id"]}
+            ]
+        }
+    )
+    result = db_project.run("check")
+    assert "primary key (id)" in result.stdout
+    assert "error" not in result.stdout.replace("0 error(s)", "")
+
+
+def test_unindexed_replication_key_is_a_warning_with_the_index_to_create(db_project, tables):
+    db_project.write_config(
+        {"tables": [{"name": f"{tables}.no_index", "replication_key": "updated_at"}]}
+    )
+    result = db_project.run("check")
+    assert result.exit_code == 0, result.output
+    assert (
+        f"warn  {tables}.no_index: replication key updated_at has no index: every sync will "
+        f'scan the whole table; fix: CREATE INDEX ON "{tables}"."no_index" ("updated_at")'
+    ) in result.stdout
+    assert "0 error(s), 1 warning(s)" in result.stdout
+
+
+def test_missing_table_and_column_are_errors(db_project, tables):
+    db_project.write_config(
+        {
+            "tables": [
+                {"name": f"{tables}.absent", "replication_key": "updated_at"},
+                {"name": f"{tables}.good", "replication_key": "changed_at"},
+            ]
+        }
+    )
+    result = db_project.run("check")
+    assert result.exit_code == 1
+    assert f"error {tables}.absent: source table does not exist" in result.stdout
+    assert (
+        f"error {tables}.good: replication key column changed_at does not exist in the source table"
+    ) in result.stdout
+    assert "2 error(s)" in result.stdout
+
+
+def test_corrupt_state_file_is_reported(db_project, tables):
+    db_project.write_config(
+        {"tables": [{"name": f"{tables}.good", "replication_key": "updated_at"}]}
+    )
+    db_project.write(f"sync-state/{tables}.good.json", "{ truncated")
+    result = db_project.run("check")
+    assert result.exit_code == 1
+    assert f"sync-state/{tables}.good.json: corrupt or truncated sync-state file" in result.stdout

@@ -1,0 +1,229 @@
+"""tables-config.json validation, through the CLI: every error class is exit 2 with a message
+naming the file, the JSON path and what was expected, and nothing is written."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from replicator.config import parse_config
+from replicator.errors import ConfigError
+
+VALID = {
+    "tables": [
+        {"name": "public.orders", "replication_key": "updated_at"},
+        {"name": "public.countries", "mode": "full-refresh"},
+    ]
+}
+
+
+def test_smallest_valid_config_defaults(project):
+    config = parse_config(json.dumps(VALID))
+    orders, countries = config.tables
+    assert orders.mode == "incremental-deduped"
+    assert str(orders.target) == "public.orders"
+    assert countries.mode == "full-refresh" and countries.replication_key is None
+    assert config.spark.master is None and config.webhook is None
+
+
+def test_names_follow_postgres_rules():
+    config = parse_config(
+        json.dumps(
+            {
+                "tables": [
+                    {
+                        "name": 'Public."Order.Lines"',
+                        "replication_key": '"UpdatedAt"',
+                        "primary_key": ["ID", '"Line No"'],
+                        "destination": 'dw."Sales ""EU"""',
+                    },
+                ]
+            }
+        )
+    )
+    table = config.tables[0]
+    assert (table.name.schema, table.name.name) == ("public", "Order.Lines")
+    assert table.replication_key == "UpdatedAt"
+    assert table.primary_key == ("id", "Line No")
+    assert (table.target.schema, table.target.name) == ("dw", 'Sales "EU"')
+    assert table.written_name == 'Public."Order.Lines"'
+
+
+def test_comment_keys_are_ignored():
+    config = parse_config(
+        json.dumps({"//": "top", "tables": [{"//": "why", "name": "a.b", "mode": "full-refresh"}]})
+    )
+    assert str(config.tables[0].name) == "a.b"
+
+
+def _errors(project, document) -> tuple[int, str]:
+    project.write_config(document)
+    before = project.files()
+    result = project.run("status")
+    assert project.files() == before, "a config error must not write anything"
+    return result.exit_code, result.stderr
+
+
+@pytest.mark.parametrize(
+    ("document", "expected"),
+    [
+        pytest.param(
+            '{"tables": [\n  {"name": "public.orders",}\n]}',
+            "tables-config.json:2:28: invalid JSON: Expecting property name",
+            id="syntax",
+        ),
+        pytest.param(
+            {"tables": [{"name": "public.orders", "replication_kee": "updated_at"}]},
+            'tables[0].replication_kee: unknown key; did you mean "replication_key"?',
+            id="unknown-key-suggestion",
+        ),
+        pytest.param(
+            {"tables": [{"name": "a.b", "mode": "full-refresh"}], "webhok": {}},
+            'webhok: unknown key; did you mean "webhook"?',
+            id="unknown-top-key",
+        ),
+        pytest.param(
+            {
+                "tables": [
+                    {"name": "a.b", "mode": "full-refresh"},
+                    {"name": "a.c", "replication_key": 5},
+                ]
+            },
+            "tables[1].replication_key: expected a column name (string), got 5",
+            id="wrong-type",
+        ),
+        pytest.param(
+            {"tables": [{"name": "a.b", "replication_key": "u", "primary_key": "id"}]},
+            'tables[0].primary_key: expected a list, got "id"',
+            id="pk-not-list",
+        ),
+        pytest.param(
+            {"tables": [{"name": "a.b", "mode": "incremental"}]},
+            "tables[0].mode: expected one of incremental-deduped, incremental-append, "
+            "full-refresh, got 'incremental'; did you mean",
+            id="bad-mode",
+        ),
+        pytest.param(
+            {"tables": [{"name": "orders", "replication_key": "u"}]},
+            'tables[0].name: expected "schema.table"',
+            id="unqualified-name",
+        ),
+        pytest.param(
+            {"tables": [{"name": "a.b"}]},
+            'tables[0]: set "replication_key" for an incremental table',
+            id="no-key",
+        ),
+        pytest.param(
+            {
+                "tables": [
+                    {"name": "a.b", "mode": "full-refresh"},
+                    {"name": "A.B", "mode": "full-refresh"},
+                ]
+            },
+            "tables: source table a.b is listed twice",
+            id="duplicate",
+        ),
+        pytest.param({"tables": []}, "tables: expected at least one table", id="empty"),
+        pytest.param({}, "tables: required key is missing", id="missing-tables"),
+        pytest.param(
+            {"tables": [{"name": "a.b", "mode": "full-refresh"}], "webhook": {"url": "ftp://x"}},
+            "webhook.url: expected an http:// or https:// URL",
+            id="webhook-url",
+        ),
+        pytest.param(
+            {
+                "tables": [{"name": "a.b", "mode": "full-refresh"}],
+                "spark": {"conf": {"driver.memory": "1g"}},
+            },
+            "spark.conf: Spark settings start with 'spark.'",
+            id="spark-conf",
+        ),
+        pytest.param(
+            '{"tables": [{"name": "a.b", "name": "a.c"}]}',
+            "duplicate key 'name'",
+            id="duplicate-json-key",
+        ),
+        pytest.param("[1, 2]", 'expected a JSON object like {"tables": [...]}', id="not-object"),
+    ],
+)
+def test_config_errors_exit_2_with_path_and_fix(project, document, expected):
+    code, stderr = _errors(project, document)
+    assert code == 2
+    assert f"{project.path / 'tables-config.json'}" in stderr
+    assert expected in stderr
+    assert "Traceback" not in stderr
+
+
+def test_every_problem_is_listed_at_once(project):
+    code, stderr = _errors(
+        project,
+        {
+            "tables": [
+                {"name": "a.b", "replication_kee": "u"},
+                {"name": "c", "mode": "full-refresh"},
+            ]
+        },
+    )
+    assert code == 2
+    assert "tables[0].replication_kee" in stderr and "tables[1].name" in stderr
+
+
+def test_missing_config_file_is_exit_2(project):
+    result = project.run("status")
+    assert result.exit_code == 2
+    assert "tables-config.json: not found" in result.stderr
+
+
+@pytest.mark.parametrize("command", [["compile"], ["check"]])
+def test_missing_connection_setting_names_the_variable(project, command):
+    project.write_config(VALID)
+    result = project.run(*command)
+    assert result.exit_code == 2
+    assert "REPLICATOR_SOURCE_URL is not set" in result.stderr
+    assert str(project.path / ".env") in result.stderr
+    if command == ["check"]:
+        assert "REPLICATOR_DEST_URL is not set" in result.stderr
+
+
+def test_malformed_connection_setting_is_exit_2_and_redacted(project):
+    project.write_config(VALID)
+    result = project.run(
+        "check",
+        env={
+            "REPLICATOR_SOURCE_URL": "host=x password='hunter2secret",
+            "REPLICATOR_DEST_URL": "postgresql://u:pw-in-url-xyz@h/db?bogus_option=1",
+        },
+    )
+    assert result.exit_code == 2
+    assert "REPLICATOR_SOURCE_URL is not a valid libpq connection string" in result.stderr
+    assert "hunter2secret" not in result.output
+    assert "pw-in-url-xyz" not in result.output
+
+
+def test_dotenv_supplies_settings_and_environment_wins(project, pg_servers):
+    from replicator.settings import Environment
+
+    project.write(
+        ".env",
+        "REPLICATOR_SOURCE_URL=postgresql://from-file/db\n"
+        "REPLICATOR_DEST_URL=postgresql://dest-file/db\n",
+    )
+    env = Environment.load(project.path)
+    assert env.connection("REPLICATOR_SOURCE_URL") == "postgresql://from-file/db"
+    import os
+
+    os.environ["REPLICATOR_SOURCE_URL"] = "postgresql://from-env/db"
+    try:
+        env = Environment.load(project.path)
+        assert env.connection("REPLICATOR_SOURCE_URL") == "postgresql://from-env/db"
+        assert env.connection("REPLICATOR_DEST_URL") == "postgresql://dest-file/db"
+    finally:
+        del os.environ["REPLICATOR_SOURCE_URL"]
+
+
+def test_parse_config_raises_config_error_for_api_users():
+    with pytest.raises(ConfigError) as info:
+        parse_config("{", "x.json")
+    assert info.value.exit_code == 2
+    assert info.value.problems[0].startswith("x.json:1:2: invalid JSON")

@@ -1,0 +1,53 @@
+"""`replicator init DIR`: a project that validates as written, with every example file."""
+
+from __future__ import annotations
+
+import json
+
+from click.testing import CliRunner
+
+from replicator.cli import cli
+
+
+def test_init_writes_a_valid_commented_project(tmp_path):
+    target = tmp_path / "my-pipeline"
+    result = CliRunner().invoke(cli, ["init", str(target)])
+    assert result.exit_code == 0, result.output
+    for relative in (
+        "tables-config.json",
+        ".env.example",
+        "models/public/orders.sql",
+        "macros/README.md",
+        "sync-state/.gitkeep",
+        ".gitignore",
+    ):
+        assert (target / relative).is_file(), relative
+    assert f"next: edit {target / 'tables-config.json'}" in result.stdout
+    config = json.loads((target / "tables-config.json").read_text())
+    assert "//" in config["tables"][0]
+    assert ".env" in (target / ".gitignore").read_text().splitlines()
+    # The scaffold validates as written: status lists its three example tables.
+    status = CliRunner().invoke(cli, ["status", "--json", "--project-dir", str(target)])
+    assert status.exit_code == 0, status.output
+    rows = json.loads(status.stdout)
+    assert [r["name"] for r in rows] == [
+        "public.orders",
+        "public.countries",
+        '"Sales"."Order Lines"',
+    ]
+    assert rows[2]["destination"] == "warehouse.order_lines"
+
+
+def test_init_with_project_dir_option(tmp_path):
+    result = CliRunner().invoke(cli, ["init", "--project-dir", str(tmp_path / "p")])
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "p" / "tables-config.json").is_file()
+
+
+def test_init_refuses_to_overwrite_a_project(tmp_path):
+    (tmp_path / "tables-config.json").write_text('{"tables": []}')
+    result = CliRunner().invoke(cli, ["init", str(tmp_path)])
+    assert result.exit_code == 2
+    assert "already exists: not overwriting a project" in result.stderr
+    assert (tmp_path / "tables-config.json").read_text() == '{"tables": []}'
+    assert not (tmp_path / "models").exists()

@@ -1,0 +1,57 @@
+"""The local Spark session the engine uses: starts, finds the JDBC driver, reads in UTC."""
+
+from __future__ import annotations
+
+import pytest
+from psycopg import sql
+
+from replicator.spark_session import jdbc_jar, spark_conf
+
+pytestmark = pytest.mark.spark
+
+
+def test_conf_prefers_local_jar_and_config_wins():
+    conf = spark_conf(None, {"spark.sql.shuffle.partitions": "3"})
+    assert conf["spark.master"] == "local[*]"
+    assert conf["spark.sql.session.timeZone"] == "UTC"
+    assert conf["spark.sql.shuffle.partitions"] == "3"
+    if jdbc_jar() is not None:
+        assert conf["spark.jars"] == str(jdbc_jar())
+    custom = spark_conf("spark://h:7077", {"spark.jars.packages": "org.postgresql:postgresql:1"})
+    assert custom["spark.master"] == "spark://h:7077" and "spark.jars" not in custom
+
+
+def test_spark_reads_source_through_jdbc_in_utc(spark, source_conn, schema, pg_servers):
+    table = sql.Identifier(schema, "t")
+    source_conn.execute(
+        sql.SQL("CREATE TABLE {} (id int PRIMARY KEY, at timestamptz)").format(table)
+    )
+    source_conn.execute(
+        sql.SQL(
+            "INSERT INTO {} SELECT g, "
+            "timestamptz '2026-11-20 10:00:00.123456+00' + g * interval '1 s' "
+            "FROM generate_series(1, 1000) g"
+        ).format(table)
+    )
+    from psycopg.conninfo import conninfo_to_dict
+
+    info = conninfo_to_dict(pg_servers.source_url)
+    frame = (
+        spark.read.format("jdbc")
+        .option("url", f"jdbc:postgresql://{info['host']}:{info['port']}/{info['dbname']}")
+        .option("user", info["user"])
+        .option("driver", "org.postgresql.Driver")
+        .option("dbtable", f'"{schema}"."t"')
+        .option("partitionColumn", "id")
+        .option("lowerBound", 1)
+        .option("upperBound", 1000)
+        .option("numPartitions", 2)
+        .option("fetchsize", 500)
+        .load()
+    )
+    assert frame.rdd.getNumPartitions() == 2
+    assert frame.count() == 1000
+    first = (
+        frame.where("id = 1").selectExpr("date_format(at, 'yyyy-MM-dd HH:mm:ss.SSSSSS')").first()
+    )
+    assert first[0] == "2026-11-20 10:00:01.123456"
