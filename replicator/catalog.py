@@ -19,9 +19,12 @@ from .identifiers import TableName
 
 @dataclass(frozen=True)
 class Column:
+    """A column; `type` is format_type() text with user-defined types schema-qualified."""
+
     name: str
     type: str
     not_null: bool = False
+    type_oid: int = 0
 
 
 @dataclass(frozen=True)
@@ -44,7 +47,7 @@ FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamesp
 WHERE n.nspname = %s AND c.relname = %s AND c.relkind IN ('r', 'p', 'v', 'm', 'f')
 """
 _COLUMNS = """
-SELECT a.attname, pg_catalog.format_type(a.atttypid, a.atttypmod), a.attnotnull
+SELECT a.attname, pg_catalog.format_type(a.atttypid, a.atttypmod), a.attnotnull, a.atttypid
 FROM pg_catalog.pg_attribute a
 WHERE a.attrelid = %s AND a.attnum > 0 AND NOT a.attisdropped
 ORDER BY a.attnum
@@ -78,7 +81,7 @@ def describe_table(conn: psycopg.Connection[Any], name: TableName) -> TableInfo 
     if not rows:
         return None
     oid, kind = rows[0]
-    columns = tuple(Column(*row) for row in fetch_all(conn, _COLUMNS, (oid,)))
+    columns = _columns(conn, oid)
     primary_key = tuple(row[0] for row in fetch_all(conn, _PRIMARY_KEY, (oid,)))
     return TableInfo(name, oid, KINDS[kind], columns, primary_key)
 
@@ -98,7 +101,15 @@ def describe_query(conn: psycopg.Connection[Any], query: str) -> tuple[Column, .
     with conn.transaction(force_rollback=True):
         execute(conn, sql.SQL("CREATE TEMPORARY VIEW {} AS {}").format(view, sql.SQL(query)))
         (oid,) = execute(conn, "SELECT 'replicator_describe'::regclass::oid").fetchone()
-        rows = fetch_all(conn, _COLUMNS, (oid,))
-    if not rows:
+        columns = _columns(conn, oid)
+    if not columns:
         raise DatabaseError("the query returns no columns")
-    return tuple(Column(name, type_, False) for name, type_, _ in rows)
+    return tuple(Column(c.name, c.type, False, c.type_oid) for c in columns)
+
+
+def _columns(conn: psycopg.Connection[Any], oid: int) -> tuple[Column, ...]:
+    """Columns in order. With only pg_catalog on the search_path, format_type() qualifies
+    every other type, so the text means the same type in any database and session."""
+    with conn.transaction():
+        execute(conn, "SET LOCAL search_path = pg_catalog, pg_temp")
+        return tuple(Column(*row) for row in fetch_all(conn, _COLUMNS, (oid,)))

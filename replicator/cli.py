@@ -46,6 +46,7 @@ def _common(command: Callable[..., Any]) -> Callable[..., Any]:
         project_dir: Path, verbose: int, quiet: bool, log_format: str, **kwargs: Any
     ) -> None:
         configure_logging(verbose, quiet, log_format)
+        click.get_current_context().meta["replicator.verbose"] = verbose
         try:
             code = command(project_dir=project_dir, **kwargs)
         except ReplicatorError as exc:
@@ -106,6 +107,25 @@ def compile_command(project_dir: Path, names: tuple[str, ...]) -> int:
 
     project = Project.load(project_dir)
     return compile_tables(project, project.select(names))
+
+
+@cli.command()
+@click.option(
+    "-s",
+    "--select",
+    "names",
+    multiple=True,
+    metavar="TABLE",
+    help="Only these tables (repeatable).",
+)
+@click.option("-f", "--full-refresh", is_flag=True, help="Reload the tables in full.")
+@_common
+def sync(project_dir: Path, names: tuple[str, ...], full_refresh: bool) -> int:
+    """Sync the tables, one at a time, in config order."""
+    from .sync import run_sync
+
+    verbose = click.get_current_context().meta["replicator.verbose"]
+    return run_sync(Project.load(project_dir), names, full_refresh, verbose)
 
 
 @cli.command()

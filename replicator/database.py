@@ -15,19 +15,10 @@ from psycopg import sql
 from sqlglot import exp
 
 from .errors import DatabaseError
+from .pgsession import pin_session
 from .redact import redact
 
 log = logging.getLogger(__name__)
-
-# Settings that change how values are printed as text: pinned on both sides (DESIGN §4).
-SESSION_SETTINGS: Mapping[str, str] = {
-    "DateStyle": "ISO, YMD",
-    "IntervalStyle": "postgres",
-    "TimeZone": "UTC",
-    "extra_float_digits": "3",
-    "bytea_output": "hex",
-    "lc_monetary": "C",
-}
 
 Statement = str | sql.Composable | exp.Expression
 
@@ -41,11 +32,7 @@ def connect(conninfo: str, role: str) -> psycopg.Connection[Any]:
     except psycopg.Error as exc:
         raise DatabaseError(f"cannot connect to the {role} database: {_message(exc)}") from None
     try:
-        conn.execute(
-            "SELECT set_config(name, value, false) FROM unnest(%s::text[], %s::text[]) "
-            "AS s(name, value)",
-            (list(SESSION_SETTINGS), list(SESSION_SETTINGS.values())),
-        )
+        pin_session(conn)
     except psycopg.Error as exc:
         conn.close()
         raise DatabaseError(f"cannot configure the {role} session: {_message(exc)}") from None

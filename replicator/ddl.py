@@ -51,4 +51,4 @@ def create_table(
 
 
 def drop_table(name: TableName, *, if_exists: bool = True) -> exp.Drop:
-    return exp.Drop(this=name.table(), kind="TABLE", exists=if_exists)
+    return exp.Drop(tables=[name.table()], kind="TABLE", exists=if_exists)

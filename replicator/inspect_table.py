@@ -6,7 +6,7 @@ from typing import Any
 
 import psycopg
 
-from .catalog import describe_query, describe_table
+from .catalog import TableInfo, describe_query, describe_table
 from .config import TableConfig
 from .errors import DatabaseError
 from .table_sql import TableProblem, TableSql, build_table_sql
@@ -17,6 +17,13 @@ def inspect_table(
     conn: psycopg.Connection[Any], table: TableConfig, templates: Templates
 ) -> TableSql:
     """Describe the source table and its model, and build the table's statements."""
+    return inspect_source(conn, table, templates)[1]
+
+
+def inspect_source(
+    conn: psycopg.Connection[Any], table: TableConfig, templates: Templates
+) -> tuple[TableInfo, TableSql]:
+    """The source table as the catalog describes it, and the table's statements."""
     source = describe_table(conn, table.name)
     if source is None:
         raise TableProblem(f"{table.written_name}: source table does not exist")
@@ -28,4 +35,4 @@ def inspect_table(
             output = describe_query(conn, model.sql)
         except DatabaseError as exc:
             raise TableProblem(f"{table.written_name}: model {model.origin}: {exc}") from None
-    return build_table_sql(table, source, model, output, templates)
+    return source, build_table_sql(table, source, model, output, templates)

@@ -7,9 +7,12 @@ libpostgresql-jdbc-java (/usr/share/java/postgresql.jar), else `spark.jars.packa
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
-from collections.abc import Mapping
+import threading
+from collections.abc import Iterator, Mapping
+from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -42,10 +45,17 @@ def jdbc_jar() -> Path | None:
     return DEBIAN_JDBC_JAR if DEBIAN_JDBC_JAR.is_file() else None
 
 
-def spark_conf(master: str | None, conf: Mapping[str, str]) -> dict[str, str]:
+def spark_conf(
+    master: str | None, conf: Mapping[str, str], *, quiet: bool = True
+) -> dict[str, str]:
     """Every setting the session starts with: defaults, the driver jar, then the config's."""
     settings = dict(BASE_CONF)
     settings["spark.master"] = master or DEFAULT_MASTER
+    if quiet:
+        log_config = resources.files("replicator") / "log4j2.properties"
+        settings["spark.driver.extraJavaOptions"] += (
+            f" -Dlog4j2.configurationFile=file:{log_config}"
+        )
     if "spark.jars" not in conf and "spark.jars.packages" not in conf:
         jar = jdbc_jar()
         if jar is not None:
@@ -56,7 +66,9 @@ def spark_conf(master: str | None, conf: Mapping[str, str]) -> dict[str, str]:
     return settings
 
 
-def start_spark(master: str | None = None, conf: Mapping[str, str] | None = None) -> SparkSession:
+def start_spark(
+    master: str | None = None, conf: Mapping[str, str] | None = None, *, quiet: bool = True
+) -> SparkSession:
     """Start (or reuse) the process's SparkSession with the settings above."""
     # Executors' Python workers must use this interpreter, not `python3` from PATH.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
@@ -64,8 +76,45 @@ def start_spark(master: str | None = None, conf: Mapping[str, str] | None = None
     from pyspark.sql import SparkSession
 
     builder = SparkSession.builder
-    for key, value in spark_conf(master, conf or {}).items():
+    for key, value in spark_conf(master, conf or {}, quiet=quiet).items():
         builder = builder.config(key, value)
-    session = builder.getOrCreate()
-    session.sparkContext.setLogLevel("ERROR")
-    return session
+    if not quiet:
+        return builder.getOrCreate()
+    with _filtered_stderr():
+        return builder.getOrCreate()
+
+
+# Lines the JVM prints at start that carry no information for a user.
+_JVM_NOISE = (
+    "WARNING: Using incubator modules",
+    'Setting default log level to "',
+    "To adjust logging level use sc.setLogLevel",
+)
+
+
+@contextlib.contextmanager
+def _filtered_stderr() -> Iterator[None]:
+    """Give the JVM (started now, inherits fd 2) a stderr that drops known noise lines.
+
+    Whatever else the JVM writes there, for its whole life, is forwarded to the real stderr.
+    """
+    read_end, write_end = os.pipe()
+    real = os.dup(2)
+    forward_to = os.dup(2)
+    threading.Thread(
+        target=_forward, args=(read_end, forward_to), name="jvm-stderr", daemon=True
+    ).start()
+    os.dup2(write_end, 2)
+    try:
+        yield
+    finally:
+        os.dup2(real, 2)
+        os.close(real)
+        os.close(write_end)
+
+
+def _forward(read_end: int, forward_to: int) -> None:
+    with os.fdopen(read_end, "rb") as lines:
+        for line in lines:
+            if not line.decode(errors="replace").startswith(_JVM_NOISE):
+                os.write(forward_to, line)

@@ -1,0 +1,151 @@
+"""Enum, domain and composite types a table uses, created in the destination first.
+
+The closure of user-defined types is read from the source (array elements, domain bases,
+composite attributes, range subtypes), then created deepest-first. Existing enums gain the
+labels they lack, in the source's order; other existing types are left as they are.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+from .database import execute, fetch_all
+from .ddl import create_schema
+
+_CLOSURE = """
+WITH RECURSIVE used(oid, depth) AS (
+    SELECT unnest(%s::oid[]), 0
+  UNION ALL
+    SELECT dep.oid, used.depth + 1
+    FROM used JOIN pg_catalog.pg_type ty ON ty.oid = used.oid
+    CROSS JOIN LATERAL (
+        SELECT ty.typelem AS oid WHERE ty.typcategory = 'A' AND ty.typelem <> 0
+        UNION ALL SELECT ty.typbasetype WHERE ty.typtype = 'd'
+        UNION ALL SELECT a.atttypid FROM pg_catalog.pg_attribute a
+                  WHERE ty.typtype = 'c' AND a.attrelid = ty.typrelid
+                    AND a.attnum > 0 AND NOT a.attisdropped
+        UNION ALL SELECT r.rngsubtype FROM pg_catalog.pg_range r WHERE r.rngtypid = ty.oid
+    ) dep
+    WHERE used.depth < 32
+)
+SELECT ty.oid, n.nspname, ty.typname, ty.typtype, max(used.depth) AS depth
+FROM used
+JOIN pg_catalog.pg_type ty ON ty.oid = used.oid
+JOIN pg_catalog.pg_namespace n ON n.oid = ty.typnamespace
+WHERE n.nspname NOT IN ('pg_catalog', 'information_schema')
+  AND (ty.typtype IN ('e', 'd')
+       OR (ty.typtype = 'c' AND (SELECT relkind FROM pg_catalog.pg_class
+                                 WHERE oid = ty.typrelid) = 'c'))
+GROUP BY ty.oid, n.nspname, ty.typname, ty.typtype
+ORDER BY depth DESC, ty.oid
+"""
+_ENUM_LABELS = (
+    "SELECT enumlabel FROM pg_catalog.pg_enum WHERE enumtypid = %s ORDER BY enumsortorder"
+)
+_DOMAIN = """
+SELECT pg_catalog.format_type(typbasetype, typtypmod), typnotnull, typdefault,
+       (SELECT quote_ident(c.collname) FROM pg_catalog.pg_collation c
+        WHERE c.oid = t.typcollation AND t.typcollation <> 0
+          AND c.oid <> (SELECT b.typcollation FROM pg_catalog.pg_type b
+                        WHERE b.oid = t.typbasetype)),
+       ARRAY(SELECT pg_catalog.pg_get_constraintdef(c.oid) FROM pg_catalog.pg_constraint c
+             WHERE c.contypid = t.oid AND c.contype = 'c' ORDER BY c.conname)
+FROM pg_catalog.pg_type t WHERE t.oid = %s
+"""
+_COMPOSITE = """
+SELECT a.attname, pg_catalog.format_type(a.atttypid, a.atttypmod)
+FROM pg_catalog.pg_type t JOIN pg_catalog.pg_attribute a ON a.attrelid = t.typrelid
+WHERE t.oid = %s AND a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attnum
+"""
+_EXISTS = """
+SELECT t.oid FROM pg_catalog.pg_type t JOIN pg_catalog.pg_namespace n ON n.oid = t.typnamespace
+WHERE n.nspname = %s AND t.typname = %s
+"""
+
+
+def ensure_types(
+    source: psycopg.Connection[Any], dest: psycopg.Connection[Any], type_oids: Iterable[int]
+) -> list[str]:
+    """Create the user-defined types behind these columns in the destination; return names."""
+    created = []
+    with source.transaction():
+        execute(source, "SET LOCAL search_path = pg_catalog, pg_temp")
+        types = fetch_all(source, _CLOSURE, (sorted(set(type_oids)),))
+        for oid, schema, name, kind, _ in types:
+            qualified = sql.Identifier(schema, name)
+            existing = fetch_all(dest, _EXISTS, (schema, name))
+            execute(dest, create_schema(schema))
+            if kind == "e":
+                _ensure_enum(source, dest, oid, qualified, existing)
+            elif not existing:
+                ddl = (
+                    _domain(source, oid, qualified)
+                    if kind == "d"
+                    else _composite(source, oid, qualified)
+                )
+                execute(dest, ddl)
+            created.append(f"{schema}.{name}")
+    return created
+
+
+def _ensure_enum(
+    source: psycopg.Connection[Any],
+    dest: psycopg.Connection[Any],
+    oid: int,
+    qualified: sql.Identifier,
+    existing: list[tuple[Any, ...]],
+) -> None:
+    labels = [row[0] for row in fetch_all(source, _ENUM_LABELS, (oid,))]
+    if not existing:
+        execute(
+            dest,
+            sql.SQL("CREATE TYPE {} AS ENUM ({})").format(
+                qualified, sql.SQL(", ").join(map(sql.Literal, labels))
+            ),
+        )
+        return
+    have = [row[0] for row in fetch_all(dest, _ENUM_LABELS, (existing[0][0],))]
+    previous: str | None = None
+    for label in labels:
+        if label not in have:
+            if previous is not None:
+                position = sql.SQL(" AFTER {}").format(sql.Literal(previous))
+            elif have:
+                position = sql.SQL(" BEFORE {}").format(sql.Literal(have[0]))
+            else:
+                position = sql.SQL("")
+            execute(
+                dest,
+                sql.SQL("ALTER TYPE {} ADD VALUE IF NOT EXISTS {}{}").format(
+                    qualified, sql.Literal(label), position
+                ),
+            )
+            have.insert(0 if previous is None else len(have), label)
+        previous = label
+
+
+def _domain(source: psycopg.Connection[Any], oid: int, qualified: sql.Identifier) -> sql.Composed:
+    base, not_null, default, collation, checks = fetch_all(source, _DOMAIN, (oid,))[0]
+    parts = [sql.SQL("CREATE DOMAIN {} AS {}").format(qualified, sql.SQL(base))]
+    if collation:
+        parts.append(sql.SQL("COLLATE {}").format(sql.SQL(collation)))
+    if default is not None:
+        parts.append(sql.SQL("DEFAULT {}").format(sql.SQL(default)))
+    if not_null:
+        parts.append(sql.SQL("NOT NULL"))
+    parts += [sql.SQL(check) for check in checks]
+    return sql.SQL(" ").join(parts)
+
+
+def _composite(
+    source: psycopg.Connection[Any], oid: int, qualified: sql.Identifier
+) -> sql.Composed:
+    fields = [
+        sql.SQL("{} {}").format(sql.Identifier(name), sql.SQL(type_text))
+        for name, type_text in fetch_all(source, _COMPOSITE, (oid,))
+    ]
+    return sql.SQL("CREATE TYPE {} AS ({})").format(qualified, sql.SQL(", ").join(fields))

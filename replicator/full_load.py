@@ -1,0 +1,181 @@
+"""A table's full reload: copy one snapshot into a side table with Spark, then swap it in.
+
+1. Destination: schema, user-defined types, a fresh side table in `_replicator` (no key yet).
+2. Source: export a snapshot; read the first cursor and the partition bounds inside it.
+3. Spark: one task per partition streams COPY from source to side table (copy_stream.py).
+4. Destination: build the primary key, analyze, swap (swap.py).
+A crash before the swap leaves the live table untouched; the next run drops the stale side
+table and starts over.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+from . import ddl
+from .catalog import TableInfo
+from .copy_stream import MARKER_TABLE, CopyTask
+from .database import execute
+from .dest_types import ensure_types
+from .failpoints import failpoint
+from .identifiers import TableName
+from .naming import INTERNAL_SCHEMA, derived_name
+from .partitions import plan_key_ranges, range_predicate
+from .snapshot import ExportedSnapshot
+from .spark_runner import SparkRunner
+from .state import Cursor
+from .swap import swap_in
+from .table_sql import MODEL_ALIAS, TableSql
+
+_MARKER_DDL = sql.SQL(
+    "CREATE TABLE IF NOT EXISTS {} (load_id text NOT NULL, part int NOT NULL, "
+    "rows bigint NOT NULL DEFAULT 0, bytes bigint NOT NULL DEFAULT 0, "
+    "PRIMARY KEY (load_id, part))"
+).format(sql.Identifier(*MARKER_TABLE))
+
+
+@dataclass(frozen=True)
+class LoadResult:
+    rows: int
+    bytes: int
+    cursor: Cursor | None
+    partitions: int
+    lock_seconds: float
+
+
+@dataclass(frozen=True)
+class Endpoints:
+    """The connections one table's load uses (URLs go to the Spark tasks)."""
+
+    source: psycopg.Connection[Any]
+    dest: psycopg.Connection[Any]
+    source_url: str
+    dest_url: str
+
+
+def side_table(target: TableName) -> TableName:
+    """Where a full reload of `target` is loaded before the swap."""
+    return TableName(INTERNAL_SCHEMA, derived_name("new", target))
+
+
+def prepare_destination(ends: Endpoints, built: TableSql) -> TableName:
+    """Schemas, types and an empty side table (a stale one from a crash is dropped)."""
+    dest, target = ends.dest, built.table.target
+    execute(dest, ddl.create_schema(target.schema))
+    execute(dest, ddl.create_schema(INTERNAL_SCHEMA))
+    execute(dest, _MARKER_DDL)
+    ensure_types(ends.source, dest, [c.type_oid for c in built.columns])
+    side = side_table(target)
+    execute(dest, ddl.drop_table(side))
+    execute(dest, ddl.create_table(side, built.columns))
+    return side
+
+
+def full_reload(
+    ends: Endpoints,
+    built: TableSql,
+    source: TableInfo,
+    spark: SparkRunner,
+    on_progress: Callable[[int, int], None] | None = None,
+) -> LoadResult:
+    """Reload the table from one consistent snapshot; return what was copied."""
+    side = prepare_destination(ends, built)
+    load_id = uuid.uuid4().hex
+    with ExportedSnapshot(ends.source_url) as snap:
+        assert snap.conn is not None
+        cursor = _max_cursor(snap.conn, built)
+        tasks = _copy_tasks(snap, ends, built, source, side, load_id, spark.parallelism())
+        results = spark.run_copy_tasks(tasks, on_progress)
+    failpoint("after-load-before-swap")
+    _finish_side_table(ends.dest, side, built)
+    lock_seconds = swap_in(ends.dest, side, built.table.target, _key_name(built.table.target))
+    execute(
+        ends.dest,
+        sql.SQL("DELETE FROM {} WHERE load_id = %s").format(sql.Identifier(*MARKER_TABLE)),
+        (load_id,),
+    )
+    return LoadResult(
+        rows=sum(r.rows for r in results),
+        bytes=sum(r.bytes for r in results),
+        cursor=cursor,
+        partitions=len(tasks),
+        lock_seconds=lock_seconds,
+    )
+
+
+def _max_cursor(conn: psycopg.Connection[Any], built: TableSql) -> Cursor | None:
+    key = built.table.replication_key
+    if key is None:
+        return None
+    key_type = next(c.type for c in built.columns if c.name == key)
+    (value,) = execute(
+        conn,
+        sql.SQL("SELECT max({alias}.{key})::text FROM ({model}) AS {alias}").format(
+            alias=sql.Identifier(MODEL_ALIAS),
+            key=sql.Identifier(key),
+            model=sql.SQL(built.model.sql),
+        ),
+    ).fetchone()
+    return None if value is None else Cursor(value=value, type=key_type)
+
+
+def _copy_tasks(
+    snap: ExportedSnapshot,
+    ends: Endpoints,
+    built: TableSql,
+    source: TableInfo,
+    side: TableName,
+    load_id: str,
+    parallelism: int,
+) -> list[CopyTask]:
+    assert snap.conn is not None
+    key = built.primary_key[0] if built.primary_key else None
+    key_type = next((c.type for c in built.columns if c.name == key), "")
+    ranges = plan_key_ranges(snap.conn, source, key, key_type, parallelism)
+    columns = sql.SQL(", ").join(sql.Identifier(c.name) for c in built.columns)
+    copy_in = (
+        sql.SQL("COPY {} ({}) FROM STDIN (FORMAT binary)")
+        .format(sql.Identifier(side.schema, side.name), columns)
+        .as_string(None)
+    )
+    tasks = []
+    for index, key_range in enumerate(ranges):
+        predicate = range_predicate(key, key_type, key_range) if key else None
+        query: sql.Composable = sql.SQL(built.model.sql)
+        if predicate is not None:
+            query = sql.SQL("SELECT * FROM ({}) AS {} WHERE {}").format(
+                query, sql.Identifier(MODEL_ALIAS), predicate
+            )
+        copy_out = sql.SQL("COPY ({}) TO STDOUT (FORMAT binary)").format(query).as_string(None)
+        tasks.append(
+            CopyTask(
+                load_id, index, ends.source_url, ends.dest_url, snap.snapshot_id, copy_out, copy_in
+            )
+        )
+    return tasks
+
+
+def _key_name(target: TableName) -> str:
+    """PostgreSQL's default primary-key name for the table, cut to 63 bytes like it does."""
+    return f"{target.name}_pkey".encode()[:63].decode(errors="ignore")
+
+
+def _finish_side_table(dest: psycopg.Connection[Any], side: TableName, built: TableSql) -> None:
+    """Build the primary key after the load (faster than maintaining it), then analyze."""
+    table = sql.Identifier(side.schema, side.name)
+    if built.primary_key:
+        execute(
+            dest,
+            sql.SQL("ALTER TABLE {} ADD CONSTRAINT {} PRIMARY KEY ({})").format(
+                table,
+                sql.Identifier(derived_name("pk", built.table.target)),
+                sql.SQL(", ").join(map(sql.Identifier, built.primary_key)),
+            ),
+        )
+    execute(dest, sql.SQL("ANALYZE {}").format(table))

@@ -1,0 +1,28 @@
+"""Session settings pinned on every connection, so every value prints the same text.
+
+Kept free of heavy imports: Spark's Python workers import it for each COPY task.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+# Settings that change how values are printed as text: pinned on both sides (DESIGN §4).
+SESSION_SETTINGS: Mapping[str, str] = {
+    "DateStyle": "ISO, YMD",
+    "IntervalStyle": "postgres",
+    "TimeZone": "UTC",
+    "extra_float_digits": "3",
+    "bytea_output": "hex",
+    "lc_monetary": "C",
+}
+
+
+def pin_session(conn: Any) -> None:
+    """Apply SESSION_SETTINGS to a psycopg connection (outside any transaction block)."""
+    conn.execute(
+        "SELECT set_config(name, value, false) FROM unnest(%s::text[], %s::text[]) "
+        "AS s(name, value)",
+        (list(SESSION_SETTINGS), list(SESSION_SETTINGS.values())),
+    )

@@ -1,0 +1,44 @@
+"""What a run did to each table: the record behind the summary, the logs and the webhook."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from datetime import UTC, datetime
+from typing import Any, Literal
+
+Status = Literal["success", "failure"]
+
+
+def utc_now() -> str:
+    return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+@dataclass(frozen=True)
+class TableResult:
+    name: str
+    status: Status
+    action: str | None
+    rows: int | None
+    reason: str | None
+    error: str | None
+    seconds: float
+    bytes: int | None = None
+    cursor_from: str | None = None
+    cursor_to: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def line(self) -> str:
+        """One log line: what happened, how much, how fast, and why."""
+        if self.status == "failure":
+            return f"{self.name}: failed after {self.seconds:.1f} s: {self.error}"
+        text = f"{self.name}: {self.action}"
+        if self.rows is not None:
+            text += f", {self.rows:,} rows"
+        if self.bytes:
+            text += f", {self.bytes / 1e6:,.1f} MB"
+        text += f" in {self.seconds:.1f} s"
+        if self.rows and self.seconds > 0:
+            text += f" ({self.rows / self.seconds:,.0f} rows/s)"
+        return f"{text}; reason: {self.reason}"

@@ -1,0 +1,121 @@
+"""Runs the COPY tasks of a load on Spark, starting the session in the background.
+
+The JVM takes seconds to start: a run starts it as soon as it knows a table needs data moved,
+and keeps inspecting catalogs and writing DDL meanwhile. A run that moves nothing never
+starts it.
+"""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from .copy_stream import CopyResult, CopyTask, run_copy_task
+from .errors import ReplicatorError
+from .redact import redact
+
+
+class SparkRunner:
+    """The run's one Spark session, created lazily."""
+
+    def __init__(self, master: str | None, conf: Mapping[str, str], *, quiet: bool = True):
+        self.master, self.conf, self.quiet = master, dict(conf), quiet
+        self._thread: threading.Thread | None = None
+        self._session: Any = None
+        self._error: BaseException | None = None
+
+    @property
+    def started(self) -> bool:
+        return self._thread is not None
+
+    def warm_up(self) -> None:
+        """Start the session in a background thread, if not started yet."""
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._start, name="spark-start", daemon=True)
+            self._thread.start()
+
+    def _start(self) -> None:
+        from .spark_session import start_spark
+
+        try:
+            self._session = start_spark(self.master, self.conf, quiet=self.quiet)
+        except BaseException as exc:  # surfaced to the table that needs the session
+            self._error = exc
+
+    def session(self) -> Any:
+        self.warm_up()
+        assert self._thread is not None
+        self._thread.join()
+        if self._error is not None:
+            raise ReplicatorError(f"Spark did not start: {redact(str(self._error))}")
+        return self._session
+
+    def parallelism(self) -> int:
+        return int(self.session().sparkContext.defaultParallelism)
+
+    def run_copy_tasks(
+        self, tasks: list[CopyTask], on_progress: Callable[[int, int], None] | None = None
+    ) -> list[CopyResult]:
+        """Run one Spark task per partition; return their row and byte counts."""
+        context = self.session().sparkContext
+        group = f"replicator-{uuid.uuid4().hex}"
+        context.setJobGroup(group, "replicator copy", interruptOnCancel=True)
+        watcher = _ProgressWatcher(context, group, len(tasks), on_progress)
+        watcher.start()
+        try:
+            return context.parallelize(tasks, len(tasks)).map(run_copy_task).collect()
+        except Exception as exc:
+            raise ReplicatorError(spark_error_message(exc)) from None
+        finally:
+            watcher.stop()
+
+    def stop(self) -> None:
+        if self._session is not None:
+            self._session.stop()
+            self._session = None
+
+
+def spark_error_message(exc: BaseException) -> str:
+    """The Python exception line from inside a failed Spark task, else the first line."""
+    text = str(exc)
+    marker = text.rfind("Traceback (most recent call last):")
+    if marker >= 0:
+        for line in text[marker:].splitlines()[1:]:
+            if line and not line[0].isspace():
+                return redact(f"Spark task failed: {line.strip()}")
+    first = next((line for line in text.splitlines() if line.strip()), type(exc).__name__)
+    return redact(f"Spark job failed: {first.strip()}")
+
+
+class _ProgressWatcher:
+    """Polls Spark's status tracker and reports completed partitions."""
+
+    def __init__(
+        self, context: Any, group: str, total: int, callback: Callable[[int, int], None] | None
+    ) -> None:
+        self.context, self.group, self.total, self.callback = context, group, total, callback
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="spark-progress", daemon=True)
+
+    def start(self) -> None:
+        if self.callback is not None:
+            self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join()
+
+    def _run(self) -> None:
+        tracker = self.context.statusTracker()
+        while not self._stop.wait(0.5):
+            done = 0
+            for job in tracker.getJobIdsForGroup(self.group):
+                info = tracker.getJobInfo(job)
+                for stage in info.stageIds if info else []:
+                    stage_info = tracker.getStageInfo(stage)
+                    done += stage_info.numCompletedTasks if stage_info else 0
+            assert self.callback is not None
+            self.callback(min(done, self.total), self.total)

@@ -1,0 +1,233 @@
+"""The atomic swap: a loaded side table replaces the live table in one short transaction.
+
+Readers never see a missing, empty or half-loaded table: until the commit they read the old
+table, after it the new one. Views that depend on the table are dropped and recreated (from
+their own definitions, so they point at the new table) in the same transaction, with their
+owners, grants, options and comments; the table keeps its grants, owner and comments.
+Anything else that depends on the live table (a materialized view, a foreign key) makes the
+swap fail, leaving the old table untouched.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+from psycopg import sql
+from tenacity import retry, retry_if_exception_type, stop_after_attempt, wait_exponential
+
+from .database import execute, fetch_all
+from .errors import DatabaseError
+from .failpoints import failpoint
+from .identifiers import TableName
+
+LOCK_TIMEOUT = "5s"
+
+_RELATION_OID = """
+SELECT c.oid FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+WHERE n.nspname = %s AND c.relname = %s
+"""
+_DEPENDENT_VIEWS = """
+WITH RECURSIVE deps(oid, depth) AS (
+    SELECT r.ev_class, 1
+    FROM pg_catalog.pg_depend d JOIN pg_catalog.pg_rewrite r ON r.oid = d.objid
+    WHERE d.classid = 'pg_catalog.pg_rewrite'::regclass
+      AND d.refclassid = 'pg_catalog.pg_class'::regclass
+      AND d.refobjid = %(oid)s AND r.ev_class <> %(oid)s
+  UNION ALL
+    SELECT r.ev_class, deps.depth + 1
+    FROM deps
+    JOIN pg_catalog.pg_depend d ON d.refobjid = deps.oid
+     AND d.classid = 'pg_catalog.pg_rewrite'::regclass
+     AND d.refclassid = 'pg_catalog.pg_class'::regclass
+    JOIN pg_catalog.pg_rewrite r ON r.oid = d.objid
+    WHERE r.ev_class <> deps.oid AND deps.depth < 64
+)
+SELECT c.oid, n.nspname, c.relname, c.relkind, max(deps.depth)
+FROM deps JOIN pg_catalog.pg_class c ON c.oid = deps.oid
+JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+GROUP BY c.oid, n.nspname, c.relname, c.relkind
+ORDER BY max(deps.depth), c.oid
+"""
+_OBJECT = """
+SELECT pg_catalog.pg_get_userbyid(c.relowner), c.reloptions,
+       CASE WHEN c.relkind = 'v' THEN pg_catalog.pg_get_viewdef(c.oid, true) END,
+       ARRAY(SELECT ARRAY[CASE WHEN a.grantee = 0 THEN '' ELSE
+                               pg_catalog.pg_get_userbyid(a.grantee) END,
+                          a.privilege_type, a.is_grantable::text]
+             FROM aclexplode(c.relacl) a WHERE a.grantee <> c.relowner),
+       ARRAY(SELECT ARRAY[coalesce(att.attname, ''), d.description]
+             FROM pg_catalog.pg_description d
+             LEFT JOIN pg_catalog.pg_attribute att
+                    ON att.attrelid = d.objoid AND att.attnum = d.objsubid
+             WHERE d.objoid = c.oid AND d.classoid = 'pg_catalog.pg_class'::regclass
+             ORDER BY d.objsubid)
+FROM pg_catalog.pg_class c WHERE c.oid = %s
+"""
+_PRIMARY_KEY_NAME = """
+SELECT conname FROM pg_catalog.pg_constraint WHERE conrelid = %s AND contype = 'p'
+"""
+
+
+@dataclass(frozen=True)
+class SavedObject:
+    """What a swap must put back on a table or view it drops and recreates."""
+
+    name: TableName
+    owner: str
+    options: list[str]
+    definition: str | None
+    grants: list[list[str]]
+    comments: list[list[str]]
+
+
+def swap_in(
+    dest: psycopg.Connection[Any], side: TableName, target: TableName, primary_key_name: str
+) -> float:
+    """Replace `target` with `side` atomically; return how long the table lock was held."""
+    return _swap_with_retries(dest, side, target, primary_key_name)
+
+
+@retry(
+    retry=retry_if_exception_type(psycopg.errors.LockNotAvailable),
+    stop=stop_after_attempt(5),
+    wait=wait_exponential(multiplier=0.5, max=5),
+    reraise=True,
+)
+def _swap_with_retries(
+    dest: psycopg.Connection[Any], side: TableName, target: TableName, primary_key_name: str
+) -> float:
+    with dest.transaction():
+        dest.execute(sql.SQL("SET LOCAL lock_timeout = {}").format(sql.Literal(LOCK_TIMEOUT)))
+        # Definitions are read and re-run with only pg_catalog on the path: fully qualified.
+        dest.execute("SET LOCAL search_path = pg_catalog, pg_temp")
+        existing = fetch_all(dest, _RELATION_OID, (target.schema, target.name))
+        locked_at = time.monotonic()
+        views: list[SavedObject] = []
+        table: SavedObject | None = None
+        if existing:
+            oid = existing[0][0]
+            dest.execute(sql.SQL("LOCK TABLE {} IN ACCESS EXCLUSIVE MODE").format(_ident(target)))
+            locked_at = time.monotonic()
+            table = _save(dest, oid, target)
+            views = _dependent_views(dest, oid)
+            old_key = fetch_all(dest, _PRIMARY_KEY_NAME, (oid,))
+            primary_key_name = old_key[0][0] if old_key else primary_key_name
+            for view in reversed(views):
+                execute(dest, sql.SQL("DROP VIEW {}").format(_ident(view.name)))
+            _drop_table(dest, target)
+        _move(dest, side, target, primary_key_name)
+        if table is not None:
+            _restore(dest, table, "TABLE")
+        for view in views:
+            _recreate_view(dest, view)
+        failpoint("before-swap-commit")
+    return time.monotonic() - locked_at
+
+
+def _ident(name: TableName) -> sql.Identifier:
+    return sql.Identifier(name.schema, name.name)
+
+
+def _save(dest: psycopg.Connection[Any], oid: int, name: TableName) -> SavedObject:
+    owner, options, definition, grants, comments = fetch_all(dest, _OBJECT, (oid,))[0]
+    return SavedObject(name, owner, options or [], definition, grants, comments)
+
+
+def _dependent_views(dest: psycopg.Connection[Any], oid: int) -> list[SavedObject]:
+    views = []
+    for view_oid, schema, name, kind, _ in fetch_all(dest, _DEPENDENT_VIEWS, {"oid": oid}):
+        if kind != "v":
+            raise DatabaseError(
+                f"{TableName(schema, name)} (a materialized view) depends on the table: "
+                "replicator can only carry plain views across a reload; drop it or make it "
+                "a view"
+            )
+        views.append(_save(dest, view_oid, TableName(schema, name)))
+    return views
+
+
+def _drop_table(dest: psycopg.Connection[Any], target: TableName) -> None:
+    try:
+        dest.execute(sql.SQL("DROP TABLE {}").format(_ident(target)))
+    except psycopg.errors.DependentObjectsStillExist as exc:
+        detail = (exc.diag.message_detail or "").replace("\n", "; ")
+        raise DatabaseError(
+            f"cannot replace {target}: other objects depend on it ({detail}); "
+            "the old table is unchanged"
+        ) from None
+
+
+def _move(
+    dest: psycopg.Connection[Any], side: TableName, target: TableName, primary_key_name: str
+) -> None:
+    if side.schema != target.schema:
+        dest.execute(
+            sql.SQL("ALTER TABLE {} SET SCHEMA {}").format(
+                _ident(side), sql.Identifier(target.schema)
+            )
+        )
+    moved = TableName(target.schema, side.name)
+    dest.execute(
+        sql.SQL("ALTER TABLE {} RENAME TO {}").format(_ident(moved), sql.Identifier(target.name))
+    )
+    key = fetch_all(
+        dest,
+        _PRIMARY_KEY_NAME,
+        (fetch_all(dest, _RELATION_OID, (target.schema, target.name))[0][0],),
+    )
+    if key and key[0][0] != primary_key_name:
+        dest.execute(
+            sql.SQL("ALTER TABLE {} RENAME CONSTRAINT {} TO {}").format(
+                _ident(target), sql.Identifier(key[0][0]), sql.Identifier(primary_key_name)
+            )
+        )
+
+
+def _recreate_view(dest: psycopg.Connection[Any], view: SavedObject) -> None:
+    options = (
+        sql.SQL(" WITH ({})").format(sql.SQL(", ").join(map(sql.SQL, view.options)))
+        if view.options
+        else sql.SQL("")
+    )
+    try:
+        dest.execute(
+            sql.SQL("CREATE VIEW {}{} AS {}").format(
+                _ident(view.name), options, sql.SQL(view.definition.rstrip().rstrip(";"))
+            )
+        )
+    except psycopg.Error as exc:
+        raise DatabaseError(
+            f"cannot recreate dependent view {view.name} on the new table: "
+            f"{str(exc).splitlines()[0]}; the old table is unchanged"
+        ) from None
+    _restore(dest, view, "VIEW")
+
+
+def _restore(dest: psycopg.Connection[Any], saved: SavedObject, kind: str) -> None:
+    ident, keyword = _ident(saved.name), sql.SQL(kind)
+    (current,) = dest.execute("SELECT current_user").fetchone()
+    if saved.owner != current:
+        dest.execute(
+            sql.SQL("ALTER {} {} OWNER TO {}").format(keyword, ident, sql.Identifier(saved.owner))
+        )
+    for grantee, privilege, grantable in saved.grants:
+        dest.execute(
+            sql.SQL("GRANT {} ON {} TO {}{}").format(
+                sql.SQL(privilege),
+                ident,
+                sql.SQL("PUBLIC") if grantee == "" else sql.Identifier(grantee),
+                sql.SQL(" WITH GRANT OPTION") if grantable == "true" else sql.SQL(""),
+            )
+        )
+    for column, text in saved.comments:
+        target = (
+            ident if column == "" else sql.Identifier(saved.name.schema, saved.name.name, column)
+        )
+        dest.execute(
+            sql.SQL("COMMENT ON {} {} IS {}").format(
+                sql.SQL("COLUMN") if column else keyword, target, sql.Literal(text)
+            )
+        )

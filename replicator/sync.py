@@ -1,0 +1,187 @@
+"""`replicator sync`: every selected table, one at a time, failures isolated (DESIGN §3)."""
+
+from __future__ import annotations
+
+import logging
+import time
+import traceback
+import uuid
+
+import psycopg
+
+from .catalog import describe_table
+from .config import TableConfig
+from .database import connect
+from .errors import ReplicatorError, StateError
+from .full_load import Endpoints, full_reload
+from .inspect_table import inspect_source
+from .plan import Plan, plan_table
+from .project import Project
+from .redact import redact
+from .results import TableResult, utc_now
+from .runlock import run_lock
+from .settings import SPARK_MASTER
+from .signature import schema_signature
+from .spark_runner import SparkRunner
+from .state import RunOutcome, TableState
+from .sync_output import SyncOutput
+
+log = logging.getLogger("replicator.sync")
+
+
+class RunContext:
+    """What every table of one run shares."""
+
+    def __init__(self, project: Project, full_refresh: bool, verbose: int) -> None:
+        self.project = project
+        self.full_refresh = full_refresh
+        self.verbose = verbose
+        self.run_id = uuid.uuid4().hex
+        self.started_at = utc_now()
+        config = project.config.spark
+        master = project.env.get(SPARK_MASTER) or config.master
+        self.spark = SparkRunner(master, config.conf, quiet=verbose == 0)
+
+
+def run_sync(project: Project, names: tuple[str, ...], full_refresh: bool, verbose: int) -> int:
+    """Sync the tables; exit code 0 when every table succeeded, else 1."""
+    tables = project.select(names)
+    connections = project.connections()
+    run = RunContext(project, full_refresh, verbose)
+    output = SyncOutput()
+    results: list[TableResult] = []
+    with run_lock(project.state_dir):
+        log.info("sync started: %d table(s), run %s", len(tables), run.run_id)
+        try:
+            with (
+                connect(connections.source, "source") as source,
+                connect(connections.destination, "destination") as dest,
+            ):
+                ends = Endpoints(source, dest, connections.source, connections.destination)
+                for table in tables:
+                    results.append(_sync_table(run, ends, table, output))
+        except ReplicatorError as exc:  # a database unreachable: every remaining table fails
+            done = {r.name for r in results}
+            results += [_failure(t, str(exc), 0.0) for t in tables if t.written_name not in done]
+            for result in results[len(done) :]:
+                log.error(result.line())
+        finally:
+            run.spark.stop()
+    output.summary(results)
+    return 0 if all(r.status == "success" for r in results) else 1
+
+
+def _failure(
+    table: TableConfig,
+    error: str,
+    seconds: float,
+    action: str | None = None,
+    reason: str | None = None,
+) -> TableResult:
+    return TableResult(table.written_name, "failure", action, None, reason, redact(error), seconds)
+
+
+def _sync_table(
+    run: RunContext, ends: Endpoints, table: TableConfig, output: SyncOutput
+) -> TableResult:
+    started, started_at = time.monotonic(), utc_now()
+    store = run.project.store
+    try:
+        state = store.read(table.name)
+    except StateError as exc:
+        result = _failure(table, str(exc), time.monotonic() - started)
+        log.error(result.line())
+        return result  # an untrusted state file is never overwritten
+    plan: Plan | None = None
+    try:
+        source, built = inspect_source(ends.source, table, run.project.templates)
+        destination_exists = describe_table(ends.dest, table.target) is not None
+        plan = plan_table(
+            table.mode or "",
+            state,
+            full_refresh=run.full_refresh,
+            destination_exists=destination_exists,
+        )
+        reason = plan.reason
+        if plan.action == "incremental":
+            reason += " (incremental sync not built yet: reloaded in full)"
+        log.info("%s: full_reload (%s)", table.written_name, reason)
+        run.spark.warm_up()
+        with output.progress(table.written_name) as progress:
+            loaded = full_reload(ends, built, source, run.spark, progress)
+        finished = utc_now()
+        result = TableResult(
+            table.written_name,
+            "success",
+            "full_reload",
+            loaded.rows,
+            reason,
+            None,
+            time.monotonic() - started,
+            loaded.bytes,
+            state.cursor.value if state and state.cursor else None,
+            loaded.cursor.value if loaded.cursor else None,
+        )
+        store.write(
+            TableState(
+                table=str(table.name),
+                cursor=loaded.cursor,
+                schema_signature=schema_signature(
+                    source, built.columns, built.primary_key, table.replication_key
+                ),
+                last_synced_at=finished,
+                last_run=_outcome(run, started_at, finished, result),
+            ),
+            table.name,
+        )
+    except (ReplicatorError, psycopg.Error) as exc:
+        result = _failure(
+            table,
+            _one_line(exc),
+            time.monotonic() - started,
+            "full_reload" if plan else None,
+            plan.reason if plan else None,
+        )
+        _record_failure(run, table, state, started_at, result)
+    except Exception as exc:  # a bug: keep going with the next table
+        log.debug("traceback:\n%s", "".join(traceback.format_exception(exc)))
+        result = _failure(table, f"internal error: {_one_line(exc)}", time.monotonic() - started)
+        _record_failure(run, table, state, started_at, result)
+    (log.info if result.status == "success" else log.error)(result.line())
+    return result
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def _outcome(run: RunContext, started_at: str, finished_at: str, result: TableResult) -> RunOutcome:
+    return RunOutcome(
+        run_id=run.run_id,
+        started_at=started_at,
+        finished_at=finished_at,
+        status=result.status,
+        action=result.action,
+        rows=result.rows,
+        reason=result.reason,
+        error=result.error,
+    )
+
+
+def _record_failure(
+    run: RunContext,
+    table: TableConfig,
+    state: TableState | None,
+    started_at: str,
+    result: TableResult,
+) -> None:
+    """Keep the table's cursor and flags; note the failure as its last run."""
+    base = state or TableState(table=str(table.name))
+    try:
+        run.project.store.write(
+            base.model_copy(update={"last_run": _outcome(run, started_at, utc_now(), result)}),
+            table.name,
+        )
+    except OSError as exc:
+        log.error("%s: could not record the failure in sync-state: %s", table.written_name, exc)
