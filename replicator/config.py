@@ -98,6 +98,7 @@ class TableConfig(_Frozen):
     # strict=False: a JSON list becomes the tuple (a string is still refused).
     primary_key: ColumnList | None = None
     destination: TableNameField | None = None
+    partitions: Annotated[int, Field(ge=1, le=10_000)] | None = None
     # The name exactly as written in the config: the webhook and logs use it.
     written_name: str = Field(default="", exclude=True)
 
@@ -292,6 +293,8 @@ _EXPECTED = {
     "model_attributes_type": "expected an object",
     "bool_type": "expected true or false",
     "int_type": "expected a whole number",
+    "greater_than_equal": "expected a number >= 1",
+    "less_than_equal": "expected a number <= 10000",
 }
 
 

@@ -137,7 +137,9 @@ def _copy_tasks(
     assert snap.conn is not None
     key = built.primary_key[0] if built.primary_key else None
     key_type = next((c.type for c in built.columns if c.name == key), "")
-    ranges = plan_key_ranges(snap.conn, source, key, key_type, parallelism)
+    ranges = plan_key_ranges(
+        snap.conn, source, key, key_type, parallelism, built.table.partitions
+    )
     columns = sql.SQL(", ").join(sql.Identifier(c.name) for c in built.columns)
     copy_in = (
         sql.SQL("COPY {} ({}) FROM STDIN (FORMAT binary)")

@@ -59,12 +59,15 @@ def plan_key_ranges(
     key: str | None,
     key_type: str,
     parallelism: int,
+    requested: int | None = None,
 ) -> list[KeyRange]:
-    """Read the table's size and key bounds (inside the caller's snapshot) and split it."""
+    """Read the table's size and key bounds (inside the caller's snapshot) and split it.
+
+    `requested` (the table's `partitions` setting) replaces the size-based count."""
     if key is None or source.column(key) is None:
         return [KeyRange(None, None, nulls=True)]
     (table_bytes,) = execute(conn, "SELECT pg_relation_size(%s)", (source.oid,)).fetchone()
-    count = partition_count(table_bytes, parallelism)
+    count = requested or partition_count(table_bytes, parallelism)
     if count == 1:
         return [KeyRange(None, None, nulls=True)]
     column, table = sql.Identifier(key), sql.Identifier(source.name.schema, source.name.name)

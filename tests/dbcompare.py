@@ -1,0 +1,39 @@
+"""Comparing a table on both sides the way a user would: md5 of every row's text, by key."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+
+def row_hashes(conn: psycopg.Connection[Any], schema: str, table: str, key: str = "id") -> dict:
+    """{key: md5(row::text)} for every row."""
+    rows = conn.execute(
+        sql.SQL("SELECT {k}::text, md5(t::text) FROM {t} AS t").format(
+            k=sql.Identifier(key), t=sql.Identifier(schema, table)
+        )
+    ).fetchall()
+    return dict(rows)
+
+
+def column_types(conn: psycopg.Connection[Any], schema: str, table: str) -> list[tuple]:
+    return conn.execute(
+        "SELECT attname, format_type(atttypid, atttypmod), attnotnull FROM pg_attribute "
+        "WHERE attrelid = %s::regclass AND attnum > 0 AND NOT attisdropped ORDER BY attnum",
+        (sql.Identifier(schema, table).as_string(conn),),
+    ).fetchall()
+
+
+def assert_same_table(source, dest, schema: str, table: str, key: str = "id") -> int:
+    """Same columns, types and rows on both sides; returns the row count."""
+    assert column_types(source, schema, table) == column_types(dest, schema, table)
+    left, right = row_hashes(source, schema, table, key), row_hashes(dest, schema, table, key)
+    missing = left.keys() - right.keys()
+    extra = right.keys() - left.keys()
+    changed = [k for k in left.keys() & right.keys() if left[k] != right[k]]
+    assert not missing and not extra and not changed, (
+        f"missing {sorted(missing)[:5]}, extra {sorted(extra)[:5]}, changed {changed[:5]}"
+    )
+    return len(left)
