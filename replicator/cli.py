@@ -129,6 +129,17 @@ def sync(project_dir: Path, names: tuple[str, ...], full_refresh: bool) -> int:
 
 
 @cli.command()
+@click.option("--keep", is_flag=True, help="Leave the clusters running to explore them.")
+@_common
+def demo(project_dir: Path, keep: bool) -> int:
+    """Throwaway clusters, sample tables, two syncs, a verified summary."""
+    from .demo import run_demo
+
+    verbose = click.get_current_context().meta["replicator.verbose"]
+    return run_demo(project_dir, keep, verbose)
+
+
+@cli.command()
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @_common
 def status(project_dir: Path, as_json: bool) -> int:

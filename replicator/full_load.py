@@ -10,6 +10,8 @@ table and starts over.
 
 from __future__ import annotations
 
+import logging
+import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -26,12 +28,14 @@ from .dest_types import ensure_types
 from .failpoints import failpoint
 from .identifiers import TableName
 from .naming import INTERNAL_SCHEMA, derived_name
-from .partitions import plan_key_ranges, range_predicate
+from .partitions import page_predicate, plan_key_ranges, plan_page_ranges, range_predicate
 from .snapshot import ExportedSnapshot
 from .spark_runner import SparkRunner
 from .state import Cursor
 from .swap import swap_in
 from .table_sql import MODEL_ALIAS, TableSql
+
+log = logging.getLogger(__name__)
 
 _MARKER_DDL = sql.SQL(
     "CREATE TABLE IF NOT EXISTS {} (load_id text NOT NULL, part int NOT NULL, "
@@ -73,6 +77,8 @@ def prepare_destination(ends: Endpoints, built: TableSql) -> TableName:
     ensure_types(ends.source, dest, [c.type_oid for c in built.columns])
     side = side_table(target)
     execute(dest, ddl.drop_table(side))
+    # No key yet: building it after the load measured faster than maintaining it during
+    # the load (bench/RESULTS.md).
     execute(dest, ddl.create_table(side, built.columns))
     return side
 
@@ -85,16 +91,26 @@ def full_reload(
     on_progress: Callable[[int, int], None] | None = None,
 ) -> LoadResult:
     """Reload the table from one consistent snapshot; return what was copied."""
+    phases = _Phases(built.table.written_name)
     side = prepare_destination(ends, built)
+    phases.mark("destination prepared")
     load_id = uuid.uuid4().hex
     with ExportedSnapshot(ends.source_url) as snap:
         assert snap.conn is not None
         cursor = _max_cursor(snap.conn, built)
-        tasks = _copy_tasks(snap, ends, built, source, side, load_id, spark.parallelism())
+        parallelism = spark.parallelism()
+        phases.mark("snapshot exported, Spark ready")
+        tasks = _copy_tasks(snap, ends, built, source, side, load_id, parallelism)
         results = spark.run_copy_tasks(tasks, on_progress)
+        phases.mark(
+            f"copied {len(tasks)} partition(s) (task seconds: "
+            f"{', '.join(f'{r.seconds:.1f}' for r in results)})"
+        )
     failpoint("after-load-before-swap")
     _finish_side_table(ends.dest, side, built)
+    phases.mark("primary key built, analyzed")
     lock_seconds = swap_in(ends.dest, side, built.table.target, _key_name(built.table.target))
+    phases.mark(f"swapped (table lock held {lock_seconds * 1000:.0f} ms)")
     execute(
         ends.dest,
         sql.SQL("DELETE FROM {} WHERE load_id = %s").format(sql.Identifier(*MARKER_TABLE)),
@@ -107,6 +123,18 @@ def full_reload(
         partitions=len(tasks),
         lock_seconds=lock_seconds,
     )
+
+
+class _Phases:
+    """Debug log lines with the time each step of a load took."""
+
+    def __init__(self, table: str) -> None:
+        self.table, self.last = table, time.monotonic()
+
+    def mark(self, what: str) -> None:
+        now = time.monotonic()
+        log.debug("%s: %s in %.2f s", self.table, what, now - self.last)
+        self.last = now
 
 
 def _max_cursor(conn: psycopg.Connection[Any], built: TableSql) -> Cursor | None:
@@ -134,33 +162,47 @@ def _copy_tasks(
     load_id: str,
     parallelism: int,
 ) -> list[CopyTask]:
-    assert snap.conn is not None
-    key = built.primary_key[0] if built.primary_key else None
-    key_type = next((c.type for c in built.columns if c.name == key), "")
-    ranges = plan_key_ranges(
-        snap.conn, source, key, key_type, parallelism, built.table.partitions
-    )
     columns = sql.SQL(", ").join(sql.Identifier(c.name) for c in built.columns)
     copy_in = (
         sql.SQL("COPY {} ({}) FROM STDIN (FORMAT binary)")
         .format(sql.Identifier(side.schema, side.name), columns)
         .as_string(None)
     )
-    tasks = []
-    for index, key_range in enumerate(ranges):
+    queries = [
+        sql.SQL("COPY ({}) TO STDOUT (FORMAT binary)").format(query).as_string(None)
+        for query in _partition_queries(snap, built, source, parallelism)
+    ]
+    return [
+        CopyTask(load_id, index, ends.source_url, ends.dest_url, snap.snapshot_id, query, copy_in)
+        for index, query in enumerate(queries)
+    ]
+
+
+def _partition_queries(
+    snap: ExportedSnapshot, built: TableSql, source: TableInfo, parallelism: int
+) -> list[sql.Composable]:
+    """One SELECT per partition: page ranges of the table, else key ranges of the model."""
+    assert snap.conn is not None
+    model, requested = sql.SQL(built.model.sql), built.table.partitions
+    if built.model.reads_table_as_is and source.kind == "table":
+        pages = plan_page_ranges(snap.conn, source, parallelism, requested)
+        predicates = [page_predicate(p) for p in pages]
+        # The built-in model is `SELECT <columns> FROM <table>`: the bounds go straight on.
+        return [model if p is None else sql.SQL("{} WHERE {}").format(model, p) for p in predicates]
+    key = built.primary_key[0] if built.primary_key else None
+    key_type = next((c.type for c in built.columns if c.name == key), "")
+    ranges = plan_key_ranges(snap.conn, source, key, key_type, parallelism, requested)
+    queries: list[sql.Composable] = []
+    for key_range in ranges:
         predicate = range_predicate(key, key_type, key_range) if key else None
-        query: sql.Composable = sql.SQL(built.model.sql)
-        if predicate is not None:
-            query = sql.SQL("SELECT * FROM ({}) AS {} WHERE {}").format(
-                query, sql.Identifier(MODEL_ALIAS), predicate
-            )
-        copy_out = sql.SQL("COPY ({}) TO STDOUT (FORMAT binary)").format(query).as_string(None)
-        tasks.append(
-            CopyTask(
-                load_id, index, ends.source_url, ends.dest_url, snap.snapshot_id, copy_out, copy_in
+        queries.append(
+            model
+            if predicate is None
+            else sql.SQL("SELECT * FROM ({}) AS {} WHERE {}").format(
+                model, sql.Identifier(MODEL_ALIAS), predicate
             )
         )
-    return tasks
+    return queries
 
 
 def _key_name(target: TableName) -> str:
@@ -169,8 +211,10 @@ def _key_name(target: TableName) -> str:
 
 
 def _finish_side_table(dest: psycopg.Connection[Any], side: TableName, built: TableSql) -> None:
-    """Build the primary key after the load (faster than maintaining it), then analyze."""
+    """Build the primary key after the load, then analyze, before readers see the table."""
     table = sql.Identifier(side.schema, side.name)
+    # A bigger sort budget lets PostgreSQL build the key in memory, with parallel workers.
+    execute(dest, "SET maintenance_work_mem = '512MB'")
     if built.primary_key:
         execute(
             dest,
@@ -181,3 +225,4 @@ def _finish_side_table(dest: psycopg.Connection[Any], side: TableName, built: Ta
             ),
         )
     execute(dest, sql.SQL("ANALYZE {}").format(table))
+    execute(dest, "RESET maintenance_work_mem")

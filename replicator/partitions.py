@@ -1,8 +1,10 @@
-"""Split a table's extraction into key ranges of roughly equal size, read in one snapshot.
+"""Split a table's extraction into ranges of roughly equal size, read in one snapshot.
 
-Any set of boundaries is correct (the ranges always cover every value, NULL included);
-good boundaries only balance the work: arithmetic ranges for integer keys, sampled
-percentiles for others, one partition for small tables or tables without a key.
+Page ranges (`ctid`) when the extraction reads the source table as it is: each task scans
+exactly its own pages (a TID Range Scan), whatever the key. Key ranges on the model's output
+otherwise: arithmetic for integer keys, sampled percentiles for others. Any set of
+boundaries is correct (the ranges always cover every value, NULL included); good
+boundaries only balance the work.
 """
 
 from __future__ import annotations
@@ -122,3 +124,38 @@ def range_predicate(key: str, key_type: str, key_range: KeyRange) -> sql.Composa
     if key_range.nulls:
         return sql.SQL("({} OR {} IS NULL)").format(condition, column)
     return condition
+
+
+@dataclass(frozen=True)
+class PageRange:
+    """Heap pages `first <= page < end` of the source table; `end` None is open-ended."""
+
+    first: int
+    end: int | None
+
+
+def plan_page_ranges(
+    conn: psycopg.Connection[Any], source: TableInfo, parallelism: int, requested: int | None
+) -> list[PageRange]:
+    """Equal page ranges over the table (measured inside the caller's snapshot)."""
+    pages, table_bytes = execute(
+        conn,
+        "SELECT pg_relation_size(%s) / current_setting('block_size')::int, pg_relation_size(%s)",
+        (source.oid, source.oid),
+    ).fetchone()
+    count = max(1, min(requested or partition_count(table_bytes, parallelism), pages or 1))
+    step = math.ceil((pages or 1) / count)
+    edges = [i * step for i in range(count)]
+    return [
+        PageRange(first, edges[i + 1] if i + 1 < count else None) for i, first in enumerate(edges)
+    ]
+
+
+def page_predicate(page_range: PageRange) -> sql.Composable | None:
+    """`ctid` bounds of one page range (None for the whole table)."""
+    parts: list[sql.Composable] = []
+    if page_range.first > 0:
+        parts.append(sql.SQL("ctid >= {}::tid").format(sql.Literal(f"({page_range.first},0)")))
+    if page_range.end is not None:
+        parts.append(sql.SQL("ctid < {}::tid").format(sql.Literal(f"({page_range.end},0)")))
+    return sql.SQL(" AND ").join(parts) if parts else None

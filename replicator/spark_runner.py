@@ -14,7 +14,11 @@ from typing import Any
 
 from .copy_stream import CopyResult, CopyTask, run_copy_task
 from .errors import ReplicatorError
+from .jvm_archive import ArchivePlan, plan_archive, stop_jvm_and_keep_archive
 from .redact import redact
+from .spark_session import jdbc_jar
+
+_DRIVER_OPTIONS = "spark.driver.extraJavaOptions"
 
 
 class SparkRunner:
@@ -25,6 +29,7 @@ class SparkRunner:
         self._thread: threading.Thread | None = None
         self._session: Any = None
         self._error: BaseException | None = None
+        self._archive: ArchivePlan | None = None
 
     @property
     def started(self) -> bool:
@@ -37,10 +42,20 @@ class SparkRunner:
             self._thread.start()
 
     def _start(self) -> None:
+        from pyspark import SparkContext
+
         from .spark_session import start_spark
 
         try:
-            self._session = start_spark(self.master, self.conf, quiet=self.quiet)
+            if SparkContext._gateway is None:  # a new driver JVM: use or build the archive
+                jars = self.conf.get("spark.jars", str(jdbc_jar() or ""))
+                self._archive = plan_archive(jars, self.conf.get(_DRIVER_OPTIONS, ""))
+            options = self._archive.options if self._archive else ""
+            session = start_spark(self.master, self.conf, quiet=self.quiet, driver_options=options)
+            # The first job forks Spark's Python workers (about a second): do it now.
+            context = session.sparkContext
+            context.parallelize(range(context.defaultParallelism)).map(abs).count()
+            self._session = session
         except BaseException as exc:  # surfaced to the table that needs the session
             self._error = exc
 
@@ -71,10 +86,13 @@ class SparkRunner:
         finally:
             watcher.stop()
 
-    def stop(self) -> None:
-        if self._session is not None:
+    def finish(self) -> None:
+        """End of the run. The JVM normally just exits with this process; the run that
+        builds the class archive stops it cleanly so that the archive is written."""
+        if self._session is not None and self._archive and self._archive.pending:
             self._session.stop()
-            self._session = None
+            stop_jvm_and_keep_archive(self._archive)
+        self._session = None
 
 
 def spark_error_message(exc: BaseException) -> str:

@@ -43,15 +43,24 @@ class RunContext:
         self.spark = SparkRunner(master, config.conf, quiet=verbose == 0)
 
 
-def run_sync(project: Project, names: tuple[str, ...], full_refresh: bool, verbose: int) -> int:
+def run_sync(
+    project: Project,
+    names: tuple[str, ...],
+    full_refresh: bool,
+    verbose: int,
+    *,
+    always_summarize: bool = False,
+) -> int:
     """Sync the tables; exit code 0 when every table succeeded, else 1."""
     tables = project.select(names)
     connections = project.connections()
     run = RunContext(project, full_refresh, verbose)
-    output = SyncOutput()
+    output = SyncOutput(always_summarize)
     results: list[TableResult] = []
     with run_lock(project.state_dir):
         log.info("sync started: %d table(s), run %s", len(tables), run.run_id)
+        if any(_surely_moves_data(run, t) for t in tables):
+            run.spark.warm_up()  # the JVM starts while catalogs are read and DDL runs
         try:
             with (
                 connect(connections.source, "source") as source,
@@ -66,9 +75,20 @@ def run_sync(project: Project, names: tuple[str, ...], full_refresh: bool, verbo
             for result in results[len(done) :]:
                 log.error(result.line())
         finally:
-            run.spark.stop()
+            run.spark.finish()
     output.summary(results)
     return 0 if all(r.status == "success" for r in results) else 1
+
+
+def _surely_moves_data(run: RunContext, table: TableConfig) -> bool:
+    """Known from config and state files alone: this table will be loaded in full."""
+    if run.full_refresh or table.mode == "full-refresh":
+        return True
+    try:
+        state = run.project.store.read(table.name)
+    except StateError:
+        return False
+    return state is None or state.pending_full_reload or state.last_synced_at is None
 
 
 def _failure(

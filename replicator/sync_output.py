@@ -15,8 +15,9 @@ from .results import TableResult
 
 
 class SyncOutput:
-    def __init__(self) -> None:
+    def __init__(self, always_summarize: bool = False) -> None:
         self.interactive = sys.stdout.isatty()
+        self.always_summarize = always_summarize
         self.console = Console(highlight=False)
 
     @contextlib.contextmanager
@@ -43,7 +44,7 @@ class SyncOutput:
 
     def summary(self, results: list[TableResult]) -> None:
         failed = sum(r.status == "failure" for r in results)
-        if not self.interactive:
+        if not (self.interactive or self.always_summarize):
             return
         table = Table(title=f"sync: {len(results) - failed} succeeded, {failed} failed")
         for title in ("table", "action", "rows", "seconds", "reason or error"):

@@ -36,6 +36,8 @@ class Model:
     sql: str
     origin: str
     is_default: bool
+    # The built-in default_model, not shadowed: a plain SELECT of the source's columns.
+    reads_table_as_is: bool = False
 
 
 class _LazyMacro:
@@ -108,8 +110,9 @@ class Templates:
         path = self.model_path(name)
         if not path.is_file():
             text = self.call("default_model", source=context["source"], columns=context["columns"])
+            builtin = self.origins["default_model"].startswith("built-in")
             origin = f"macro default_model ({self.origins['default_model']})"
-            return Model(validate_select(text, origin), origin, True)
+            return Model(validate_select(text, origin), origin, True, builtin)
         origin = str(path.relative_to(self.project_dir))
         source = path.read_text(encoding="utf-8")
         self._parse(origin, source)

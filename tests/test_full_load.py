@@ -11,9 +11,8 @@ import time
 
 import psycopg
 import pytest
-from psycopg import sql
-
 from dbcompare import assert_same_table, row_hashes
+from psycopg import sql
 
 pytestmark = pytest.mark.spark
 
@@ -62,17 +61,28 @@ def _sync(project, *args, env=None):
 
 def test_every_type_round_trips_exactly(db_project, source_conn, dest_conn, schema):
     source_conn.execute(EVERY_TYPE.replace("{s}", sql.Identifier(schema).as_string(source_conn)))
-    db_project.write_config({"tables": [
-        {"name": f"{schema}.everything", "mode": "full-refresh", "partitions": 3}]})
+    db_project.write_config(
+        {"tables": [{"name": f"{schema}.everything", "mode": "full-refresh", "partitions": 3}]}
+    )
     result = _sync(db_project, env={"TZ": "America/New_York"})
     assert result.exit_code == 0, result.output
     assert f"{schema}.everything: full_reload, 3,000 rows" in result.stderr
     assert assert_same_table(source_conn, dest_conn, schema, "everything") == 3000
-    special = dest_conn.execute(sql.SQL(
-        "SELECT n::text, f4::text, d::text, e::text, comp::text, j::text, \"by\" FROM {} "
-        "WHERE id = 1").format(sql.Identifier(schema, "everything"))).fetchone()
-    assert special == ("NaN", "Infinity", "infinity", "happy 😀", "(1,sad)",
-                       '{"b": 1,  "a": [1, 2]}', b"\x00\xff\x00")
+    special = dest_conn.execute(
+        sql.SQL(
+            'SELECT n::text, f4::text, d::text, e::text, comp::text, j::text, "by" FROM {} '
+            "WHERE id = 1"
+        ).format(sql.Identifier(schema, "everything"))
+    ).fetchone()
+    assert special == (
+        "NaN",
+        "Infinity",
+        "infinity",
+        "happy 😀",
+        "(1,sad)",
+        '{"b": 1,  "a": [1, 2]}',
+        b"\x00\xff\x00",
+    )
 
 
 def test_partitions_share_one_snapshot_under_concurrent_transfers(
@@ -81,10 +91,12 @@ def test_partitions_share_one_snapshot_under_concurrent_transfers(
     """Transfers move money between accounts during the load; a load that mixed snapshots
     would see a total that never existed."""
     accounts = sql.Identifier(schema, "accounts")
-    source_conn.execute(sql.SQL(
-        "CREATE TABLE {} (id int PRIMARY KEY, balance bigint NOT NULL)").format(accounts))
-    source_conn.execute(sql.SQL(
-        "INSERT INTO {} SELECT g, 1000 FROM generate_series(1, 200000) g").format(accounts))
+    source_conn.execute(
+        sql.SQL("CREATE TABLE {} (id int PRIMARY KEY, balance bigint NOT NULL)").format(accounts)
+    )
+    source_conn.execute(
+        sql.SQL("INSERT INTO {} SELECT g, 1000 FROM generate_series(1, 200000) g").format(accounts)
+    )
     total = 200000 * 1000
     stop, transfers = threading.Event(), [0]
 
@@ -95,14 +107,23 @@ def test_partitions_share_one_snapshot_under_concurrent_transfers(
                 i += 1
                 a, b = (i * 7919) % 200000 + 1, (i * 104729) % 200000 + 1
                 with conn.transaction():
-                    conn.execute(sql.SQL("UPDATE {} SET balance = balance - 5 WHERE id = %s")
-                                 .format(accounts), (a,))
-                    conn.execute(sql.SQL("UPDATE {} SET balance = balance + 5 WHERE id = %s")
-                                 .format(accounts), (b,))
+                    conn.execute(
+                        sql.SQL("UPDATE {} SET balance = balance - 5 WHERE id = %s").format(
+                            accounts
+                        ),
+                        (a,),
+                    )
+                    conn.execute(
+                        sql.SQL("UPDATE {} SET balance = balance + 5 WHERE id = %s").format(
+                            accounts
+                        ),
+                        (b,),
+                    )
                 transfers[0] += 1
 
-    db_project.write_config({"tables": [
-        {"name": f"{schema}.accounts", "mode": "full-refresh", "partitions": 4}]})
+    db_project.write_config(
+        {"tables": [{"name": f"{schema}.accounts", "mode": "full-refresh", "partitions": 4}]}
+    )
     worker = threading.Thread(target=transfer)
     worker.start()
     try:
@@ -116,7 +137,8 @@ def test_partitions_share_one_snapshot_under_concurrent_transfers(
     assert result.exit_code == 0, result.output
     assert during > 10, "transfers must run while the table is copied"
     (dest_total, rows) = dest_conn.execute(
-        sql.SQL("SELECT sum(balance), count(*) FROM {}").format(accounts)).fetchone()
+        sql.SQL("SELECT sum(balance), count(*) FROM {}").format(accounts)
+    ).fetchone()
     assert (dest_total, rows) == (total, 200000)
 
 
@@ -124,19 +146,29 @@ def test_swap_is_atomic_for_readers_and_keeps_views_grants_comments(
     db_project, source_conn, dest_conn, schema, pg_servers
 ):
     orders = sql.Identifier(schema, "orders")
-    source_conn.execute(sql.SQL(
-        "CREATE TABLE {} (id int PRIMARY KEY, amount numeric(12,2), note text)").format(orders))
-    source_conn.execute(sql.SQL(
-        "INSERT INTO {} SELECT g, g * 1.5, 'n' || g FROM generate_series(1, 50000) g"
-    ).format(orders))
-    db_project.write_config({"tables": [{"name": f"{schema}.orders", "mode": "full-refresh",
-                                         "partitions": 2}]})
+    source_conn.execute(
+        sql.SQL("CREATE TABLE {} (id int PRIMARY KEY, amount numeric(12,2), note text)").format(
+            orders
+        )
+    )
+    source_conn.execute(
+        sql.SQL(
+            "INSERT INTO {} SELECT g, g * 1.5, 'n' || g FROM generate_series(1, 50000) g"
+        ).format(orders)
+    )
+    db_project.write_config(
+        {"tables": [{"name": f"{schema}.orders", "mode": "full-refresh", "partitions": 2}]}
+    )
     assert _sync(db_project).exit_code == 0
     view, view2 = sql.Identifier(schema, "big_orders"), sql.Identifier(schema, "big_ids")
-    dest_conn.execute("DO $$ BEGIN CREATE ROLE analyst; EXCEPTION WHEN duplicate_object "
-                      "THEN NULL; END $$")
-    dest_conn.execute(sql.SQL("CREATE VIEW {} WITH (security_barrier) AS "
-                              "SELECT id, amount FROM {} WHERE amount > 100").format(view, orders))
+    dest_conn.execute(
+        "DO $$ BEGIN CREATE ROLE analyst; EXCEPTION WHEN duplicate_object THEN NULL; END $$"
+    )
+    dest_conn.execute(
+        sql.SQL(
+            "CREATE VIEW {} WITH (security_barrier) AS SELECT id, amount FROM {} WHERE amount > 100"
+        ).format(view, orders)
+    )
     dest_conn.execute(sql.SQL("CREATE VIEW {} AS SELECT id FROM {}").format(view2, view))
     dest_conn.execute(sql.SQL("GRANT SELECT ON {} TO analyst").format(orders))
     dest_conn.execute(sql.SQL("GRANT SELECT ON {} TO analyst").format(view2))
@@ -150,8 +182,11 @@ def test_swap_is_atomic_for_readers_and_keeps_views_grants_comments(
         with psycopg.connect(pg_servers.dest_url, autocommit=True) as conn:
             while not stop.is_set():
                 try:
-                    seen.add(conn.execute(sql.SQL("SELECT count(*) FROM {}").format(orders))
-                             .fetchone()[0])
+                    seen.add(
+                        conn.execute(sql.SQL("SELECT count(*) FROM {}").format(orders)).fetchone()[
+                            0
+                        ]
+                    )
                 except psycopg.Error as exc:
                     errors.append(str(exc))
 
@@ -165,35 +200,49 @@ def test_swap_is_atomic_for_readers_and_keeps_views_grants_comments(
     assert result.exit_code == 0, result.output
     assert errors == []
     assert seen == {50000, 50001}, "readers see the old table or the new one, nothing between"
-    assert dest_conn.execute(sql.SQL("SELECT count(*) FROM {} WHERE id = 50001").format(view2)
-                             ).fetchone() == (1,)
-    options = dest_conn.execute("SELECT reloptions FROM pg_class WHERE oid = %s::regclass",
-                                (view.as_string(dest_conn),)).fetchone()[0]
+    assert dest_conn.execute(
+        sql.SQL("SELECT count(*) FROM {} WHERE id = 50001").format(view2)
+    ).fetchone() == (1,)
+    options = dest_conn.execute(
+        "SELECT reloptions FROM pg_class WHERE oid = %s::regclass", (view.as_string(dest_conn),)
+    ).fetchone()[0]
     assert options == ["security_barrier=true"]
     for obj in (orders, view2):
-        assert dest_conn.execute("SELECT has_table_privilege('analyst', %s, 'SELECT')",
-                                 (obj.as_string(dest_conn),)).fetchone() == (True,)
-    assert dest_conn.execute("SELECT obj_description(%s::regclass, 'pg_class'), "
-                             "col_description(%s::regclass, 2)",
-                             (orders.as_string(dest_conn),) * 2).fetchone() == (
-        "orders copy", "in EUR")
+        assert dest_conn.execute(
+            "SELECT has_table_privilege('analyst', %s, 'SELECT')", (obj.as_string(dest_conn),)
+        ).fetchone() == (True,)
+    assert dest_conn.execute(
+        "SELECT obj_description(%s::regclass, 'pg_class'), col_description(%s::regclass, 2)",
+        (orders.as_string(dest_conn),) * 2,
+    ).fetchone() == ("orders copy", "in EUR")
     assert dest_conn.execute(
         "SELECT conname FROM pg_constraint WHERE conrelid = %s::regclass AND contype = 'p'",
-        (orders.as_string(dest_conn),)).fetchone() == ("orders_pkey",)
-    leftovers = dest_conn.execute("SELECT count(*) FROM pg_tables WHERE schemaname = "
-                                  "'_replicator' AND tablename LIKE 'new\\_%'").fetchone()
+        (orders.as_string(dest_conn),),
+    ).fetchone() == ("orders_pkey",)
+    leftovers = dest_conn.execute(
+        "SELECT count(*) FROM pg_tables WHERE schemaname = "
+        "'_replicator' AND tablename LIKE 'new\\_%'"
+    ).fetchone()
     assert leftovers == (0,)
 
 
 def test_failed_table_does_not_stop_the_next(db_project, source_conn, dest_conn, schema):
-    source_conn.execute(sql.SQL("CREATE TABLE {} (id int PRIMARY KEY, v text)").format(
-        sql.Identifier(schema, "good")))
-    source_conn.execute(sql.SQL("INSERT INTO {} VALUES (1, 'a'), (2, 'b')").format(
-        sql.Identifier(schema, "good")))
-    db_project.write_config({"tables": [
-        {"name": f"{schema}.missing", "mode": "full-refresh"},
-        {"name": f"{schema}.good", "mode": "full-refresh"},
-    ]})
+    source_conn.execute(
+        sql.SQL("CREATE TABLE {} (id int PRIMARY KEY, v text)").format(
+            sql.Identifier(schema, "good")
+        )
+    )
+    source_conn.execute(
+        sql.SQL("INSERT INTO {} VALUES (1, 'a'), (2, 'b')").format(sql.Identifier(schema, "good"))
+    )
+    db_project.write_config(
+        {
+            "tables": [
+                {"name": f"{schema}.missing", "mode": "full-refresh"},
+                {"name": f"{schema}.good", "mode": "full-refresh"},
+            ]
+        }
+    )
     result = _sync(db_project)
     assert result.exit_code == 1
     assert f"{schema}.missing: failed after" in result.stderr
@@ -209,20 +258,29 @@ def test_crash_before_swap_leaves_old_table_and_next_run_cleans_up(
 ):
     table = sql.Identifier(schema, "t")
     source_conn.execute(sql.SQL("CREATE TABLE {} (id int PRIMARY KEY, v int)").format(table))
-    source_conn.execute(sql.SQL("INSERT INTO {} SELECT g, 1 FROM generate_series(1, 1000) g")
-                        .format(table))
+    source_conn.execute(
+        sql.SQL("INSERT INTO {} SELECT g, 1 FROM generate_series(1, 1000) g").format(table)
+    )
     db_project.write_config({"tables": [{"name": f"{schema}.t", "mode": "full-refresh"}]})
     assert _sync(db_project).exit_code == 0
     source_conn.execute(sql.SQL("UPDATE {} SET v = 2").format(table))
     env = {**os.environ, **db_project.env, "REPLICATOR_FAILPOINT": "after-load-before-swap"}
     killed = subprocess.run(
         [sys.executable, "-m", "replicator", "sync", "--project-dir", str(db_project.path)],
-        env=env, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=300,
+        env=env,
+        capture_output=True,
+        text=True,
+        stdin=subprocess.DEVNULL,
+        timeout=300,
     )
     assert killed.returncode == -9, killed.stderr
     assert dest_conn.execute(sql.SQL("SELECT DISTINCT v FROM {}").format(table)).fetchall() == [
-        (1,)], "the live table is untouched"
-    sides = "SELECT count(*) FROM pg_tables WHERE schemaname = '_replicator' AND tablename LIKE 'new\\_%'"
+        (1,)
+    ], "the live table is untouched"
+    sides = (
+        "SELECT count(*) FROM pg_tables "
+        "WHERE schemaname = '_replicator' AND tablename LIKE 'new\\_%'"
+    )
     assert dest_conn.execute(sides).fetchone()[0] >= 1
     assert _sync(db_project).exit_code == 0
     assert_same_table(source_conn, dest_conn, schema, "t")
@@ -234,26 +292,40 @@ def test_hostile_identifiers_load_exactly(db_project, source_conn, dest_conn):
     name = 'Order "Lines".x select'
     ident = sql.Identifier(odd_schema, name)
     for conn in (source_conn, dest_conn):
-        conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(
-            sql.Identifier(odd_schema)))
+        conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(odd_schema)))
     source_conn.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(odd_schema)))
     try:
-        source_conn.execute(sql.SQL(
-            'CREATE TABLE {} ("Line No" int, "UPPER" text, "sp ace" date, "select" int, '
-            '"ü😀" text, PRIMARY KEY ("Line No"))').format(ident))
-        source_conn.execute(sql.SQL(
-            "INSERT INTO {} SELECT g, 'U' || g, DATE '2026-01-01' + g, g, '😀' FROM "
-            "generate_series(1, 500) g").format(ident))
-        db_project.write_config({"tables": [{
-            "name": sql.Identifier(odd_schema, name).as_string(source_conn),
-            "mode": "full-refresh", "partitions": 2}]})
+        source_conn.execute(
+            sql.SQL(
+                'CREATE TABLE {} ("Line No" int, "UPPER" text, "sp ace" date, "select" int, '
+                '"ü😀" text, PRIMARY KEY ("Line No"))'
+            ).format(ident)
+        )
+        source_conn.execute(
+            sql.SQL(
+                "INSERT INTO {} SELECT g, 'U' || g, DATE '2026-01-01' + g, g, '😀' FROM "
+                "generate_series(1, 500) g"
+            ).format(ident)
+        )
+        db_project.write_config(
+            {
+                "tables": [
+                    {
+                        "name": sql.Identifier(odd_schema, name).as_string(source_conn),
+                        "mode": "full-refresh",
+                        "partitions": 2,
+                    }
+                ]
+            }
+        )
         result = _sync(db_project)
         assert result.exit_code == 0, result.output
         assert assert_same_table(source_conn, dest_conn, odd_schema, name, key="Line No") == 500
     finally:
         for conn in (source_conn, dest_conn):
-            conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(
-                sql.Identifier(odd_schema)))
+            conn.execute(
+                sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(odd_schema))
+            )
 
 
 def test_copy_task_loads_its_partition_once(source_conn, dest_conn, schema, pg_servers):
@@ -261,8 +333,11 @@ def test_copy_task_loads_its_partition_once(source_conn, dest_conn, schema, pg_s
     from replicator.copy_stream import CopyTask, run_copy_task
     from replicator.full_load import _MARKER_DDL
 
-    source_conn.execute(sql.SQL("CREATE TABLE {} AS SELECT g AS id FROM generate_series(1, 100) g")
-                        .format(sql.Identifier(schema, "src")))
+    source_conn.execute(
+        sql.SQL("CREATE TABLE {} AS SELECT g AS id FROM generate_series(1, 100) g").format(
+            sql.Identifier(schema, "src")
+        )
+    )
     dest_conn.execute(sql.SQL("CREATE TABLE {} (id int)").format(sql.Identifier(schema, "dst")))
     dest_conn.execute("CREATE SCHEMA IF NOT EXISTS _replicator")
     dest_conn.execute(_MARKER_DDL)
@@ -270,24 +345,34 @@ def test_copy_task_loads_its_partition_once(source_conn, dest_conn, schema, pg_s
         snap.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
         (snapshot,) = snap.execute("SELECT pg_export_snapshot()").fetchone()
         task = CopyTask(
-            f"test-{schema}", 0, pg_servers.source_url, pg_servers.dest_url, snapshot,
-            sql.SQL("COPY {} TO STDOUT (FORMAT binary)").format(
-                sql.Identifier(schema, "src")).as_string(None),
-            sql.SQL("COPY {} FROM STDIN (FORMAT binary)").format(
-                sql.Identifier(schema, "dst")).as_string(None),
+            f"test-{schema}",
+            0,
+            pg_servers.source_url,
+            pg_servers.dest_url,
+            snapshot,
+            sql.SQL("COPY {} TO STDOUT (FORMAT binary)")
+            .format(sql.Identifier(schema, "src"))
+            .as_string(None),
+            sql.SQL("COPY {} FROM STDIN (FORMAT binary)")
+            .format(sql.Identifier(schema, "dst"))
+            .as_string(None),
         )
         first, second = run_copy_task(task), run_copy_task(task)
     assert first.rows == second.rows == 100
-    assert dest_conn.execute(sql.SQL("SELECT count(*) FROM {}").format(
-        sql.Identifier(schema, "dst"))).fetchone() == (100,)
+    assert dest_conn.execute(
+        sql.SQL("SELECT count(*) FROM {}").format(sql.Identifier(schema, "dst"))
+    ).fetchone() == (100,)
     assert "postgres@" not in repr(task)
 
 
 def test_unchanged_reload_keeps_row_hashes(db_project, source_conn, dest_conn, schema):
     table = sql.Identifier(schema, "t")
     source_conn.execute(sql.SQL("CREATE TABLE {} (id int PRIMARY KEY, v text)").format(table))
-    source_conn.execute(sql.SQL("INSERT INTO {} SELECT g, md5(g::text) FROM "
-                                "generate_series(1, 2000) g").format(table))
+    source_conn.execute(
+        sql.SQL("INSERT INTO {} SELECT g, md5(g::text) FROM generate_series(1, 2000) g").format(
+            table
+        )
+    )
     db_project.write_config({"tables": [{"name": f"{schema}.t", "mode": "full-refresh"}]})
     assert _sync(db_project).exit_code == 0
     first = row_hashes(dest_conn, schema, "t")

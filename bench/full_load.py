@@ -1,0 +1,159 @@
+"""Full-load benchmark: replicator against the psql COPY pipes and pg_dump | psql.
+
+Starts two throwaway PostgreSQL clusters, builds an N-row table (bigint key, timestamptz,
+int, text, numeric(12,2), jsonb), then times each path at least twice into a fresh
+destination table and prints wall time, rows/s, MB/s, peak RSS of the whole process tree
+and the ratio of replicator to each baseline (medians). Baselines load into a table without
+a primary key (pure data movement); replicator also builds the key, analyzes and swaps.
+
+    .venv/bin/python bench/full_load.py --rows 5000000 --repeat 2
+    .venv/bin/python bench/full_load.py --rows 10000000 --only replicator \\
+        --spark-conf spark.driver.memory=1g
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+import psycopg
+from procwatch import Measured, run_measured
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from replicator.pgcluster import PgCluster, find_pg_bin
+
+TABLE_DDL = """
+CREATE TABLE bench_orders (
+  id bigint PRIMARY KEY, created_at timestamptz NOT NULL, customer_id int NOT NULL,
+  note text, amount numeric(12,2), payload jsonb)
+"""
+# About 350 bytes a row: the 1.7 GB, 5M-row table of ../shared/SPARK-NOTES.md.
+FILL = """
+INSERT INTO bench_orders
+SELECT g, timestamptz '2026-01-01' + g * interval '1 second', g %% 100000,
+       'order note ' || md5(g::text) || md5((g + 1)::text) || md5((g + 2)::text),
+       (g %% 100000) / 100.0,
+       jsonb_build_object('id', g, 'customer', 'customer-' || (g %% 100000),
+                          'tags', jsonb_build_array('alpha', 'beta', 'gamma'),
+                          'ok', g %% 2 = 0, 'comment', md5(g::text) || md5((g * 3)::text))
+FROM generate_series(%s, %s) g
+"""
+DEST_DDL = TABLE_DDL.replace("PRIMARY KEY", "")
+
+
+def build_source(url: str, rows: int) -> int:
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(TABLE_DDL)
+        step = 1_000_000
+        for low in range(1, rows + 1, step):
+            conn.execute(FILL, (low, min(rows, low + step - 1)))
+        conn.execute("VACUUM ANALYZE bench_orders")
+        (size,) = conn.execute("SELECT pg_relation_size('bench_orders')").fetchone()
+    return size
+
+
+def fresh_destination(url: str) -> None:
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("DROP TABLE IF EXISTS bench_orders")
+        conn.execute("DROP SCHEMA IF EXISTS _replicator CASCADE")
+        conn.execute(DEST_DDL)
+        conn.execute("CHECKPOINT")
+
+
+def count_rows(url: str) -> int:
+    with psycopg.connect(url) as conn:
+        return conn.execute("SELECT count(*) FROM bench_orders").fetchone()[0]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", type=int, default=5_000_000)
+    parser.add_argument("--repeat", type=int, default=2)
+    parser.add_argument("--only", choices=["replicator"], help="skip the baselines")
+    parser.add_argument("--spark-conf", action="append", default=[], metavar="KEY=VALUE")
+    parser.add_argument("--partitions", type=int, help="replicator: Spark tasks (default: auto)")
+    args = parser.parse_args()
+
+    pg_bin = find_pg_bin()
+    psql, pg_dump = shlex.quote(str(pg_bin / "psql")), shlex.quote(str(pg_bin / "pg_dump"))
+    base = Path(tempfile.mkdtemp(prefix="replicator-bench-"))
+    source, dest = PgCluster(base / "source", logical=True), PgCluster(base / "dest")
+    try:
+        source.start()
+        dest.start()
+        src, dst = shlex.quote(source.url()), shlex.quote(dest.url())
+        print(f"building {args.rows:,} rows ...", flush=True)
+        table_bytes = build_source(source.url(), args.rows)
+        project = base / "project"
+        (project / "sync-state").mkdir(parents=True)
+        table: dict = {"name": "public.bench_orders", "mode": "full-refresh"}
+        if args.partitions:
+            table["partitions"] = args.partitions
+        conf = dict(item.split("=", 1) for item in args.spark_conf)
+        (project / "tables-config.json").write_text(
+            json.dumps({"tables": [table], "spark": {"conf": conf}})
+        )
+        env = {
+            **os.environ,
+            "REPLICATOR_SOURCE_URL": source.url(),
+            "REPLICATOR_DEST_URL": dest.url(),
+        }
+        copy_out = "\\copy bench_orders TO STDOUT"
+        copy_in = "\\copy bench_orders FROM STDIN"
+        binary = " (FORMAT binary)"
+        paths = {
+            "psql COPY pipe (text)": f"{psql} {src} -c '{copy_out}' | {psql} {dst} -c '{copy_in}'",
+            "psql COPY pipe (binary)": (
+                f"{psql} {src} -c '{copy_out}{binary}' | {psql} {dst} -c '{copy_in}{binary}'"
+            ),
+            "pg_dump | psql": f"{pg_dump} -t bench_orders --data-only {src} | {psql} -q {dst}",
+            "replicator sync": (
+                f"{shlex.quote(sys.executable)} -m replicator sync -q "
+                f"--project-dir {shlex.quote(str(project))}"
+            ),
+        }
+        if args.only:
+            paths = {"replicator sync": paths["replicator sync"]}
+        results: dict[str, list[Measured]] = {name: [] for name in paths}
+        for attempt in range(args.repeat):
+            for name, command in paths.items():
+                fresh_destination(dest.url())
+                measured = run_measured(command, env)
+                copied = count_rows(dest.url()) if measured.returncode == 0 else -1
+                if copied != args.rows:
+                    raise SystemExit(f"{name}: exit {measured.returncode}, {copied} rows copied")
+                results[name].append(measured)
+                print(
+                    f"  run {attempt + 1} {name}: {measured.seconds:.1f} s, "
+                    f"peak {measured.peak_rss_mb:.0f} MB",
+                    flush=True,
+                )
+        report(results, args.rows, table_bytes)
+    finally:
+        source.destroy()
+        dest.destroy()
+
+
+def report(results: dict[str, list[Measured]], rows: int, table_bytes: int) -> None:
+    medians = {name: statistics.median(m.seconds for m in runs) for name, runs in results.items()}
+    ours = medians["replicator sync"]
+    print(f"\n{rows:,} rows, {table_bytes / 1e9:.2f} GB on disk, {os.cpu_count()} cores")
+    print("| path | wall (median) | runs | rows/s | MB/s (heap) | peak RSS | replicator / this |")
+    print("|---|---|---|---|---|---|---|")
+    for name, runs in results.items():
+        median = medians[name]
+        print(
+            f"| {name} | {median:.1f} s | {', '.join(f'{m.seconds:.1f}' for m in runs)} | "
+            f"{rows / median:,.0f} | {table_bytes / 1e6 / median:,.0f} | "
+            f"{max(m.peak_rss_mb for m in runs):,.0f} MB | {ours / median:.2f}x |"
+        )
+
+
+if __name__ == "__main__":
+    main()

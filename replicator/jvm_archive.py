@@ -1,0 +1,89 @@
+"""A class-data archive (AppCDS) for Spark's driver JVM: starts it in about 2 s, not 5.
+
+The JVM writes the archive when it exits cleanly after a run without one; later runs map
+it. It is keyed by everything that must match (Java binary, pyspark version, jars, JVM
+flags), lives in `$REPLICATOR_CACHE_DIR` (default `~/.cache/replicator`), and is written
+under a temporary name and renamed, so a concurrent run never maps half an archive.
+`REPLICATOR_CACHE_DIR=off` disables it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+CACHE_ENV = "REPLICATOR_CACHE_DIR"
+# Unified-logging warnings (a stale archive, say) would go to stdout: errors only.
+QUIET_CDS = "-Xlog:cds=error,cds+dynamic=error"
+
+
+@dataclass(frozen=True)
+class ArchivePlan:
+    """The JVM options for this run and, when creating the archive, where it goes."""
+
+    options: str
+    pending: Path | None = None
+    final: Path | None = None
+
+
+def _cache_dir() -> Path | None:
+    configured = os.environ.get(CACHE_ENV)
+    if configured == "off":
+        return None
+    base = Path(configured) if configured else Path.home() / ".cache" / "replicator"
+    try:
+        base.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        return None
+    return base if os.access(base, os.W_OK) else None
+
+
+def _java() -> Path | None:
+    home = os.environ.get("JAVA_HOME")
+    java = Path(home) / "bin" / "java" if home else shutil.which("java")
+    return Path(java).resolve() if java else None
+
+
+def plan_archive(jars: str, java_options: str) -> ArchivePlan:
+    """Use the archive if it exists, else ask the JVM to write one at exit."""
+    folder, java = _cache_dir(), _java()
+    if folder is None or java is None:
+        return ArchivePlan("")
+    import pyspark
+
+    identity = "\0".join(
+        [str(java), str(java.stat().st_mtime_ns), pyspark.__version__, jars, java_options]
+    )
+    final = folder / f"spark-driver-{hashlib.sha256(identity.encode()).hexdigest()[:16]}.jsa"
+    if final.is_file():
+        return ArchivePlan(f"-XX:SharedArchiveFile={final} {QUIET_CDS}")
+    pending = final.with_name(f"{final.name}.tmp-{os.getpid()}")
+    return ArchivePlan(f"-XX:ArchiveClassesAtExit={pending} {QUIET_CDS}", pending, final)
+
+
+def stop_jvm_and_keep_archive(plan: ArchivePlan) -> None:
+    """Stop the driver JVM cleanly (it writes the archive as it exits), then publish it."""
+    from pyspark import SparkContext
+
+    gateway = SparkContext._gateway
+    if gateway is None or plan.pending is None or plan.final is None:
+        return
+    proc = getattr(gateway, "proc", None)
+    with contextlib.suppress(Exception):
+        gateway.shutdown()
+    SparkContext._gateway = None
+    SparkContext._jvm = None
+    if proc is None:
+        return
+    with contextlib.suppress(Exception):
+        if proc.stdin:
+            proc.stdin.close()  # the gateway exits on EOF, running its shutdown hooks
+        proc.wait(timeout=120)
+    if plan.pending.is_file() and plan.pending.stat().st_size > 0:
+        os.replace(plan.pending, plan.final)
+    else:
+        plan.pending.unlink(missing_ok=True)
