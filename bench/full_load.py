@@ -5,6 +5,7 @@ int, text, numeric(12,2), jsonb), then times each path at least twice into a fre
 destination table and prints wall time, rows/s, MB/s, peak RSS of the whole process tree
 and the ratio of replicator to each baseline (medians). Baselines load into a table without
 a primary key (pure data movement); replicator also builds the key, analyzes and swaps.
+One extra row loads the dump into a table with its key in place, for context.
 
     .venv/bin/python bench/full_load.py --rows 5000000 --repeat 2
     .venv/bin/python bench/full_load.py --rows 10000000 --only replicator \\
@@ -45,6 +46,9 @@ SELECT g, timestamptz '2026-01-01' + g * interval '1 second', g %% 100000,
 FROM generate_series(%s, %s) g
 """
 DEST_DDL = TABLE_DDL.replace("PRIMARY KEY", "")
+# Context, not a target: the same dump loaded into a table that keeps its primary key, as a
+# replica must (replicator builds the key after its load).
+KEYED = "pg_dump | psql, key in place"
 
 
 def build_source(url: str, rows: int) -> int:
@@ -58,11 +62,11 @@ def build_source(url: str, rows: int) -> int:
     return size
 
 
-def fresh_destination(url: str) -> None:
+def fresh_destination(url: str, keyed: bool) -> None:
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute("DROP TABLE IF EXISTS bench_orders")
         conn.execute("DROP SCHEMA IF EXISTS _replicator CASCADE")
-        conn.execute(DEST_DDL)
+        conn.execute(TABLE_DDL if keyed else DEST_DDL)
         conn.execute("CHECKPOINT")
 
 
@@ -113,6 +117,7 @@ def main() -> None:
                 f"{psql} {src} -c '{copy_out}{binary}' | {psql} {dst} -c '{copy_in}{binary}'"
             ),
             "pg_dump | psql": f"{pg_dump} -t bench_orders --data-only {src} | {psql} -q {dst}",
+            KEYED: f"{pg_dump} -t bench_orders --data-only {src} | {psql} -q {dst}",
             "replicator sync": (
                 f"{shlex.quote(sys.executable)} -m replicator sync -q "
                 f"--project-dir {shlex.quote(str(project))}"
@@ -123,7 +128,7 @@ def main() -> None:
         results: dict[str, list[Measured]] = {name: [] for name in paths}
         for attempt in range(args.repeat):
             for name, command in paths.items():
-                fresh_destination(dest.url())
+                fresh_destination(dest.url(), keyed=name == KEYED)
                 measured = run_measured(command, env)
                 copied = count_rows(dest.url()) if measured.returncode == 0 else -1
                 if copied != args.rows:

@@ -99,6 +99,7 @@ class TableConfig(_Frozen):
     primary_key: ColumnList | None = None
     destination: TableNameField | None = None
     partitions: Annotated[int, Field(ge=1, le=10_000)] | None = None
+    lookback: Annotated[int, Field(ge=0, le=86_400)] = 5
     # The name exactly as written in the config: the webhook and logs use it.
     written_name: str = Field(default="", exclude=True)
 
@@ -294,7 +295,7 @@ _EXPECTED = {
     "bool_type": "expected true or false",
     "int_type": "expected a whole number",
     "greater_than_equal": "expected a number >= 1",
-    "less_than_equal": "expected a number <= 10000",
+    "less_than_equal": "expected a smaller number",
 }
 
 

@@ -31,13 +31,13 @@ from .naming import INTERNAL_SCHEMA, derived_name
 from .partitions import page_predicate, plan_key_ranges, plan_page_ranges, range_predicate
 from .snapshot import ExportedSnapshot
 from .spark_runner import SparkRunner
-from .state import Cursor
+from .state import Cursor, Pending, Window
 from .swap import swap_in
 from .table_sql import MODEL_ALIAS, TableSql
 
 log = logging.getLogger(__name__)
 
-_MARKER_DDL = sql.SQL(
+MARKER_DDL = sql.SQL(
     "CREATE TABLE IF NOT EXISTS {} (load_id text NOT NULL, part int NOT NULL, "
     "rows bigint NOT NULL DEFAULT 0, bytes bigint NOT NULL DEFAULT 0, "
     "PRIMARY KEY (load_id, part))"
@@ -49,6 +49,8 @@ class LoadResult:
     rows: int
     bytes: int
     cursor: Cursor | None
+    pending: Pending | None
+    window: Window | None
     partitions: int
     lock_seconds: float
 
@@ -73,7 +75,7 @@ def prepare_destination(ends: Endpoints, built: TableSql) -> TableName:
     dest, target = ends.dest, built.table.target
     execute(dest, ddl.create_schema(target.schema))
     execute(dest, ddl.create_schema(INTERNAL_SCHEMA))
-    execute(dest, _MARKER_DDL)
+    execute(dest, MARKER_DDL)
     ensure_types(ends.source, dest, [c.type_oid for c in built.columns])
     side = side_table(target)
     execute(dest, ddl.drop_table(side))
@@ -97,7 +99,7 @@ def full_reload(
     load_id = uuid.uuid4().hex
     with ExportedSnapshot(ends.source_url) as snap:
         assert snap.conn is not None
-        cursor = _max_cursor(snap.conn, built)
+        cursor, pending, window = _first_cursor(snap.conn, built)
         parallelism = spark.parallelism()
         phases.mark("snapshot exported, Spark ready")
         tasks = _copy_tasks(snap, ends, built, source, side, load_id, parallelism)
@@ -120,6 +122,8 @@ def full_reload(
         rows=sum(r.rows for r in results),
         bytes=sum(r.bytes for r in results),
         cursor=cursor,
+        pending=pending,
+        window=window,
         partitions=len(tasks),
         lock_seconds=lock_seconds,
     )
@@ -137,12 +141,17 @@ class _Phases:
         self.last = now
 
 
-def _max_cursor(conn: psycopg.Connection[Any], built: TableSql) -> Cursor | None:
+def _first_cursor(
+    conn: psycopg.Connection[Any], built: TableSql
+) -> tuple[Cursor | None, Pending | None, Window | None]:
+    """The cursor after a full load, from the load's own snapshot (cursor.py's rules)."""
+    from .cursor import advance, in_progress_xids
+    from .incremental import fingerprint, key_type_of
+
     key = built.table.replication_key
     if key is None:
-        return None
-    key_type = next(c.type for c in built.columns if c.name == key)
-    (value,) = execute(
+        return None, None, None
+    (hwm,) = execute(
         conn,
         sql.SQL("SELECT max({alias}.{key})::text FROM ({model}) AS {alias}").format(
             alias=sql.Identifier(MODEL_ALIAS),
@@ -150,7 +159,11 @@ def _max_cursor(conn: psycopg.Connection[Any], built: TableSql) -> Cursor | None
             model=sql.SQL(built.model.sql),
         ),
     ).fetchone()
-    return None if value is None else Cursor(value=value, type=key_type)
+    xids = in_progress_xids(conn)
+    cursor, pending = advance(conn, key_type_of(built), None, None, hwm, xids, built.table.lookback)
+    if cursor is None and hwm is not None:  # writers in progress: start over from the start
+        pending = Pending(value=hwm, xids=xids)
+    return cursor, pending, fingerprint(conn, built, cursor)
 
 
 def _copy_tasks(

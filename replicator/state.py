@@ -37,6 +37,24 @@ class Cursor(_Record):
     type: str
 
 
+class Pending(_Record):
+    """A cursor not yet safe: source transactions (xids) were in progress when it was read.
+
+    It becomes the cursor once all of them have ended: until then one of them could still
+    commit a row with a key below it."""
+
+    value: str
+    xids: list[str]
+
+
+class Window(_Record):
+    """Fingerprint of the rows at or past the cursor when they were last read: if the
+    source still gives the same one, nothing changed and the run is a no-op."""
+
+    rows: int
+    hash: str
+
+
 class RunOutcome(_Record):
     """What the last sync did to this table."""
 
@@ -56,6 +74,8 @@ class TableState(_Record):
     format_version: int = FORMAT_VERSION
     table: str
     cursor: Cursor | None = None
+    pending: Pending | None = None
+    window: Window | None = None
     schema_signature: dict[str, Any] | None = None
     pending_full_reload: bool = False
     pending_reason: str | None = None

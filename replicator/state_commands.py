@@ -79,7 +79,14 @@ def set_cursor(project: Project, name: str, value: str) -> int:
                 "(run `replicator sync` first, then set the cursor)"
             )
         project.store.write(
-            state.model_copy(update={"cursor": Cursor(value=canonical, type=column.type)}),
+            # A hand-set cursor invalidates what the probe knows: the next run reads from it.
+            state.model_copy(
+                update={
+                    "cursor": Cursor(value=canonical, type=column.type),
+                    "window": None,
+                    "pending": None,
+                }
+            ),
             table.name,
         )
     click.echo(f"{table.written_name}: cursor set to {canonical} ({column.type})")

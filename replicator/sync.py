@@ -13,7 +13,9 @@ from .catalog import describe_table
 from .config import TableConfig
 from .database import connect
 from .errors import ReplicatorError, StateError
+from .failpoints import failpoint
 from .full_load import Endpoints, full_reload
+from .incremental import incremental_sync, probe
 from .inspect_table import inspect_source
 from .plan import Plan, plan_table
 from .project import Project
@@ -122,44 +124,19 @@ def _sync_table(
             full_refresh=run.full_refresh,
             destination_exists=destination_exists,
         )
-        reason = plan.reason
-        if plan.action == "incremental":
-            reason += " (incremental sync not built yet: reloaded in full)"
-        log.info("%s: full_reload (%s)", table.written_name, reason)
-        run.spark.warm_up()
-        with output.progress(table.written_name) as progress:
-            loaded = full_reload(ends, built, source, run.spark, progress)
-        finished = utc_now()
-        result = TableResult(
-            table.written_name,
-            "success",
-            "full_reload",
-            loaded.rows,
-            reason,
-            None,
-            time.monotonic() - started,
-            loaded.bytes,
-            state.cursor.value if state and state.cursor else None,
-            loaded.cursor.value if loaded.cursor else None,
-        )
-        store.write(
-            TableState(
-                table=str(table.name),
-                cursor=loaded.cursor,
-                schema_signature=schema_signature(
-                    source, built.columns, built.primary_key, table.replication_key
-                ),
-                last_synced_at=finished,
-                last_run=_outcome(run, started_at, finished, result),
-            ),
-            table.name,
-        )
+        if plan.action == "incremental" and table.mode == "incremental-deduped":
+            assert state is not None
+            result = _incremental(run, ends, table, built, state, plan, started, started_at, output)
+        else:
+            result = _full_reload(
+                run, ends, table, built, source, state, plan, started, started_at, output
+            )
     except (ReplicatorError, psycopg.Error) as exc:
         result = _failure(
             table,
             _one_line(exc),
             time.monotonic() - started,
-            "full_reload" if plan else None,
+            plan.action if plan else None,
             plan.reason if plan else None,
         )
         _record_failure(run, table, state, started_at, result)
@@ -168,6 +145,107 @@ def _sync_table(
         result = _failure(table, f"internal error: {_one_line(exc)}", time.monotonic() - started)
         _record_failure(run, table, state, started_at, result)
     (log.info if result.status == "success" else log.error)(result.line())
+    return result
+
+
+def _full_reload(run, ends, table, built, source, state, plan, started, started_at, output):
+    reason = plan.reason
+    if plan.action == "incremental":
+        reason += " (incremental-append not built yet: reloaded in full)"
+    log.info("%s: full_reload (%s)", table.written_name, reason)
+    run.spark.warm_up()
+    with output.progress(table.written_name) as progress:
+        loaded = full_reload(ends, built, source, run.spark, progress)
+    finished = utc_now()
+    result = TableResult(
+        table.written_name,
+        "success",
+        "full_reload",
+        loaded.rows,
+        reason,
+        None,
+        time.monotonic() - started,
+        loaded.bytes,
+        state.cursor.value if state and state.cursor else None,
+        loaded.cursor.value if loaded.cursor else None,
+    )
+    run.project.store.write(
+        TableState(
+            table=str(table.name),
+            cursor=loaded.cursor,
+            pending=loaded.pending,
+            window=loaded.window,
+            schema_signature=schema_signature(
+                source, built.columns, built.primary_key, table.replication_key
+            ),
+            last_synced_at=finished,
+            last_run=_outcome(run, started_at, finished, result),
+        ),
+        table.name,
+    )
+    return result
+
+
+def _incremental(run, ends, table, built, state, plan, started, started_at, output):
+    """Probe without Spark; read, stage and merge only when something changed."""
+    before = state.cursor.value if state.cursor else None
+    probed = probe(ends.source, built, state)
+    if not probed.changed:
+        finished = utc_now()
+        result = TableResult(
+            table.written_name,
+            "success",
+            "noop",
+            0,
+            plan.reason,
+            None,
+            time.monotonic() - started,
+            0,
+            before,
+            before,
+        )
+        run.project.store.write(
+            state.model_copy(
+                update={
+                    "pending": probed.pending,
+                    "last_synced_at": finished,
+                    "last_run": _outcome(run, started_at, finished, result),
+                }
+            ),
+            table.name,
+        )
+        return result
+    log.info("%s: incremental (%s)", table.written_name, plan.reason)
+    run.spark.warm_up()
+    with output.progress(table.written_name) as progress:
+        synced = incremental_sync(ends, built, state, run.spark, progress)
+    after = synced.cursor.value if synced.cursor else None
+    finished = utc_now()
+    result = TableResult(
+        table.written_name,
+        "success",
+        "incremental",
+        synced.rows_read,
+        f"cursor {before or 'none'} -> {after or 'none'}",
+        None,
+        time.monotonic() - started,
+        synced.bytes,
+        before,
+        after,
+    )
+    failpoint("after-merge-before-state")
+    run.project.store.write(
+        state.model_copy(
+            update={
+                "cursor": synced.cursor,
+                "pending": synced.pending,
+                "window": synced.window,
+                "last_synced_at": finished,
+                "last_run": _outcome(run, started_at, finished, result),
+            }
+        ),
+        table.name,
+    )
     return result
 
 

@@ -116,6 +116,7 @@ def build_table_sql(
             update_columns=[
                 q for q, c in zip(quoted, columns, strict=True) if c.name not in primary_key
             ],
+            replication_key=quote_ident(table.replication_key or primary_key[0]),
         )
     elif table.mode == "incremental-append":
         merge = templates.call(
@@ -132,6 +133,23 @@ def build_table_sql(
         full_extract=sql.SQL(model.sql),
         incremental_extract=incremental_extract(model.sql, table, columns),
         merge=merge,
+    )
+
+
+def batch_query(model_sql: str, key: str, key_type: str, cursor: str | None) -> sql.Composable:
+    """The model's rows at or past the cursor (all of them without a cursor), the cursor
+    inlined as a typed literal: for COPY, which takes no parameters."""
+    model = sql.SQL(model_sql)
+    if cursor is None:
+        return model
+    return sql.SQL(
+        "SELECT * FROM ({model}) AS {alias} WHERE {alias}.{key} >= {cursor}::{type}"
+    ).format(
+        model=model,
+        alias=sql.Identifier(MODEL_ALIAS),
+        key=sql.Identifier(key),
+        cursor=sql.Literal(cursor),
+        type=sql.SQL(key_type),
     )
 
 

@@ -88,6 +88,11 @@ class Templates:
         """Render a macro by name (the project's definition if it has one)."""
         if macro not in self.registry:
             raise TemplateError(f"no macro named {macro} (built-in or in {MACROS_DIR}/)")
+        definition = self.registry[macro]
+        if not getattr(definition, "catch_kwargs", True):
+            # A project macro written for fewer arguments keeps working as the built-in grows.
+            declared = set(getattr(definition, "arguments", kwargs))
+            kwargs = {k: v for k, v in kwargs.items() if k in declared}
         try:
             return self.namespace[macro](**kwargs).strip()
         except jinja2.TemplateError as exc:

@@ -331,7 +331,7 @@ def test_hostile_identifiers_load_exactly(db_project, source_conn, dest_conn):
 def test_copy_task_loads_its_partition_once(source_conn, dest_conn, schema, pg_servers):
     """A task that Spark runs twice (retry, speculation) must not load its rows twice."""
     from replicator.copy_stream import CopyTask, run_copy_task
-    from replicator.full_load import _MARKER_DDL
+    from replicator.full_load import MARKER_DDL
 
     source_conn.execute(
         sql.SQL("CREATE TABLE {} AS SELECT g AS id FROM generate_series(1, 100) g").format(
@@ -340,7 +340,7 @@ def test_copy_task_loads_its_partition_once(source_conn, dest_conn, schema, pg_s
     )
     dest_conn.execute(sql.SQL("CREATE TABLE {} (id int)").format(sql.Identifier(schema, "dst")))
     dest_conn.execute("CREATE SCHEMA IF NOT EXISTS _replicator")
-    dest_conn.execute(_MARKER_DDL)
+    dest_conn.execute(MARKER_DDL)
     with psycopg.connect(pg_servers.source_url, autocommit=True) as snap:
         snap.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
         (snapshot,) = snap.execute("SELECT pg_export_snapshot()").fetchone()
@@ -378,3 +378,46 @@ def test_unchanged_reload_keeps_row_hashes(db_project, source_conn, dest_conn, s
     first = row_hashes(dest_conn, schema, "t")
     assert _sync(db_project).exit_code == 0
     assert row_hashes(dest_conn, schema, "t") == first
+
+
+def test_cursor_text_ignores_server_and_tool_settings(db_project, source_conn, schema):
+    """Odd server defaults (DateStyle, TimeZone, ...) and the tool's TZ never change the
+    stored cursor: the sessions pin every setting that changes text output."""
+    table = sql.Identifier(schema, "events")
+    source_conn.execute(
+        sql.SQL("CREATE TABLE {} (id int PRIMARY KEY, at timestamptz NOT NULL)").format(table)
+    )
+    source_conn.execute(
+        sql.SQL(
+            "INSERT INTO {} VALUES (1, '2026-11-20 10:00:00.123456+00'), "
+            "(2, '2026-11-20 11:30:00.000001+00')"
+        ).format(table)
+    )
+    settings = {
+        "DateStyle": "SQL, DMY",
+        "TimeZone": "Asia/Kolkata",
+        "IntervalStyle": "sql_standard",
+        "extra_float_digits": "-3",
+    }
+    for name, value in settings.items():
+        source_conn.execute(
+            sql.SQL("ALTER DATABASE postgres SET {} = {}").format(
+                sql.Identifier(name), sql.Literal(value)
+            )
+        )
+    try:
+        db_project.write_config(
+            {"tables": [{"name": f"{schema}.events", "replication_key": "at", "lookback": 0}]}
+        )
+        result = _sync(db_project, env={"TZ": "Pacific/Auckland"})
+        assert result.exit_code == 0, result.output
+    finally:
+        for name in settings:
+            source_conn.execute(
+                sql.SQL("ALTER DATABASE postgres RESET {}").format(sql.Identifier(name))
+            )
+    state = json.loads(db_project.run("state", "show").stdout)[f"{schema}.events"]
+    assert state["cursor"] == {
+        "value": "2026-11-20 11:30:00.000001+00",
+        "type": "timestamp with time zone",
+    }
