@@ -36,9 +36,10 @@ CREATE TABLE customers (
 CREATE INDEX ON customers (updated_at);
 CREATE TRIGGER customers_touch BEFORE UPDATE ON customers
   FOR EACH ROW EXECUTE FUNCTION touch_updated_at();
-INSERT INTO customers (name, email, country_code)
+INSERT INTO customers (name, email, country_code, updated_at)
 SELECT 'Customer ' || g, 'Customer.' || g || '@Example.COM',
-       (ARRAY['FR','DE','ES','IT','PT','NL','BE','JP','BR','CA'])[1 + g % 10]
+       (ARRAY['FR','DE','ES','IT','PT','NL','BE','JP','BR','CA'])[1 + g % 10],
+       now() - interval '30 days' + g * interval '1 minute'
 FROM generate_series(1, 20000) g;
 CREATE TYPE order_status AS ENUM ('new', 'paid', 'shipped', 'cancelled');
 CREATE TABLE orders (
@@ -48,10 +49,11 @@ CREATE TABLE orders (
 CREATE INDEX ON orders (updated_at);
 CREATE TRIGGER orders_touch BEFORE UPDATE ON orders
   FOR EACH ROW EXECUTE FUNCTION touch_updated_at();
-INSERT INTO orders (customer_id, amount, status, tags, details)
+INSERT INTO orders (customer_id, amount, status, tags, details, updated_at)
 SELECT 1 + g % 20000, round((random() * 1000)::numeric, 2),
        (ARRAY['new','paid','shipped','cancelled']::order_status[])[1 + g % 4],
-       ARRAY['demo', 'batch ' || g % 7], jsonb_build_object('channel', 'web', 'n', g)
+       ARRAY['demo', 'batch ' || g % 7], jsonb_build_object('channel', 'web', 'n', g),
+       now() - interval '30 days' + g * interval '10 seconds'
 FROM generate_series(1, 200000) g;
 CREATE TABLE events (
   id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, kind text NOT NULL, payload jsonb,
