@@ -132,6 +132,9 @@ class WebhookConfig(_Frozen):
 
 class SparkConfig(_Frozen):
     master: str | None = None
+    # Batches (and tables) estimated below this many rows are copied by the replicator
+    # process itself, with the same COPY streaming: no JVM start for a small batch.
+    min_rows: Annotated[int, Field(ge=0)] = 500_000
     conf: Annotated[dict[str, str], AfterValidator(_spark_keys)] = Field(default_factory=dict)
 
 

@@ -94,16 +94,19 @@ def full_reload(
 ) -> LoadResult:
     """Reload the table from one consistent snapshot; return what was copied."""
     phases = _Phases(built.table.written_name)
+    in_process = not spark.needed_for(_estimated_rows(ends.source, source))
+    if not in_process:
+        spark.warm_up()  # the JVM starts while types and the side table are created
     side = prepare_destination(ends, built)
     phases.mark("destination prepared")
     load_id = uuid.uuid4().hex
     with ExportedSnapshot(ends.source_url) as snap:
         assert snap.conn is not None
         cursor, pending, window = _first_cursor(snap.conn, built)
-        parallelism = spark.parallelism()
-        phases.mark("snapshot exported, Spark ready")
+        parallelism = 1 if in_process else spark.parallelism()
+        phases.mark("snapshot exported" + ("" if in_process else ", Spark ready"))
         tasks = _copy_tasks(snap, ends, built, source, side, load_id, parallelism)
-        results = spark.run_copy_tasks(tasks, on_progress)
+        results = spark.run_copy_tasks(tasks, on_progress, in_process=in_process)
         phases.mark(
             f"copied {len(tasks)} partition(s) (task seconds: "
             f"{', '.join(f'{r.seconds:.1f}' for r in results)})"
@@ -139,6 +142,17 @@ class _Phases:
         now = time.monotonic()
         log.debug("%s: %s in %.2f s", self.table, what, now - self.last)
         self.last = now
+
+
+def _estimated_rows(conn: psycopg.Connection[Any], source: TableInfo) -> int:
+    """pg_class's row estimate; from the size when the table was never analyzed."""
+    (estimate,) = execute(
+        conn,
+        "SELECT CASE WHEN reltuples >= 0 THEN reltuples::bigint "
+        "ELSE pg_relation_size(oid) / 100 END FROM pg_catalog.pg_class WHERE oid = %s",
+        (source.oid,),
+    ).fetchone()
+    return int(estimate)
 
 
 def _first_cursor(

@@ -38,6 +38,7 @@ log = logging.getLogger(__name__)
 class ProbeResult:
     changed: bool
     pending: Pending | None
+    rows: int  # rows at or past the cursor: the size of the batch a sync would read
 
 
 @dataclass(frozen=True)
@@ -83,7 +84,7 @@ def probe(conn: psycopg.Connection[Any], built: TableSql, state: TableState) -> 
     finally:
         execute(conn, "ROLLBACK")
     pending = state.pending if state.pending and set(state.pending.xids) & xids else None
-    return ProbeResult(state.window is None or now != state.window, pending)
+    return ProbeResult(state.window is None or now != state.window, pending, now.rows)
 
 
 def incremental_sync(
@@ -91,15 +92,21 @@ def incremental_sync(
     built: TableSql,
     state: TableState,
     spark: SparkRunner,
+    batch_rows: int,
     on_progress: Callable[[int, int], None] | None = None,
 ) -> IncrementalResult:
     """Read the batch (rows at or past the cursor) and merge it; return the new cursor."""
     key = built.table.replication_key
     assert key is not None and built.merge is not None
     key_type = key_type_of(built)
+    in_process = not spark.needed_for(batch_rows)
+    if not in_process:
+        spark.warm_up()  # the JVM starts while the staging table is prepared
     staging = _prepare_staging(ends.dest, built)
     try:
-        read = _read_batch(ends, built, state, spark, staging, key, key_type, on_progress)
+        read = _read_batch(
+            ends, built, state, spark, staging, key, key_type, on_progress, in_process
+        )
     except BaseException:
         with contextlib.suppress(Exception):  # best effort: the next run drops it anyway
             execute(ends.dest, ddl.drop_table(staging))
@@ -120,6 +127,7 @@ def _read_batch(
     key: str,
     key_type: str,
     on_progress: Callable[[int, int], None] | None,
+    in_process: bool,
 ) -> tuple[CopyResult, Cursor | None, Pending | None, Window]:
     """Copy the batch into staging inside one exported snapshot; compute the new cursor."""
     with ExportedSnapshot(ends.source_url) as snap:
@@ -146,7 +154,7 @@ def _read_batch(
         task = CopyTask(
             uuid.uuid4().hex, 0, ends.source_url, ends.dest_url, snap.snapshot_id, copy_out, copy_in
         )
-        (copied,) = spark.run_copy_tasks([task], on_progress)
+        (copied,) = spark.run_copy_tasks([task], on_progress, in_process=in_process)
         cursor, pending = advance(
             snap.conn, key_type, state.cursor, state.pending, hwm, xids, built.table.lookback
         )

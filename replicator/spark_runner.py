@@ -24,8 +24,16 @@ _DRIVER_OPTIONS = "spark.driver.extraJavaOptions"
 class SparkRunner:
     """The run's one Spark session, created lazily."""
 
-    def __init__(self, master: str | None, conf: Mapping[str, str], *, quiet: bool = True):
+    def __init__(
+        self,
+        master: str | None,
+        conf: Mapping[str, str],
+        *,
+        quiet: bool = True,
+        min_rows: int = 0,
+    ):
         self.master, self.conf, self.quiet = master, dict(conf), quiet
+        self.min_rows = min_rows
         self._thread: threading.Thread | None = None
         self._session: Any = None
         self._error: BaseException | None = None
@@ -70,10 +78,27 @@ class SparkRunner:
     def parallelism(self) -> int:
         return int(self.session().sparkContext.defaultParallelism)
 
+    def needed_for(self, estimated_rows: int) -> bool:
+        """Whether a copy of about this many rows goes to Spark (else: this process)."""
+        return estimated_rows >= self.min_rows
+
     def run_copy_tasks(
-        self, tasks: list[CopyTask], on_progress: Callable[[int, int], None] | None = None
+        self,
+        tasks: list[CopyTask],
+        on_progress: Callable[[int, int], None] | None = None,
+        *,
+        in_process: bool = False,
     ) -> list[CopyResult]:
-        """Run one Spark task per partition; return their row and byte counts."""
+        """Run one Spark task per partition; return their row and byte counts.
+
+        `in_process`: a small copy runs the same tasks here, one after another."""
+        if in_process:
+            results = []
+            for done, task in enumerate(tasks):
+                results.append(run_copy_task(task))
+                if on_progress:
+                    on_progress(done + 1, len(tasks))
+            return results
         context = self.session().sparkContext
         group = f"replicator-{uuid.uuid4().hex}"
         context.setJobGroup(group, "replicator copy", interruptOnCancel=True)

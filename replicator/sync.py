@@ -22,7 +22,7 @@ from .project import Project
 from .redact import redact
 from .results import TableResult, utc_now
 from .runlock import run_lock
-from .settings import SPARK_MASTER
+from .settings import SPARK_MASTER, SPARK_MIN_ROWS
 from .signature import schema_signature
 from .spark_runner import SparkRunner
 from .state import RunOutcome, TableState
@@ -42,7 +42,13 @@ class RunContext:
         self.started_at = utc_now()
         config = project.config.spark
         master = project.env.get(SPARK_MASTER) or config.master
-        self.spark = SparkRunner(master, config.conf, quiet=verbose == 0)
+        min_rows = project.env.get(SPARK_MIN_ROWS)
+        self.spark = SparkRunner(
+            master,
+            config.conf,
+            quiet=verbose == 0,
+            min_rows=int(min_rows) if min_rows and min_rows.isdigit() else config.min_rows,
+        )
 
 
 def run_sync(
@@ -61,8 +67,6 @@ def run_sync(
     results: list[TableResult] = []
     with run_lock(project.state_dir):
         log.info("sync started: %d table(s), run %s", len(tables), run.run_id)
-        if any(_surely_moves_data(run, t) for t in tables):
-            run.spark.warm_up()  # the JVM starts while catalogs are read and DDL runs
         try:
             with (
                 connect(connections.source, "source") as source,
@@ -80,17 +84,6 @@ def run_sync(
             run.spark.finish()
     output.summary(results)
     return 0 if all(r.status == "success" for r in results) else 1
-
-
-def _surely_moves_data(run: RunContext, table: TableConfig) -> bool:
-    """Known from config and state files alone: this table will be loaded in full."""
-    if run.full_refresh or table.mode == "full-refresh":
-        return True
-    try:
-        state = run.project.store.read(table.name)
-    except StateError:
-        return False
-    return state is None or state.pending_full_reload or state.last_synced_at is None
 
 
 def _failure(
@@ -153,7 +146,6 @@ def _full_reload(run, ends, table, built, source, state, plan, started, started_
     if plan.action == "incremental":
         reason += " (incremental-append not built yet: reloaded in full)"
     log.info("%s: full_reload (%s)", table.written_name, reason)
-    run.spark.warm_up()
     with output.progress(table.written_name) as progress:
         loaded = full_reload(ends, built, source, run.spark, progress)
     finished = utc_now()
@@ -216,9 +208,8 @@ def _incremental(run, ends, table, built, state, plan, started, started_at, outp
         )
         return result
     log.info("%s: incremental (%s)", table.written_name, plan.reason)
-    run.spark.warm_up()
     with output.progress(table.written_name) as progress:
-        synced = incremental_sync(ends, built, state, run.spark, progress)
+        synced = incremental_sync(ends, built, state, run.spark, probed.rows, progress)
     after = synced.cursor.value if synced.cursor else None
     finished = utc_now()
     result = TableResult(

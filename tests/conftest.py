@@ -114,9 +114,12 @@ def spark() -> Iterator[Any]:
 
 @pytest.fixture(autouse=True)
 def _clean_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    """No REPLICATOR_* setting from the outer shell leaks into a test."""
+    """No REPLICATOR_* setting from the outer shell leaks into a test. Test tables are small:
+    REPLICATOR_SPARK_MIN_ROWS=0 sends their copies through Spark all the same (the tests of
+    the in-process path for small batches unset it)."""
     for var in ENV_VARS:
         monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("REPLICATOR_SPARK_MIN_ROWS", "0")
 
 
 @dataclass

@@ -261,3 +261,35 @@ def test_kill_after_merge_before_state_write_converges(db_project, source_conn, 
         "SELECT count(*) FROM pg_tables WHERE schemaname = %s AND tablename = %s",
         (staging.schema, staging.name),
     ).fetchone() == (0,)
+
+
+def test_small_copies_run_in_process_without_a_jvm(db_project, source_conn, dest_conn, schema):
+    """Below spark.min_rows (default 500,000) full loads and batches are copied by the
+    replicator process itself: a JAVA_HOME that cannot work does not matter."""
+    table = _orders(source_conn, schema, rows=300)
+    _config(db_project, schema)
+    env = {k: v for k, v in os.environ.items() if k != "REPLICATOR_SPARK_MIN_ROWS"}
+    env.update(db_project.env, JAVA_HOME="/nonexistent")
+
+    def run() -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "replicator", "sync", "--project-dir", str(db_project.path)],
+            env=env,
+            capture_output=True,
+            text=True,
+            stdin=subprocess.DEVNULL,
+            timeout=300,
+        )
+
+    first = run()
+    assert first.returncode == 0, first.stderr
+    assert f"{schema}.orders: full_reload, 300 rows" in first.stderr
+    source_conn.execute(
+        sql.SQL(
+            "UPDATE {} SET note = 'small', updated_at = clock_timestamp() WHERE id <= 3"
+        ).format(table)
+    )
+    second = run()
+    assert second.returncode == 0, second.stderr
+    assert f"{schema}.orders: incremental, " in second.stderr
+    assert_same_table(source_conn, dest_conn, schema, "orders")
