@@ -56,35 +56,55 @@ def key_type_of(built: TableSql) -> str:
     return next(c.type for c in built.columns if c.name == key)
 
 
-def fingerprint(conn: psycopg.Connection[Any], built: TableSql, cursor: Cursor | None) -> Window:
-    """Count and hash of the model's rows at or past the cursor (an index range scan)."""
+def _batch(built: TableSql, cursor: Cursor | None) -> sql.Composable:
     assert built.table.replication_key is not None
-    query = batch_query(
+    return batch_query(
         built.model.sql,
         built.table.replication_key,
         key_type_of(built),
         cursor.value if cursor else None,
     )
-    rows, digest = execute(
+
+
+def _key(built: TableSql) -> sql.Identifier:
+    return sql.Identifier(built.table.replication_key or "")
+
+
+def fingerprint(conn: psycopg.Connection[Any], built: TableSql, cursor: Cursor | None) -> Window:
+    """Count, newest key and hash of the model's rows at or past the cursor."""
+    rows, newest, digest = execute(
         conn,
         sql.SQL(
-            "SELECT count(*), coalesce(md5(string_agg(md5(b::text), '' ORDER BY md5(b::text))), '')"
-            " FROM ({}) AS b"
-        ).format(query),
+            "SELECT count(*), max(b.{k})::text, "
+            "coalesce(md5(string_agg(md5(b::text), '' ORDER BY md5(b::text))), '') "
+            "FROM ({q}) AS b"
+        ).format(k=_key(built), q=_batch(built, cursor)),
     ).fetchone()
-    return Window(rows=rows, hash=digest)
+    return Window(rows=rows, hash=digest, max=newest)
 
 
 def probe(conn: psycopg.Connection[Any], built: TableSql, state: TableState) -> ProbeResult:
-    """Has anything at or past the cursor changed since it was read? One snapshot."""
+    """Has anything at or past the cursor changed since it was read? One snapshot.
+
+    Count and newest key first (cheap); the hash of every row only when those match."""
     execute(conn, "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
     try:
         xids = set(in_progress_xids(conn))
-        now = fingerprint(conn, built, state.cursor)
+        rows, newest = execute(
+            conn,
+            sql.SQL("SELECT count(*), max(b.{k})::text FROM ({q}) AS b").format(
+                k=_key(built), q=_batch(built, state.cursor)
+            ),
+        ).fetchone()
+        stored = state.window
+        if stored is None or (rows, newest) != (stored.rows, stored.max):
+            changed = True
+        else:
+            changed = fingerprint(conn, built, state.cursor) != stored
     finally:
         execute(conn, "ROLLBACK")
     pending = state.pending if state.pending and set(state.pending.xids) & xids else None
-    return ProbeResult(state.window is None or now != state.window, pending, now.rows)
+    return ProbeResult(changed, pending, rows)
 
 
 def incremental_sync(

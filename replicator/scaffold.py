@@ -65,7 +65,8 @@ Built-in macros ship inside replicator (`replicator/macros/*.sql`):
 - `default_model(source, columns)`: the SELECT of a table without a model file.
 - `merge_deduped(target, staging, columns, key_columns, update_columns, replication_key)`:
   incremental-deduped merge (one row per key from the batch, only changed rows rewritten).
-- `merge_append(target, staging, columns)`: incremental-append insert.
+- `merge_append(target, staging, columns, key_columns)`: incremental-append insert of keys
+  the destination does not hold yet.
 
 Define a macro with the same name in any `.sql` file here and it replaces the built-in
 everywhere, including inside other macros. Arguments arrive already quoted; a macro may

@@ -53,6 +53,7 @@ class Window(_Record):
 
     rows: int
     hash: str
+    max: str | None = None
 
 
 class RunOutcome(_Record):

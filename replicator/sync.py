@@ -117,7 +117,7 @@ def _sync_table(
             full_refresh=run.full_refresh,
             destination_exists=destination_exists,
         )
-        if plan.action == "incremental" and table.mode == "incremental-deduped":
+        if plan.action == "incremental":
             assert state is not None
             result = _incremental(run, ends, table, built, state, plan, started, started_at, output)
         else:
@@ -143,8 +143,6 @@ def _sync_table(
 
 def _full_reload(run, ends, table, built, source, state, plan, started, started_at, output):
     reason = plan.reason
-    if plan.action == "incremental":
-        reason += " (incremental-append not built yet: reloaded in full)"
     log.info("%s: full_reload (%s)", table.written_name, reason)
     with output.progress(table.written_name) as progress:
         loaded = full_reload(ends, built, source, run.spark, progress)

@@ -51,11 +51,12 @@ def resolve_primary_key(table: TableConfig, source: TableInfo) -> tuple[str, ...
             f"{table.written_name}: primary_key column {', '.join(map(display_ident, missing))} "
             f"does not exist in the source table"
         )
-    if not key and table.mode == "incremental-deduped":
+    if not key and table.mode != "full-refresh":
         raise TableProblem(
             f"{table.written_name}: the source table has no primary key, which mode "
-            'incremental-deduped needs: set "primary_key" in tables-config.json, add one to '
-            'the source table, or use "mode": "incremental-append"'
+            f"{table.mode} needs (to merge rows, or to append each row exactly once): set "
+            '"primary_key" in tables-config.json, add one to the source table, or use '
+            '"mode": "full-refresh"'
         )
     return tuple(key)
 
@@ -120,7 +121,11 @@ def build_table_sql(
         )
     elif table.mode == "incremental-append":
         merge = templates.call(
-            "merge_append", target=target.sql(), staging=staging.sql(), columns=quoted
+            "merge_append",
+            target=target.sql(),
+            staging=staging.sql(),
+            columns=quoted,
+            key_columns=quoted_key,
         )
     return TableSql(
         table=table,

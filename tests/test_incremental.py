@@ -293,3 +293,101 @@ def test_small_copies_run_in_process_without_a_jvm(db_project, source_conn, dest
     assert second.returncode == 0, second.stderr
     assert f"{schema}.orders: incremental, " in second.stderr
     assert_same_table(source_conn, dest_conn, schema, "orders")
+
+
+def test_status_shows_the_source_newest_key_and_lag(db_project, source_conn, schema):
+    table = _orders(source_conn, schema, rows=50)
+    events = sql.Identifier(schema, "events")
+    source_conn.execute(
+        sql.SQL(
+            "CREATE TABLE {} (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, v text)"
+        ).format(events)
+    )
+    source_conn.execute(
+        sql.SQL("INSERT INTO {} (v) SELECT 'a' FROM generate_series(1, 10)").format(events)
+    )
+    db_project.write_config(
+        {
+            "tables": [
+                {"name": f"{schema}.orders", "replication_key": "updated_at"},
+                {"name": f"{schema}.events", "replication_key": "id"},
+            ]
+        }
+    )
+    assert db_project.run("sync").exit_code == 0
+    rows = {r["name"]: r for r in json.loads(db_project.run("status", "--json").stdout)}
+    assert rows[f"{schema}.orders"]["lag"] == "00:00:05", "the 5 s lookback"
+    assert rows[f"{schema}.events"]["lag"] == "0"
+    source_conn.execute(sql.SQL("INSERT INTO {} (v) VALUES ('b'), ('c'), ('d')").format(events))
+    source_conn.execute(
+        sql.SQL("UPDATE {} SET updated_at = updated_at + interval '1 hour' WHERE id = 1").format(
+            table
+        )
+    )
+    rows = {r["name"]: r for r in json.loads(db_project.run("status", "--json").stdout)}
+    assert rows[f"{schema}.events"]["lag"] == "3"
+    assert rows[f"{schema}.events"]["source_max"] == "13"
+    assert rows[f"{schema}.orders"]["lag"].startswith("01:")
+    offline = db_project.run("status", env={"REPLICATOR_SOURCE_URL": None})
+    assert offline.exit_code == 0
+    assert "lag not shown: REPLICATOR_SOURCE_URL is not set" in offline.stdout
+
+
+def _events(source_conn, schema, key=True):
+    table = sql.Identifier(schema, "events")
+    key_sql = "GENERATED ALWAYS AS IDENTITY PRIMARY KEY" if key else ""
+    source_conn.execute(
+        sql.SQL("CREATE TABLE {} (id bigint " + key_sql + ", v text)").format(table)
+    )
+    if not key:
+        source_conn.execute(sql.SQL("CREATE SEQUENCE {}").format(sql.Identifier(schema, "s")))
+    source_conn.execute(
+        sql.SQL("INSERT INTO {} (v) SELECT 'a' FROM generate_series(1, 100)").format(table)
+    )
+    return table
+
+
+def test_append_adds_each_row_once_and_never_updates(db_project, source_conn, dest_conn, schema):
+    table = _events(source_conn, schema)
+    db_project.write_config(
+        {
+            "tables": [
+                {"name": f"{schema}.events", "replication_key": "id", "mode": "incremental-append"}
+            ]
+        }
+    )
+    assert db_project.run("sync").exit_code == 0
+    source_conn.execute(
+        sql.SQL("INSERT INTO {} (v) SELECT 'b' FROM generate_series(1, 50)").format(table)
+    )
+    source_conn.execute(sql.SQL("UPDATE {} SET v = 'changed' WHERE id = 100").format(table))
+    killed = _run_cli(
+        db_project, "sync", extra_env={"REPLICATOR_FAILPOINT": "after-merge-before-state"}
+    )
+    assert killed.returncode == -9
+    result = db_project.run("sync")  # reads the same rows again from the old cursor
+    assert result.exit_code == 0, result.output
+    assert f"{schema}.events: incremental, " in result.stderr
+    counts = dest_conn.execute(
+        sql.SQL(
+            "SELECT count(*), count(DISTINCT id), max(id), "
+            "(SELECT v FROM {t} WHERE id = 100) FROM {t}"
+        ).format(t=table)
+    ).fetchone()
+    assert counts == (150, 150, 150, "a"), "appended once; an appended row is never updated"
+
+
+def test_append_without_a_key_fails_with_the_fix(db_project, source_conn, schema):
+    _events(source_conn, schema, key=False)
+    db_project.write_config(
+        {
+            "tables": [
+                {"name": f"{schema}.events", "replication_key": "id", "mode": "incremental-append"}
+            ]
+        }
+    )
+    result = db_project.run("sync")
+    assert result.exit_code == 1
+    assert (
+        "the source table has no primary key, which mode incremental-append needs" in result.stderr
+    )
