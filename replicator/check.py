@@ -39,6 +39,8 @@ def run_checks(project: Project) -> list[Finding]:
     source = _connect(connections.source, "source", "REPLICATOR_SOURCE_URL", findings)
     dest = _connect(connections.destination, "destination", "REPLICATOR_DEST_URL", findings)
     try:
+        if source is not None:
+            findings.extend(_source_activity_visibility(source))
         if dest is not None:
             findings.extend(_destination_privileges(dest))
         for table in project.config.tables:
@@ -61,6 +63,31 @@ def _connect(url: str, role: str, variable: str, findings: list[Finding]) -> Any
     (version,) = conn.execute("SHOW server_version").fetchone()
     findings.append(Finding("ok", role, f"connected (PostgreSQL {version})"))
     return conn
+
+
+def _source_activity_visibility(conn: psycopg.Connection[Any]) -> Iterator[Finding]:
+    """Whether the sync role sees other sessions' transaction starts (pg_stat_activity)."""
+    user, sees_all = fetch_all(
+        conn,
+        "SELECT current_user, (SELECT rolsuper FROM pg_roles WHERE rolname = current_user) "
+        "OR pg_has_role(current_user, 'pg_read_all_stats', 'USAGE')",
+    )[0]
+    if sees_all:
+        yield Finding(
+            "ok",
+            "source",
+            f"role {user} sees every session's transaction start: "
+            "timestamp cursors advance right after a batch",
+        )
+    else:
+        yield Finding(
+            "warn",
+            "source",
+            f"role {user} cannot see other roles' transaction starts: while their writes are "
+            "open, a timestamp cursor waits for the next run to advance (rows are read again, "
+            "nothing is missed)",
+            f"GRANT pg_read_all_stats TO {display_ident(user)}",
+        )
 
 
 def _destination_privileges(conn: psycopg.Connection[Any]) -> Iterator[Finding]:

@@ -19,19 +19,21 @@ import psycopg
 from psycopg import sql
 
 from . import ddl
-from .copy_stream import CopyResult, CopyTask
+from .copy_stream import MARKER_TABLE, CopyResult, CopyTask
 from .cursor import advance, in_progress_xids
 from .database import execute
 from .failpoints import failpoint
 from .full_load import MARKER_DDL, Endpoints
 from .identifiers import TableName
 from .naming import INTERNAL_SCHEMA, staging_table
+from .partitions import KeyRange, range_predicate
 from .snapshot import ExportedSnapshot
 from .spark_runner import SparkRunner
 from .state import Cursor, Pending, TableState, Window
 from .table_sql import MODEL_ALIAS, TableSql, batch_query
 
 log = logging.getLogger(__name__)
+PART_ALIAS = "_replicator_part"
 
 
 @dataclass(frozen=True)
@@ -125,7 +127,16 @@ def incremental_sync(
     staging = _prepare_staging(ends.dest, built)
     try:
         read = _read_batch(
-            ends, built, state, spark, staging, key, key_type, on_progress, in_process
+            ends,
+            built,
+            state,
+            spark,
+            staging,
+            key,
+            key_type,
+            on_progress,
+            in_process,
+            batch_rows,
         )
     except BaseException:
         with contextlib.suppress(Exception):  # best effort: the next run drops it anyway
@@ -148,6 +159,7 @@ def _read_batch(
     key_type: str,
     on_progress: Callable[[int, int], None] | None,
     in_process: bool,
+    batch_rows: int,
 ) -> tuple[CopyResult, Cursor | None, Pending | None, Window]:
     """Copy the batch into staging inside one exported snapshot; compute the new cursor."""
     with ExportedSnapshot(ends.source_url) as snap:
@@ -170,16 +182,97 @@ def _read_batch(
             )
             .as_string(None)
         )
-        copy_out = sql.SQL("COPY ({}) TO STDOUT (FORMAT binary)").format(query).as_string(None)
-        task = CopyTask(
-            uuid.uuid4().hex, 0, ends.source_url, ends.dest_url, snap.snapshot_id, copy_out, copy_in
+        load_id = uuid.uuid4().hex
+        parts = 1 if in_process else _batch_partitions(built, batch_rows, spark.parallelism())
+        tasks = [
+            CopyTask(
+                load_id,
+                index,
+                ends.source_url,
+                ends.dest_url,
+                snap.snapshot_id,
+                sql.SQL("COPY ({}) TO STDOUT (FORMAT binary)").format(part).as_string(None),
+                copy_in,
+            )
+            for index, part in enumerate(_split_batch(snap.conn, query, key, key_type, parts))
+        ]
+        copied = _combined(spark.run_copy_tasks(tasks, on_progress, in_process=in_process))
+        log.debug(
+            "%s: batch of %d row(s) read in %d partition(s)%s",
+            built.table.written_name,
+            copied.rows,
+            len(tasks),
+            " in-process" if in_process else " on Spark",
         )
-        (copied,) = spark.run_copy_tasks([task], on_progress, in_process=in_process)
+        _forget_markers(ends.dest, load_id)
         cursor, pending = advance(
             snap.conn, key_type, state.cursor, state.pending, hwm, xids, built.table.lookback
         )
         window = fingerprint(snap.conn, built, cursor)
     return copied, cursor, pending, window
+
+
+ROWS_PER_PARTITION = 250_000
+_SPLITTABLE = ("timestamp", "date", "smallint", "integer", "bigint", "numeric")
+
+
+def _batch_partitions(built: TableSql, batch_rows: int, parallelism: int) -> int:
+    """The table's `partitions` setting, else one per 250,000 rows, at most one per core."""
+    if built.table.partitions:
+        return built.table.partitions
+    return max(1, min(parallelism, batch_rows // ROWS_PER_PARTITION))
+
+
+def _split_batch(
+    conn: psycopg.Connection[Any], query: sql.Composable, key: str, key_type: str, parts: int
+) -> list[sql.Composable]:
+    """Equal ranges of the replication key over the batch (each an index range scan)."""
+    if parts <= 1 or not key_type.startswith(_SPLITTABLE):
+        return [query]
+    # Counts inlined as literals: the model text is the user's and may contain `%`.
+    (bounds,) = execute(
+        conn,
+        sql.SQL(
+            "SELECT array_agg(DISTINCT (lo + (hi - lo) * i / {n})::text) "
+            "FROM (SELECT min(b.{k}) AS lo, max(b.{k}) AS hi FROM ({q}) AS b) AS r, "
+            "generate_series(1, {n} - 1) AS i WHERE lo < hi"
+        ).format(k=sql.Identifier(key), q=query, n=sql.Literal(parts)),
+    ).fetchone()
+    if not bounds:
+        return [query]
+    ordered = execute(
+        conn,
+        sql.SQL("SELECT array_agg(b::text ORDER BY b::{t}) FROM unnest(%s::text[]) AS b").format(
+            t=sql.SQL(key_type)
+        ),
+        (bounds,),
+    ).fetchone()[0]
+    edges: list[str | None] = [None, *ordered, None]
+    return [
+        sql.SQL("SELECT * FROM ({}) AS {} WHERE {}").format(
+            query,
+            sql.Identifier(PART_ALIAS),
+            range_predicate(key, key_type, KeyRange(edges[i], edges[i + 1])) or sql.SQL("true"),
+        )
+        for i in range(len(edges) - 1)
+    ]
+
+
+def _forget_markers(dest: psycopg.Connection[Any], load_id: str) -> None:
+    execute(
+        dest,
+        sql.SQL("DELETE FROM {} WHERE load_id = %s").format(sql.Identifier(*MARKER_TABLE)),
+        (load_id,),
+    )
+
+
+def _combined(results: list[CopyResult]) -> CopyResult:
+    return CopyResult(
+        -1,
+        sum(r.rows for r in results),
+        sum(r.bytes for r in results),
+        max(r.seconds for r in results),
+    )
 
 
 def _prepare_staging(dest: psycopg.Connection[Any], built: TableSql) -> TableName:

@@ -28,6 +28,7 @@ def test_all_good_is_exit_0(db_project, tables):
     assert result.exit_code == 0, result.output
     assert "ok    source: connected (PostgreSQL" in result.stdout
     assert "ok    destination: role postgres may create schemas" in result.stdout
+    assert "ok    source: role postgres sees every session's transaction start" in result.stdout
     assert f"ok    {tables}.good: replication key updated_at is indexed" in result.stdout
     assert result.stdout.strip().endswith("0 error(s), 0 warning(s)")
 
@@ -97,3 +98,29 @@ def test_corrupt_state_file_is_reported(db_project, tables):
     result = db_project.run("check")
     assert result.exit_code == 1
     assert f"sync-state/{tables}.good.json: corrupt or truncated sync-state file" in result.stdout
+
+
+def test_role_without_pg_read_all_stats_gets_a_warning(db_project, tables, source_conn):
+    source_conn.execute(
+        "DO $$ BEGIN CREATE ROLE replicator_reader LOGIN; "
+        "EXCEPTION WHEN duplicate_object THEN NULL; END $$"
+    )
+    source_conn.execute(
+        sql.SQL("GRANT USAGE ON SCHEMA {} TO replicator_reader").format(sql.Identifier(tables))
+    )
+    source_conn.execute(
+        sql.SQL("GRANT SELECT ON ALL TABLES IN SCHEMA {} TO replicator_reader").format(
+            sql.Identifier(tables)
+        )
+    )
+    url = db_project.env["REPLICATOR_SOURCE_URL"].replace("postgres@", "replicator_reader@")
+    db_project.write_config(
+        {"tables": [{"name": f"{tables}.good", "replication_key": "updated_at"}]}
+    )
+    result = db_project.run("check", env={"REPLICATOR_SOURCE_URL": url})
+    assert result.exit_code == 0, result.output
+    assert (
+        "warn  source: role replicator_reader cannot see other roles' transaction starts"
+        in result.stdout
+    )
+    assert "fix: GRANT pg_read_all_stats TO replicator_reader" in result.stdout

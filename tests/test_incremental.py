@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -391,3 +392,33 @@ def test_append_without_a_key_fails_with_the_fix(db_project, source_conn, schema
     assert (
         "the source table has no primary key, which mode incremental-append needs" in result.stderr
     )
+
+
+def test_large_batch_is_read_in_key_ranges(db_project, source_conn, dest_conn, schema):
+    table = _orders(source_conn, schema, rows=3000)
+    source_conn.execute(
+        sql.SQL(
+            "UPDATE {} SET note = 'old', "
+            "updated_at = now() - interval '1 day' + id * interval '1 s'"
+        ).format(table)
+    )
+    _config(db_project, schema, partitions=3)
+    assert db_project.run("sync").exit_code == 0
+    source_conn.execute(
+        sql.SQL(
+            "UPDATE {} SET note = 'ranged', amount = -amount, "
+            "updated_at = clock_timestamp() + id * interval '1 ms' WHERE id % 3 = 0"
+        ).format(table)
+    )
+
+    def markers() -> int:
+        return dest_conn.execute("SELECT count(*) FROM _replicator.loaded_partitions").fetchone()[0]
+
+    markers_before = markers()
+    result = db_project.run("sync", "-v")
+    assert result.exit_code == 0, result.output
+    assert re.search(r"incremental, 1,00\d rows", result.stderr)  # + the lookback
+    assert "batch of 1,00" not in result.stderr  # (the log line counts without separators)
+    assert re.search(r"batch of 100\d row\(s\) read in 3 partition\(s\) on Spark", result.stderr)
+    assert_same_table(source_conn, dest_conn, schema, "orders")
+    assert markers() == markers_before, "no partition marker is left behind"
