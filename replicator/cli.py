@@ -68,6 +68,16 @@ def _report(exc: BaseException, verbose: int, prefix: str = "") -> None:
         click.echo(redact(f"error: {prefix}{problem}"), err=True)
 
 
+select_option = click.option(
+    "-s",
+    "--select",
+    "names",
+    multiple=True,
+    metavar="TABLE",
+    help="Only these tables (repeatable).",
+)
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="replicator")
 def cli() -> None:
@@ -92,14 +102,7 @@ def init(project_dir: Path, directory: Path | None) -> int:
 
 
 @cli.command(name="compile")
-@click.option(
-    "-s",
-    "--select",
-    "names",
-    multiple=True,
-    metavar="TABLE",
-    help="Only these tables (repeatable).",
-)
+@select_option
 @_common
 def compile_command(project_dir: Path, names: tuple[str, ...]) -> int:
     """Print the SQL each table's sync would run; nothing is executed."""
@@ -110,14 +113,7 @@ def compile_command(project_dir: Path, names: tuple[str, ...]) -> int:
 
 
 @cli.command()
-@click.option(
-    "-s",
-    "--select",
-    "names",
-    multiple=True,
-    metavar="TABLE",
-    help="Only these tables (repeatable).",
-)
+@select_option
 @click.option("-f", "--full-refresh", is_flag=True, help="Reload the tables in full.")
 @_common
 def sync(project_dir: Path, names: tuple[str, ...], full_refresh: bool) -> int:

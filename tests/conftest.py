@@ -10,6 +10,8 @@ import atexit
 import json
 import os
 import signal
+import subprocess
+import sys
 import tempfile
 import uuid
 from collections.abc import Iterator
@@ -143,6 +145,22 @@ class ProjectDir:
         """`replicator <args> --project-dir <path>`, in-process."""
         merged: dict[str, str | None] = {**self.env, **(env or {})}
         return CliRunner().invoke(cli, [*args, "--project-dir", str(self.path)], env=merged)
+
+    def run_process(
+        self, *args: str, env: dict[str, str] | None = None, drop: tuple[str, ...] = ()
+    ) -> subprocess.CompletedProcess[str]:
+        """`python -m replicator <args> --project-dir <path>` as its own process, as cron
+        runs it (for SIGKILL failpoints, exit codes, a JVM-less environment)."""
+        merged = {k: v for k, v in os.environ.items() if k not in drop}
+        merged.update(self.env, **(env or {}))
+        return subprocess.run(
+            [sys.executable, "-m", "replicator", *args, "--project-dir", str(self.path)],
+            env=merged,
+            capture_output=True,
+            text=True,
+            stdin=subprocess.DEVNULL,
+            timeout=300,
+        )
 
     def files(self) -> set[str]:
         return {str(p.relative_to(self.path)) for p in self.path.rglob("*")}

@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import threading
 import time
 
@@ -264,15 +261,7 @@ def test_crash_before_swap_leaves_old_table_and_next_run_cleans_up(
     db_project.write_config({"tables": [{"name": f"{schema}.t", "mode": "full-refresh"}]})
     assert _sync(db_project).exit_code == 0
     source_conn.execute(sql.SQL("UPDATE {} SET v = 2").format(table))
-    env = {**os.environ, **db_project.env, "REPLICATOR_FAILPOINT": "after-load-before-swap"}
-    killed = subprocess.run(
-        [sys.executable, "-m", "replicator", "sync", "--project-dir", str(db_project.path)],
-        env=env,
-        capture_output=True,
-        text=True,
-        stdin=subprocess.DEVNULL,
-        timeout=300,
-    )
+    killed = db_project.run_process("sync", env={"REPLICATOR_FAILPOINT": "after-load-before-swap"})
     assert killed.returncode == -9, killed.stderr
     assert dest_conn.execute(sql.SQL("SELECT DISTINCT v FROM {}").format(table)).fetchall() == [
         (1,)

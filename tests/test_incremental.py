@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
-import sys
 import time
 
 import psycopg
@@ -50,18 +48,6 @@ def _state(project, name):
     return json.loads(project.run("state", "show", name).stdout)[name]
 
 
-def _run_cli(project, *args, extra_env=None):
-    env = {**os.environ, **project.env, **(extra_env or {})}
-    return subprocess.run(
-        [sys.executable, "-m", "replicator", *args, "--project-dir", str(project.path)],
-        env=env,
-        capture_output=True,
-        text=True,
-        stdin=subprocess.DEVNULL,
-        timeout=300,
-    )
-
-
 def test_updates_and_inserts_are_merged(db_project, source_conn, dest_conn, schema):
     table = _orders(source_conn, schema)
     _config(db_project, schema)
@@ -92,7 +78,7 @@ def test_unchanged_source_is_a_noop_without_a_jvm(db_project, source_conn, dest_
     _config(db_project, schema)
     assert db_project.run("sync").exit_code == 0
     no_java = {"JAVA_HOME": "/nonexistent", "PATH": "/usr/local/sbin:/nonexistent"}
-    noop = _run_cli(db_project, "sync", extra_env={"JAVA_HOME": "/nonexistent"})
+    noop = db_project.run_process("sync", env={"JAVA_HOME": "/nonexistent"})
     assert noop.returncode == 0, noop.stderr
     assert f"{schema}.orders: noop" in noop.stderr
     assert _state(db_project, f"{schema}.orders")["last_run"]["action"] == "noop"
@@ -101,7 +87,7 @@ def test_unchanged_source_is_a_noop_without_a_jvm(db_project, source_conn, dest_
             table
         )
     )
-    needs_spark = _run_cli(db_project, "sync", extra_env=no_java)
+    needs_spark = db_project.run_process("sync", env=no_java)
     assert needs_spark.returncode == 1
     assert "Spark did not start" in needs_spark.stderr
 
@@ -251,8 +237,8 @@ def test_kill_after_merge_before_state_write_converges(db_project, source_conn, 
             table
         )
     )
-    killed = _run_cli(
-        db_project, "sync", extra_env={"REPLICATOR_FAILPOINT": "after-merge-before-state"}
+    killed = db_project.run_process(
+        "sync", env={"REPLICATOR_FAILPOINT": "after-merge-before-state"}
     )
     assert killed.returncode == -9
     assert db_project.run("sync").exit_code == 0
@@ -269,17 +255,10 @@ def test_small_copies_run_in_process_without_a_jvm(db_project, source_conn, dest
     replicator process itself: a JAVA_HOME that cannot work does not matter."""
     table = _orders(source_conn, schema, rows=300)
     _config(db_project, schema)
-    env = {k: v for k, v in os.environ.items() if k != "REPLICATOR_SPARK_MIN_ROWS"}
-    env.update(db_project.env, JAVA_HOME="/nonexistent")
 
     def run() -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [sys.executable, "-m", "replicator", "sync", "--project-dir", str(db_project.path)],
-            env=env,
-            capture_output=True,
-            text=True,
-            stdin=subprocess.DEVNULL,
-            timeout=300,
+        return db_project.run_process(
+            "sync", env={"JAVA_HOME": "/nonexistent"}, drop=("REPLICATOR_SPARK_MIN_ROWS",)
         )
 
     first = run()
@@ -362,8 +341,8 @@ def test_append_adds_each_row_once_and_never_updates(db_project, source_conn, de
         sql.SQL("INSERT INTO {} (v) SELECT 'b' FROM generate_series(1, 50)").format(table)
     )
     source_conn.execute(sql.SQL("UPDATE {} SET v = 'changed' WHERE id = 100").format(table))
-    killed = _run_cli(
-        db_project, "sync", extra_env={"REPLICATOR_FAILPOINT": "after-merge-before-state"}
+    killed = db_project.run_process(
+        "sync", env={"REPLICATOR_FAILPOINT": "after-merge-before-state"}
     )
     assert killed.returncode == -9
     result = db_project.run("sync")  # reads the same rows again from the old cursor

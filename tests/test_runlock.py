@@ -54,21 +54,7 @@ def test_separate_process_exit_code_is_75(project):
     project.write_config({"tables": [{"name": "public.orders", "mode": "full-refresh"}]})
     holder = _hold(project.path / "sync-state")
     try:
-        proc = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "replicator",
-                "state",
-                "reset",
-                "public.orders",
-                "--project-dir",
-                str(project.path),
-            ],
-            capture_output=True,
-            text=True,
-            stdin=subprocess.DEVNULL,
-        )
+        proc = project.run_process("state", "reset", "public.orders")
     finally:
         holder.kill()
         holder.wait()
