@@ -9,10 +9,10 @@ import uuid
 
 import psycopg
 
-from .catalog import describe_table
+from .catalog import TableInfo, describe_table
 from .config import TableConfig
 from .database import connect
-from .errors import ReplicatorError, StateError
+from .errors import ConfigError, ReplicatorError, StateError
 from .failpoints import failpoint
 from .full_load import Endpoints, full_reload
 from .incremental import incremental_sync, probe
@@ -27,6 +27,7 @@ from .signature import schema_signature
 from .spark_runner import SparkRunner
 from .state import RunOutcome, TableState
 from .sync_output import SyncOutput
+from .table_sql import TableSql
 
 log = logging.getLogger("replicator.sync")
 
@@ -42,13 +43,19 @@ class RunContext:
         self.started_at = utc_now()
         config = project.config.spark
         master = project.env.get(SPARK_MASTER) or config.master
-        min_rows = project.env.get(SPARK_MIN_ROWS)
         self.spark = SparkRunner(
-            master,
-            config.conf,
-            quiet=verbose == 0,
-            min_rows=int(min_rows) if min_rows and min_rows.isdigit() else config.min_rows,
+            master, config.conf, quiet=verbose == 0, min_rows=_min_rows(project)
         )
+
+
+def _min_rows(project: Project) -> int:
+    """spark.min_rows, or REPLICATOR_SPARK_MIN_ROWS when set (a whole number, else exit 2)."""
+    value = project.env.get(SPARK_MIN_ROWS)
+    if value is None:
+        return project.config.spark.min_rows
+    if not value.isdigit():
+        raise ConfigError([f"{SPARK_MIN_ROWS} must be a whole number of rows, got {value!r}"])
+    return int(value)
 
 
 def run_sync(
@@ -141,7 +148,19 @@ def _sync_table(
     return result
 
 
-def _full_reload(run, ends, table, built, source, state, plan, started, started_at, output):
+def _full_reload(
+    run: RunContext,
+    ends: Endpoints,
+    table: TableConfig,
+    built: TableSql,
+    source: TableInfo,
+    state: TableState | None,
+    plan: Plan,
+    started: float,
+    started_at: str,
+    output: SyncOutput,
+) -> TableResult:
+    """Load the table in full through a side table and a swap; record the new state."""
     reason = plan.reason
     log.info("%s: full_reload (%s)", table.written_name, reason)
     with output.progress(table.written_name) as progress:
@@ -176,7 +195,17 @@ def _full_reload(run, ends, table, built, source, state, plan, started, started_
     return result
 
 
-def _incremental(run, ends, table, built, state, plan, started, started_at, output):
+def _incremental(
+    run: RunContext,
+    ends: Endpoints,
+    table: TableConfig,
+    built: TableSql,
+    state: TableState,
+    plan: Plan,
+    started: float,
+    started_at: str,
+    output: SyncOutput,
+) -> TableResult:
     """Probe without Spark; read, stage and merge only when something changed."""
     before = state.cursor.value if state.cursor else None
     probed = probe(ends.source, built, state)

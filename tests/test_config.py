@@ -227,3 +227,12 @@ def test_parse_config_raises_config_error_for_api_users():
         parse_config("{", "x.json")
     assert info.value.exit_code == 2
     assert info.value.problems[0].startswith("x.json:1:2: invalid JSON")
+
+
+def test_bad_spark_min_rows_override_is_exit_2_before_anything(db_project):
+    db_project.write_config(VALID)
+    before = db_project.files()
+    result = db_project.run("sync", env={"REPLICATOR_SPARK_MIN_ROWS": "lots"})
+    assert result.exit_code == 2
+    assert "REPLICATOR_SPARK_MIN_ROWS must be a whole number of rows, got 'lots'" in (result.stderr)
+    assert db_project.files() == before
