@@ -12,22 +12,23 @@ import psycopg
 from .catalog import TableInfo, describe_table
 from .config import TableConfig
 from .database import connect
-from .errors import ConfigError, ReplicatorError, StateError
+from .errors import ConfigError, LockHeld, ReplicatorError, StateError
 from .failpoints import failpoint
 from .full_load import Endpoints, full_reload
 from .incremental import incremental_sync, probe
 from .inspect_table import inspect_source
 from .plan import Plan, plan_table
 from .project import Project
-from .redact import redact
+from .redact import redact, register_secret
 from .results import TableResult, utc_now
 from .runlock import run_lock
-from .settings import SPARK_MASTER, SPARK_MIN_ROWS
+from .settings import SPARK_MASTER, SPARK_MIN_ROWS, WEBHOOK_SECRET, WEBHOOK_URL, Connections
 from .signature import schema_signature
 from .spark_runner import SparkRunner
 from .state import RunOutcome, TableState
 from .sync_output import SyncOutput
 from .table_sql import TableSql
+from .webhook import WebhookTarget, build_payload, post
 
 log = logging.getLogger("replicator.sync")
 
@@ -43,9 +44,23 @@ class RunContext:
         self.started_at = utc_now()
         config = project.config.spark
         master = project.env.get(SPARK_MASTER) or config.master
+        self.webhook = _webhook_target(project)
         self.spark = SparkRunner(
             master, config.conf, quiet=verbose == 0, min_rows=_min_rows(project)
         )
+
+
+def _webhook_target(project: Project) -> WebhookTarget | None:
+    """webhook.url / .secret, REPLICATOR_WEBHOOK_URL / _SECRET winning."""
+    configured = project.config.webhook
+    url = project.env.get(WEBHOOK_URL) or (configured.url if configured else None)
+    if not url:
+        return None
+    if not url.startswith(("http://", "https://")):
+        raise ConfigError([f"{WEBHOOK_URL} must be an http:// or https:// URL"])
+    secret = project.env.get(WEBHOOK_SECRET) or (configured.secret if configured else None)
+    register_secret(secret)
+    return WebhookTarget(url, secret)
 
 
 def _min_rows(project: Project) -> int:
@@ -71,26 +86,57 @@ def run_sync(
     connections = project.connections()
     run = RunContext(project, full_refresh, verbose)
     output = SyncOutput(always_summarize)
-    results: list[TableResult] = []
-    with run_lock(project.state_dir):
-        log.info("sync started: %d table(s), run %s", len(tables), run.run_id)
-        try:
-            with (
-                connect(connections.source, "source") as source,
-                connect(connections.destination, "destination") as dest,
-            ):
-                ends = Endpoints(source, dest, connections.source, connections.destination)
-                for table in tables:
-                    results.append(_sync_table(run, ends, table, output))
-        except ReplicatorError as exc:  # a database unreachable: every remaining table fails
-            done = {r.name for r in results}
-            results += [_failure(t, str(exc), 0.0) for t in tables if t.written_name not in done]
-            for result in results[len(done) :]:
-                log.error(result.line())
-        finally:
-            run.spark.finish()
+    try:
+        with run_lock(project.state_dir):
+            results = _sync_all(run, tables, connections, output)
+    except LockHeld as exc:
+        _notify(run, [], status="skipped", error=str(exc))
+        raise
+    _notify(run, results)
     output.summary(results)
     return 0 if all(r.status == "success" for r in results) else 1
+
+
+def _sync_all(
+    run: RunContext,
+    tables: tuple[TableConfig, ...],
+    connections: Connections,
+    output: SyncOutput,
+) -> list[TableResult]:
+    """Every table, one at a time; a database that cannot be reached fails the rest."""
+    results: list[TableResult] = []
+    log.info("sync started: %d table(s), run %s", len(tables), run.run_id)
+    try:
+        with (
+            connect(connections.source, "source") as source,
+            connect(connections.destination, "destination") as dest,
+        ):
+            ends = Endpoints(source, dest, connections.source, connections.destination)
+            for table in tables:
+                results.append(_sync_table(run, ends, table, output))
+    except ReplicatorError as exc:
+        done = {r.name for r in results}
+        results += [_failure(t, str(exc), 0.0) for t in tables if t.written_name not in done]
+        for result in results[len(done) :]:
+            log.error(result.line())
+    finally:
+        run.spark.finish()
+    return results
+
+
+def _notify(
+    run: RunContext,
+    results: list[TableResult],
+    status: str | None = None,
+    error: str | None = None,
+) -> None:
+    """The webhook, when one is configured; its failure never changes the exit code."""
+    if run.webhook is None:
+        return
+    payload = build_payload(
+        run.run_id, run.started_at, utc_now(), results, status, redact(error) if error else None
+    )
+    post(run.webhook, payload)
 
 
 def _failure(
