@@ -32,9 +32,12 @@ class Finding:
         return f"{text}; fix: {self.fix}" if self.fix else text
 
 
-def run_checks(project: Project) -> list[Finding]:
-    """Check connections, privileges, keys and indexes; never writes anything."""
-    findings: list[Finding] = []
+def run_checks(project: Project, ping: bool = False) -> list[Finding]:
+    """Check connections, privileges, keys, indexes, Java and the driver; never writes
+    anything (`ping` sends the webhook a test payload)."""
+    findings: list[Finding] = [*_spark_prerequisites(project)]
+    if ping:
+        findings.append(_ping_webhook(project))
     connections = project.connections()
     source = _connect(connections.source, "source", "REPLICATOR_SOURCE_URL", findings)
     dest = _connect(connections.destination, "destination", "REPLICATOR_DEST_URL", findings)
@@ -52,6 +55,64 @@ def run_checks(project: Project) -> list[Finding]:
             if conn is not None:
                 conn.close()
     return findings
+
+
+def _spark_prerequisites(project: Project) -> Iterator[Finding]:
+    """Java 17+ and the PostgreSQL JDBC driver, which the Spark path needs."""
+    import shutil
+    import subprocess
+
+    from .spark_session import JDBC_PACKAGE, jdbc_jar
+
+    java = shutil.which("java", path=None)
+    if java is None:
+        yield Finding(
+            "error",
+            "spark",
+            "java not found on PATH (Spark needs Java 17+)",
+            "apt-get install openjdk-17-jre-headless, or set JAVA_HOME and PATH",
+        )
+    else:
+        version = subprocess.run(
+            [java, "-version"], capture_output=True, text=True, stdin=subprocess.DEVNULL
+        ).stderr.splitlines()
+        yield Finding("ok", "spark", f"java: {version[0] if version else java}")
+    conf = project.config.spark.conf
+    if "spark.jars" in conf or "spark.jars.packages" in conf:
+        yield Finding("ok", "spark", "JDBC driver: from spark.conf")
+    elif (jar := jdbc_jar()) is not None:
+        state = "ok" if jar.is_file() else "error"
+        yield Finding(
+            state, "spark", f"JDBC driver: {jar}" + ("" if jar.is_file() else " does not exist")
+        )
+    else:
+        yield Finding(
+            "warn",
+            "spark",
+            f"no local JDBC driver: Spark will download {JDBC_PACKAGE} from Maven Central",
+            "apt-get install libpostgresql-jdbc-java, or set REPLICATOR_JDBC_JAR",
+        )
+
+
+def _ping_webhook(project: Project) -> Finding:
+    from .results import utc_now
+    from .sync import webhook_target
+    from .webhook import build_payload, post
+
+    target = webhook_target(project)
+    if target is None:
+        return Finding("warn", "webhook", "--ping: no webhook configured")
+    now = utc_now()
+    payload = build_payload("check-ping", now, now, [], status="success")
+    payload["event"] = "check.ping"
+    if post(target, payload):
+        return Finding("ok", "webhook", "test payload delivered")
+    return Finding(
+        "error",
+        "webhook",
+        "test payload not delivered (see the log line above)",
+        "check webhook.url / REPLICATOR_WEBHOOK_URL and the receiver",
+    )
 
 
 def _connect(url: str, role: str, variable: str, findings: list[Finding]) -> Any:

@@ -192,12 +192,13 @@ def state_set_cursor(project_dir: Path, table: str, value: str) -> int:
 
 
 @cli.command()
+@click.option("--ping", is_flag=True, help="Also send the webhook a test payload.")
 @_common
-def check(project_dir: Path) -> int:
+def check(project_dir: Path, ping: bool) -> int:
     """Validate config, connections, privileges, keys and indexes; say what is wrong."""
     from .check import run_checks
 
-    findings = run_checks(Project.load(project_dir))
+    findings = run_checks(Project.load(project_dir), ping)
     for finding in findings:
         click.echo(redact(finding.line()))
     errors = sum(f.level == "error" for f in findings)

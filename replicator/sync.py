@@ -44,13 +44,13 @@ class RunContext:
         self.started_at = utc_now()
         config = project.config.spark
         master = project.env.get(SPARK_MASTER) or config.master
-        self.webhook = _webhook_target(project)
+        self.webhook = webhook_target(project)
         self.spark = SparkRunner(
             master, config.conf, quiet=verbose == 0, min_rows=_min_rows(project)
         )
 
 
-def _webhook_target(project: Project) -> WebhookTarget | None:
+def webhook_target(project: Project) -> WebhookTarget | None:
     """webhook.url / .secret, REPLICATOR_WEBHOOK_URL / _SECRET winning."""
     configured = project.config.webhook
     url = project.env.get(WEBHOOK_URL) or (configured.url if configured else None)

@@ -124,3 +124,30 @@ def test_role_without_pg_read_all_stats_gets_a_warning(db_project, tables, sourc
         in result.stdout
     )
     assert "fix: GRANT pg_read_all_stats TO replicator_reader" in result.stdout
+
+
+def test_java_and_jdbc_driver_are_reported(db_project, tables):
+    db_project.write_config({"tables": [{"name": f"{tables}.good", "mode": "full-refresh"}]})
+    result = db_project.run("check")
+    assert "ok    spark: java: " in result.stdout
+    assert "ok    spark: JDBC driver: /usr/share/java/postgresql.jar" in result.stdout
+    missing = db_project.run("check", env={"REPLICATOR_JDBC_JAR": "/nonexistent/pg.jar"})
+    assert missing.exit_code == 1
+    assert "error spark: JDBC driver: /nonexistent/pg.jar does not exist" in missing.stdout
+
+
+def test_ping_sends_the_webhook_a_test_payload(db_project, tables, httpserver):
+    import json
+
+    httpserver.expect_request("/hook").respond_with_data("ok")
+    db_project.write_config(
+        {
+            "tables": [{"name": f"{tables}.good", "mode": "full-refresh"}],
+            "webhook": {"url": httpserver.url_for("/hook")},
+        }
+    )
+    result = db_project.run("check", "--ping")
+    assert result.exit_code == 0, result.output
+    assert "ok    webhook: test payload delivered" in result.stdout
+    assert json.loads(httpserver.log[0][0].data)["event"] == "check.ping"
+    assert db_project.run("check").exit_code == 0 and len(httpserver.log) == 1
