@@ -45,6 +45,35 @@ class CopyResult:
     seconds: float
 
 
+def copy_tasks(
+    load_id: str,
+    source_url: str,
+    dest_url: str,
+    snapshot: str,
+    queries: list[sql.Composable],
+    table: tuple[str, str],
+    columns: list[str],
+) -> list[CopyTask]:
+    """One task per query: binary COPY of its rows into `table` (schema, name)."""
+    copy_in = (
+        sql.SQL("COPY {} ({}) FROM STDIN (FORMAT binary)")
+        .format(sql.Identifier(*table), sql.SQL(", ").join(map(sql.Identifier, columns)))
+        .as_string(None)
+    )
+    return [
+        CopyTask(
+            load_id,
+            index,
+            source_url,
+            dest_url,
+            snapshot,
+            sql.SQL("COPY ({}) TO STDOUT (FORMAT binary)").format(query).as_string(None),
+            copy_in,
+        )
+        for index, query in enumerate(queries)
+    ]
+
+
 def run_copy_task(task: CopyTask) -> CopyResult:
     """Copy one partition exactly once (a repeated attempt finds the marker and stops)."""
     started = time.monotonic()

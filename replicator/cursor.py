@@ -23,6 +23,18 @@ from .state import Cursor, Pending
 TEMPORAL_TYPES = ("timestamp", "date")
 
 
+def newest_key(conn: psycopg.Connection[Any], rows: sql.Composable, key: str) -> str | None:
+    """max(key) over a query's rows, as PostgreSQL prints it (None when there are none)."""
+    alias = sql.Identifier("_replicator_rows")
+    (value,) = execute(
+        conn,
+        sql.SQL("SELECT max({a}.{k})::text FROM ({q}) AS {a}").format(
+            a=alias, k=sql.Identifier(key), q=rows
+        ),
+    ).fetchone()
+    return value
+
+
 def in_progress_xids(conn: psycopg.Connection[Any]) -> list[str]:
     """Transactions in progress in the current snapshot (the caller's transaction)."""
     rows = execute(

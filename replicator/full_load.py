@@ -22,7 +22,7 @@ from psycopg import sql
 
 from . import ddl
 from .catalog import TableInfo
-from .copy_stream import MARKER_TABLE, CopyTask
+from .copy_stream import MARKER_TABLE, CopyTask, copy_tasks
 from .database import execute
 from .dest_types import ensure_types
 from .failpoints import failpoint
@@ -63,6 +63,15 @@ class Endpoints:
     dest: psycopg.Connection[Any]
     source_url: str
     dest_url: str
+
+
+def forget_markers(dest: psycopg.Connection[Any], load_id: str) -> None:
+    """A finished load's partition markers are no longer needed."""
+    execute(
+        dest,
+        sql.SQL("DELETE FROM {} WHERE load_id = %s").format(sql.Identifier(*MARKER_TABLE)),
+        (load_id,),
+    )
 
 
 def side_table(target: TableName) -> TableName:
@@ -116,11 +125,7 @@ def full_reload(
     phases.mark("primary key built, analyzed")
     lock_seconds = swap_in(ends.dest, side, built.table.target, _key_name(built.table.target))
     phases.mark(f"swapped (table lock held {lock_seconds * 1000:.0f} ms)")
-    execute(
-        ends.dest,
-        sql.SQL("DELETE FROM {} WHERE load_id = %s").format(sql.Identifier(*MARKER_TABLE)),
-        (load_id,),
-    )
+    forget_markers(ends.dest, load_id)
     return LoadResult(
         rows=sum(r.rows for r in results),
         bytes=sum(r.bytes for r in results),
@@ -159,20 +164,13 @@ def _first_cursor(
     conn: psycopg.Connection[Any], built: TableSql
 ) -> tuple[Cursor | None, Pending | None, Window | None]:
     """The cursor after a full load, from the load's own snapshot (cursor.py's rules)."""
-    from .cursor import advance, in_progress_xids
+    from .cursor import advance, in_progress_xids, newest_key
     from .incremental import fingerprint, key_type_of
 
     key = built.table.replication_key
     if key is None:
         return None, None, None
-    (hwm,) = execute(
-        conn,
-        sql.SQL("SELECT max({alias}.{key})::text FROM ({model}) AS {alias}").format(
-            alias=sql.Identifier(MODEL_ALIAS),
-            key=sql.Identifier(key),
-            model=sql.SQL(built.model.sql),
-        ),
-    ).fetchone()
+    hwm = newest_key(conn, sql.SQL(built.model.sql), key)
     xids = in_progress_xids(conn)
     cursor, pending = advance(conn, key_type_of(built), None, None, hwm, xids, built.table.lookback)
     if cursor is None and hwm is not None:  # writers in progress: start over from the start
@@ -189,20 +187,15 @@ def _copy_tasks(
     load_id: str,
     parallelism: int,
 ) -> list[CopyTask]:
-    columns = sql.SQL(", ").join(sql.Identifier(c.name) for c in built.columns)
-    copy_in = (
-        sql.SQL("COPY {} ({}) FROM STDIN (FORMAT binary)")
-        .format(sql.Identifier(side.schema, side.name), columns)
-        .as_string(None)
+    return copy_tasks(
+        load_id,
+        ends.source_url,
+        ends.dest_url,
+        snap.snapshot_id,
+        _partition_queries(snap, built, source, parallelism),
+        (side.schema, side.name),
+        [c.name for c in built.columns],
     )
-    queries = [
-        sql.SQL("COPY ({}) TO STDOUT (FORMAT binary)").format(query).as_string(None)
-        for query in _partition_queries(snap, built, source, parallelism)
-    ]
-    return [
-        CopyTask(load_id, index, ends.source_url, ends.dest_url, snap.snapshot_id, query, copy_in)
-        for index, query in enumerate(queries)
-    ]
 
 
 def _partition_queries(

@@ -19,18 +19,18 @@ import psycopg
 from psycopg import sql
 
 from . import ddl
-from .copy_stream import MARKER_TABLE, CopyResult, CopyTask
-from .cursor import advance, in_progress_xids
+from .copy_stream import CopyResult, copy_tasks
+from .cursor import advance, in_progress_xids, newest_key
 from .database import execute
 from .failpoints import failpoint
-from .full_load import MARKER_DDL, Endpoints
+from .full_load import MARKER_DDL, Endpoints, forget_markers
 from .identifiers import TableName
 from .naming import INTERNAL_SCHEMA, staging_table
 from .partitions import KeyRange, range_predicate
 from .snapshot import ExportedSnapshot
 from .spark_runner import SparkRunner
 from .state import Cursor, Pending, TableState, Window
-from .table_sql import MODEL_ALIAS, TableSql, batch_query
+from .table_sql import TableSql, batch_query
 
 log = logging.getLogger(__name__)
 PART_ALIAS = "_replicator_part"
@@ -168,34 +168,18 @@ def _read_batch(
         query = batch_query(
             built.model.sql, key, key_type, state.cursor.value if state.cursor else None
         )
-        (hwm,) = execute(
-            snap.conn,
-            sql.SQL("SELECT max({a}.{k})::text FROM ({q}) AS {a}").format(
-                a=sql.Identifier(MODEL_ALIAS), k=sql.Identifier(key), q=query
-            ),
-        ).fetchone()
-        copy_in = (
-            sql.SQL("COPY {} ({}) FROM STDIN (FORMAT binary)")
-            .format(
-                sql.Identifier(staging.schema, staging.name),
-                sql.SQL(", ").join(sql.Identifier(c.name) for c in built.columns),
-            )
-            .as_string(None)
-        )
+        hwm = newest_key(snap.conn, query, key)
         load_id = uuid.uuid4().hex
         parts = 1 if in_process else _batch_partitions(built, batch_rows, spark.parallelism())
-        tasks = [
-            CopyTask(
-                load_id,
-                index,
-                ends.source_url,
-                ends.dest_url,
-                snap.snapshot_id,
-                sql.SQL("COPY ({}) TO STDOUT (FORMAT binary)").format(part).as_string(None),
-                copy_in,
-            )
-            for index, part in enumerate(_split_batch(snap.conn, query, key, key_type, parts))
-        ]
+        tasks = copy_tasks(
+            load_id,
+            ends.source_url,
+            ends.dest_url,
+            snap.snapshot_id,
+            _split_batch(snap.conn, query, key, key_type, parts),
+            (staging.schema, staging.name),
+            [c.name for c in built.columns],
+        )
         copied = _combined(spark.run_copy_tasks(tasks, on_progress, in_process=in_process))
         log.debug(
             "%s: batch of %d row(s) read in %d partition(s)%s",
@@ -204,7 +188,7 @@ def _read_batch(
             len(tasks),
             " in-process" if in_process else " on Spark",
         )
-        _forget_markers(ends.dest, load_id)
+        forget_markers(ends.dest, load_id)
         cursor, pending = advance(
             snap.conn, key_type, state.cursor, state.pending, hwm, xids, built.table.lookback
         )
@@ -256,14 +240,6 @@ def _split_batch(
         )
         for i in range(len(edges) - 1)
     ]
-
-
-def _forget_markers(dest: psycopg.Connection[Any], load_id: str) -> None:
-    execute(
-        dest,
-        sql.SQL("DELETE FROM {} WHERE load_id = %s").format(sql.Identifier(*MARKER_TABLE)),
-        (load_id,),
-    )
 
 
 def _combined(results: list[CopyResult]) -> CopyResult:
