@@ -92,6 +92,19 @@ def run_sync(
     except LockHeld as exc:
         _notify(run, [], status="skipped", error=str(exc))
         raise
+    failed = sum(r.status == "failure" for r in results)
+    log.info(
+        "sync finished: %d succeeded, %d failed",
+        len(results) - failed,
+        failed,
+        extra={
+            "fields": {
+                "event": "run.finished",
+                "run_id": run.run_id,
+                "status": "failure" if failed else "success",
+            }
+        },
+    )
     _notify(run, results)
     output.summary(results)
     return 0 if all(r.status == "success" for r in results) else 1
@@ -105,7 +118,18 @@ def _sync_all(
 ) -> list[TableResult]:
     """Every table, one at a time; a database that cannot be reached fails the rest."""
     results: list[TableResult] = []
-    log.info("sync started: %d table(s), run %s", len(tables), run.run_id)
+    log.info(
+        "sync started: %d table(s), run %s",
+        len(tables),
+        run.run_id,
+        extra={
+            "fields": {
+                "event": "run.started",
+                "run_id": run.run_id,
+                "tables": [t.written_name for t in tables],
+            }
+        },
+    )
     try:
         with (
             connect(connections.source, "source") as source,
@@ -190,7 +214,10 @@ def _sync_table(
         log.debug("traceback:\n%s", "".join(traceback.format_exception(exc)))
         result = _failure(table, f"internal error: {_one_line(exc)}", time.monotonic() - started)
         _record_failure(run, table, state, started_at, result)
-    (log.info if result.status == "success" else log.error)(result.line())
+    (log.info if result.status == "success" else log.error)(
+        result.line(),
+        extra={"fields": {"event": "table.finished", "run_id": run.run_id, **result.as_dict()}},
+    )
     return result
 
 

@@ -163,3 +163,16 @@ def test_config_errors_send_nothing(project, httpserver):
     )
     assert project.run("sync").exit_code == 2
     assert httpserver.log == []
+
+
+def test_json_log_lines_carry_run_and_table_events(db_project, table):
+    db_project.write_config({"tables": [{"name": table, "mode": "full-refresh"}]})
+    result = db_project.run("sync", "--log-format", "json")
+    assert result.exit_code == 0, result.output
+    events = [json.loads(line) for line in result.stderr.splitlines() if line.strip()]
+    kinds = [e.get("event") for e in events if "event" in e]
+    assert kinds[0] == "run.started" and kinds[-1] == "run.finished"
+    finished = next(e for e in events if e.get("event") == "table.finished")
+    assert finished["name"] == table and finished["rows"] == 2
+    assert finished["action"] == "full_reload" and finished["status"] == "success"
+    assert all(e["level"] in ("info", "debug", "warning", "error") for e in events)
