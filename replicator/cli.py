@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import functools
-import json
 import logging
 import sys
 import traceback
@@ -209,7 +208,3 @@ def check(project_dir: Path, ping: bool) -> int:
 
 def main() -> None:
     cli(prog_name="replicator")
-
-
-def dump_json(value: Any) -> str:
-    return json.dumps(value, indent=2, ensure_ascii=False, default=str)

@@ -165,14 +165,16 @@ def _first_cursor(
 ) -> tuple[Cursor | None, Pending | None, Window | None]:
     """The cursor after a full load, from the load's own snapshot (cursor.py's rules)."""
     from .cursor import advance, in_progress_xids, newest_key
-    from .incremental import fingerprint, key_type_of
+    from .incremental import fingerprint
 
     key = built.table.replication_key
     if key is None:
         return None, None, None
     hwm = newest_key(conn, sql.SQL(built.model.sql), key)
     xids = in_progress_xids(conn)
-    cursor, pending = advance(conn, key_type_of(built), None, None, hwm, xids, built.table.lookback)
+    cursor, pending = advance(
+        conn, built.replication_key_type, None, None, hwm, xids, built.table.lookback
+    )
     if cursor is None and hwm is not None:  # writers in progress: start over from the start
         pending = Pending(value=hwm, xids=xids)
     return cursor, pending, fingerprint(conn, built, cursor)
@@ -210,7 +212,7 @@ def _partition_queries(
         # The built-in model is `SELECT <columns> FROM <table>`: the bounds go straight on.
         return [model if p is None else sql.SQL("{} WHERE {}").format(model, p) for p in predicates]
     key = built.primary_key[0] if built.primary_key else None
-    key_type = next((c.type for c in built.columns if c.name == key), "")
+    key_type = built.type_of(key or "")
     ranges = plan_key_ranges(snap.conn, source, key, key_type, parallelism, requested)
     queries: list[sql.Composable] = []
     for key_range in ranges:

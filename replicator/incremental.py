@@ -53,17 +53,12 @@ class IncrementalResult:
     window: Window
 
 
-def key_type_of(built: TableSql) -> str:
-    key = built.table.replication_key
-    return next(c.type for c in built.columns if c.name == key)
-
-
 def _batch(built: TableSql, cursor: Cursor | None) -> sql.Composable:
     assert built.table.replication_key is not None
     return batch_query(
         built.model.sql,
         built.table.replication_key,
-        key_type_of(built),
+        built.replication_key_type,
         cursor.value if cursor else None,
     )
 
@@ -120,7 +115,7 @@ def incremental_sync(
     """Read the batch (rows at or past the cursor) and merge it; return the new cursor."""
     key = built.table.replication_key
     assert key is not None and built.merge is not None
-    key_type = key_type_of(built)
+    key_type = built.replication_key_type
     in_process = not spark.needed_for(batch_rows)
     if not in_process:
         spark.warm_up()  # the JVM starts while the staging table is prepared

@@ -66,7 +66,7 @@ def _position(
     conn: Any, project: Project, table: TableConfig, row: dict[str, Any]
 ) -> tuple[str | None, str | None]:
     built = inspect_table(conn, table, project.templates)
-    key_type = next(c.type for c in built.columns if c.name == table.replication_key)
+    key_type = built.replication_key_type
     lag = (
         sql.SQL(_LAG).format(type=sql.SQL(key_type))
         if row["cursor"] is not None and key_type.startswith(_SUBTRACTABLE)

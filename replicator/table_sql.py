@@ -41,6 +41,14 @@ class TableSql:
     incremental_extract: sql.Composable | None
     merge: str | None
 
+    def type_of(self, column: str) -> str:
+        """The exact type of one of the model's columns ("" when it has no such column)."""
+        return next((c.type for c in self.columns if c.name == column), "")
+
+    @property
+    def replication_key_type(self) -> str:
+        return self.type_of(self.table.replication_key or "")
+
 
 def resolve_primary_key(table: TableConfig, source: TableInfo) -> tuple[str, ...]:
     """The configured primary key, else the source's; checked against the source columns."""
