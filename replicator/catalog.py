@@ -25,6 +25,7 @@ class Column:
     type: str
     not_null: bool = False
     type_oid: int = 0
+    attnum: int = 0  # the source table's column number; 0 for a query's output
 
 
 @dataclass(frozen=True)
@@ -47,7 +48,8 @@ FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamesp
 WHERE n.nspname = %s AND c.relname = %s AND c.relkind IN ('r', 'p', 'v', 'm', 'f')
 """
 _COLUMNS = """
-SELECT a.attname, pg_catalog.format_type(a.atttypid, a.atttypmod), a.attnotnull, a.atttypid
+SELECT a.attname, pg_catalog.format_type(a.atttypid, a.atttypmod), a.attnotnull, a.atttypid,
+       a.attnum
 FROM pg_catalog.pg_attribute a
 WHERE a.attrelid = %s AND a.attnum > 0 AND NOT a.attisdropped
 ORDER BY a.attnum

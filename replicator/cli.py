@@ -102,25 +102,39 @@ def init(project_dir: Path, directory: Path | None) -> int:
 
 @cli.command(name="compile")
 @select_option
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @_common
-def compile_command(project_dir: Path, names: tuple[str, ...]) -> int:
-    """Print the SQL each table's sync would run; nothing is executed."""
+def compile_command(project_dir: Path, names: tuple[str, ...], as_json: bool) -> int:
+    """Print each table's next action, schema changes and SQL; nothing is executed."""
     from .compile import compile_tables
 
     project = Project.load(project_dir)
-    return compile_tables(project, project.select(names))
+    return compile_tables(project, project.select(names), as_json)
 
 
 @cli.command()
 @select_option
 @click.option("-f", "--full-refresh", is_flag=True, help="Reload the tables in full.")
+@click.option(
+    "--since",
+    metavar="VALUE",
+    help="Re-sync one table's replication-key range from VALUE (with -s); the cursor stays.",
+)
+@click.option("--until", metavar="VALUE", help="End of the --since range (included).")
 @_common
-def sync(project_dir: Path, names: tuple[str, ...], full_refresh: bool) -> int:
+def sync(
+    project_dir: Path,
+    names: tuple[str, ...],
+    full_refresh: bool,
+    since: str | None,
+    until: str | None,
+) -> int:
     """Sync the tables, one at a time, in config order."""
     from .sync import run_sync
 
     verbose = click.get_current_context().meta["replicator.verbose"]
-    return run_sync(Project.load(project_dir), names, full_refresh, verbose)
+    project = Project.load(project_dir)
+    return run_sync(project, names, full_refresh, verbose, since=since, until=until)
 
 
 @cli.command()

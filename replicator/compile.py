@@ -1,34 +1,219 @@
-"""`replicator compile`: the SQL each table's sync would run, printed, nothing executed."""
+"""`replicator compile`: what each table's next sync would do and run, printed, nothing executed.
+
+Per table: the plan (incremental or a full reload, and why), the schema changes found against
+the last load (each with the ALTER that expresses it), and the statements: destination DDL,
+the full reload's side table, key and swap, the extracts, staging and merge. Catalogs are
+read; nothing is written anywhere. `--json` gives the same as one document.
+"""
 
 from __future__ import annotations
 
-import click
+import contextlib
+import json
+from collections.abc import Iterator
+from typing import Any
 
+import click
+import psycopg
+
+from . import ddl
 from .config import TableConfig
-from .database import connect, render
+from .database import Statement, connect, render
+from .drift import Observed, observe, plan_observed
 from .errors import ReplicatorError
+from .full_load import side_key_name, side_key_statement, side_table, side_table_statements
 from .identifiers import display_ident
-from .inspect_table import inspect_table
+from .inspect_table import inspect_source
+from .naming import INTERNAL_SCHEMA, default_key_name
+from .plan import Plan
 from .project import Project
 from .redact import redact
-from .settings import SOURCE_URL
+from .settings import DEST_URL, SOURCE_URL
+from .swap import move_statements, swap_statements
 from .table_sql import TableSql
 
 
-def compile_tables(project: Project, tables: tuple[TableConfig, ...]) -> int:
-    """Print each table's statements; a table that cannot be built is reported, exit 1."""
+def compile_tables(project: Project, tables: tuple[TableConfig, ...], as_json: bool = False) -> int:
+    """Print each table's plan and statements; a table that cannot be built is reported,
+    exit 1."""
     failed = 0
-    with connect(project.env.connection(SOURCE_URL), "source") as conn:
+    documents: list[dict[str, Any]] = []
+    with (
+        connect(project.env.connection(SOURCE_URL), "source") as conn,
+        _destination(project) as (dest, dest_note),
+    ):
+        if dest_note and not as_json:
+            click.echo(f"-- {dest_note}\n")
         for table in tables:
             try:
-                built = inspect_table(conn, table, project.templates)
-                cursor = _cursor_note(project, table)
+                compiled = _compile_table(project, conn, dest, table)
             except ReplicatorError as exc:
-                click.echo(redact(f"-- {table.written_name}: error: {exc}\n"))
                 failed += 1
+                if as_json:
+                    documents.append({"name": table.written_name, "error": redact(str(exc))})
+                else:
+                    click.echo(redact(f"-- {table.written_name}: error: {exc}\n"))
                 continue
-            click.echo(format_table_sql(built, cursor))
+            if as_json:
+                documents.append(compiled.as_json(dest_note))
+            else:
+                click.echo(compiled.text())
+    if as_json:
+        click.echo(json.dumps(documents, indent=2, ensure_ascii=False))
     return 1 if failed else 0
+
+
+@contextlib.contextmanager
+def _destination(project: Project) -> Iterator[tuple[psycopg.Connection[Any] | None, str | None]]:
+    """The destination, to look at its tables; compile still works without it."""
+    url = project.env.get(DEST_URL)
+    if not url:
+        yield None, f"destination not inspected: {DEST_URL} is not set"
+        return
+    try:
+        conn = connect(url, "destination")
+    except ReplicatorError as exc:
+        yield None, redact(f"destination not inspected: {exc}")
+        return
+    with conn:
+        yield conn, None
+
+
+class CompiledTable:
+    """One table's plan, drift and statements."""
+
+    def __init__(
+        self, built: TableSql, observed: Observed, plan: Plan, cursor: str, destination_known: bool
+    ) -> None:
+        self.built, self.observed, self.plan, self.cursor = built, observed, plan, cursor
+        self.destination_known = destination_known
+
+    def full_reload_statements(self) -> list[str]:
+        """What a full reload runs on the destination, in order (COPY shown as a comment)."""
+        built = self.built
+        target, side = built.table.target, side_table(built.table.target)
+        statements: list[Statement] = [
+            ddl.create_schema(target.schema),
+            ddl.create_schema(INTERNAL_SCHEMA),
+            *side_table_statements(built),
+        ]
+        key = side_key_statement(built)
+        texts = ["-- enum, domain and composite types the columns use: created when missing"]
+        texts += [render(s) for s in statements]
+        texts.append(f"-- COPY ... FROM STDIN into {side.sql()}, one per partition")
+        if key is not None:
+            texts.append(render(key))
+        texts.append(f"ANALYZE {side.sql()}")
+        key_name = default_key_name(target)
+        swap = (
+            swap_statements(side, target, side_key_name(built), key_name)
+            if self.observed.destination is not None or not self.destination_known
+            else move_statements(side, target, side_key_name(built), key_name)
+        )
+        texts += [render(s) for s in swap]
+        return texts
+
+    def changes_json(self) -> dict[str, list[dict[str, Any]]]:
+        target = self.built.table.target
+        return {
+            "schema": [c.as_json(target) for c in self.observed.schema_changes],
+            "destination": [c.as_json(target) for c in self.observed.destination_changes],
+        }
+
+    def as_json(self, dest_note: str | None) -> dict[str, Any]:
+        built = self.built
+        table = built.table
+        incremental = built.incremental_extract
+        return {
+            "name": table.written_name,
+            "destination": str(table.target),
+            "mode": table.mode,
+            "model": built.model.origin,
+            "next_action": self.plan.action,
+            "reason": self.plan.reason,
+            "destination_note": dest_note,
+            "changes": self.changes_json(),
+            "cursor": self.cursor,
+            "sql": {
+                "create_destination": render(built.create_destination),
+                "full_reload": self.full_reload_statements(),
+                "extract_full": render(built.full_extract),
+                "extract_incremental": render(incremental) if incremental is not None else None,
+                "create_staging": (
+                    [render(built.create_internal_schema), render(built.create_staging)]
+                    if built.merge is not None
+                    else None
+                ),
+                "merge": built.merge,
+            },
+        }
+
+    def text(self) -> str:
+        """The readable compile output of one table."""
+        built = self.built
+        table = built.table
+        key = ", ".join(map(display_ident, built.primary_key)) or "none"
+        plan = self.plan
+        lines = [
+            f"-- {table.written_name} -> {table.target}",
+            f"-- mode {table.mode}; primary key ({key}); replication key "
+            f"{display_ident(table.replication_key) if table.replication_key else 'none'}",
+            f"-- model: {built.model.origin}",
+            f"-- next sync: {plan.action} ({plan.reason})",
+        ]
+        for title, changes in (
+            ("source schema changes since the last load", self.observed.schema_changes),
+            ("destination table changes", self.observed.destination_changes),
+        ):
+            if not changes:
+                continue
+            lines.append(f"-- {title} (a sync reloads the table instead of running these):")
+            for change in changes:
+                expression = change.expression(table.target)
+                lines.append(f"--   {change.describe()}")
+                if expression is not None:
+                    lines.append(f"--     {expression.sql(dialect='postgres')};")
+        lines += [
+            "",
+            "-- destination table",
+            render(built.create_destination) + ";",
+            "",
+            "-- full reload: side table, load, key, swap",
+            *[s if s.startswith("--") else s + ";" for s in self.full_reload_statements()],
+            "",
+            "-- extract (full load)",
+            render(built.full_extract) + ";",
+        ]
+        if built.incremental_extract is not None:
+            lines += [
+                "",
+                f"-- extract (incremental); cursor: {self.cursor}",
+                render(built.incremental_extract) + ";",
+            ]
+        if built.merge is not None:
+            lines += [
+                "",
+                "-- staging table",
+                render(built.create_internal_schema) + ";",
+                render(built.create_staging) + ";",
+                "",
+                "-- merge",
+                built.merge + ";",
+            ]
+        return "\n".join(lines) + "\n"
+
+
+def _compile_table(
+    project: Project,
+    conn: psycopg.Connection[Any],
+    dest: psycopg.Connection[Any] | None,
+    table: TableConfig,
+) -> CompiledTable:
+    source, built = inspect_source(conn, table, project.templates)
+    state = project.store.read(table.name)
+    observed = observe(conn, dest, table, built, source, state)
+    plan = plan_observed(table, state, observed, destination_known=dest is not None)
+    return CompiledTable(built, observed, plan, _cursor_note(project, table), dest is not None)
 
 
 def _cursor_note(project: Project, table: TableConfig) -> str:
@@ -38,38 +223,3 @@ def _cursor_note(project: Project, table: TableConfig) -> str:
     if state.cursor is None:
         return "none (the source was empty at the last sync)"
     return f"{state.cursor.value} ({state.cursor.type})"
-
-
-def format_table_sql(built: TableSql, cursor: str) -> str:
-    """The readable compile output of one table."""
-    table = built.table
-    key = ", ".join(map(display_ident, built.primary_key)) or "none"
-    lines = [
-        f"-- {table.written_name} -> {table.target}",
-        f"-- mode {table.mode}; primary key ({key}); replication key "
-        f"{display_ident(table.replication_key) if table.replication_key else 'none'}",
-        f"-- model: {built.model.origin}",
-        "",
-        "-- destination table",
-        render(built.create_destination) + ";",
-        "",
-        "-- extract (full load)",
-        render(built.full_extract) + ";",
-    ]
-    if built.incremental_extract is not None:
-        lines += [
-            "",
-            f"-- extract (incremental); cursor: {cursor}",
-            render(built.incremental_extract) + ";",
-        ]
-    if built.merge is not None:
-        lines += [
-            "",
-            "-- staging table",
-            render(built.create_internal_schema) + ";",
-            render(built.create_staging) + ";",
-            "",
-            "-- merge",
-            built.merge + ";",
-        ]
-    return "\n".join(lines) + "\n"

@@ -9,7 +9,7 @@ from __future__ import annotations
 import difflib
 import json
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 from pydantic import (
     AfterValidator,
@@ -27,6 +27,10 @@ from .identifiers import TableName, parse_column
 CONFIG_FILE = "tables-config.json"
 MODES = ("incremental-deduped", "incremental-append", "full-refresh")
 Mode = Literal["incremental-deduped", "incremental-append", "full-refresh"]
+# What a table whose source schema changed does: reload alone (default), or fail alone.
+SchemaPolicy = Literal["full_reload", "fail"]
+# "skip": the first sync copies no existing row; it starts at the source's newest key.
+InitialLoad = Literal["full", "skip"]
 
 
 def _table_name(value: Any) -> TableName:
@@ -100,6 +104,9 @@ class TableConfig(_Frozen):
     destination: TableNameField | None = None
     partitions: Annotated[int, Field(ge=1, le=10_000)] | None = None
     lookback: Annotated[int, Field(ge=0, le=86_400)] = 5
+    # None: the top-level `on_schema_change` (resolved when the project config is read).
+    on_schema_change: SchemaPolicy | None = None
+    initial_load: InitialLoad = "full"
     # The name exactly as written in the config: the webhook and logs use it.
     written_name: str = Field(default="", exclude=True)
 
@@ -114,6 +121,11 @@ class TableConfig(_Frozen):
             object.__setattr__(self, "mode", "incremental-deduped")
         elif self.mode != "full-refresh" and self.replication_key is None:
             raise ValueError(f'mode "{self.mode}" needs a "replication_key"')
+        if self.initial_load == "skip" and self.mode == "full-refresh":
+            raise ValueError(
+                '"initial_load": "skip" needs an incremental mode (full-refresh copies '
+                "every row every run)"
+            )
         if self.destination is None:
             object.__setattr__(self, "destination", self.name)
         return self
@@ -146,6 +158,14 @@ class ProjectConfig(_Frozen):
     ]
     webhook: WebhookConfig | None = None
     spark: SparkConfig = Field(default_factory=SparkConfig)
+    on_schema_change: SchemaPolicy = "full_reload"
+
+    @model_validator(mode="after")
+    def _inherit_schema_policy(self) -> ProjectConfig:
+        for table in self.tables:
+            if table.on_schema_change is None:
+                object.__setattr__(table, "on_schema_change", self.on_schema_change)
+        return self
 
     def find(self, text: str) -> TableConfig:
         """The configured table a user named on the command line (schema optional if unique)."""
@@ -276,10 +296,11 @@ def _describe(err: dict[str, Any], filename: str) -> str:
         return f"{filename}: {path}: unknown key; {hint}"
     if kind == "missing":
         return f"{filename}: {path}: required key is missing"
-    if kind == "literal_error" and loc and loc[-1] == "mode":
-        close = difflib.get_close_matches(str(value), MODES, n=1)
+    if kind == "literal_error" and loc and loc[-1] in _CHOICES:
+        choices = _CHOICES[str(loc[-1])]
+        close = difflib.get_close_matches(str(value), choices, n=1)
         hint = f'; did you mean "{close[0]}"?' if close else ""
-        return f"{filename}: {path}: expected one of {', '.join(MODES)}, got {value!r}{hint}"
+        return f"{filename}: {path}: expected one of {', '.join(choices)}, got {value!r}{hint}"
     if kind == "value_error":
         msg = str(err["msg"]).removeprefix("Value error, ")
         got = "" if "got " in msg or isinstance(value, dict) else f", got {_short(value)}"
@@ -288,6 +309,11 @@ def _describe(err: dict[str, Any], filename: str) -> str:
     return f"{filename}: {path}: {expected}, got {_short(value)}"
 
 
+_CHOICES: dict[str, tuple[str, ...]] = {
+    "mode": MODES,
+    "on_schema_change": get_args(SchemaPolicy),
+    "initial_load": get_args(InitialLoad),
+}
 _EXPECTED = {
     "string_type": "expected a string",
     "tuple_type": "expected a list",

@@ -18,6 +18,7 @@ import psycopg
 from psycopg import sql
 
 from .database import execute
+from .errors import ReplicatorError, UsageError
 from .state import Cursor, Pending
 
 TEMPORAL_TYPES = ("timestamp", "date")
@@ -121,3 +122,15 @@ def _greatest_of(
         candidate = sql.SQL("greatest({}::{}, {})").format(sql.Literal(old.value), kind, candidate)
     (value,) = execute(conn, sql.SQL("SELECT ({})::text").format(candidate)).fetchone()
     return value
+
+
+def canonical_value(conn: psycopg.Connection[Any], value: str, key_type: str, subject: str) -> str:
+    """A value typed by hand, cast by PostgreSQL to the key's type and printed back as the
+    cursor text; exit 2 naming the value and the type when it is not one."""
+    try:
+        (text,) = execute(
+            conn, sql.SQL("SELECT %s::{}::text").format(sql.SQL(key_type)), (value,)
+        ).fetchone()
+    except ReplicatorError as exc:
+        raise UsageError(f"{subject}: {value!r} is not a valid {key_type}: {exc}") from None
+    return text

@@ -149,3 +149,26 @@ def _composite(
         for name, type_text in fetch_all(source, _COMPOSITE, (oid,))
     ]
     return sql.SQL("CREATE TYPE {} AS ({})").format(qualified, sql.SQL(", ").join(fields))
+
+
+def describe_types(conn: psycopg.Connection[Any], type_oids: Iterable[int]) -> dict[str, Any]:
+    """The user-defined types behind these columns, by qualified name, as comparable JSON:
+    enum labels in order, a domain's definition, a composite's attributes."""
+    out: dict[str, Any] = {}
+    with conn.transaction():
+        execute(conn, "SET LOCAL search_path = pg_catalog, pg_temp")
+        for oid, schema, name, kind, _ in fetch_all(conn, _CLOSURE, (sorted(set(type_oids)),)):
+            qualified = f"{schema}.{name}"
+            if kind == "e":
+                labels = [row[0] for row in fetch_all(conn, _ENUM_LABELS, (oid,))]
+                out[qualified] = {"kind": "enum", "labels": labels}
+            elif kind == "d":
+                ident = sql.Identifier(schema, name)
+                out[qualified] = {
+                    "kind": "domain",
+                    "definition": _domain(conn, oid, ident).as_string(conn),
+                }
+            else:
+                attributes = [list(row) for row in fetch_all(conn, _COMPOSITE, (oid,))]
+                out[qualified] = {"kind": "composite", "attributes": attributes}
+    return out

@@ -19,6 +19,7 @@ from typing import Any
 
 import psycopg
 from psycopg import sql
+from sqlglot import exp
 
 from . import ddl
 from .catalog import TableInfo
@@ -27,7 +28,7 @@ from .database import execute
 from .dest_types import ensure_types
 from .failpoints import failpoint
 from .identifiers import TableName
-from .naming import INTERNAL_SCHEMA, derived_name
+from .naming import INTERNAL_SCHEMA, default_key_name, derived_name
 from .partitions import page_predicate, plan_key_ranges, plan_page_ranges, range_predicate
 from .snapshot import ExportedSnapshot
 from .spark_runner import SparkRunner
@@ -87,11 +88,34 @@ def prepare_destination(ends: Endpoints, built: TableSql) -> TableName:
     execute(dest, MARKER_DDL)
     ensure_types(ends.source, dest, [c.type_oid for c in built.columns])
     side = side_table(target)
-    execute(dest, ddl.drop_table(side))
-    # No key yet: building it after the load measured faster than maintaining it during
-    # the load (bench/RESULTS.md).
-    execute(dest, ddl.create_table(side, built.columns))
+    for statement in side_table_statements(built):
+        execute(dest, statement)
     return side
+
+
+def side_table_statements(built: TableSql) -> list[exp.Expression]:
+    """A fresh side table: a stale one from a crash dropped, the new one without its key
+    (building the key after the load measured faster than maintaining it: bench/RESULTS.md)."""
+    side = side_table(built.table.target)
+    return [ddl.drop_table(side), ddl.create_table(side, built.columns)]
+
+
+def side_key_name(built: TableSql) -> str | None:
+    """The side table's primary-key name while it is built; the swap renames it."""
+    return derived_name("pk", built.table.target) if built.primary_key else None
+
+
+def side_key_statement(built: TableSql) -> sql.Composable | None:
+    """The primary key, built on the loaded side table."""
+    name = side_key_name(built)
+    if name is None:
+        return None
+    side = side_table(built.table.target)
+    return sql.SQL("ALTER TABLE {} ADD CONSTRAINT {} PRIMARY KEY ({})").format(
+        sql.Identifier(side.schema, side.name),
+        sql.Identifier(name),
+        sql.SQL(", ").join(map(sql.Identifier, built.primary_key)),
+    )
 
 
 def full_reload(
@@ -111,7 +135,7 @@ def full_reload(
     load_id = uuid.uuid4().hex
     with ExportedSnapshot(ends.source_url) as snap:
         assert snap.conn is not None
-        cursor, pending, window = _first_cursor(snap.conn, built)
+        cursor, pending, window = first_cursor(snap.conn, built)
         parallelism = 1 if in_process else spark.parallelism()
         phases.mark("snapshot exported" + ("" if in_process else ", Spark ready"))
         tasks = _copy_tasks(snap, ends, built, source, side, load_id, parallelism)
@@ -123,7 +147,8 @@ def full_reload(
     failpoint("after-load-before-swap")
     _finish_side_table(ends.dest, side, built)
     phases.mark("primary key built, analyzed")
-    lock_seconds = swap_in(ends.dest, side, built.table.target, _key_name(built.table.target))
+    target = built.table.target
+    lock_seconds = swap_in(ends.dest, side, target, default_key_name(target))
     phases.mark(f"swapped (table lock held {lock_seconds * 1000:.0f} ms)")
     forget_markers(ends.dest, load_id)
     return LoadResult(
@@ -160,7 +185,7 @@ def _estimated_rows(conn: psycopg.Connection[Any], source: TableInfo) -> int:
     return int(estimate)
 
 
-def _first_cursor(
+def first_cursor(
     conn: psycopg.Connection[Any], built: TableSql
 ) -> tuple[Cursor | None, Pending | None, Window | None]:
     """The cursor after a full load, from the load's own snapshot (cursor.py's rules)."""
@@ -227,24 +252,13 @@ def _partition_queries(
     return queries
 
 
-def _key_name(target: TableName) -> str:
-    """PostgreSQL's default primary-key name for the table, cut to 63 bytes like it does."""
-    return f"{target.name}_pkey".encode()[:63].decode(errors="ignore")
-
-
 def _finish_side_table(dest: psycopg.Connection[Any], side: TableName, built: TableSql) -> None:
     """Build the primary key after the load, then analyze, before readers see the table."""
     table = sql.Identifier(side.schema, side.name)
     # A bigger sort budget lets PostgreSQL build the key in memory, with parallel workers.
     execute(dest, "SET maintenance_work_mem = '512MB'")
-    if built.primary_key:
-        execute(
-            dest,
-            sql.SQL("ALTER TABLE {} ADD CONSTRAINT {} PRIMARY KEY ({})").format(
-                table,
-                sql.Identifier(derived_name("pk", built.table.target)),
-                sql.SQL(", ").join(map(sql.Identifier, built.primary_key)),
-            ),
-        )
+    key = side_key_statement(built)
+    if key is not None:
+        execute(dest, key)
     execute(dest, sql.SQL("ANALYZE {}").format(table))
     execute(dest, "RESET maintenance_work_mem")

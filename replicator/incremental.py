@@ -44,13 +44,21 @@ class ProbeResult:
 
 
 @dataclass(frozen=True)
+class KeyBounds:
+    """A replication-key range, both ends included (`until` None: no upper end)."""
+
+    since: str
+    until: str | None = None
+
+
+@dataclass(frozen=True)
 class IncrementalResult:
     rows_read: int
     rows_merged: int
     bytes: int
     cursor: Cursor | None
     pending: Pending | None
-    window: Window
+    window: Window | None
 
 
 def _batch(built: TableSql, cursor: Cursor | None) -> sql.Composable:
@@ -111,8 +119,12 @@ def incremental_sync(
     spark: SparkRunner,
     batch_rows: int,
     on_progress: Callable[[int, int], None] | None = None,
+    resync: KeyBounds | None = None,
 ) -> IncrementalResult:
-    """Read the batch (rows at or past the cursor) and merge it; return the new cursor."""
+    """Read the batch (rows at or past the cursor) and merge it; return the new cursor.
+
+    With `resync`, read that key range instead and leave cursor, pending and window as the
+    state has them (a bounded re-sync never moves the cursor)."""
     key = built.table.replication_key
     assert key is not None and built.merge is not None
     key_type = built.replication_key_type
@@ -132,6 +144,7 @@ def incremental_sync(
             on_progress,
             in_process,
             batch_rows,
+            resync,
         )
     except BaseException:
         with contextlib.suppress(Exception):  # best effort: the next run drops it anyway
@@ -155,14 +168,18 @@ def _read_batch(
     on_progress: Callable[[int, int], None] | None,
     in_process: bool,
     batch_rows: int,
-) -> tuple[CopyResult, Cursor | None, Pending | None, Window]:
+    resync: KeyBounds | None,
+) -> tuple[CopyResult, Cursor | None, Pending | None, Window | None]:
     """Copy the batch into staging inside one exported snapshot; compute the new cursor."""
     with ExportedSnapshot(ends.source_url) as snap:
         assert snap.conn is not None
         xids = in_progress_xids(snap.conn)
-        query = batch_query(
-            built.model.sql, key, key_type, state.cursor.value if state.cursor else None
-        )
+        if resync is not None:
+            query = batch_query(built.model.sql, key, key_type, resync.since, resync.until)
+        else:
+            query = batch_query(
+                built.model.sql, key, key_type, state.cursor.value if state.cursor else None
+            )
         hwm = newest_key(snap.conn, query, key)
         load_id = uuid.uuid4().hex
         parts = 1 if in_process else _batch_partitions(built, batch_rows, spark.parallelism())
@@ -184,6 +201,8 @@ def _read_batch(
             " in-process" if in_process else " on Spark",
         )
         forget_markers(ends.dest, load_id)
+        if resync is not None:
+            return copied, state.cursor, state.pending, state.window
         cursor, pending = advance(
             snap.conn, key_type, state.cursor, state.pending, hwm, xids, built.table.lookback
         )

@@ -29,3 +29,8 @@ def derived_name(kind: str, target: TableName) -> str:
 def staging_table(target: TableName) -> TableName:
     """The UNLOGGED table a batch for `target` is staged in before the merge."""
     return TableName(INTERNAL_SCHEMA, derived_name("stg", target))
+
+
+def default_key_name(target: TableName) -> str:
+    """PostgreSQL's default primary-key name for the table, cut to 63 bytes like it does."""
+    return _truncate_bytes(f"{target.name}_pkey", MAX_IDENTIFIER_BYTES)

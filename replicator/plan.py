@@ -10,7 +10,9 @@ from typing import Literal
 
 from .state import TableState
 
-Action = Literal["full_reload", "incremental"]
+# "fail": the source schema changed and the table's on_schema_change is "fail".
+# "skip_backfill": no state and initial_load "skip": start at the newest key, copy nothing.
+Action = Literal["full_reload", "incremental", "fail", "skip_backfill"]
 
 
 @dataclass(frozen=True)
@@ -26,8 +28,14 @@ def plan_table(
     full_refresh: bool = False,
     destination_exists: bool = True,
     schema_change: str | None = None,
+    destination_change: str | None = None,
+    on_schema_change: str = "full_reload",
+    initial_load: str = "full",
 ) -> Plan:
-    """Full reload when anything says so, else incremental from the stored cursor."""
+    """Full reload when anything says so, else incremental from the stored cursor.
+
+    `schema_change` describes how the source differs from the stored signature;
+    `destination_change` how the destination table differs from what the tool created."""
     if mode == "full-refresh":
         return Plan("full_reload", "mode full-refresh")
     if full_refresh:
@@ -35,11 +43,16 @@ def plan_table(
     if state is not None and state.pending_full_reload:
         return Plan("full_reload", "refresh requested")
     if state is None or state.last_synced_at is None:
+        if initial_load == "skip":
+            return Plan("skip_backfill", "no state: initial_load skip")
         return Plan("full_reload", "no state")
     if not destination_exists:
         return Plan("full_reload", "destination table missing")
     if schema_change:
-        return Plan("full_reload", f"schema changed: {schema_change}")
+        action: Action = "fail" if on_schema_change == "fail" else "full_reload"
+        return Plan(action, f"schema changed: {schema_change}")
+    if destination_change:
+        return Plan("full_reload", f"destination table altered: {destination_change}")
     if state.cursor is None:  # the last load found the source table empty
         return Plan("incremental", "cursor none (source was empty)")
     return Plan("incremental", f"cursor {state.cursor.value}")

@@ -7,7 +7,8 @@ import json
 import click
 
 from .catalog import describe_table
-from .database import connect, execute
+from .cursor import canonical_value
+from .database import connect
 from .errors import ReplicatorError, StateError
 from .identifiers import display_ident
 from .project import Project
@@ -70,7 +71,7 @@ def set_cursor(project: Project, name: str, value: str) -> int:
                 f"{table.written_name}: replication key column "
                 f"{display_ident(table.replication_key)} not found in the source table"
             )
-        canonical = _cast(conn, value, column.type, table.written_name)
+        canonical = canonical_value(conn, value, column.type, table.written_name)
     with run_lock(project.state_dir):
         state = project.store.read(table.name)
         if state is None or state.last_synced_at is None:
@@ -91,15 +92,3 @@ def set_cursor(project: Project, name: str, value: str) -> int:
         )
     click.echo(f"{table.written_name}: cursor set to {canonical} ({column.type})")
     return 0
-
-
-def _cast(conn, value: str, type_text: str, subject: str) -> str:
-    from psycopg import sql
-
-    try:
-        row = execute(
-            conn, sql.SQL("SELECT %s::{}::text").format(sql.SQL(type_text)), (value,)
-        ).fetchone()
-    except ReplicatorError as exc:
-        raise ReplicatorError(f"{subject}: {value!r} is not a valid {type_text}: {exc}") from None
-    return row[0]

@@ -160,30 +160,54 @@ def _drop_table(dest: psycopg.Connection[Any], target: TableName) -> None:
         ) from None
 
 
-def _move(
-    dest: psycopg.Connection[Any], side: TableName, target: TableName, primary_key_name: str
-) -> None:
+def move_statements(
+    side: TableName, target: TableName, side_key: str | None, primary_key_name: str
+) -> list[sql.Composable]:
+    """The side table becomes `target` (the old one already dropped), keeping the old
+    table's primary-key name. Pure: `compile` prints the same statements."""
+    statements: list[sql.Composable] = []
     if side.schema != target.schema:
-        dest.execute(
+        statements.append(
             sql.SQL("ALTER TABLE {} SET SCHEMA {}").format(
                 _ident(side), sql.Identifier(target.schema)
             )
         )
     moved = TableName(target.schema, side.name)
-    dest.execute(
+    statements.append(
         sql.SQL("ALTER TABLE {} RENAME TO {}").format(_ident(moved), sql.Identifier(target.name))
     )
-    key = fetch_all(
-        dest,
-        _PRIMARY_KEY_NAME,
-        (fetch_all(dest, _RELATION_OID, (target.schema, target.name))[0][0],),
-    )
-    if key and key[0][0] != primary_key_name:
-        dest.execute(
+    if side_key is not None and side_key != primary_key_name:
+        statements.append(
             sql.SQL("ALTER TABLE {} RENAME CONSTRAINT {} TO {}").format(
-                _ident(target), sql.Identifier(key[0][0]), sql.Identifier(primary_key_name)
+                _ident(target), sql.Identifier(side_key), sql.Identifier(primary_key_name)
             )
         )
+    return statements
+
+
+def swap_statements(
+    side: TableName, target: TableName, side_key: str | None, primary_key_name: str
+) -> list[sql.Composable]:
+    """The swap transaction as `compile` shows it, for a target that exists (views that
+    depend on it are dropped before the DROP TABLE and recreated after, as they are)."""
+    return [
+        sql.SQL("BEGIN"),
+        sql.SQL("SET LOCAL lock_timeout = {}").format(sql.Literal(LOCK_TIMEOUT)),
+        sql.SQL("LOCK TABLE {} IN ACCESS EXCLUSIVE MODE").format(_ident(target)),
+        sql.SQL("DROP TABLE {}").format(_ident(target)),
+        *move_statements(side, target, side_key, primary_key_name),
+        sql.SQL("COMMIT"),
+    ]
+
+
+def _move(
+    dest: psycopg.Connection[Any], side: TableName, target: TableName, primary_key_name: str
+) -> None:
+    key = fetch_all(
+        dest, _PRIMARY_KEY_NAME, (fetch_all(dest, _RELATION_OID, (side.schema, side.name))[0][0],)
+    )
+    for statement in move_statements(side, target, key[0][0] if key else None, primary_key_name):
+        dest.execute(statement)
 
 
 def _recreate_view(dest: psycopg.Connection[Any], view: SavedObject) -> None:

@@ -8,26 +8,29 @@ import traceback
 import uuid
 
 import psycopg
+from psycopg import sql
 
 from .catalog import TableInfo, describe_table
 from .config import TableConfig
-from .database import connect
-from .errors import ConfigError, LockHeld, ReplicatorError, StateError
+from .cursor import canonical_value
+from .database import connect, execute
+from .drift import Observed, observe, plan_observed
+from .errors import ConfigError, LockHeld, ReplicatorError, StateError, UsageError
 from .failpoints import failpoint
 from .full_load import Endpoints, full_reload
-from .incremental import incremental_sync, probe
+from .incremental import KeyBounds, incremental_sync, probe
 from .inspect_table import inspect_source
-from .plan import Plan, plan_table
+from .plan import Plan
 from .project import Project
 from .redact import redact, register_secret
 from .results import TableResult, utc_now
 from .runlock import run_lock
 from .settings import SPARK_MASTER, SPARK_MIN_ROWS, WEBHOOK_SECRET, WEBHOOK_URL, Connections
-from .signature import schema_signature
+from .skip_backfill import start_without_backfill
 from .spark_runner import SparkRunner
 from .state import RunOutcome, TableState
 from .sync_output import SyncOutput
-from .table_sql import TableSql
+from .table_sql import TableProblem, TableSql, batch_query
 from .webhook import WebhookTarget, build_payload, post
 
 log = logging.getLogger("replicator.sync")
@@ -36,9 +39,16 @@ log = logging.getLogger("replicator.sync")
 class RunContext:
     """What every table of one run shares."""
 
-    def __init__(self, project: Project, full_refresh: bool, verbose: int) -> None:
+    def __init__(
+        self,
+        project: Project,
+        full_refresh: bool,
+        verbose: int,
+        resync: KeyBounds | None = None,
+    ) -> None:
         self.project = project
         self.full_refresh = full_refresh
+        self.resync = resync
         self.verbose = verbose
         self.run_id = uuid.uuid4().hex
         self.started_at = utc_now()
@@ -79,12 +89,18 @@ def run_sync(
     full_refresh: bool,
     verbose: int,
     *,
+    since: str | None = None,
+    until: str | None = None,
     always_summarize: bool = False,
 ) -> int:
-    """Sync the tables; exit code 0 when every table succeeded, else 1."""
+    """Sync the tables; exit code 0 when every table succeeded, else 1.
+
+    With `since` (and `until`), re-read that replication-key range of the one selected table
+    and merge it, leaving its cursor where it is."""
     tables = project.select(names)
     connections = project.connections()
-    run = RunContext(project, full_refresh, verbose)
+    resync = _resync_bounds(tables, names, full_refresh, since, until, connections.source)
+    run = RunContext(project, full_refresh, verbose, resync)
     output = SyncOutput(always_summarize)
     try:
         with run_lock(project.state_dir):
@@ -108,6 +124,51 @@ def run_sync(
     _notify(run, results)
     output.summary(results)
     return 0 if all(r.status == "success" for r in results) else 1
+
+
+def _resync_bounds(
+    tables: tuple[TableConfig, ...],
+    names: tuple[str, ...],
+    full_refresh: bool,
+    since: str | None,
+    until: str | None,
+    source_url: str,
+) -> KeyBounds | None:
+    """--since/--until checked before anything is touched: one incremental table, values of
+    its replication key's type (printed back as PostgreSQL prints them). Exit 2 otherwise."""
+    if since is None:
+        if until is not None:
+            raise UsageError("--until needs --since (the start of the range to re-sync)")
+        return None
+    if full_refresh:
+        raise UsageError("--since re-syncs a key range; it cannot be combined with -f")
+    if len(names) != 1 or len(tables) != 1:
+        raise UsageError("--since re-syncs one table: name it with -s TABLE")
+    (table,) = tables
+    if table.mode == "full-refresh" or table.replication_key is None:
+        raise UsageError(f"{table.written_name}: mode {table.mode} has no key range to re-sync")
+    with connect(source_url, "source") as conn:
+        source = describe_table(conn, table.name)
+        column = source.column(table.replication_key) if source else None
+        if column is None:
+            raise UsageError(f"{table.written_name}: replication key not found in the source table")
+        bounds = KeyBounds(
+            canonical_value(conn, since, column.type, f"{table.written_name}: --since"),
+            canonical_value(conn, until, column.type, f"{table.written_name}: --until")
+            if until is not None
+            else None,
+        )
+        if bounds.until is not None:
+            (ordered,) = execute(
+                conn,
+                sql.SQL("SELECT %s::{t} <= %s::{t}").format(t=sql.SQL(column.type)),
+                (bounds.since, bounds.until),
+            ).fetchone()
+            if not ordered:
+                raise UsageError(
+                    f"{table.written_name}: --since {bounds.since} is after --until {bounds.until}"
+                )
+    return bounds
 
 
 def _sync_all(
@@ -187,26 +248,35 @@ def _sync_table(
     plan: Plan | None = None
     try:
         source, built = inspect_source(ends.source, table, run.project.templates)
-        destination_exists = describe_table(ends.dest, table.target) is not None
-        plan = plan_table(
-            table.mode or "",
-            state,
-            full_refresh=run.full_refresh,
-            destination_exists=destination_exists,
-        )
+        observed = observe(ends.source, ends.dest, table, built, source, state)
+        plan = plan_observed(table, state, observed, run.full_refresh)
+        if run.resync is not None and plan.action != "incremental":
+            raise TableProblem(
+                f"{table.written_name}: cannot re-sync a key range: the table needs a full "
+                f"reload first ({plan.reason}); run `replicator sync -s {table.written_name}`"
+            )
+        if plan.action == "fail":
+            raise TableProblem(
+                f'{table.written_name}: {plan.reason}; on_schema_change is "fail": review '
+                f"the change, then run `replicator sync -f -s {table.written_name}` to reload it"
+            )
         if plan.action == "incremental":
             assert state is not None
-            result = _incremental(run, ends, table, built, state, plan, started, started_at, output)
+            result = _incremental(
+                run, ends, table, built, state, plan, started, started_at, output, observed
+            )
+        elif plan.action == "skip_backfill":
+            result = _skip_backfill(run, ends, table, built, plan, started, started_at, observed)
         else:
             result = _full_reload(
-                run, ends, table, built, source, state, plan, started, started_at, output
+                run, ends, table, built, source, state, plan, started, started_at, output, observed
             )
     except (ReplicatorError, psycopg.Error) as exc:
         result = _failure(
             table,
             _one_line(exc),
             time.monotonic() - started,
-            plan.action if plan else None,
+            plan.action if plan and plan.action in ("full_reload", "incremental") else None,
             plan.reason if plan else None,
         )
         _record_failure(run, table, state, started_at, result)
@@ -232,6 +302,7 @@ def _full_reload(
     started: float,
     started_at: str,
     output: SyncOutput,
+    observed: Observed,
 ) -> TableResult:
     """Load the table in full through a side table and a swap; record the new state."""
     reason = plan.reason
@@ -257,9 +328,7 @@ def _full_reload(
             cursor=loaded.cursor,
             pending=loaded.pending,
             window=loaded.window,
-            schema_signature=schema_signature(
-                source, built.columns, built.primary_key, table.replication_key
-            ),
+            schema_signature=observed.signature.as_json(),
             last_synced_at=finished,
             last_run=_outcome(run, started_at, finished, result),
         ),
@@ -278,9 +347,13 @@ def _incremental(
     started: float,
     started_at: str,
     output: SyncOutput,
+    observed: Observed,
 ) -> TableResult:
     """Probe without Spark; read, stage and merge only when something changed."""
+    if run.resync is not None:
+        return _resync(run, ends, table, built, state, started, started_at, output)
     before = state.cursor.value if state.cursor else None
+    signature = observed.signature.as_json()
     probed = probe(ends.source, built, state)
     if not probed.changed:
         finished = utc_now()
@@ -300,6 +373,7 @@ def _incremental(
             state.model_copy(
                 update={
                     "pending": probed.pending,
+                    "schema_signature": signature,
                     "last_synced_at": finished,
                     "last_run": _outcome(run, started_at, finished, result),
                 }
@@ -331,10 +405,104 @@ def _incremental(
                 "cursor": synced.cursor,
                 "pending": synced.pending,
                 "window": synced.window,
+                "schema_signature": signature,
                 "last_synced_at": finished,
                 "last_run": _outcome(run, started_at, finished, result),
             }
         ),
+        table.name,
+    )
+    return result
+
+
+def _skip_backfill(
+    run: RunContext,
+    ends: Endpoints,
+    table: TableConfig,
+    built: TableSql,
+    plan: Plan,
+    started: float,
+    started_at: str,
+    observed: Observed,
+) -> TableResult:
+    """initial_load skip: no row copied; the destination created or adopted, the cursor
+    set at the source's newest key."""
+    start = start_without_backfill(ends, built, observed.destination, observed.signature)
+    cursor = start.cursor.value if start.cursor else None
+    table_note = "created empty" if start.created else "adopted"
+    finished = utc_now()
+    result = TableResult(
+        table.written_name,
+        "success",
+        "noop",
+        0,
+        f"{plan.reason}: destination table {table_note}, cursor starts at {cursor or 'none'}",
+        None,
+        time.monotonic() - started,
+        0,
+        None,
+        cursor,
+    )
+    run.project.store.write(
+        TableState(
+            table=str(table.name),
+            cursor=start.cursor,
+            pending=start.pending,
+            window=start.window,
+            schema_signature=observed.signature.as_json(),
+            last_synced_at=finished,
+            last_run=_outcome(run, started_at, finished, result),
+        ),
+        table.name,
+    )
+    return result
+
+
+def _resync(
+    run: RunContext,
+    ends: Endpoints,
+    table: TableConfig,
+    built: TableSql,
+    state: TableState,
+    started: float,
+    started_at: str,
+    output: SyncOutput,
+) -> TableResult:
+    """sync --since/--until: re-read and merge one key range; the cursor stays."""
+    bounds = run.resync
+    assert bounds is not None and table.replication_key is not None
+    cursor = state.cursor.value if state.cursor else "none"
+    span = f"{bounds.since} .. {bounds.until or 'newest'}"
+    log.info("%s: re-sync of %s (cursor %s kept)", table.written_name, span, cursor)
+    (rows,) = execute(
+        ends.source,
+        sql.SQL("SELECT count(*) FROM ({}) AS b").format(
+            batch_query(
+                built.model.sql,
+                table.replication_key,
+                built.replication_key_type,
+                bounds.since,
+                bounds.until,
+            )
+        ),
+    ).fetchone()
+    with output.progress(table.written_name) as progress:
+        synced = incremental_sync(ends, built, state, run.spark, rows, progress, bounds)
+    finished = utc_now()
+    result = TableResult(
+        table.written_name,
+        "success",
+        "incremental",
+        synced.rows_read,
+        f"cursor {cursor} kept; re-sync {span}",
+        None,
+        time.monotonic() - started,
+        synced.bytes,
+        cursor,
+        cursor,
+    )
+    run.project.store.write(
+        state.model_copy(update={"last_run": _outcome(run, started_at, finished, result)}),
         table.name,
     )
     return result

@@ -88,7 +88,7 @@ def model_columns(model_output: tuple[Column, ...], source: TableInfo) -> tuple[
     for column in model_output:
         original = source.column(column.name)
         keep = original is not None and original.type == column.type and original.not_null
-        out.append(Column(column.name, column.type, keep, column.type_oid))
+        out.append(Column(column.name, column.type, keep, column.type_oid, column.attnum))
     return tuple(out)
 
 
@@ -149,20 +149,28 @@ def build_table_sql(
     )
 
 
-def batch_query(model_sql: str, key: str, key_type: str, cursor: str | None) -> sql.Composable:
-    """The model's rows at or past the cursor (all of them without a cursor), the cursor
-    inlined as a typed literal: for COPY, which takes no parameters."""
+def batch_query(
+    model_sql: str, key: str, key_type: str, cursor: str | None, until: str | None = None
+) -> sql.Composable:
+    """The model's rows at or past the cursor (all of them without a cursor) and, with
+    `until`, at or before it; values inlined as typed literals: for COPY, which takes no
+    parameters."""
     model = sql.SQL(model_sql)
-    if cursor is None:
+    bounds = [
+        sql.SQL("{alias}.{key} {op} {value}::{type}").format(
+            alias=sql.Identifier(MODEL_ALIAS),
+            key=sql.Identifier(key),
+            op=sql.SQL(op),
+            value=sql.Literal(value),
+            type=sql.SQL(key_type),
+        )
+        for op, value in ((">=", cursor), ("<=", until))
+        if value is not None
+    ]
+    if not bounds:
         return model
-    return sql.SQL(
-        "SELECT * FROM ({model}) AS {alias} WHERE {alias}.{key} >= {cursor}::{type}"
-    ).format(
-        model=model,
-        alias=sql.Identifier(MODEL_ALIAS),
-        key=sql.Identifier(key),
-        cursor=sql.Literal(cursor),
-        type=sql.SQL(key_type),
+    return sql.SQL("SELECT * FROM ({model}) AS {alias} WHERE {bounds}").format(
+        model=model, alias=sql.Identifier(MODEL_ALIAS), bounds=sql.SQL(" AND ").join(bounds)
     )
 
 

@@ -145,6 +145,27 @@ def _errors(project, document) -> tuple[int, str]:
             id="duplicate-json-key",
         ),
         pytest.param("[1, 2]", 'expected a JSON object like {"tables": [...]}', id="not-object"),
+        pytest.param(
+            {"tables": [{"name": "a.b", "replication_key": "u", "on_schema_change": "reload"}]},
+            "tables[0].on_schema_change: expected one of full_reload, fail, got 'reload'; "
+            'did you mean "full_reload"?',
+            id="bad-schema-policy",
+        ),
+        pytest.param(
+            {"tables": [{"name": "a.b", "replication_key": "u"}], "on_schema_change": "ignore"},
+            "on_schema_change: expected one of full_reload, fail, got 'ignore'",
+            id="bad-top-schema-policy",
+        ),
+        pytest.param(
+            {"tables": [{"name": "a.b", "mode": "full-refresh", "initial_load": "skip"}]},
+            '"initial_load": "skip" needs an incremental mode',
+            id="skip-backfill-full-refresh",
+        ),
+        pytest.param(
+            {"tables": [{"name": "a.b", "replication_key": "u", "initial_load": "none"}]},
+            "tables[0].initial_load: expected one of full, skip, got 'none'",
+            id="bad-initial-load",
+        ),
     ],
 )
 def test_config_errors_exit_2_with_path_and_fix(project, document, expected):

@@ -72,6 +72,45 @@ SYNCED = TableState(
             Plan("full_reload", "refresh requested"),
             id="refresh-before-first",
         ),
+        pytest.param(
+            "incremental-deduped",
+            SYNCED,
+            {"schema_change": "column dropped: x", "on_schema_change": "fail"},
+            Plan("fail", "schema changed: column dropped: x"),
+            id="schema-policy-fail",
+        ),
+        pytest.param(
+            "incremental-deduped",
+            SYNCED,
+            {
+                "schema_change": "column dropped: x",
+                "on_schema_change": "fail",
+                "full_refresh": True,
+            },
+            Plan("full_reload", "--full-refresh"),
+            id="explicit-reload-beats-policy-fail",
+        ),
+        pytest.param(
+            "incremental-deduped",
+            SYNCED,
+            {"destination_change": "column added: mine integer"},
+            Plan("full_reload", "destination table altered: column added: mine integer"),
+            id="destination-altered",
+        ),
+        pytest.param(
+            "incremental-deduped",
+            None,
+            {"initial_load": "skip"},
+            Plan("skip_backfill", "no state: initial_load skip"),
+            id="skip-backfill",
+        ),
+        pytest.param(
+            "incremental-deduped",
+            TableState(table="public.t", pending_full_reload=True),
+            {"initial_load": "skip"},
+            Plan("full_reload", "refresh requested"),
+            id="refresh-beats-skip-backfill",
+        ),
     ],
 )
 def test_plan(mode, state, kwargs, expected):

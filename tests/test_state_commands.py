@@ -170,7 +170,7 @@ def test_set_cursor_rejects_a_value_of_the_wrong_type(db_project, timestamp_tabl
     path = db_project.path / "sync-state" / f"{timestamp_table}.json"
     before = path.read_bytes()
     result = db_project.run("state", "set-cursor", timestamp_table, "yesterday-ish")
-    assert result.exit_code == 1
+    assert result.exit_code == 2
     assert "'yesterday-ish' is not a valid timestamp with time zone" in result.stderr
     assert path.read_bytes() == before
 

@@ -1,0 +1,432 @@
+"""Schema drift against real clusters: a changed table reloads alone, with its reason."""
+
+from __future__ import annotations
+
+import json
+
+import psycopg
+import pytest
+from dbcompare import assert_same_table
+from psycopg import sql
+
+pytestmark = pytest.mark.spark
+
+
+def _tables(source_conn: psycopg.Connection, schema: str) -> None:
+    """`orders` (the one that changes, with an enum column) and `other` (never changes)."""
+    s = sql.Identifier(schema)
+    source_conn.execute(
+        sql.SQL("CREATE TYPE {}.{} AS ENUM ('new', 'paid')").format(s, sql.Identifier("state"))
+    )
+    source_conn.execute(
+        sql.SQL(
+            "CREATE TABLE {s}.orders (id bigint PRIMARY KEY, amount numeric(12,2), "
+            "note text, state {s}.state NOT NULL DEFAULT 'new', "
+            "updated_at timestamptz NOT NULL DEFAULT clock_timestamp())"
+        ).format(s=s)
+    )
+    source_conn.execute(
+        sql.SQL(
+            "INSERT INTO {}.orders (id, amount, note, updated_at) SELECT g, g / 4.0, 'n' || g, "
+            "'2025-01-01'::timestamptz + g * interval '1 minute' FROM generate_series(1, 500) g"
+        ).format(s)
+    )
+    source_conn.execute(
+        sql.SQL(
+            "CREATE TABLE {s}.other (id int PRIMARY KEY, v text, "
+            "updated_at timestamptz NOT NULL DEFAULT clock_timestamp())"
+        ).format(s=s)
+    )
+    source_conn.execute(
+        sql.SQL("INSERT INTO {}.other (id, v) SELECT g, 'v' FROM generate_series(1, 50) g").format(
+            s
+        )
+    )
+
+
+def _config(project, schema: str, **orders_extra) -> None:
+    project.write_config(
+        {
+            "tables": [
+                {"name": f"{schema}.orders", "replication_key": "updated_at", **orders_extra},
+                {"name": f"{schema}.other", "replication_key": "updated_at"},
+            ]
+        }
+    )
+
+
+def sync_events(project, *args: str) -> tuple[int, dict[str, dict]]:
+    """Run `sync --log-format json`; the exit code and each table's table.finished event."""
+    result = project.run("sync", "--log-format", "json", *args)
+    events = {}
+    for line in result.stderr.splitlines():
+        if line.startswith("{"):
+            event = json.loads(line)
+            if event.get("event") == "table.finished":
+                events[event["name"]] = event
+    return result.exit_code, events
+
+
+@pytest.fixture
+def synced(db_project, source_conn, schema):
+    """Both tables created, configured and loaded once."""
+    _tables(source_conn, schema)
+    _config(db_project, schema)
+    code, events = sync_events(db_project)
+    assert code == 0, events
+    return db_project
+
+
+def _q(schema: str, text: str) -> sql.Composed:
+    return sql.SQL(text).format(s=sql.Identifier(schema))
+
+
+CHANGES = [
+    pytest.param(
+        ["ALTER TABLE {s}.orders ADD COLUMN region text NOT NULL DEFAULT 'eu'"],
+        "schema changed: column added: region text NOT NULL",
+        id="column-added-with-default",
+    ),
+    pytest.param(
+        ["ALTER TABLE {s}.orders DROP COLUMN note"],
+        "schema changed: column dropped: note",
+        id="column-dropped",
+    ),
+    pytest.param(
+        ["ALTER TABLE {s}.orders ALTER COLUMN amount TYPE numeric(16,4)"],
+        "schema changed: type changed: amount numeric(12,2) -> numeric(16,4)",
+        id="type-widened",
+    ),
+    pytest.param(
+        ["ALTER TABLE {s}.orders ALTER COLUMN note TYPE varchar(8)"],
+        "schema changed: type changed: note text -> character varying(8)",
+        id="type-narrowed",
+    ),
+    pytest.param(
+        ["ALTER TABLE {s}.orders RENAME COLUMN note TO remark"],
+        "schema changed: column renamed: note -> remark",
+        id="column-renamed",
+    ),
+    pytest.param(
+        [
+            "ALTER TYPE {s}.state ADD VALUE 'refunded'",
+            "UPDATE {s}.orders SET state = 'refunded', updated_at = clock_timestamp() "
+            "WHERE id <= 3",
+        ],
+        "schema changed: enum label added: {schema}.state 'refunded'",
+        id="enum-label-added",
+    ),
+    pytest.param(
+        [
+            "ALTER TABLE {s}.orders DROP CONSTRAINT orders_pkey",
+            "ALTER TABLE {s}.orders ADD PRIMARY KEY (id, updated_at)",
+        ],
+        "schema changed: primary key changed: (id) -> (id, updated_at)",
+        id="primary-key-changed",
+    ),
+    pytest.param(
+        [
+            "ALTER TABLE {s}.orders RENAME TO orders_old",
+            "CREATE TABLE {s}.orders (LIKE {s}.orders_old INCLUDING ALL)",
+            "INSERT INTO {s}.orders SELECT * FROM {s}.orders_old WHERE id % 2 = 0",
+        ],
+        "schema changed: table recreated: dropped and created again",
+        id="table-recreated",
+    ),
+]
+
+
+@pytest.mark.parametrize(("statements", "reason"), CHANGES)
+def test_a_changed_table_reloads_alone(synced, source_conn, dest_conn, schema, statements, reason):
+    for statement in statements:
+        source_conn.execute(_q(schema, statement))
+    source_conn.execute(
+        _q(
+            schema,
+            "UPDATE {s}.other SET v = 'changed', updated_at = clock_timestamp() WHERE id = 7",
+        )
+    )
+    code, events = sync_events(synced)
+    assert code == 0, events
+    orders, other = events[f"{schema}.orders"], events[f"{schema}.other"]
+    assert orders["action"] == "full_reload"
+    assert orders["reason"].startswith(reason.format(schema=schema)), orders["reason"]
+    assert other["action"] == "incremental", other
+    assert assert_same_table(source_conn, dest_conn, schema, "orders") > 0
+    assert assert_same_table(source_conn, dest_conn, schema, "other") == 50
+    # The reload stored the new signature: the next run is incremental again.
+    code, events = sync_events(synced)
+    assert code == 0
+    assert events[f"{schema}.orders"]["action"] == "noop", events
+
+
+def test_on_schema_change_fail_fails_only_that_table(synced, source_conn, dest_conn, schema):
+    _config(synced, schema, on_schema_change="fail")
+    source_conn.execute(_q(schema, "ALTER TABLE {s}.orders ADD COLUMN region text"))
+    source_conn.execute(_q(schema, "UPDATE {s}.other SET v = 'x', updated_at = now() WHERE id = 1"))
+    code, events = sync_events(synced)
+    assert code == 1
+    orders, other = events[f"{schema}.orders"], events[f"{schema}.other"]
+    assert orders["status"] == "failure"
+    assert "schema changed: column added: region text" in orders["error"]
+    assert 'on_schema_change is "fail"' in orders["error"]
+    assert other["status"] == "success" and other["action"] == "incremental"
+    # The destination kept its old shape; the user's explicit reload then applies the change.
+    assert "region" not in {
+        r[0]
+        for r in dest_conn.execute(
+            "SELECT attname FROM pg_attribute WHERE attrelid = %s::regclass",
+            (f"{schema}.orders",),
+        )
+    }
+    code, events = sync_events(synced, "-f", "-s", f"{schema}.orders")
+    assert code == 0 and events[f"{schema}.orders"]["reason"] == "--full-refresh"
+    assert_same_table(source_conn, dest_conn, schema, "orders")
+
+
+def test_top_level_policy_applies_to_every_table(synced, source_conn, schema):
+    synced.write_config(
+        {
+            "on_schema_change": "fail",
+            "tables": [
+                {"name": f"{schema}.orders", "replication_key": "updated_at"},
+                {
+                    "name": f"{schema}.other",
+                    "replication_key": "updated_at",
+                    "on_schema_change": "full_reload",
+                },
+            ],
+        }
+    )
+    source_conn.execute(_q(schema, "ALTER TABLE {s}.orders ADD COLUMN a int"))
+    source_conn.execute(_q(schema, "ALTER TABLE {s}.other ADD COLUMN b int"))
+    code, events = sync_events(synced)
+    assert code == 1
+    assert events[f"{schema}.orders"]["status"] == "failure"
+    assert events[f"{schema}.other"]["action"] == "full_reload"
+
+
+def test_dropping_the_destination_table_reloads_it(synced, source_conn, dest_conn, schema):
+    dest_conn.execute(_q(schema, "DROP TABLE {s}.orders"))
+    code, events = sync_events(synced)
+    assert code == 0
+    assert events[f"{schema}.orders"]["action"] == "full_reload"
+    assert events[f"{schema}.orders"]["reason"] == "destination table missing"
+    assert events[f"{schema}.other"]["action"] == "noop"
+    assert assert_same_table(source_conn, dest_conn, schema, "orders") == 500
+
+
+def test_an_altered_destination_table_is_reloaded(synced, source_conn, dest_conn, schema):
+    dest_conn.execute(_q(schema, "ALTER TABLE {s}.orders ADD COLUMN mine int"))
+    dest_conn.execute(_q(schema, "ALTER TABLE {s}.orders ALTER COLUMN note TYPE varchar(20)"))
+    code, events = sync_events(synced)
+    assert code == 0
+    orders = events[f"{schema}.orders"]
+    assert orders["action"] == "full_reload"
+    assert orders["reason"] == (
+        "destination table altered: type changed: note text -> character varying(20); "
+        "column added: mine integer"
+    )
+    assert assert_same_table(source_conn, dest_conn, schema, "orders") == 500
+
+
+def test_refresh_reloads_exactly_the_marked_tables_once(synced, source_conn, dest_conn, schema):
+    result = synced.run("refresh", f"{schema}.other")
+    assert result.exit_code == 0
+    status = {r["name"]: r for r in json.loads(synced.run("status", "--json").stdout)}
+    assert status[f"{schema}.other"]["next_action"] == "full_reload: refresh requested"
+    assert status[f"{schema}.orders"]["next_action"] == "incremental"
+    code, events = sync_events(synced)
+    assert code == 0
+    assert events[f"{schema}.other"]["action"] == "full_reload"
+    assert events[f"{schema}.other"]["reason"] == "refresh requested"
+    assert events[f"{schema}.orders"]["action"] == "noop"
+    code, events = sync_events(synced)
+    assert events[f"{schema}.other"]["action"] == "noop", "the mark clears after the swap"
+
+
+def test_a_failed_refresh_keeps_its_mark(synced, source_conn, schema):
+    assert synced.run("refresh", f"{schema}.other").exit_code == 0
+    failed = synced.run_process("sync", env={"REPLICATOR_FAILPOINT": "after-load-before-swap"})
+    assert failed.returncode != 0
+    state = json.loads(synced.run("state", "show", f"{schema}.other").stdout)
+    assert state[f"{schema}.other"]["pending_full_reload"] is True
+    code, events = sync_events(synced)
+    assert events[f"{schema}.other"]["reason"] == "refresh requested"
+    assert code == 0
+
+
+def _row_ids(conn, schema: str) -> list[int]:
+    return [r[0] for r in conn.execute(_q(schema, "SELECT id FROM {s}.orders ORDER BY id"))]
+
+
+def test_skip_backfill_copies_no_existing_row(db_project, source_conn, dest_conn, schema):
+    _tables(source_conn, schema)
+    # Existing rows a day apart: only the newest one ties with the starting cursor.
+    source_conn.execute(
+        _q(
+            schema,
+            "UPDATE {s}.orders SET updated_at = '2024-01-01'::timestamptz + id * interval '1 day'",
+        )
+    )
+    _config(db_project, schema, initial_load="skip")
+    code, events = sync_events(db_project)
+    assert code == 0, events
+    orders = events[f"{schema}.orders"]
+    assert orders["action"] == "noop" and orders["rows"] == 0
+    assert orders["reason"].startswith("no state: initial_load skip: destination table created")
+    assert _row_ids(dest_conn, schema) == []
+    assert events[f"{schema}.other"]["action"] == "full_reload"
+    # Later changes are picked up; existing rows other than the tie at the start are not.
+    source_conn.execute(
+        _q(schema, "UPDATE {s}.orders SET note = 'later', updated_at = now() WHERE id IN (2, 3)")
+    )
+    source_conn.execute(_q(schema, "INSERT INTO {s}.orders (id, amount) VALUES (501, 1)"))
+    code, events = sync_events(db_project)
+    assert code == 0 and events[f"{schema}.orders"]["action"] == "incremental"
+    assert _row_ids(dest_conn, schema) == [2, 3, 500, 501]
+    source_rows = source_conn.execute(
+        _q(schema, "SELECT md5(o::text) FROM {s}.orders o WHERE id IN (2, 3, 500, 501) ORDER BY id")
+    ).fetchall()
+    dest_rows = dest_conn.execute(
+        _q(schema, "SELECT md5(o::text) FROM {s}.orders o ORDER BY id")
+    ).fetchall()
+    assert source_rows == dest_rows
+
+
+def test_skip_backfill_adopts_a_matching_destination_table(
+    db_project, source_conn, dest_conn, schema
+):
+    _tables(source_conn, schema)
+    dest_conn.execute(_q(schema, "CREATE TYPE {s}.state AS ENUM ('new', 'paid')"))
+    dest_conn.execute(
+        _q(
+            schema,
+            "CREATE TABLE {s}.orders (id bigint PRIMARY KEY, amount numeric(12,2), note text, "
+            "state {s}.state NOT NULL, updated_at timestamptz NOT NULL)",
+        )
+    )
+    dest_conn.execute(_q(schema, "INSERT INTO {s}.orders VALUES (1, 0, 'mine', 'new', now())"))
+    _config(db_project, schema, initial_load="skip")
+    code, events = sync_events(db_project, "-s", f"{schema}.orders")
+    assert code == 0, events
+    assert "destination table adopted" in events[f"{schema}.orders"]["reason"]
+    assert _row_ids(dest_conn, schema) == [1]
+
+
+def test_skip_backfill_refuses_a_different_destination_table(
+    db_project, source_conn, dest_conn, schema
+):
+    _tables(source_conn, schema)
+    dest_conn.execute(_q(schema, "CREATE TABLE {s}.orders (id bigint PRIMARY KEY)"))
+    _config(db_project, schema, initial_load="skip")
+    code, events = sync_events(db_project, "-s", f"{schema}.orders")
+    assert code == 1
+    error = events[f"{schema}.orders"]["error"]
+    assert "initial_load skip adopts the existing destination table" in error
+    assert "column dropped: amount" in error
+    state = json.loads(db_project.run("state", "show", f"{schema}.orders").stdout)
+    assert state[f"{schema}.orders"]["last_synced_at"] is None
+
+
+def test_since_re_merges_a_range_without_moving_the_cursor(synced, source_conn, dest_conn, schema):
+    name = f"{schema}.orders"
+    before = json.loads(synced.run("state", "show", name).stdout)[name]
+    # Rows changed behind the tool's back, in the destination: a re-sync of their range
+    # restores them from the source, and only them.
+    dest_conn.execute(_q(schema, "UPDATE {s}.orders SET note = 'damaged' WHERE id <= 20"))
+    low, high = source_conn.execute(
+        _q(
+            schema,
+            "SELECT min(updated_at)::text, max(updated_at)::text FROM {s}.orders WHERE id <= 10",
+        )
+    ).fetchone()
+    code, events = sync_events(synced, "-s", name, "--since", low, "--until", high)
+    assert code == 0, events
+    event = events[name]
+    assert event["action"] == "incremental" and event["rows"] == 10
+    assert event["reason"].startswith(f"cursor {before['cursor']['value']} kept; re-sync ")
+    damaged = dest_conn.execute(
+        _q(schema, "SELECT array_agg(id ORDER BY id) FROM {s}.orders WHERE note = 'damaged'")
+    ).fetchone()[0]
+    assert damaged == list(range(11, 21))
+    after = json.loads(synced.run("state", "show", name).stdout)[name]
+    assert after["cursor"] == before["cursor"]
+    assert after["window"] == before["window"]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--until", "2026-01-01"], "--until needs --since"),
+        (["--since", "2026-01-01"], "--since re-syncs one table: name it with -s TABLE"),
+        (["-s", "{schema}.orders", "--since", "not a time"], "is not a valid timestamp"),
+        (
+            ["-s", "{schema}.orders", "--since", "2026-02-01", "--until", "2026-01-01"],
+            "is after --until",
+        ),
+        (["-s", "{schema}.orders", "-f", "--since", "2026-01-01"], "cannot be combined with -f"),
+    ],
+)
+def test_since_rejects_bad_usage_with_exit_2(synced, schema, args, message):
+    before = {p.name: p.read_bytes() for p in (synced.path / "sync-state").glob("*.json")}
+    result = synced.run("sync", *[a.format(schema=schema) for a in args])
+    assert result.exit_code == 2, result.output
+    assert message in result.stderr
+    after = {p.name: p.read_bytes() for p in (synced.path / "sync-state").glob("*.json")}
+    assert after == before
+
+
+def test_compile_shows_the_plan_the_diff_and_the_reload_ddl(synced, source_conn, dest_conn, schema):
+    name = f"{schema}.orders"
+    source_conn.execute(_q(schema, "ALTER TABLE {s}.orders ALTER COLUMN amount TYPE numeric(16,4)"))
+    source_conn.execute(_q(schema, "ALTER TABLE {s}.orders ADD COLUMN region text"))
+    state_before = {p.name: p.read_bytes() for p in (synced.path / "sync-state").iterdir()}
+    dest_before = dest_conn.execute(
+        "SELECT count(*) FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+        "WHERE n.nspname IN (%s, '_replicator')",
+        (schema,),
+    ).fetchone()
+    result = synced.run("compile", "-s", name)
+    assert result.exit_code == 0, result.output
+    out = result.stdout
+    assert (
+        "-- next sync: full_reload (schema changed: type changed: amount numeric(12,2) -> "
+        "numeric(16,4); column added: region text)" in out
+    )
+    assert (
+        f'--     ALTER TABLE "{schema}"."orders" ALTER COLUMN "amount" '
+        "SET DATA TYPE numeric(16,4);" in out
+    )
+    assert f'--     ALTER TABLE "{schema}"."orders" ADD COLUMN "region" text;' in out
+    assert f'LOCK TABLE "{schema}"."orders" IN ACCESS EXCLUSIVE MODE;' in out
+
+    document = json.loads(synced.run("compile", "--json", "-s", name).stdout)[0]
+    assert document["next_action"] == "full_reload"
+    assert [c["kind"] for c in document["changes"]["schema"]] == ["type changed", "column added"]
+    assert document["changes"]["destination"] == []
+    # The reload's statements run, in order, on the destination (rolled back here).
+    with dest_conn.transaction(force_rollback=True):
+        for statement in document["sql"]["full_reload"]:
+            if statement.startswith("--") or statement in ("BEGIN", "COMMIT"):
+                continue
+            dest_conn.execute(statement)
+        columns = dest_conn.execute(
+            "SELECT attname FROM pg_attribute WHERE attrelid = %s::regclass AND attnum > 0",
+            (f"{schema}.orders",),
+        ).fetchall()
+        assert ("region",) in columns
+    # Nothing was written: not in sync-state, not in the destination.
+    assert {p.name: p.read_bytes() for p in (synced.path / "sync-state").iterdir()} == state_before
+    assert (
+        dest_conn.execute(
+            "SELECT count(*) FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+            "WHERE n.nspname IN (%s, '_replicator')",
+            (schema,),
+        ).fetchone()
+        == dest_before
+    )
+    # Without a destination to look at, compile still works and says so.
+    no_dest = synced.run("compile", "-s", name, env={"REPLICATOR_DEST_URL": None})
+    assert no_dest.exit_code == 0
+    assert "-- destination not inspected: REPLICATOR_DEST_URL is not set" in no_dest.stdout
