@@ -15,7 +15,9 @@ EXAMPLE_CONFIG = """\
       "//": "Incremental: rows with replication_key >= the cursor are merged by primary key.",
       "name": "public.orders",
       "replication_key": "updated_at",
-      "mode": "incremental-deduped"
+      "mode": "incremental-deduped",
+      "//on_schema_change": "full_reload (default: a changed source reloads this table) or fail",
+      "//initial_load": "skip: the first sync copies no existing row, starts at the newest key"
     },
     {
       "//": "Reloaded in full every run (small lookup tables).",
