@@ -35,7 +35,7 @@ class Finding:
 def run_checks(project: Project, ping: bool = False) -> list[Finding]:
     """Check connections, privileges, keys, indexes, Java and the driver; never writes
     anything (`ping` sends the webhook a test payload)."""
-    findings: list[Finding] = [*_spark_prerequisites(project)]
+    findings: list[Finding] = [*_spark_prerequisites(project), *_spark_master(project)]
     if ping:
         findings.append(_ping_webhook(project))
     connections = project.connections()
@@ -92,6 +92,47 @@ def _spark_prerequisites(project: Project) -> Iterator[Finding]:
             f"no local JDBC driver: Spark will download {JDBC_PACKAGE} from Maven Central",
             "apt-get install libpostgresql-jdbc-java, or set REPLICATOR_JDBC_JAR",
         )
+
+
+def _spark_master(project: Project) -> Iterator[Finding]:
+    """A cluster master (spark://, k8s://, mesos://) must answer on its port; local[*] needs
+    nothing, yarn is found through HADOOP_CONF_DIR and is not probed."""
+    import socket
+    from urllib.parse import urlsplit
+
+    from .settings import SPARK_MASTER
+
+    master = project.env.get(SPARK_MASTER) or project.config.spark.master or "local[*]"
+    if master.startswith("local"):
+        yield Finding("ok", "spark", f"master {master} (in this process)")
+        return
+    if master == "yarn":
+        yield Finding("ok", "spark", "master yarn (found through HADOOP_CONF_DIR; not probed)")
+        return
+    address = master.removeprefix("k8s://")
+    scheme, _, rest = (address if "://" in address else f"tcp://{address}").partition("://")
+    default_port = {"spark": 7077, "mesos": 5050, "https": 443, "http": 80}.get(scheme)
+    fix = f"start the master or fix spark.master / {SPARK_MASTER}"
+    # spark://h1:7077,h2:7077 lists standby masters: one answering is enough.
+    problems = []
+    for netloc in rest.split("/")[0].split(","):
+        try:
+            parts = urlsplit(f"tcp://{netloc}")
+            host, port = parts.hostname, parts.port or default_port
+        except ValueError:
+            host, port = None, None
+        if not host or not port:
+            problems.append(f"{netloc}: no host and port")
+            continue
+        try:
+            with socket.create_connection((host, port), timeout=5):
+                pass
+        except OSError as exc:
+            problems.append(f"{host}:{port} not reachable ({exc.strerror or exc})")
+            continue
+        yield Finding("ok", "spark", f"master {master}: {host}:{port} answers")
+        return
+    yield Finding("error", "spark", f"master {master}: {'; '.join(problems)}", fix)
 
 
 def _ping_webhook(project: Project) -> Finding:

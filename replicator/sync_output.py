@@ -8,6 +8,7 @@ import sys
 from collections.abc import Callable, Iterator
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -55,6 +56,8 @@ class SyncOutput:
                 r.action or "-",
                 "-" if r.rows is None else f"{r.rows:,}",
                 f"{r.seconds:.1f}",
-                r.reason if r.status == "success" else f"[red]{r.error}[/red]",
+                escape(r.reason or "")
+                if r.status == "success"
+                else f"[red]{escape(r.error or '')}[/red]",
             )
         self.console.print(table)

@@ -1,0 +1,185 @@
+"""Running unattended: what a TTY and a pipe show, Spark master checks, and no secret anywhere."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import socket
+import subprocess
+import sys
+
+import pytest
+from psycopg import sql
+
+from replicator import webhook
+from replicator.pgcluster import free_port
+
+pytestmark = pytest.mark.spark
+
+SOURCE_PASSWORD = "src-Pa55-word-7f3a"
+DEST_PASSWORD = "dst-Pa55-word-91c2"
+PGPASSWORD = "env-Pa55-word-44d1"
+WEBHOOK_SECRET = "hook-secret-0b7e"
+WEBHOOK_TOKEN = "T0KEN-in-path-5e8d"
+SECRETS = (SOURCE_PASSWORD, DEST_PASSWORD, PGPASSWORD, WEBHOOK_SECRET, WEBHOOK_TOKEN)
+
+
+@pytest.fixture
+def tables(source_conn, schema):
+    for name in ("good", "boom"):
+        source_conn.execute(
+            sql.SQL(
+                "CREATE TABLE {} (id int PRIMARY KEY, v text, "
+                "updated_at timestamptz NOT NULL DEFAULT now())"
+            ).format(sql.Identifier(schema, name))
+        )
+        source_conn.execute(
+            sql.SQL("INSERT INTO {} (id, v) SELECT g, 'v' FROM generate_series(1, 20) g").format(
+                sql.Identifier(schema, name)
+            )
+        )
+    return schema
+
+
+def _with_password(url: str, password: str) -> str:
+    return url.replace("postgres@", f"postgres:{password}@", 1)
+
+
+def _key_value(url: str, password: str) -> str:
+    port = re.search(r":(\d+)/", url).group(1)
+    return f"host=127.0.0.1 port={port} user=postgres password={password} dbname=postgres"
+
+
+def _tty_run(project, *args: str) -> str:
+    """The command under `script`, so its stdout is a terminal; the typescript returned."""
+    command = shlex.join(
+        [sys.executable, "-m", "replicator", *args, "--project-dir", str(project.path)]
+    )
+    env = {**os.environ, **project.env, "COLUMNS": "160"}
+    done = subprocess.run(
+        ["script", "-q", "-e", "-c", command, "/dev/null"],
+        env=env,
+        capture_output=True,
+        text=True,
+        stdin=subprocess.DEVNULL,
+        timeout=300,
+    )
+    return done.stdout
+
+
+def test_a_tty_gets_progress_and_a_summary_table_a_pipe_only_log_lines(db_project, tables):
+    db_project.write_config(
+        {"tables": [{"name": f"{tables}.good", "replication_key": "updated_at"}]}
+    )
+    typescript = _tty_run(db_project, "sync")
+    assert "partitions" in typescript, "the progress bar of copied partitions"
+    assert "sync: 1 succeeded, 0 failed" in typescript
+    assert "reason or error" in typescript
+    piped = db_project.run_process("sync", "-f")
+    assert piped.returncode == 0
+    assert piped.stdout == ""
+    lines = piped.stderr.splitlines()
+    assert lines, "one log line per table, plus the run's start and end"
+    stamp = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d")
+    assert all(stamp.match(line) for line in lines), lines
+    assert any(f"{tables}.good: full_reload, 20 rows" in line for line in lines)
+
+
+def test_check_reports_an_unreachable_spark_master(db_project, tables):
+    db_project.write_config(
+        {
+            "tables": [{"name": f"{tables}.good", "replication_key": "updated_at"}],
+            "spark": {"master": f"spark://127.0.0.1:{free_port()}"},
+        }
+    )
+    result = db_project.run("check")
+    assert result.exit_code == 1
+    assert re.search(
+        r"error spark: master spark://127\.0\.0\.1:\d+: 127\.0\.0\.1:\d+ not reachable "
+        r"\(Connection refused\); fix: start the master or fix spark\.master",
+        result.stdout,
+    ), result.stdout
+
+
+def test_check_accepts_a_spark_master_that_answers(db_project, tables):
+    db_project.write_config(
+        {"tables": [{"name": f"{tables}.good", "replication_key": "updated_at"}]}
+    )
+    dead = free_port()
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        port = listener.getsockname()[1]
+        result = db_project.run(
+            "check", env={"REPLICATOR_SPARK_MASTER": f"spark://127.0.0.1:{dead},127.0.0.1:{port}"}
+        )
+    assert (
+        f"ok    spark: master spark://127.0.0.1:{dead},127.0.0.1:{port}: 127.0.0.1:{port} answers"
+        in result.stdout
+    )
+    assert result.exit_code == 0, result.stdout
+
+
+def test_no_password_or_secret_appears_in_any_output_file_or_payload(
+    db_project, tables, pg_servers, httpserver, monkeypatch
+):
+    """Every command, verbose, through success, a failing table, a failing Spark task and an
+    unreachable database: the passwords and secrets are nowhere."""
+    monkeypatch.setattr(webhook, "RETRY_WAIT_SECONDS", 0.01)
+    httpserver.expect_request(f"/hook/{WEBHOOK_TOKEN}", method="POST").respond_with_data("ok")
+    db_project.env.update(
+        REPLICATOR_SOURCE_URL=_with_password(pg_servers.source_url, SOURCE_PASSWORD),
+        REPLICATOR_DEST_URL=_key_value(pg_servers.dest_url, DEST_PASSWORD),
+        REPLICATOR_WEBHOOK_URL=httpserver.url_for(f"/hook/{WEBHOOK_TOKEN}"),
+        REPLICATOR_WEBHOOK_SECRET=WEBHOOK_SECRET,
+        PGPASSWORD=PGPASSWORD,
+    )
+    db_project.write_config(
+        {
+            "tables": [
+                {"name": f"{tables}.good", "replication_key": "updated_at"},
+                # Its model divides by zero on one row: the Spark task fails mid-COPY.
+                {"name": f"{tables}.boom", "replication_key": "updated_at"},
+                {"name": f"{tables}.missing", "replication_key": "updated_at"},
+            ]
+        }
+    )
+    db_project.write(
+        f"models/{tables}/boom.sql",
+        "SELECT id, (10 / (id - 7))::text AS v, updated_at FROM {{ source }}",
+    )
+    outputs = []
+    for args, env in [
+        (("sync", "-vv"), {}),
+        (("sync", "-vv", "--log-format", "json"), {}),
+        (("status", "--json", "-v"), {}),
+        (("compile", "-v"), {}),
+        (("compile", "--json"), {}),
+        (("state", "show"), {}),
+        (("check", "--ping", "-v"), {}),
+        (
+            ("sync", "-v"),
+            {"REPLICATOR_DEST_URL": _key_value(f":{free_port()}/", DEST_PASSWORD)},
+        ),
+        (("sync", "-v", "--since", "x", "-s", "good"), {}),
+        (("state", "set-cursor", f"{tables}.good", f"bad {SOURCE_PASSWORD}"), {}),
+    ]:
+        done = db_project.run_process(*args, env=env)
+        outputs.append((args, done.returncode, done.stdout + done.stderr))
+    codes = {args: code for args, code, _ in outputs}
+    assert codes[("sync", "-vv")] == 1, "boom and missing fail, good succeeds"
+    everything = "\n".join(text for _, _, text in outputs)
+    assert "division by zero" in everything, "the Spark task's error was reported"
+    assert "source table does not exist" in everything
+    assert "cannot connect to the destination database" in everything
+    for path in db_project.path.rglob("*"):
+        if path.is_file():
+            everything += path.read_bytes().decode("utf-8", errors="replace")
+    for request, _ in httpserver.log:
+        everything += request.get_data(as_text=True)
+        everything += json.dumps({k: v for k, v in request.headers.items()})
+    assert len(httpserver.log) >= 3, "sync webhooks and the --ping"
+    leaked = [secret for secret in SECRETS if secret in everything]
+    assert not leaked, f"leaked: {leaked}"
