@@ -138,6 +138,7 @@ def _stream(task: CopyTask, dest: psycopg.Connection) -> tuple[int, int]:
                     size += len(buffer)
                     into.write(buffer)
                     buffer = bytearray()
+            failpoint("mid-extract")  # read, not all of it written: outside the hot loop
             if buffer:
                 size += len(buffer)
                 into.write(buffer)

@@ -309,6 +309,7 @@ def _full_reload(
     log.info("%s: full_reload (%s)", table.written_name, reason)
     with output.progress(table.written_name) as progress:
         loaded = full_reload(ends, built, source, run.spark, progress)
+    failpoint("after-swap-before-state")
     finished = utc_now()
     result = TableResult(
         table.written_name,
