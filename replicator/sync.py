@@ -30,6 +30,7 @@ from .skip_backfill import start_without_backfill
 from .spark_runner import SparkRunner
 from .state import RunOutcome, TableState
 from .sync_output import SyncOutput
+from .table_lock import TableLocked, table_lock
 from .table_sql import TableProblem, TableSql, batch_query
 from .webhook import WebhookTarget, build_payload, post
 
@@ -49,6 +50,7 @@ class RunContext:
         self.project = project
         self.full_refresh = full_refresh
         self.resync = resync
+        self.locked: set[str] = set()  # tables another replicator was syncing
         self.verbose = verbose
         self.run_id = uuid.uuid4().hex
         self.started_at = utc_now()
@@ -123,7 +125,11 @@ def run_sync(
     )
     _notify(run, results)
     output.summary(results)
-    return 0 if all(r.status == "success" for r in results) else 1
+    failures = {r.name for r in results if r.status == "failure"}
+    if not failures:
+        return 0
+    # Every failure was a table another host is syncing: "try again later", like the run lock.
+    return TableLocked.exit_code if failures <= run.locked else 1
 
 
 def _resync_bounds(
@@ -245,6 +251,33 @@ def _sync_table(
         result = _failure(table, str(exc), time.monotonic() - started)
         log.error(result.line())
         return result  # an untrusted state file is never overwritten
+    try:
+        with table_lock(ends.dest_url, table.target, table.written_name):
+            result = _sync_locked_table(run, ends, table, state, started, started_at, output)
+    except TableLocked as exc:  # another host's run: its state is not ours to touch
+        run.locked.add(table.written_name)
+        result = _failure(table, str(exc), time.monotonic() - started)
+    except ReplicatorError as exc:  # the lock's own connection
+        result = _failure(table, _one_line(exc), time.monotonic() - started)
+        _record_failure(run, table, state, started_at, result)
+    (log.info if result.status == "success" else log.error)(
+        result.line(),
+        extra={"fields": {"event": "table.finished", "run_id": run.run_id, **result.as_dict()}},
+    )
+    return result
+
+
+def _sync_locked_table(
+    run: RunContext,
+    ends: Endpoints,
+    table: TableConfig,
+    state: TableState | None,
+    started: float,
+    started_at: str,
+    output: SyncOutput,
+) -> TableResult:
+    """Plan the table and carry the plan out (its destination lock held); a failure is
+    recorded in its state and returned as the result."""
     plan: Plan | None = None
     try:
         source, built = inspect_source(ends.source, table, run.project.templates)
@@ -284,10 +317,6 @@ def _sync_table(
         log.debug("traceback:\n%s", "".join(traceback.format_exception(exc)))
         result = _failure(table, f"internal error: {_one_line(exc)}", time.monotonic() - started)
         _record_failure(run, table, state, started_at, result)
-    (log.info if result.status == "success" else log.error)(
-        result.line(),
-        extra={"fields": {"event": "table.finished", "run_id": run.run_id, **result.as_dict()}},
-    )
     return result
 
 
