@@ -6,6 +6,7 @@ import logging
 import time
 import traceback
 import uuid
+from typing import Protocol
 
 import psycopg
 from psycopg import sql
@@ -28,7 +29,7 @@ from .runlock import run_lock
 from .settings import SPARK_MASTER, SPARK_MIN_ROWS, WEBHOOK_SECRET, WEBHOOK_URL, Connections
 from .skip_backfill import start_without_backfill
 from .spark_runner import SparkRunner
-from .state import RunOutcome, TableState
+from .state import Cursor, Pending, RunOutcome, TableState, Window
 from .sync_output import SyncOutput
 from .table_lock import TableLocked, table_lock
 from .table_sql import TableProblem, TableSql, batch_query
@@ -352,18 +353,7 @@ def _full_reload(
         state.cursor.value if state and state.cursor else None,
         loaded.cursor.value if loaded.cursor else None,
     )
-    run.project.store.write(
-        TableState(
-            table=str(table.name),
-            cursor=loaded.cursor,
-            pending=loaded.pending,
-            window=loaded.window,
-            schema_signature=observed.signature.as_json(),
-            last_synced_at=finished,
-            last_run=_outcome(run, started_at, finished, result),
-        ),
-        table.name,
-    )
+    _write_new_state(run, table, loaded, observed, started_at, finished, result)
     return result
 
 
@@ -473,18 +463,7 @@ def _skip_backfill(
         None,
         cursor,
     )
-    run.project.store.write(
-        TableState(
-            table=str(table.name),
-            cursor=start.cursor,
-            pending=start.pending,
-            window=start.window,
-            schema_signature=observed.signature.as_json(),
-            last_synced_at=finished,
-            last_run=_outcome(run, started_at, finished, result),
-        ),
-        table.name,
-    )
+    _write_new_state(run, table, start, observed, started_at, finished, result)
     return result
 
 
@@ -536,6 +515,44 @@ def _resync(
         table.name,
     )
     return result
+
+
+class _Position(Protocol):
+    """Where a load left the table (LoadResult, StartResult)."""
+
+    @property
+    def cursor(self) -> Cursor | None: ...
+
+    @property
+    def pending(self) -> Pending | None: ...
+
+    @property
+    def window(self) -> Window | None: ...
+
+
+def _write_new_state(
+    run: RunContext,
+    table: TableConfig,
+    position: _Position,
+    observed: Observed,
+    started_at: str,
+    finished: str,
+    result: TableResult,
+) -> None:
+    """A table's state after a load (or a start without one): everything from this run, so
+    a pending refresh mark is cleared only now."""
+    run.project.store.write(
+        TableState(
+            table=str(table.name),
+            cursor=position.cursor,
+            pending=position.pending,
+            window=position.window,
+            schema_signature=observed.signature.as_json(),
+            last_synced_at=finished,
+            last_run=_outcome(run, started_at, finished, result),
+        ),
+        table.name,
+    )
 
 
 def _one_line(exc: BaseException) -> str:
