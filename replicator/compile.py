@@ -29,6 +29,7 @@ from .plan import Plan
 from .project import Project
 from .redact import redact
 from .settings import DEST_URL, SOURCE_URL
+from .state import TableState
 from .swap import move_statements, swap_statements
 from .table_sql import TableSql
 
@@ -213,11 +214,10 @@ def _compile_table(
     state = project.store.read(table.name)
     observed = observe(conn, dest, table, built, source, state)
     plan = plan_observed(table, state, observed, destination_known=dest is not None)
-    return CompiledTable(built, observed, plan, _cursor_note(project, table), dest is not None)
+    return CompiledTable(built, observed, plan, _cursor_note(state), dest is not None)
 
 
-def _cursor_note(project: Project, table: TableConfig) -> str:
-    state = project.store.read(table.name)
+def _cursor_note(state: TableState | None) -> str:
     if state is None or state.last_synced_at is None:
         return "none (no state: the next sync is a full load)"
     if state.cursor is None:

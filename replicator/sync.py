@@ -11,12 +11,11 @@ from typing import Protocol
 import psycopg
 from psycopg import sql
 
-from .catalog import TableInfo, describe_table
+from .catalog import TableInfo
 from .config import TableConfig
-from .cursor import canonical_value
 from .database import connect, execute
 from .drift import Observed, observe, plan_observed
-from .errors import ConfigError, LockHeld, ReplicatorError, StateError, UsageError
+from .errors import ConfigError, LockHeld, ReplicatorError, StateError
 from .failpoints import failpoint
 from .full_load import Endpoints, full_reload
 from .incremental import KeyBounds, incremental_sync, probe
@@ -25,6 +24,7 @@ from .plan import Plan
 from .project import Project
 from .redact import redact, register_secret
 from .results import TableResult, utc_now
+from .resync import resync_bounds
 from .runlock import run_lock
 from .settings import SPARK_MASTER, SPARK_MIN_ROWS, WEBHOOK_SECRET, WEBHOOK_URL, Connections
 from .skip_backfill import start_without_backfill
@@ -102,7 +102,7 @@ def run_sync(
     and merge it, leaving its cursor where it is."""
     tables = project.select(names)
     connections = project.connections()
-    resync = _resync_bounds(tables, names, full_refresh, since, until, connections.source)
+    resync = resync_bounds(tables, names, full_refresh, since, until, connections.source)
     run = RunContext(project, full_refresh, verbose, resync)
     output = SyncOutput(always_summarize)
     try:
@@ -131,51 +131,6 @@ def run_sync(
         return 0
     # Every failure was a table another host is syncing: "try again later", like the run lock.
     return TableLocked.exit_code if failures <= run.locked else 1
-
-
-def _resync_bounds(
-    tables: tuple[TableConfig, ...],
-    names: tuple[str, ...],
-    full_refresh: bool,
-    since: str | None,
-    until: str | None,
-    source_url: str,
-) -> KeyBounds | None:
-    """--since/--until checked before anything is touched: one incremental table, values of
-    its replication key's type (printed back as PostgreSQL prints them). Exit 2 otherwise."""
-    if since is None:
-        if until is not None:
-            raise UsageError("--until needs --since (the start of the range to re-sync)")
-        return None
-    if full_refresh:
-        raise UsageError("--since re-syncs a key range; it cannot be combined with -f")
-    if len(names) != 1 or len(tables) != 1:
-        raise UsageError("--since re-syncs one table: name it with -s TABLE")
-    (table,) = tables
-    if table.mode == "full-refresh" or table.replication_key is None:
-        raise UsageError(f"{table.written_name}: mode {table.mode} has no key range to re-sync")
-    with connect(source_url, "source") as conn:
-        source = describe_table(conn, table.name)
-        column = source.column(table.replication_key) if source else None
-        if column is None:
-            raise UsageError(f"{table.written_name}: replication key not found in the source table")
-        bounds = KeyBounds(
-            canonical_value(conn, since, column.type, f"{table.written_name}: --since"),
-            canonical_value(conn, until, column.type, f"{table.written_name}: --until")
-            if until is not None
-            else None,
-        )
-        if bounds.until is not None:
-            (ordered,) = execute(
-                conn,
-                sql.SQL("SELECT %s::{t} <= %s::{t}").format(t=sql.SQL(column.type)),
-                (bounds.since, bounds.until),
-            ).fetchone()
-            if not ordered:
-                raise UsageError(
-                    f"{table.written_name}: --since {bounds.since} is after --until {bounds.until}"
-                )
-    return bounds
 
 
 def _sync_all(
