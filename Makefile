@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: test demo lint format system-deps bench clean
+.PHONY: test demo soak lint format system-deps bench clean
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -25,6 +25,11 @@ format: $(STAMP)
 
 test: system-deps $(STAMP) lint
 	$(BIN)/pytest -q
+
+# The long soak (writers + killed syncs; `make test` runs a 60-second version).
+SOAK_SECONDS ?= 600
+soak: system-deps $(STAMP)
+	REPLICATOR_SOAK_SECONDS=$(SOAK_SECONDS) $(BIN)/pytest -q -s tests/test_soak.py
 
 demo: system-deps $(STAMP)
 	@if $(BIN)/replicator demo --help >/dev/null 2>&1; then \

@@ -28,7 +28,7 @@ from .database import execute
 from .dest_types import ensure_types
 from .failpoints import failpoint
 from .identifiers import TableName
-from .naming import INTERNAL_SCHEMA, default_key_name, derived_name
+from .naming import INTERNAL_SCHEMA, derived_name
 from .partitions import page_predicate, plan_key_ranges, plan_page_ranges, range_predicate
 from .snapshot import ExportedSnapshot
 from .spark_runner import SparkRunner
@@ -64,6 +64,22 @@ class Endpoints:
     dest: psycopg.Connection[Any]
     source_url: str
     dest_url: str
+
+
+def new_load_id(dest: psycopg.Connection[Any], target: TableName) -> str:
+    """A fresh id for one load of `target` (the table's quoted name and 32 hex digits). The
+    markers of its earlier loads, left by a killed run, are dropped: the table lock held by
+    this run means none of them is still being written."""
+    prefix = f"{target.sql()} "
+    execute(
+        dest,
+        sql.SQL(
+            "DELETE FROM {} WHERE starts_with(load_id, %(prefix)s) "
+            "AND length(load_id) = length(%(prefix)s) + 32"
+        ).format(sql.Identifier(*MARKER_TABLE)),
+        {"prefix": prefix},
+    )
+    return prefix + uuid.uuid4().hex
 
 
 def forget_markers(dest: psycopg.Connection[Any], load_id: str) -> None:
@@ -132,7 +148,7 @@ def full_reload(
         spark.warm_up()  # the JVM starts while types and the side table are created
     side = prepare_destination(ends, built)
     phases.mark("destination prepared")
-    load_id = uuid.uuid4().hex
+    load_id = new_load_id(ends.dest, built.table.target)
     with ExportedSnapshot(ends.source_url) as snap:
         assert snap.conn is not None
         cursor, pending, window = first_cursor(snap.conn, built)
@@ -148,7 +164,7 @@ def full_reload(
     _finish_side_table(ends.dest, side, built)
     phases.mark("primary key built, analyzed")
     target = built.table.target
-    lock_seconds = swap_in(ends.dest, side, target, default_key_name(target))
+    lock_seconds = swap_in(ends.dest, side, target)
     phases.mark(f"swapped (table lock held {lock_seconds * 1000:.0f} ms)")
     forget_markers(ends.dest, load_id)
     return LoadResult(

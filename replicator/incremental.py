@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -23,7 +22,7 @@ from .copy_stream import CopyResult, copy_tasks
 from .cursor import advance, in_progress_xids, newest_key
 from .database import execute
 from .failpoints import failpoint
-from .full_load import MARKER_DDL, Endpoints, forget_markers
+from .full_load import MARKER_DDL, Endpoints, forget_markers, new_load_id
 from .identifiers import TableName
 from .naming import INTERNAL_SCHEMA, staging_table
 from .partitions import KeyRange, range_predicate
@@ -181,7 +180,7 @@ def _read_batch(
                 built.model.sql, key, key_type, state.cursor.value if state.cursor else None
             )
         hwm = newest_key(snap.conn, query, key)
-        load_id = uuid.uuid4().hex
+        load_id = new_load_id(ends.dest, built.table.target)
         parts = 1 if in_process else _batch_partitions(built, batch_rows, spark.parallelism())
         tasks = copy_tasks(
             load_id,

@@ -31,6 +31,10 @@ def staging_table(target: TableName) -> TableName:
     return TableName(INTERNAL_SCHEMA, derived_name("stg", target))
 
 
-def default_key_name(target: TableName) -> str:
-    """PostgreSQL's default primary-key name for the table, cut to 63 bytes like it does."""
-    return _truncate_bytes(f"{target.name}_pkey", MAX_IDENTIFIER_BYTES)
+def default_key_name(target: TableName, number: int = 0) -> str:
+    """PostgreSQL's own name for the table's primary key (makeObjectName): the table name cut
+    at a character boundary so `_pkey` still fits in 63 bytes; `number` > 0 gives the
+    `_pkey1`, `_pkey2`... it falls back to when that name is taken in the schema."""
+    label = f"pkey{number}" if number else "pkey"
+    room = MAX_IDENTIFIER_BYTES - len(label) - 1
+    return f"{_truncate_bytes(target.name, room)}_{label}"

@@ -22,6 +22,7 @@ from .database import execute, fetch_all
 from .errors import DatabaseError
 from .failpoints import failpoint
 from .identifiers import TableName
+from .naming import default_key_name
 
 LOCK_TIMEOUT = "5s"
 
@@ -66,6 +67,11 @@ SELECT pg_catalog.pg_get_userbyid(c.relowner), c.reloptions,
              ORDER BY d.objsubid)
 FROM pg_catalog.pg_class c WHERE c.oid = %s
 """
+_RELATION_NAMES = """
+SELECT c.relname FROM pg_catalog.pg_class c
+JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+WHERE n.nspname = %s AND c.relname = ANY(%s)
+"""
 _PRIMARY_KEY_NAME = """
 SELECT conname FROM pg_catalog.pg_constraint WHERE conrelid = %s AND contype = 'p'
 """
@@ -83,11 +89,10 @@ class SavedObject:
     comments: list[list[str]]
 
 
-def swap_in(
-    dest: psycopg.Connection[Any], side: TableName, target: TableName, primary_key_name: str
-) -> float:
-    """Replace `target` with `side` atomically; return how long the table lock was held."""
-    return _swap_with_retries(dest, side, target, primary_key_name)
+def swap_in(dest: psycopg.Connection[Any], side: TableName, target: TableName) -> float:
+    """Replace `target` with `side` atomically; return how long the table lock was held.
+    The key keeps the old table's key name, else gets the one PostgreSQL would choose."""
+    return _swap_with_retries(dest, side, target)
 
 
 @retry(
@@ -96,9 +101,7 @@ def swap_in(
     wait=wait_exponential(multiplier=0.5, max=5),
     reraise=True,
 )
-def _swap_with_retries(
-    dest: psycopg.Connection[Any], side: TableName, target: TableName, primary_key_name: str
-) -> float:
+def _swap_with_retries(dest: psycopg.Connection[Any], side: TableName, target: TableName) -> float:
     with dest.transaction():
         dest.execute(sql.SQL("SET LOCAL lock_timeout = {}").format(sql.Literal(LOCK_TIMEOUT)))
         # Definitions are read and re-run with only pg_catalog on the path: fully qualified.
@@ -107,6 +110,7 @@ def _swap_with_retries(
         locked_at = time.monotonic()
         views: list[SavedObject] = []
         table: SavedObject | None = None
+        old_key: list[tuple[Any, ...]] = []
         if existing:
             oid = existing[0][0]
             dest.execute(sql.SQL("LOCK TABLE {} IN ACCESS EXCLUSIVE MODE").format(_ident(target)))
@@ -114,10 +118,10 @@ def _swap_with_retries(
             table = _save(dest, oid, target)
             views = _dependent_views(dest, oid)
             old_key = fetch_all(dest, _PRIMARY_KEY_NAME, (oid,))
-            primary_key_name = old_key[0][0] if old_key else primary_key_name
             for view in reversed(views):
                 execute(dest, sql.SQL("DROP VIEW {}").format(_ident(view.name)))
             _drop_table(dest, target)
+        primary_key_name = old_key[0][0] if old_key else _free_key_name(dest, target)
         _move(dest, side, target, primary_key_name)
         if table is not None:
             _restore(dest, table, "TABLE")
@@ -125,6 +129,14 @@ def _swap_with_retries(
             _recreate_view(dest, view)
         failpoint("before-swap-commit")
     return time.monotonic() - locked_at
+
+
+def _free_key_name(dest: psycopg.Connection[Any], target: TableName) -> str:
+    """The first of `<table>_pkey`, `<table>_pkey1`... that no relation in the schema uses,
+    as PostgreSQL chooses it (two long names cut to one prefix must not collide)."""
+    candidates = [default_key_name(target, n) for n in range(100)]
+    taken = {row[0] for row in fetch_all(dest, _RELATION_NAMES, (target.schema, candidates))}
+    return next(name for name in candidates if name not in taken)
 
 
 def _ident(name: TableName) -> sql.Identifier:

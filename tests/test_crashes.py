@@ -15,6 +15,7 @@ import pytest
 from dbcompare import assert_same_table
 from psycopg import sql
 
+from replicator.copy_stream import MARKER_TABLE
 from replicator.full_load import side_table
 from replicator.identifiers import TableName
 from replicator.naming import INTERNAL_SCHEMA, staging_table
@@ -81,7 +82,7 @@ def _change(source_conn, schema: str, mode: str) -> None:
 
 
 def _leftovers(dest_conn, schema: str) -> list[str]:
-    """The table's side or staging table, if either is still there."""
+    """The table's side or staging table, and its loads' partition markers, if still there."""
     target = TableName(schema, "t")
     names = [side_table(target).name, staging_table(target).name]
     rows = dest_conn.execute(
@@ -89,7 +90,13 @@ def _leftovers(dest_conn, schema: str) -> list[str]:
         "WHERE n.nspname = %s AND c.relname = ANY(%s)",
         (INTERNAL_SCHEMA, names),
     ).fetchall()
-    return [r[0] for r in rows]
+    markers = dest_conn.execute(
+        sql.SQL("SELECT load_id FROM {} WHERE starts_with(load_id, %s)").format(
+            sql.Identifier(*MARKER_TABLE)
+        ),
+        (f"{target.sql()} ",),
+    ).fetchall()
+    return [r[0] for r in rows] + [f"marker {r[0]}" for r in markers]
 
 
 @pytest.mark.parametrize(("mode", "point"), CASES, ids=[f"{m}-{p}" for m, p in CASES])
@@ -104,7 +111,7 @@ def test_a_kill_at_the_point_converges(db_project, source_conn, dest_conn, schem
     _change(source_conn, schema, mode)
     killed = db_project.run_process("sync", env={**IN_PROCESS, "REPLICATOR_FAILPOINT": point})
     assert killed.returncode == -9, f"the run did not reach {point}: {killed.stderr}"
-    if point in ("after-staging-copy", "after-load-before-swap"):
+    if point in ("after-staging-copy", "after-load-before-swap", "task-before-commit"):
         assert _leftovers(dest_conn, schema), "the killed run left its table behind"
     again = db_project.run_process("sync", env=IN_PROCESS)
     assert again.returncode == 0, again.stderr

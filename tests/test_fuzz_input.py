@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import json
 
+import pytest
+from dbcompare import assert_same_table
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from psycopg import sql
 
 FUZZ = settings(
     max_examples=60,
@@ -107,3 +110,64 @@ def test_any_state_file_fails_that_table_naming_the_file(project, content):
             assert "public.other" in result.output, "the other table is still reported"
     after = {p: p.read_bytes() for p in project.path.rglob("*") if p.is_file()}
     assert after == before
+
+
+@pytest.fixture
+def two_synced_tables(db_project, source_conn, schema):
+    """Two small tables, synced once in-process; the fuzz then corrupts the first's state."""
+    for name in ("orders", "other"):
+        source_conn.execute(
+            sql.SQL(
+                "CREATE TABLE {} (id int PRIMARY KEY, updated_at timestamptz NOT NULL); "
+                "INSERT INTO {} SELECT g, now() FROM generate_series(1, 20) g"
+            ).format(sql.Identifier(schema, name), sql.Identifier(schema, name))
+        )
+    db_project.env["REPLICATOR_SPARK_MIN_ROWS"] = "1000000000"
+    db_project.write_config(
+        {
+            "tables": [
+                {"name": f"{schema}.orders", "replication_key": "updated_at"},
+                {"name": f"{schema}.other", "replication_key": "updated_at"},
+            ]
+        }
+    )
+    assert db_project.run("sync").exit_code == 0
+    return db_project
+
+
+@settings(FUZZ, max_examples=25)
+@given(content=state_documents)
+def test_sync_with_any_state_file_fails_that_table_only(
+    two_synced_tables, source_conn, dest_conn, schema, content
+):
+    """`sync` fails the table with the broken state file (exit 1, naming the file, the file
+    left as it was, the destination table untouched) and syncs the other table."""
+    project = two_synced_tables
+    path = project.path / "sync-state" / f"{schema}.orders.json"
+    good = path.read_bytes()
+    path.write_bytes(content)
+    source_conn.execute(
+        sql.SQL("UPDATE {} SET updated_at = clock_timestamp() WHERE id = 1").format(
+            sql.Identifier(schema, "other")
+        )
+    )
+    before = dest_conn.execute(
+        sql.SQL("SELECT xmin::text, count(*) FROM {} GROUP BY 1").format(
+            sql.Identifier(schema, "orders")
+        )
+    ).fetchall()
+    try:
+        result = project.run("sync")
+        assert "Traceback" not in result.output
+        assert result.exit_code == 1, result.output
+        assert str(path) in result.output
+        assert path.read_bytes() == content
+        assert assert_same_table(source_conn, dest_conn, schema, "other") == 20
+        after = dest_conn.execute(
+            sql.SQL("SELECT xmin::text, count(*) FROM {} GROUP BY 1").format(
+                sql.Identifier(schema, "orders")
+            )
+        ).fetchall()
+        assert after == before
+    finally:
+        path.write_bytes(good)
