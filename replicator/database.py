@@ -60,7 +60,7 @@ def execute(
     try:
         return conn.execute(query, params)
     except psycopg.Error as exc:
-        raise DatabaseError(_message(exc)) from None
+        raise DatabaseError(_message(exc), exc.sqlstate) from None
 
 
 def fetch_all(

@@ -35,3 +35,7 @@ class StateError(ReplicatorError):
 
 class DatabaseError(ReplicatorError):
     """A database could not be reached or answered with an error."""
+
+    def __init__(self, message: str, sqlstate: str | None = None) -> None:
+        super().__init__(message)
+        self.sqlstate = sqlstate  # PostgreSQL's error code, for the callers that recover

@@ -26,6 +26,7 @@ from .catalog import TableInfo
 from .copy_stream import MARKER_TABLE, CopyTask, copy_tasks
 from .database import execute
 from .dest_types import ensure_types
+from .errors import DatabaseError
 from .failpoints import failpoint
 from .identifiers import TableName
 from .naming import INTERNAL_SCHEMA, derived_name
@@ -37,6 +38,8 @@ from .swap import swap_in
 from .table_sql import MODEL_ALIAS, TableSql
 
 log = logging.getLogger(__name__)
+
+UNIQUE_VIOLATION = psycopg.errors.UniqueViolation.sqlstate
 
 MARKER_DDL = sql.SQL(
     "CREATE TABLE IF NOT EXISTS {} (load_id text NOT NULL, part int NOT NULL, "
@@ -268,6 +271,37 @@ def _partition_queries(
     return queries
 
 
+def _keep_newest_version_per_key(
+    dest: psycopg.Connection[Any], side: TableName, built: TableSql
+) -> None:
+    """The model emitted a key more than once: keep the version an incremental merge would
+    keep (highest replication key, ties broken by the row's text), so both paths agree."""
+    order = (
+        [sql.SQL("{} DESC").format(sql.Identifier(built.table.replication_key))]
+        if (built.table.replication_key)
+        else []
+    )
+    order.append(sql.SQL("s::text DESC"))
+    removed = execute(
+        dest,
+        sql.SQL(
+            "DELETE FROM {side} AS d USING (SELECT ctid, row_number() OVER "
+            "(PARTITION BY {key} ORDER BY {order}) AS n FROM {side} AS s) AS r "
+            "WHERE d.ctid = r.ctid AND r.n > 1"
+        ).format(
+            side=sql.Identifier(side.schema, side.name),
+            key=sql.SQL(", ").join(map(sql.Identifier, built.primary_key)),
+            order=sql.SQL(", ").join(order),
+        ),
+    ).rowcount
+    log.warning(
+        "%s: the model returned %d row(s) whose primary key another row also has; kept the "
+        "newest version of each key",
+        built.table.written_name,
+        removed,
+    )
+
+
 def _finish_side_table(dest: psycopg.Connection[Any], side: TableName, built: TableSql) -> None:
     """Build the primary key after the load, then analyze, before readers see the table."""
     table = sql.Identifier(side.schema, side.name)
@@ -275,6 +309,12 @@ def _finish_side_table(dest: psycopg.Connection[Any], side: TableName, built: Ta
     execute(dest, "SET maintenance_work_mem = '512MB'")
     key = side_key_statement(built)
     if key is not None:
-        execute(dest, key)
+        try:
+            execute(dest, key)
+        except DatabaseError as exc:
+            if exc.sqlstate != UNIQUE_VIOLATION:
+                raise
+            _keep_newest_version_per_key(dest, side, built)
+            execute(dest, key)
     execute(dest, sql.SQL("ANALYZE {}").format(table))
     execute(dest, "RESET maintenance_work_mem")

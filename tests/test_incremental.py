@@ -71,6 +71,58 @@ def test_updates_and_inserts_are_merged(db_project, source_conn, dest_conn, sche
     assert _state(db_project, f"{schema}.orders")["last_run"]["action"] == "incremental"
 
 
+DUPLICATING_MODEL = """
+SELECT id, amount, note, doc, updated_at FROM {source}
+UNION ALL SELECT id, amount, 'older', doc, updated_at - interval '1 microsecond' FROM {source}
+UNION ALL SELECT id, amount, 'tie ' || note, doc, updated_at FROM {source} WHERE id % 2 = 0
+"""
+
+
+def test_a_batch_with_a_key_twice_merges_the_newest_version(
+    db_project, source_conn, dest_conn, schema
+):
+    """A model that emits every key up to three times (an older version, and a tie on the
+    replication key): the merge keeps the highest replication key, breaks the tie the same
+    way every time, and a replay of the batch changes nothing. A full reload of the same
+    model keeps the same version of every key."""
+    table = _orders(source_conn, schema, rows=200)
+    _config(db_project, schema)
+    assert db_project.run("sync").exit_code == 0
+    db_project.write(f"models/{schema}/orders.sql", DUPLICATING_MODEL.format(source="{{ source }}"))
+    source_conn.execute(
+        sql.SQL(
+            "UPDATE {} SET amount = 0, updated_at = clock_timestamp() WHERE id % 10 = 0"
+        ).format(table)
+    )
+    result = db_project.run("sync")
+    assert result.exit_code == 0, result.output
+    assert f"{schema}.orders: incremental, " in result.stderr
+    model = DUPLICATING_MODEL.format(source=table.as_string(source_conn))
+    expected = dict(
+        source_conn.execute(
+            f"SELECT DISTINCT ON (id) id, md5(m::text) FROM ({model}) m "
+            "ORDER BY id, updated_at DESC, m::text DESC"
+        ).fetchall()
+    )
+    got = dict(dest_conn.execute(sql.SQL("SELECT id, md5(t::text) FROM {} t").format(table)))
+    changed = {k for k in expected if k % 10 == 0}
+    assert {k: got[k] for k in changed} == {k: expected[k] for k in changed}
+    (older,) = dest_conn.execute(
+        sql.SQL("SELECT count(*) FROM {} WHERE note = 'older'").format(table)
+    ).fetchone()
+    assert older == 0
+    before = dest_conn.execute(sql.SQL("SELECT id, xmin::text FROM {}").format(table)).fetchall()
+    replay = db_project.run("sync", "--since", "2000-01-01", "-s", f"{schema}.orders")
+    assert replay.exit_code == 0, replay.output
+    after = dest_conn.execute(sql.SQL("SELECT id, xmin::text FROM {}").format(table)).fetchall()
+    assert sorted(after) == sorted(before)
+    reload = db_project.run("sync", "-f")  # a full reload keeps the same version of each key
+    assert reload.exit_code == 0, reload.output
+    assert "kept the newest version of each key" in reload.stderr
+    got = dict(dest_conn.execute(sql.SQL("SELECT id, md5(t::text) FROM {} t").format(table)))
+    assert got == expected
+
+
 def test_unchanged_source_is_a_noop_without_a_jvm(db_project, source_conn, dest_conn, schema):
     """A JAVA_HOME that cannot work proves no JVM is started: a no-op succeeds, and the
     same run with one changed row fails because it needs Spark."""
