@@ -6,19 +6,15 @@ import logging
 import time
 import traceback
 import uuid
-from typing import Protocol
 
 import psycopg
-from psycopg import sql
 
-from .catalog import TableInfo
 from .config import TableConfig
-from .database import connect, execute
-from .drift import Observed, observe, plan_observed
+from .database import connect
+from .drift import observe, plan_observed
 from .errors import ConfigError, LockHeld, ReplicatorError, StateError
-from .failpoints import failpoint
-from .full_load import Endpoints, full_reload
-from .incremental import KeyBounds, incremental_sync, probe
+from .full_load import Endpoints
+from .incremental import KeyBounds
 from .inspect_table import inspect_source
 from .plan import Plan
 from .project import Project
@@ -27,12 +23,12 @@ from .results import TableResult, utc_now
 from .resync import resync_bounds
 from .runlock import run_lock
 from .settings import SPARK_MASTER, SPARK_MIN_ROWS, WEBHOOK_SECRET, WEBHOOK_URL, Connections
-from .skip_backfill import start_without_backfill
 from .spark_runner import SparkRunner
-from .state import Cursor, Pending, RunOutcome, TableState, Window
+from .state import TableState
 from .sync_output import SyncOutput
+from .table_actions import TableJob, carry_out, outcome
 from .table_lock import TableLocked, table_lock
-from .table_sql import TableProblem, TableSql, batch_query
+from .table_sql import TableProblem
 from .webhook import WebhookTarget, build_payload, post
 
 log = logging.getLogger("replicator.sync")
@@ -249,17 +245,10 @@ def _sync_locked_table(
                 f'{table.written_name}: {plan.reason}; on_schema_change is "fail": review '
                 f"the change, then run `replicator sync -f -s {table.written_name}` to reload it"
             )
-        if plan.action == "incremental":
-            assert state is not None
-            result = _incremental(
-                run, ends, table, built, state, plan, started, started_at, output, observed
-            )
-        elif plan.action == "skip_backfill":
-            result = _skip_backfill(run, ends, table, built, plan, started, started_at, observed)
-        else:
-            result = _full_reload(
-                run, ends, table, built, source, state, plan, started, started_at, output, observed
-            )
+        job = TableJob(
+            run, ends, table, built, source, state, plan, observed, output, started, started_at
+        )
+        result = carry_out(job)
     except (ReplicatorError, psycopg.Error) as exc:
         result = _failure(
             table,
@@ -276,256 +265,9 @@ def _sync_locked_table(
     return result
 
 
-def _full_reload(
-    run: RunContext,
-    ends: Endpoints,
-    table: TableConfig,
-    built: TableSql,
-    source: TableInfo,
-    state: TableState | None,
-    plan: Plan,
-    started: float,
-    started_at: str,
-    output: SyncOutput,
-    observed: Observed,
-) -> TableResult:
-    """Load the table in full through a side table and a swap; record the new state."""
-    reason = plan.reason
-    log.info("%s: full_reload (%s)", table.written_name, reason)
-    with output.progress(table.written_name) as progress:
-        loaded = full_reload(ends, built, source, run.spark, progress)
-    failpoint("after-swap-before-state")
-    finished = utc_now()
-    result = TableResult(
-        table.written_name,
-        "success",
-        "full_reload",
-        loaded.rows,
-        reason,
-        None,
-        time.monotonic() - started,
-        loaded.bytes,
-        state.cursor.value if state and state.cursor else None,
-        loaded.cursor.value if loaded.cursor else None,
-    )
-    _write_new_state(run, table, loaded, observed, started_at, finished, result)
-    return result
-
-
-def _incremental(
-    run: RunContext,
-    ends: Endpoints,
-    table: TableConfig,
-    built: TableSql,
-    state: TableState,
-    plan: Plan,
-    started: float,
-    started_at: str,
-    output: SyncOutput,
-    observed: Observed,
-) -> TableResult:
-    """Probe without Spark; read, stage and merge only when something changed."""
-    if run.resync is not None:
-        return _resync(run, ends, table, built, state, started, started_at, output)
-    before = state.cursor.value if state.cursor else None
-    signature = observed.signature.as_json()
-    probed = probe(ends.source, built, state)
-    if not probed.changed:
-        finished = utc_now()
-        result = TableResult(
-            table.written_name,
-            "success",
-            "noop",
-            0,
-            plan.reason,
-            None,
-            time.monotonic() - started,
-            0,
-            before,
-            before,
-        )
-        run.project.store.write(
-            state.model_copy(
-                update={
-                    "pending": probed.pending,
-                    "schema_signature": signature,
-                    "last_synced_at": finished,
-                    "last_run": _outcome(run, started_at, finished, result),
-                }
-            ),
-            table.name,
-        )
-        return result
-    log.info("%s: incremental (%s)", table.written_name, plan.reason)
-    with output.progress(table.written_name) as progress:
-        synced = incremental_sync(ends, built, state, run.spark, probed.rows, progress)
-    after = synced.cursor.value if synced.cursor else None
-    finished = utc_now()
-    result = TableResult(
-        table.written_name,
-        "success",
-        "incremental",
-        synced.rows_read,
-        f"cursor {before or 'none'} -> {after or 'none'}",
-        None,
-        time.monotonic() - started,
-        synced.bytes,
-        before,
-        after,
-    )
-    failpoint("after-merge-before-state")
-    run.project.store.write(
-        state.model_copy(
-            update={
-                "cursor": synced.cursor,
-                "pending": synced.pending,
-                "window": synced.window,
-                "schema_signature": signature,
-                "last_synced_at": finished,
-                "last_run": _outcome(run, started_at, finished, result),
-            }
-        ),
-        table.name,
-    )
-    return result
-
-
-def _skip_backfill(
-    run: RunContext,
-    ends: Endpoints,
-    table: TableConfig,
-    built: TableSql,
-    plan: Plan,
-    started: float,
-    started_at: str,
-    observed: Observed,
-) -> TableResult:
-    """initial_load skip: no row copied; the destination created or adopted, the cursor
-    set at the source's newest key."""
-    start = start_without_backfill(ends, built, observed.destination, observed.signature)
-    cursor = start.cursor.value if start.cursor else None
-    table_note = "created empty" if start.created else "adopted"
-    finished = utc_now()
-    result = TableResult(
-        table.written_name,
-        "success",
-        "noop",
-        0,
-        f"{plan.reason}: destination table {table_note}, cursor starts at {cursor or 'none'}",
-        None,
-        time.monotonic() - started,
-        0,
-        None,
-        cursor,
-    )
-    _write_new_state(run, table, start, observed, started_at, finished, result)
-    return result
-
-
-def _resync(
-    run: RunContext,
-    ends: Endpoints,
-    table: TableConfig,
-    built: TableSql,
-    state: TableState,
-    started: float,
-    started_at: str,
-    output: SyncOutput,
-) -> TableResult:
-    """sync --since/--until: re-read and merge one key range; the cursor stays."""
-    bounds = run.resync
-    assert bounds is not None and table.replication_key is not None
-    cursor = state.cursor.value if state.cursor else "none"
-    span = f"{bounds.since} .. {bounds.until or 'newest'}"
-    log.info("%s: re-sync of %s (cursor %s kept)", table.written_name, span, cursor)
-    (rows,) = execute(
-        ends.source,
-        sql.SQL("SELECT count(*) FROM ({}) AS b").format(
-            batch_query(
-                built.model.sql,
-                table.replication_key,
-                built.replication_key_type,
-                bounds.since,
-                bounds.until,
-            )
-        ),
-    ).fetchone()
-    with output.progress(table.written_name) as progress:
-        synced = incremental_sync(ends, built, state, run.spark, rows, progress, bounds)
-    finished = utc_now()
-    result = TableResult(
-        table.written_name,
-        "success",
-        "incremental",
-        synced.rows_read,
-        f"cursor {cursor} kept; re-sync {span}",
-        None,
-        time.monotonic() - started,
-        synced.bytes,
-        cursor,
-        cursor,
-    )
-    run.project.store.write(
-        state.model_copy(update={"last_run": _outcome(run, started_at, finished, result)}),
-        table.name,
-    )
-    return result
-
-
-class _Position(Protocol):
-    """Where a load left the table (LoadResult, StartResult)."""
-
-    @property
-    def cursor(self) -> Cursor | None: ...
-
-    @property
-    def pending(self) -> Pending | None: ...
-
-    @property
-    def window(self) -> Window | None: ...
-
-
-def _write_new_state(
-    run: RunContext,
-    table: TableConfig,
-    position: _Position,
-    observed: Observed,
-    started_at: str,
-    finished: str,
-    result: TableResult,
-) -> None:
-    """A table's state after a load (or a start without one): everything from this run, so
-    a pending refresh mark is cleared only now."""
-    run.project.store.write(
-        TableState(
-            table=str(table.name),
-            cursor=position.cursor,
-            pending=position.pending,
-            window=position.window,
-            schema_signature=observed.signature.as_json(),
-            last_synced_at=finished,
-            last_run=_outcome(run, started_at, finished, result),
-        ),
-        table.name,
-    )
-
-
 def _one_line(exc: BaseException) -> str:
     text = str(exc).strip()
     return text.splitlines()[0] if text else type(exc).__name__
-
-
-def _outcome(run: RunContext, started_at: str, finished_at: str, result: TableResult) -> RunOutcome:
-    return RunOutcome(
-        run_id=run.run_id,
-        started_at=started_at,
-        finished_at=finished_at,
-        status=result.status,
-        action=result.action,
-        rows=result.rows,
-        reason=result.reason,
-        error=result.error,
-    )
 
 
 def _record_failure(
@@ -539,7 +281,7 @@ def _record_failure(
     base = state or TableState(table=str(table.name))
     try:
         run.project.store.write(
-            base.model_copy(update={"last_run": _outcome(run, started_at, utc_now(), result)}),
+            base.model_copy(update={"last_run": outcome(run, started_at, utc_now(), result)}),
             table.name,
         )
     except OSError as exc:
