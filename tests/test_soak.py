@@ -4,7 +4,8 @@ writers stop and two more syncs run, the destination equals the source: nothing 
 duplicated or stale.
 
 REPLICATOR_SOAK_SECONDS sets how long the writers run (60 by default; `make soak` runs 600)
-and REPLICATOR_SOAK_SEED the random choices (printed, so a failing run can be replayed).
+and REPLICATOR_SOAK_SEED the random choices (printed, so a failing run can be replayed);
+REPLICATOR_SOAK_SPARK_EVERY=1 sends every sync through Spark (default: every fifth).
 """
 
 from __future__ import annotations
@@ -44,7 +45,8 @@ def _one_sync(project: Path, env: dict[str, str], rng: random.Random, log: SyncL
     (a full reload under load). About one in four is killed at a random moment within the
     time such a run last took, and one in six at a random failpoint of the path it takes."""
     log.runs += 1
-    run_env, spark, refresh = dict(env), log.runs % 5 == 0, log.runs % 10 == 7
+    spark_every = int(os.environ.get("REPLICATOR_SOAK_SPARK_EVERY", "5"))
+    run_env, spark, refresh = dict(env), log.runs % spark_every == 0, log.runs % 10 == 7
     if spark:
         run_env["REPLICATOR_SPARK_MIN_ROWS"] = "0"
         log.spark_runs += 1
@@ -70,7 +72,8 @@ def _one_sync(project: Path, env: dict[str, str], rng: random.Random, log: SyncL
         log.typical_seconds[spark] = time.monotonic() - started
         log.failpoint_not_reached += point is not None
     else:
-        log.failures.append(f"run {log.runs} exit {done.returncode}: {done.stderr[-3000:]}")
+        errors = [line for line in done.stderr.splitlines() if " error " in line]
+        log.failures.append(f"run {log.runs} exit {done.returncode}: " + "\n".join(errors))
 
 
 def _leftover_tables(dest_conn) -> list[str]:
@@ -142,6 +145,7 @@ def test_soak_converges_with_nothing_lost_duplicated_or_stale(
         "tables": {t: vars(c) for t, c in results.items()},
     }
     print("soak report: " + json.dumps(report, indent=2))
+    print("\n".join(log.failures))
     assert log.failures == []
     for table, result in results.items():
         assert (result.lost, result.duplicated, result.stale, result.extra) == (0, 0, 0, 0), table
