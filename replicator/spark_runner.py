@@ -7,6 +7,7 @@ starts it.
 
 from __future__ import annotations
 
+import re
 import threading
 import uuid
 from collections.abc import Callable, Mapping
@@ -120,6 +121,11 @@ class SparkRunner:
         self._session = None
 
 
+# "... most recent failure: Lost task 1.0 in stage 0.0 (TID 1) (host executor driver):
+# org.apache.spark.SparkException: Python worker exited unexpectedly (crashed). ..."
+_LOST_TASK = re.compile(r"most recent failure: Lost task [^\n]*?\): (?:[\w.$]+: )?([^\n]+)")
+
+
 def spark_error_message(exc: BaseException) -> str:
     """The Python exception line from inside a failed Spark task, else the first line."""
     text = str(exc)
@@ -128,6 +134,9 @@ def spark_error_message(exc: BaseException) -> str:
         for line in text[marker:].splitlines()[1:]:
             if line and not line[0].isspace():
                 return redact(f"Spark task failed: {line.strip()}")
+    lost = _LOST_TASK.search(text)
+    if lost:  # the task died without a Python exception (its worker was killed, say)
+        return redact(f"Spark task failed: {lost.group(1).split('. ')[0].strip()}")
     first = next((line for line in text.splitlines() if line.strip()), type(exc).__name__)
     return redact(f"Spark job failed: {first.strip()}")
 

@@ -61,6 +61,9 @@ INCREMENTAL_FAILPOINTS = (
     "after-merge-before-state",
     "state-before-rename",
 )
+# On the Spark path these run in a Python worker: the kill takes the task, and the run fails
+# the table (exit 1, "Spark task failed: Python worker exited unexpectedly").
+EXECUTOR_FAILPOINTS = ("mid-extract", "task-before-commit")
 FULL_RELOAD_FAILPOINTS = (
     "after-snapshot-export",
     "mid-extract",

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 from soak_workload import (
+    EXECUTOR_FAILPOINTS,
     FULL_RELOAD_FAILPOINTS,
     INCREMENTAL_FAILPOINTS,
     SyncLog,
@@ -36,6 +37,7 @@ from replicator.naming import INTERNAL_SCHEMA
 pytestmark = pytest.mark.spark
 
 WRITERS = 4
+WORKER_KILLED = "Spark task failed: Python worker exited unexpectedly"
 ROWS = 10_000
 TABLES = ("accounts", "events")
 
@@ -63,8 +65,11 @@ def _one_sync(project: Path, env: dict[str, str], rng: random.Random, log: SyncL
     started = time.monotonic()
     done = run_killable_sync(sync_command(project, "sync"), run_env, kill_after)
     log.orphans += reap_session(done.session)
+    task_killed = spark and point in EXECUTOR_FAILPOINTS
     if done.returncode == -9 and point:
         log.killed_at_failpoint[point] += 1
+    elif task_killed and done.returncode == 1 and WORKER_KILLED in done.stderr:
+        log.killed_at_failpoint[f"{point} (Spark task)"] += 1
     elif done.returncode == -9:
         log.killed_at_random += 1
     elif done.returncode == 0:
