@@ -62,11 +62,17 @@ documents = (
 def test_any_config_is_exit_0_or_2_without_a_traceback(project, document):
     project.write_config(document)
     before = {p: p.read_bytes() for p in project.path.rglob("*") if p.is_file()}
-    result = project.run("status")
-    assert result.exit_code in (0, 2), result.output
-    assert "Traceback" not in result.output
-    if result.exit_code == 2:
-        assert "tables-config.json" in result.stderr
+    status = project.run("status")
+    assert status.exit_code in (0, 2), status.output
+    assert "Traceback" not in status.output
+    if status.exit_code == 2:
+        assert "tables-config.json" in status.stderr
+    for args in (("sync",), ("compile",)):  # no connection settings: exit 2 either way
+        result = project.run(*args)
+        assert result.exit_code == 2, result.output
+        assert "Traceback" not in result.output
+        if status.exit_code == 2:
+            assert result.stderr == status.stderr
     after = {p: p.read_bytes() for p in project.path.rglob("*") if p.is_file()}
     assert after == before
 
