@@ -170,6 +170,12 @@ def test_every_command_handles_hostile_identifiers(
     _assert_all_equal(source_conn, dest_conn, names)
     noop = _sync(db_project, "-s", written["orders"])
     assert noop[written["orders"]]["action"] == "noop"
+    resynced = _sync(db_project, "-s", written["long_one"], "--since", "2000-01-01")
+    assert resynced[written["long_one"]]["reason"].endswith(
+        "re-sync 2000-01-01 00:00:00+00 .. newest"
+    )
+    one = db_project.run("compile", "-s", written["long_two"])
+    assert one.exit_code == 0 and "-- next sync: incremental" in one.output, one.output
 
     status = db_project.run("status", "--json")
     assert status.exit_code == 0, status.output
@@ -201,5 +207,5 @@ def test_every_command_handles_hostile_identifiers(
     ).fetchone()
     assert leftovers == (0,)
     payloads = [json.loads(request.data) for request, _ in httpserver.log]
-    assert len(payloads) == 4
+    assert len(payloads) == 5  # one per sync
     assert [t["name"] for t in payloads[-1]["tables"]] == list(written.values())
