@@ -7,6 +7,11 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
+from replicator.copy_stream import MARKER_TABLE
+from replicator.full_load import side_table
+from replicator.identifiers import TableName
+from replicator.naming import INTERNAL_SCHEMA, staging_table
+
 
 def row_hashes(conn: psycopg.Connection[Any], schema: str, table: str, key: str = "id") -> dict:
     """{key: md5(row::text)} for every row."""
@@ -37,3 +42,22 @@ def assert_same_table(source, dest, schema: str, table: str, key: str = "id") ->
         f"missing {sorted(missing)[:5]}, extra {sorted(extra)[:5]}, changed {changed[:5]}"
     )
     return len(left)
+
+
+def leftovers(dest, targets: list[TableName]) -> list[str]:
+    """What loads of `targets` left in `_replicator`: side or staging tables, partition
+    markers. Empty after a successful run, whatever an earlier run died doing."""
+    names = [t.name for target in targets for t in (side_table(target), staging_table(target))]
+    rows = dest.execute(
+        "SELECT c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+        "WHERE n.nspname = %s AND c.relname = ANY(%s)",
+        (INTERNAL_SCHEMA, names),
+    ).fetchall()
+    markers = dest.execute(
+        sql.SQL(
+            "SELECT load_id FROM {} WHERE EXISTS "
+            "(SELECT FROM unnest(%s::text[]) AS p WHERE starts_with(load_id, p))"
+        ).format(sql.Identifier(*MARKER_TABLE)),
+        ([f"{target.sql()} " for target in targets],),
+    ).fetchall()
+    return [r[0] for r in rows] + [f"marker {r[0]}" for r in markers]

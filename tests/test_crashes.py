@@ -12,13 +12,10 @@ from __future__ import annotations
 import json
 
 import pytest
-from dbcompare import assert_same_table
+from dbcompare import assert_same_table, leftovers
 from psycopg import sql
 
-from replicator.copy_stream import MARKER_TABLE
-from replicator.full_load import side_table
 from replicator.identifiers import TableName
-from replicator.naming import INTERNAL_SCHEMA, staging_table
 
 pytestmark = pytest.mark.spark
 
@@ -82,21 +79,7 @@ def _change(source_conn, schema: str, mode: str) -> None:
 
 
 def _leftovers(dest_conn, schema: str) -> list[str]:
-    """The table's side or staging table, and its loads' partition markers, if still there."""
-    target = TableName(schema, "t")
-    names = [side_table(target).name, staging_table(target).name]
-    rows = dest_conn.execute(
-        "SELECT c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
-        "WHERE n.nspname = %s AND c.relname = ANY(%s)",
-        (INTERNAL_SCHEMA, names),
-    ).fetchall()
-    markers = dest_conn.execute(
-        sql.SQL("SELECT load_id FROM {} WHERE starts_with(load_id, %s)").format(
-            sql.Identifier(*MARKER_TABLE)
-        ),
-        (f"{target.sql()} ",),
-    ).fetchall()
-    return [r[0] for r in rows] + [f"marker {r[0]}" for r in markers]
+    return leftovers(dest_conn, [TableName(schema, "t")])
 
 
 @pytest.mark.parametrize(("mode", "point"), CASES, ids=[f"{m}-{p}" for m, p in CASES])

@@ -19,6 +19,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from dbcompare import leftovers
 from soak_workload import (
     EXECUTOR_FAILPOINTS,
     FULL_RELOAD_FAILPOINTS,
@@ -32,7 +33,7 @@ from soak_workload import (
     sync_command,
 )
 
-from replicator.naming import INTERNAL_SCHEMA
+from replicator.identifiers import TableName
 
 pytestmark = pytest.mark.spark
 
@@ -79,16 +80,6 @@ def _one_sync(project: Path, env: dict[str, str], rng: random.Random, log: SyncL
     else:
         errors = [line for line in done.stderr.splitlines() if " error " in line]
         log.failures.append(f"run {log.runs} exit {done.returncode}: " + "\n".join(errors))
-
-
-def _leftover_tables(dest_conn) -> list[str]:
-    """Side or staging tables still in `_replicator` (only the partition markers belong)."""
-    rows = dest_conn.execute(
-        "SELECT c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
-        "WHERE n.nspname = %s AND c.relkind = 'r' AND c.relname <> 'loaded_partitions'",
-        (INTERNAL_SCHEMA,),
-    ).fetchall()
-    return [r[0] for r in rows]
 
 
 def test_soak_converges_with_nothing_lost_duplicated_or_stale(
@@ -157,4 +148,4 @@ def test_soak_converges_with_nothing_lost_duplicated_or_stale(
     assert results["accounts"].source_rows >= ROWS
     assert log.kills > 0
     assert log.orphans == []
-    assert _leftover_tables(dest_conn) == []
+    assert leftovers(dest_conn, [TableName(schema, t) for t in TABLES]) == []
