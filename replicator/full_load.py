@@ -29,7 +29,7 @@ from .dest_types import ensure_types
 from .errors import DatabaseError
 from .failpoints import failpoint
 from .identifiers import TableName
-from .naming import INTERNAL_SCHEMA, derived_name
+from .naming import INTERNAL_SCHEMA, derived_name, retired_table
 from .partitions import page_predicate, plan_key_ranges, plan_page_ranges, range_predicate
 from .snapshot import ExportedSnapshot
 from .spark_runner import SparkRunner
@@ -113,10 +113,15 @@ def prepare_destination(ends: Endpoints, built: TableSql) -> TableName:
 
 
 def side_table_statements(built: TableSql) -> list[exp.Expression]:
-    """A fresh side table: a stale one from a crash dropped, the new one without its key
+    """A fresh side table: a stale one (and a replaced table not yet dropped) from a crash
+    dropped, the new one without its key
     (building the key after the load measured faster than maintaining it: bench/RESULTS.md)."""
-    side = side_table(built.table.target)
-    return [ddl.drop_table(side), ddl.create_table(side, built.columns)]
+    side, target = side_table(built.table.target), built.table.target
+    return [
+        ddl.drop_table(retired_table(target)),
+        ddl.drop_table(side),
+        ddl.create_table(side, built.columns),
+    ]
 
 
 def side_key_name(built: TableSql) -> str | None:

@@ -24,7 +24,7 @@ from .database import execute
 from .failpoints import failpoint
 from .full_load import MARKER_DDL, Endpoints, forget_markers, new_load_id
 from .identifiers import TableName
-from .naming import INTERNAL_SCHEMA, staging_table
+from .naming import INTERNAL_SCHEMA, retired_table, staging_table
 from .partitions import KeyRange, range_predicate
 from .snapshot import ExportedSnapshot
 from .spark_runner import SparkRunner
@@ -268,6 +268,7 @@ def _prepare_staging(dest: psycopg.Connection[Any], built: TableSql) -> TableNam
     staging = staging_table(built.table.target)
     execute(dest, ddl.create_schema(INTERNAL_SCHEMA))
     execute(dest, MARKER_DDL)
+    execute(dest, ddl.drop_table(retired_table(built.table.target)))  # left by a killed swap
     execute(dest, ddl.drop_table(staging))
     execute(dest, ddl.create_table(staging, built.columns, unlogged=True))
     return staging

@@ -31,6 +31,17 @@ def staging_table(target: TableName) -> TableName:
     return TableName(INTERNAL_SCHEMA, derived_name("stg", target))
 
 
+def retired_table(target: TableName) -> TableName:
+    """Where the swap puts the replaced table, beside the new one, until it is dropped after
+    the commit (freeing a big table's files must not happen while readers wait)."""
+    return TableName(target.schema, derived_name("old", target))
+
+
+def retired_key_name(target: TableName) -> str:
+    """The replaced table's primary key, renamed so the new table can take its name."""
+    return derived_name("oldkey", target)
+
+
 def default_key_name(target: TableName, number: int = 0) -> str:
     """PostgreSQL's own name for the table's primary key (makeObjectName): the table name cut
     at a character boundary so `_pkey` still fits in 63 bytes; `number` > 0 gives the

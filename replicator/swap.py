@@ -5,7 +5,8 @@ table, after it the new one. Views that depend on the table are dropped and recr
 their own definitions, so they point at the new table) in the same transaction, with their
 owners, grants, options and comments; the table keeps its grants, owner and comments.
 Anything else that depends on the live table (a materialized view, a foreign key) makes the
-swap fail, leaving the old table untouched.
+swap fail, leaving the old table untouched. The old table is renamed aside in the transaction
+and dropped after the commit: freeing a big table's files takes time readers should not wait.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from .database import execute, fetch_all
 from .errors import DatabaseError
 from .failpoints import failpoint
 from .identifiers import TableName
-from .naming import default_key_name
+from .naming import default_key_name, retired_key_name, retired_table
 
 LOCK_TIMEOUT = "5s"
 
@@ -111,6 +112,7 @@ def _swap_with_retries(dest: psycopg.Connection[Any], side: TableName, target: T
         views: list[SavedObject] = []
         table: SavedObject | None = None
         old_key: list[tuple[Any, ...]] = []
+        retired: TableName | None = None
         if existing:
             oid = existing[0][0]
             dest.execute(sql.SQL("LOCK TABLE {} IN ACCESS EXCLUSIVE MODE").format(_ident(target)))
@@ -120,7 +122,7 @@ def _swap_with_retries(dest: psycopg.Connection[Any], side: TableName, target: T
             old_key = fetch_all(dest, _PRIMARY_KEY_NAME, (oid,))
             for view in reversed(views):
                 execute(dest, sql.SQL("DROP VIEW {}").format(_ident(view.name)))
-            _drop_table(dest, target)
+            retired = _retire(dest, target, old_key[0][0] if old_key else None)
         primary_key_name = old_key[0][0] if old_key else _free_key_name(dest, target)
         _move(dest, side, target, primary_key_name)
         if table is not None:
@@ -128,7 +130,11 @@ def _swap_with_retries(dest: psycopg.Connection[Any], side: TableName, target: T
         for view in views:
             _recreate_view(dest, view)
         failpoint("before-swap-commit")
-    return time.monotonic() - locked_at
+    lock_seconds = time.monotonic() - locked_at
+    failpoint("after-swap-commit")
+    if retired is not None:
+        dest.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(_ident(retired)))
+    return lock_seconds
 
 
 def _free_key_name(dest: psycopg.Connection[Any], target: TableName) -> str:
@@ -159,6 +165,26 @@ def _dependent_views(dest: psycopg.Connection[Any], oid: int) -> list[SavedObjec
             )
         views.append(_save(dest, view_oid, TableName(schema, name)))
     return views
+
+
+def _retire(dest: psycopg.Connection[Any], target: TableName, key_name: str | None) -> TableName:
+    """Rename the old table (and its key) aside; the caller drops it after the commit. It
+    must be droppable now, though: a foreign key or materialized view that depends on it
+    fails the swap here, with the old table untouched."""
+    dest.execute("SAVEPOINT replicator_drop_check")
+    _drop_table(dest, target)
+    dest.execute("ROLLBACK TO SAVEPOINT replicator_drop_check")
+    retired = retired_table(target)
+    dest.execute(
+        sql.SQL("ALTER TABLE {} RENAME TO {}").format(_ident(target), sql.Identifier(retired.name))
+    )
+    if key_name is not None:
+        dest.execute(
+            sql.SQL("ALTER TABLE {} RENAME CONSTRAINT {} TO {}").format(
+                _ident(retired), sql.Identifier(key_name), sql.Identifier(retired_key_name(target))
+            )
+        )
+    return retired
 
 
 def _drop_table(dest: psycopg.Connection[Any], target: TableName) -> None:
@@ -200,15 +226,29 @@ def move_statements(
 def swap_statements(
     side: TableName, target: TableName, side_key: str | None, primary_key_name: str
 ) -> list[sql.Composable]:
-    """The swap transaction as `compile` shows it, for a target that exists (views that
-    depend on it are dropped before the DROP TABLE and recreated after, as they are)."""
-    return [
+    """The swap as `compile` shows it, for a target that exists (views that depend on it are
+    dropped before the rename and recreated after, as they are): the old table is renamed
+    aside in the transaction and dropped after the commit, outside the lock."""
+    retired = retired_table(target)
+    statements = [
         sql.SQL("BEGIN"),
         sql.SQL("SET LOCAL lock_timeout = {}").format(sql.Literal(LOCK_TIMEOUT)),
         sql.SQL("LOCK TABLE {} IN ACCESS EXCLUSIVE MODE").format(_ident(target)),
-        sql.SQL("DROP TABLE {}").format(_ident(target)),
+        sql.SQL("ALTER TABLE {} RENAME TO {}").format(_ident(target), sql.Identifier(retired.name)),
+    ]
+    if side_key is not None:
+        statements.append(
+            sql.SQL("ALTER TABLE {} RENAME CONSTRAINT {} TO {}").format(
+                _ident(retired),
+                sql.Identifier(primary_key_name),
+                sql.Identifier(retired_key_name(target)),
+            )
+        )
+    return [
+        *statements,
         *move_statements(side, target, side_key, primary_key_name),
         sql.SQL("COMMIT"),
+        sql.SQL("DROP TABLE IF EXISTS {}").format(_ident(retired)),
     ]
 
 

@@ -10,7 +10,7 @@ from psycopg import sql
 from replicator.copy_stream import MARKER_TABLE
 from replicator.full_load import side_table
 from replicator.identifiers import TableName
-from replicator.naming import INTERNAL_SCHEMA, staging_table
+from replicator.naming import retired_table, staging_table
 
 
 def row_hashes(conn: psycopg.Connection[Any], schema: str, table: str, key: str = "id") -> dict:
@@ -45,13 +45,18 @@ def assert_same_table(source, dest, schema: str, table: str, key: str = "id") ->
 
 
 def leftovers(dest, targets: list[TableName]) -> list[str]:
-    """What loads of `targets` left in `_replicator`: side or staging tables, partition
-    markers. Empty after a successful run, whatever an earlier run died doing."""
-    names = [t.name for target in targets for t in (side_table(target), staging_table(target))]
+    """What loads of `targets` left behind: side or staging tables, a replaced table not yet
+    dropped, partition markers. Empty after a successful run, whatever an earlier run died
+    doing."""
+    names = [
+        (t.schema, t.name)
+        for target in targets
+        for t in (side_table(target), staging_table(target), retired_table(target))
+    ]
     rows = dest.execute(
         "SELECT c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
-        "WHERE n.nspname = %s AND c.relname = ANY(%s)",
-        (INTERNAL_SCHEMA, names),
+        "WHERE (n.nspname, c.relname) IN (SELECT * FROM unnest(%s::text[], %s::text[]))",
+        ([n[0] for n in names], [n[1] for n in names]),
     ).fetchall()
     markers = dest.execute(
         sql.SQL(

@@ -70,6 +70,7 @@ FULL_RELOAD_FAILPOINTS = (
     "task-before-commit",
     "after-load-before-swap",
     "before-swap-commit",
+    "after-swap-commit",
     "after-swap-before-state",
     "state-before-rename",
 )

@@ -27,6 +27,7 @@ FULL_RELOAD_POINTS = [
     "task-before-commit",
     "after-load-before-swap",
     "before-swap-commit",
+    "after-swap-commit",
     "after-swap-before-state",
     "state-before-rename",
 ]
@@ -94,7 +95,12 @@ def test_a_kill_at_the_point_converges(db_project, source_conn, dest_conn, schem
     _change(source_conn, schema, mode)
     killed = db_project.run_process("sync", env={**IN_PROCESS, "REPLICATOR_FAILPOINT": point})
     assert killed.returncode == -9, f"the run did not reach {point}: {killed.stderr}"
-    if point in ("after-staging-copy", "after-load-before-swap", "task-before-commit"):
+    if point in (
+        "after-staging-copy",
+        "after-load-before-swap",
+        "task-before-commit",
+        "after-swap-commit",
+    ):
         assert _leftovers(dest_conn, schema), "the killed run left its table behind"
     again = db_project.run_process("sync", env=IN_PROCESS)
     assert again.returncode == 0, again.stderr
