@@ -8,8 +8,11 @@ import time
 
 import psycopg
 import pytest
-from dbcompare import assert_same_table, row_hashes
+from dbcompare import assert_same_table, leftovers, row_hashes
 from psycopg import sql
+
+from replicator.identifiers import TableName
+from replicator.naming import retired_table
 
 pytestmark = pytest.mark.spark
 
@@ -266,14 +269,42 @@ def test_crash_before_swap_leaves_old_table_and_next_run_cleans_up(
     assert dest_conn.execute(sql.SQL("SELECT DISTINCT v FROM {}").format(table)).fetchall() == [
         (1,)
     ], "the live table is untouched"
-    sides = (
-        "SELECT count(*) FROM pg_tables "
-        "WHERE schemaname = '_replicator' AND tablename LIKE 'new\\_%'"
-    )
-    assert dest_conn.execute(sides).fetchone()[0] >= 1
+    assert leftovers(dest_conn, [TableName(schema, "t")]), "the side table is still there"
     assert _sync(db_project).exit_code == 0
     assert_same_table(source_conn, dest_conn, schema, "t")
-    assert dest_conn.execute(sides).fetchone() == (0,)
+    assert leftovers(dest_conn, [TableName(schema, "t")]) == []
+
+
+@pytest.mark.parametrize(
+    ("dependent", "named"),
+    [
+        ("CREATE MATERIALIZED VIEW {s}.mv AS SELECT id FROM {s}.t", "mv"),
+        ("CREATE TABLE {s}.child (id int REFERENCES {s}.t (id))", "child"),
+    ],
+    ids=["materialized-view", "foreign-key"],
+)
+def test_a_dependent_object_fails_the_swap_and_keeps_the_old_table(
+    db_project, source_conn, dest_conn, schema, dependent, named
+):
+    """Only plain views are carried across a reload: anything else that depends on the
+    table fails that table with a message naming it, and the live table stays as it was."""
+    table = sql.Identifier(schema, "t")
+    source_conn.execute(sql.SQL("CREATE TABLE {} (id int PRIMARY KEY, v int)").format(table))
+    source_conn.execute(sql.SQL("INSERT INTO {} VALUES (1, 1), (2, 1)").format(table))
+    db_project.write_config({"tables": [{"name": f"{schema}.t", "mode": "full-refresh"}]})
+    assert _sync(db_project).exit_code == 0
+    dest_conn.execute(dependent.format(s=sql.Identifier(schema).as_string(dest_conn)))
+    (oid,) = dest_conn.execute("SELECT %s::regclass::oid", (f"{schema}.t",)).fetchone()
+    source_conn.execute(sql.SQL("UPDATE {} SET v = 2").format(table))
+    result = _sync(db_project)
+    assert result.exit_code == 1
+    assert "failed after" in result.stderr and named in result.stderr, result.stderr
+    assert dest_conn.execute("SELECT %s::regclass::oid", (f"{schema}.t",)).fetchone() == (oid,)
+    assert dest_conn.execute(sql.SQL("SELECT DISTINCT v FROM {}").format(table)).fetchall() == [
+        (1,)
+    ]
+    left = leftovers(dest_conn, [TableName(schema, "t")])
+    assert retired_table(TableName(schema, "t")).name not in left
 
 
 def test_hostile_identifiers_load_exactly(db_project, source_conn, dest_conn):
