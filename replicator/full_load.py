@@ -113,9 +113,9 @@ def prepare_destination(ends: Endpoints, built: TableSql) -> TableName:
 
 
 def side_table_statements(built: TableSql) -> list[exp.Expression]:
-    """A fresh side table: a stale one (and a replaced table not yet dropped) from a crash
-    dropped, the new one without its key
-    (building the key after the load measured faster than maintaining it: bench/RESULTS.md)."""
+    """A fresh side table, without its key (building the key after the load measured faster
+    than maintaining it: bench/RESULTS.md). What a killed run left is dropped first: a stale
+    side table, and a replaced table the swap renamed aside but did not drop yet."""
     side, target = side_table(built.table.target), built.table.target
     return [
         ddl.drop_table(retired_table(target)),
@@ -281,11 +281,8 @@ def _keep_newest_version_per_key(
 ) -> None:
     """The model emitted a key more than once: keep the version an incremental merge would
     keep (highest replication key, ties broken by the row's text), so both paths agree."""
-    order = (
-        [sql.SQL("{} DESC").format(sql.Identifier(built.table.replication_key))]
-        if (built.table.replication_key)
-        else []
-    )
+    key = built.table.replication_key
+    order = [sql.SQL("{} DESC").format(sql.Identifier(key))] if key else []
     order.append(sql.SQL("s::text DESC"))
     removed = execute(
         dest,
