@@ -50,31 +50,6 @@ INSERT INTO {accounts} (owner, balance)
     SELECT 'owner ' || g, (g % 1000) * 1.25 FROM generate_series(1, {rows}) g;
 """
 
-# Failpoints a soak sync may be killed at, besides kills at random moments: those an
-# incremental run passes, and those a full reload (after `refresh`) passes.
-INCREMENTAL_FAILPOINTS = (
-    "after-snapshot-export",
-    "mid-extract",
-    "task-before-commit",
-    "after-staging-copy",
-    "mid-merge",
-    "after-merge-before-state",
-    "state-before-rename",
-)
-# On the Spark path these run in a Python worker: the kill takes the task, and the run fails
-# the table (exit 1, "Spark task failed: Python worker exited unexpectedly").
-EXECUTOR_FAILPOINTS = ("mid-extract", "task-before-commit")
-FULL_RELOAD_FAILPOINTS = (
-    "after-snapshot-export",
-    "mid-extract",
-    "task-before-commit",
-    "after-load-before-swap",
-    "before-swap-commit",
-    "after-swap-commit",
-    "after-swap-before-state",
-    "state-before-rename",
-)
-
 
 def create_source(conn: psycopg.Connection[Any], schema: str, rows: int) -> None:
     conn.execute(

@@ -13,6 +13,7 @@ import json
 
 import pytest
 from dbcompare import assert_same_table, leftovers
+from failpoint_paths import FULL_RELOAD_POINTS, INCREMENTAL_POINTS
 from psycopg import sql
 
 from replicator.identifiers import TableName
@@ -21,25 +22,6 @@ pytestmark = pytest.mark.spark
 
 IN_PROCESS = {"REPLICATOR_SPARK_MIN_ROWS": "1000000000"}
 
-FULL_RELOAD_POINTS = [
-    "after-snapshot-export",
-    "mid-extract",
-    "task-before-commit",
-    "after-load-before-swap",
-    "before-swap-commit",
-    "after-swap-commit",
-    "after-swap-before-state",
-    "state-before-rename",
-]
-INCREMENTAL_POINTS = [
-    "after-snapshot-export",
-    "mid-extract",
-    "task-before-commit",
-    "after-staging-copy",
-    "mid-merge",
-    "after-merge-before-state",
-    "state-before-rename",
-]
 CASES = [
     *[("full-refresh", p) for p in FULL_RELOAD_POINTS],
     *[("incremental-deduped", p) for p in INCREMENTAL_POINTS],

@@ -20,10 +20,8 @@ from pathlib import Path
 
 import pytest
 from dbcompare import leftovers
+from failpoint_paths import EXECUTOR_POINTS, FULL_RELOAD_POINTS, INCREMENTAL_POINTS
 from soak_workload import (
-    EXECUTOR_FAILPOINTS,
-    FULL_RELOAD_FAILPOINTS,
-    INCREMENTAL_FAILPOINTS,
     SyncLog,
     Writer,
     compare,
@@ -61,12 +59,12 @@ def _one_sync(project: Path, env: dict[str, str], rng: random.Random, log: SyncL
     if roll < 0.25:
         kill_after = rng.uniform(0.1, 0.95) * log.typical_seconds[spark]
     elif roll < 0.42:
-        point = rng.choice(FULL_RELOAD_FAILPOINTS if refresh else INCREMENTAL_FAILPOINTS)
+        point = rng.choice(FULL_RELOAD_POINTS if refresh else INCREMENTAL_POINTS)
         run_env["REPLICATOR_FAILPOINT"] = point
     started = time.monotonic()
     done = run_killable_sync(sync_command(project, "sync"), run_env, kill_after)
     log.orphans += reap_session(done.session)
-    task_killed = spark and point in EXECUTOR_FAILPOINTS
+    task_killed = spark and point in EXECUTOR_POINTS
     if done.returncode == -9 and point:
         log.killed_at_failpoint[point] += 1
     elif task_killed and done.returncode == 1 and WORKER_KILLED in done.stderr:

@@ -1,0 +1,24 @@
+"""Which failpoints each sync path passes (the crash matrix and the soak both kill at them)."""
+
+FULL_RELOAD_POINTS = (
+    "after-snapshot-export",
+    "mid-extract",
+    "task-before-commit",
+    "after-load-before-swap",
+    "before-swap-commit",
+    "after-swap-commit",
+    "after-swap-before-state",
+    "state-before-rename",
+)
+INCREMENTAL_POINTS = (
+    "after-snapshot-export",
+    "mid-extract",
+    "task-before-commit",
+    "after-staging-copy",
+    "mid-merge",
+    "after-merge-before-state",
+    "state-before-rename",
+)
+# On the Spark path these run in a Python worker: the kill takes the task, and the run fails
+# the table (exit 1, "Spark task failed: Python worker exited unexpectedly").
+EXECUTOR_POINTS = ("mid-extract", "task-before-commit")
