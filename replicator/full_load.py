@@ -69,11 +69,16 @@ class Endpoints:
     dest_url: str
 
 
+def load_id_prefix(target: TableName) -> str:
+    """How every load id of `target` starts (32 hex digits follow)."""
+    return f"{target.sql()} "
+
+
 def new_load_id(dest: psycopg.Connection[Any], target: TableName) -> str:
     """A fresh id for one load of `target` (the table's quoted name and 32 hex digits). The
     markers of its earlier loads, left by a killed run, are dropped: the table lock held by
     this run means none of them is still being written."""
-    prefix = f"{target.sql()} "
+    prefix = load_id_prefix(target)
     execute(
         dest,
         sql.SQL(

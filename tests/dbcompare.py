@@ -8,7 +8,7 @@ import psycopg
 from psycopg import sql
 
 from replicator.copy_stream import MARKER_TABLE
-from replicator.full_load import side_table
+from replicator.full_load import load_id_prefix, side_table
 from replicator.identifiers import TableName
 from replicator.naming import retired_table, staging_table
 
@@ -63,6 +63,6 @@ def leftovers(dest, targets: list[TableName]) -> list[str]:
             "SELECT load_id FROM {} WHERE EXISTS "
             "(SELECT FROM unnest(%s::text[]) AS p WHERE starts_with(load_id, p))"
         ).format(sql.Identifier(*MARKER_TABLE)),
-        ([f"{target.sql()} " for target in targets],),
+        ([load_id_prefix(target) for target in targets],),
     ).fetchall()
     return [r[0] for r in rows] + [f"marker {r[0]}" for r in markers]
