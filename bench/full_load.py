@@ -5,7 +5,9 @@ int, text, numeric(12,2), jsonb), then times each path at least twice into a fre
 destination table and prints wall time, rows/s, MB/s, peak RSS of the whole process tree
 and the ratio of replicator to each baseline (medians). Baselines load into a table without
 a primary key (pure data movement); replicator also builds the key, analyzes and swaps.
-One extra row loads the dump into a table with its key in place, for context.
+One extra row loads the dump into a table with its key in place, for context; replicator
+runs with its defaults (one Spark task per core) and with the table setting `partitions: 1`
+(one task, which copies frozen).
 
     .venv/bin/python bench/full_load.py --rows 5000000 --repeat 2
     .venv/bin/python bench/full_load.py --rows 10000000 --only replicator \\
@@ -51,6 +53,28 @@ DEST_DDL = TABLE_DDL.replace("PRIMARY KEY", "")
 KEYED = "pg_dump | psql, key in place"
 
 
+OURS = "replicator sync"
+# One task per table: it empties the side table in its own transaction and copies frozen;
+# the table setting `partitions: 1` (the default is one task per core).
+SINGLE = "replicator sync, partitions: 1"
+
+
+def write_project(folder: Path, conf: dict[str, str], partitions: int | None) -> Path:
+    (folder / "sync-state").mkdir(parents=True)
+    table: dict = {"name": "public.bench_orders", "mode": "full-refresh"}
+    if partitions:
+        table["partitions"] = partitions
+    (folder / "tables-config.json").write_text(
+        json.dumps({"tables": [table], "spark": {"conf": conf}})
+    )
+    return folder
+
+
+def sync_command(project: Path) -> str:
+    python, folder = shlex.quote(sys.executable), shlex.quote(str(project))
+    return f"{python} -m replicator sync -q --project-dir {folder}"
+
+
 def build_source(url: str, rows: int) -> int:
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute(TABLE_DDL)
@@ -81,7 +105,9 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=2)
     parser.add_argument("--only", choices=["replicator"], help="skip the baselines")
     parser.add_argument("--spark-conf", action="append", default=[], metavar="KEY=VALUE")
-    parser.add_argument("--partitions", type=int, help="replicator: Spark tasks (default: auto)")
+    parser.add_argument(
+        "--partitions", type=int, help="replicator sync: Spark tasks (default: one per core)"
+    )
     args = parser.parse_args()
 
     pg_bin = find_pg_bin()
@@ -94,15 +120,9 @@ def main() -> None:
         src, dst = shlex.quote(source.url()), shlex.quote(dest.url())
         print(f"building {args.rows:,} rows ...", flush=True)
         table_bytes = build_source(source.url(), args.rows)
-        project = base / "project"
-        (project / "sync-state").mkdir(parents=True)
-        table: dict = {"name": "public.bench_orders", "mode": "full-refresh"}
-        if args.partitions:
-            table["partitions"] = args.partitions
         conf = dict(item.split("=", 1) for item in args.spark_conf)
-        (project / "tables-config.json").write_text(
-            json.dumps({"tables": [table], "spark": {"conf": conf}})
-        )
+        project = write_project(base / "project", conf, args.partitions)
+        single = write_project(base / "project-single", conf, 1)
         env = {
             **os.environ,
             "REPLICATOR_SOURCE_URL": source.url(),
@@ -118,13 +138,11 @@ def main() -> None:
             ),
             "pg_dump | psql": f"{pg_dump} -t bench_orders --data-only {src} | {psql} -q {dst}",
             KEYED: f"{pg_dump} -t bench_orders --data-only {src} | {psql} -q {dst}",
-            "replicator sync": (
-                f"{shlex.quote(sys.executable)} -m replicator sync -q "
-                f"--project-dir {shlex.quote(str(project))}"
-            ),
+            OURS: sync_command(project),
+            SINGLE: sync_command(single),
         }
         if args.only:
-            paths = {"replicator sync": paths["replicator sync"]}
+            paths = {OURS: paths[OURS]}
         results: dict[str, list[Measured]] = {name: [] for name in paths}
         for attempt in range(args.repeat):
             for name, command in paths.items():
@@ -147,16 +165,20 @@ def main() -> None:
 
 def report(results: dict[str, list[Measured]], rows: int, table_bytes: int) -> None:
     medians = {name: statistics.median(m.seconds for m in runs) for name, runs in results.items()}
-    ours = medians["replicator sync"]
+    ours, single = medians[OURS], medians.get(SINGLE)
     print(f"\n{rows:,} rows, {table_bytes / 1e9:.2f} GB on disk, {os.cpu_count()} cores")
-    print("| path | wall (median) | runs | rows/s | MB/s (heap) | peak RSS | replicator / this |")
-    print("|---|---|---|---|---|---|---|")
+    print(
+        "| path | wall (median) | runs | rows/s | MB/s (heap) | peak RSS | replicator / this "
+        "| replicator, partitions: 1 / this |"
+    )
+    print("|---|---|---|---|---|---|---|---|")
     for name, runs in results.items():
         median = medians[name]
         print(
             f"| {name} | {median:.1f} s | {', '.join(f'{m.seconds:.1f}' for m in runs)} | "
             f"{rows / median:,.0f} | {table_bytes / 1e6 / median:,.0f} | "
-            f"{max(m.peak_rss_mb for m in runs):,.0f} MB | {ours / median:.2f}x |"
+            f"{max(m.peak_rss_mb for m in runs):,.0f} MB | {ours / median:.2f}x | "
+            f"{f'{single / median:.2f}x' if single else '-'} |"
         )
 
 

@@ -32,6 +32,10 @@ class CopyTask:
     snapshot: str
     copy_out: str
     copy_in: str
+    # A load's only task may empty the table in its own transaction first: that lets its
+    # COPY FREEZE (rows written frozen and all-visible: no hint bits to set and write back
+    # when the key is built, nothing for vacuum to do later).
+    truncate: str | None = None
 
     def __repr__(self) -> str:  # never print connection strings
         return f"CopyTask({self.load_id!r}, {self.index})"
@@ -53,13 +57,23 @@ def copy_tasks(
     queries: list[sql.Composable],
     table: tuple[str, str],
     columns: list[str],
+    *,
+    freeze: bool = False,
 ) -> list[CopyTask]:
-    """One task per query: binary COPY of its rows into `table` (schema, name)."""
+    """One task per query: binary COPY of its rows into `table` (schema, name).
+
+    `freeze`: the table is this load's alone; a single task truncates it and copies frozen."""
+    freeze = freeze and len(queries) == 1
     copy_in = (
-        sql.SQL("COPY {} ({}) FROM STDIN (FORMAT binary)")
-        .format(sql.Identifier(*table), sql.SQL(", ").join(map(sql.Identifier, columns)))
+        sql.SQL("COPY {} ({}) FROM STDIN (FORMAT binary{})")
+        .format(
+            sql.Identifier(*table),
+            sql.SQL(", ").join(map(sql.Identifier, columns)),
+            sql.SQL(", FREEZE" if freeze else ""),
+        )
         .as_string(None)
     )
+    truncate = sql.SQL("TRUNCATE {}").format(sql.Identifier(*table)).as_string(None)
     return [
         CopyTask(
             load_id,
@@ -69,6 +83,7 @@ def copy_tasks(
             snapshot,
             sql.SQL("COPY ({}) TO STDOUT (FORMAT binary)").format(query).as_string(None),
             copy_in,
+            truncate if freeze else None,
         )
         for index, query in enumerate(queries)
     ]
@@ -97,6 +112,8 @@ def run_copy_task(task: CopyTask) -> CopyResult:
                 (task.load_id, task.index),
             ).fetchone()
             return CopyResult(task.index, row[0], row[1], time.monotonic() - started)
+        if task.truncate:
+            dest.execute(task.truncate)
         rows, size = _stream(task, dest)
         dest.execute(
             sql.SQL("UPDATE {} SET rows = %s, bytes = %s WHERE load_id = %s AND part = %s").format(

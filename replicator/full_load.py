@@ -251,6 +251,7 @@ def _copy_tasks(
         _partition_queries(snap, built, source, parallelism),
         (side.schema, side.name),
         [c.name for c in built.columns],
+        freeze=True,
     )
 
 

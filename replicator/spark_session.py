@@ -26,6 +26,8 @@ DEFAULT_MASTER = "local[*]"
 DRIVER_JIT = "-XX:TieredStopAtLevel=1"
 _UTC_JAVA = "-Duser.timezone=UTC"
 JAVA_OPTION_KEYS = ("spark.driver.extraJavaOptions", "spark.executor.extraJavaOptions")
+DAEMON_MODULE_KEY = "spark.python.daemon.module"
+LOCAL_DAEMON_MODULE = "replicator.spark_worker_daemon"
 
 # Exactness and quiet by default; anything from the config's spark.conf wins.
 BASE_CONF: Mapping[str, str] = {
@@ -73,6 +75,9 @@ def spark_conf(
             settings["spark.jars.packages"] = JDBC_PACKAGE
     for key, value in conf.items():
         settings[key] = f"{settings[key]} {value}" if key in JAVA_OPTION_KEYS else value
+    if settings["spark.master"].startswith("local"):
+        # This process's pyspark is the Spark that runs the workers: import it, not the zip.
+        settings.setdefault(DAEMON_MODULE_KEY, LOCAL_DAEMON_MODULE)
     return settings
 
 

@@ -400,6 +400,27 @@ def test_unchanged_reload_keeps_row_hashes(db_project, source_conn, dest_conn, s
     assert row_hashes(dest_conn, schema, "t") == first
 
 
+def test_a_single_partition_load_is_written_frozen(db_project, source_conn, dest_conn, schema):
+    """One task may empty the side table in its own transaction and COPY FREEZE: every page
+    of the loaded table is all-visible at once (nothing for vacuum or the key build to set)."""
+    table = sql.Identifier(schema, "t")
+    source_conn.execute(sql.SQL("CREATE TABLE {} (id int PRIMARY KEY, v text)").format(table))
+    source_conn.execute(
+        sql.SQL("INSERT INTO {} SELECT g, md5(g::text) FROM generate_series(1, 20000) g").format(
+            table
+        )
+    )
+    db_project.write_config({"tables": [{"name": f"{schema}.t", "mode": "full-refresh"}]})
+    for _ in range(2):  # a first load, then a reload into a fresh side table
+        assert _sync(db_project).exit_code == 0
+        visible, pages = dest_conn.execute(
+            "SELECT relallvisible, relpages FROM pg_class WHERE oid = %s::regclass",
+            (sql.Identifier(schema, "t").as_string(dest_conn),),
+        ).fetchone()
+        assert pages > 0 and visible == pages
+        assert_same_table(source_conn, dest_conn, schema, "t")
+
+
 def test_cursor_text_ignores_server_and_tool_settings(db_project, source_conn, schema):
     """Odd server defaults (DateStyle, TimeZone, ...) and the tool's TZ never change the
     stored cursor: the sessions pin every setting that changes text output."""

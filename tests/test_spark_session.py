@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 from psycopg import sql
 
-from replicator.spark_session import jdbc_jar, spark_conf
+from replicator.spark_session import DAEMON_MODULE_KEY, jdbc_jar, spark_conf
+from replicator.spark_worker_daemon import prefer_installed_pyspark
 
 pytestmark = pytest.mark.spark
 
@@ -19,6 +20,21 @@ def test_conf_prefers_local_jar_and_config_wins():
         assert conf["spark.jars"] == str(jdbc_jar())
     custom = spark_conf("spark://h:7077", {"spark.jars.packages": "org.postgresql:postgresql:1"})
     assert custom["spark.master"] == "spark://h:7077" and "spark.jars" not in custom
+    # Only a local run's workers can rely on this process's pyspark being installed.
+    assert conf[DAEMON_MODULE_KEY] == "replicator.spark_worker_daemon"
+    assert DAEMON_MODULE_KEY not in custom
+
+
+def test_local_workers_import_the_installed_pyspark_not_the_zip(spark):
+    def where_pyspark_comes_from(_):
+        import pyspark
+
+        return pyspark.__file__
+
+    origins = spark.sparkContext.parallelize(range(2), 2).map(where_pyspark_comes_from).collect()
+    assert origins and all(".zip" not in origin for origin in origins), origins
+    moved = prefer_installed_pyspark(["/x/pyspark/python/lib/pyspark.zip", "/site", "/y.zip"])
+    assert moved == ["/site", "/y.zip", "/x/pyspark/python/lib/pyspark.zip"]
 
 
 def test_spark_reads_source_through_jdbc_in_utc(spark, source_conn, schema, pg_servers):
