@@ -1,4 +1,4 @@
-"""Runs the COPY tasks of a load on Spark, starting the session in the background.
+"""Runs the COPY tasks of a load on Spark, starting Spark in the background.
 
 The JVM takes seconds to start: a run starts it as soon as it knows a table needs data moved,
 and keeps inspecting catalogs and writing DDL meanwhile. A run that moves nothing never
@@ -23,7 +23,7 @@ _DRIVER_OPTIONS = "spark.driver.extraJavaOptions"
 
 
 class SparkRunner:
-    """The run's one Spark session, created lazily."""
+    """The run's one Spark context, created lazily."""
 
     def __init__(
         self,
@@ -36,7 +36,7 @@ class SparkRunner:
         self.master, self.conf, self.quiet = master, dict(conf), quiet
         self.min_rows = min_rows
         self._thread: threading.Thread | None = None
-        self._session: Any = None
+        self._context: Any = None
         self._error: BaseException | None = None
         self._archive: ArchivePlan | None = None
 
@@ -45,7 +45,7 @@ class SparkRunner:
         return self._thread is not None
 
     def warm_up(self) -> None:
-        """Start the session in a background thread, if not started yet."""
+        """Start the context in a background thread, if not started yet."""
         if self._thread is None:
             self._thread = threading.Thread(target=self._start, name="spark-start", daemon=True)
             self._thread.start()
@@ -53,31 +53,32 @@ class SparkRunner:
     def _start(self) -> None:
         from pyspark import SparkContext
 
-        from .spark_session import start_spark
+        from .spark_session import start_spark_context
 
         try:
             if SparkContext._gateway is None:  # a new driver JVM: use or build the archive
                 jars = self.conf.get("spark.jars", str(jdbc_jar() or ""))
                 self._archive = plan_archive(jars, self.conf.get(_DRIVER_OPTIONS, ""))
             options = self._archive.options if self._archive else ""
-            session = start_spark(self.master, self.conf, quiet=self.quiet, driver_options=options)
-            # The first job forks Spark's Python workers (about a second): do it now.
-            context = session.sparkContext
+            context = start_spark_context(
+                self.master, self.conf, quiet=self.quiet, driver_options=options
+            )
+            # The first job forks Spark's Python workers (about half a second): do it now.
             context.parallelize(range(context.defaultParallelism)).map(abs).count()
-            self._session = session
-        except BaseException as exc:  # surfaced to the table that needs the session
+            self._context = context
+        except BaseException as exc:  # surfaced to the table that needs Spark
             self._error = exc
 
-    def session(self) -> Any:
+    def context(self) -> Any:
         self.warm_up()
         assert self._thread is not None
         self._thread.join()
         if self._error is not None:
             raise ReplicatorError(f"Spark did not start: {redact(str(self._error))}")
-        return self._session
+        return self._context
 
     def parallelism(self) -> int:
-        return int(self.session().sparkContext.defaultParallelism)
+        return int(self.context().defaultParallelism)
 
     def needed_for(self, estimated_rows: int) -> bool:
         """Whether a copy of about this many rows goes to Spark (else: this process)."""
@@ -100,7 +101,7 @@ class SparkRunner:
                 if on_progress:
                     on_progress(done + 1, len(tasks))
             return results
-        context = self.session().sparkContext
+        context = self.context()
         group = f"replicator-{uuid.uuid4().hex}"
         context.setJobGroup(group, "replicator copy", interruptOnCancel=True)
         watcher = _ProgressWatcher(context, group, len(tasks), on_progress)
@@ -115,10 +116,10 @@ class SparkRunner:
     def finish(self) -> None:
         """End of the run. The JVM normally just exits with this process; the run that
         builds the class archive stops it cleanly so that the archive is written."""
-        if self._session is not None and self._archive and self._archive.pending:
-            self._session.stop()
+        if self._context is not None and self._archive and self._archive.pending:
+            self._context.stop()
             stop_jvm_and_keep_archive(self._archive)
-        self._session = None
+        self._context = None
 
 
 # "... most recent failure: Lost task 1.0 in stage 0.0 (TID 1) (host executor driver):
