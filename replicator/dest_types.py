@@ -2,7 +2,10 @@
 
 The closure of user-defined types is read from the source (array elements, domain bases,
 composite attributes, range subtypes), then created deepest-first. Existing enums gain the
-labels they lack, in the source's order; other existing types are left as they are.
+labels they lack, in the source's order. Existing domains take the source's default, NOT NULL
+and checks (a changed domain reloads the table through schema drift, and its new rows must
+fit); a domain whose base type or collation changed fails the table. Existing composites are
+left as they are.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from psycopg import sql
 
 from .database import execute, fetch_all
 from .ddl import create_schema
+from .table_sql import TableProblem
 
 _CLOSURE = """
 WITH RECURSIVE used(oid, depth) AS (
@@ -56,6 +60,10 @@ SELECT pg_catalog.format_type(typbasetype, typtypmod), typnotnull, typdefault,
              WHERE c.contypid = t.oid AND c.contype = 'c' ORDER BY c.conname)
 FROM pg_catalog.pg_type t WHERE t.oid = %s
 """
+_DOMAIN_CHECKS = """
+SELECT c.conname, pg_catalog.pg_get_constraintdef(c.oid) FROM pg_catalog.pg_constraint c
+WHERE c.contypid = %s AND c.contype = 'c' ORDER BY c.conname
+"""
 _COMPOSITE = """
 SELECT a.attname, pg_catalog.format_type(a.atttypid, a.atttypmod)
 FROM pg_catalog.pg_type t JOIN pg_catalog.pg_attribute a ON a.attrelid = t.typrelid
@@ -81,6 +89,8 @@ def ensure_types(
             execute(dest, create_schema(schema))
             if kind == "e":
                 _ensure_enum(source, dest, oid, qualified, existing)
+            elif kind == "d" and existing:
+                _align_domain(source, dest, oid, existing[0][0], qualified)
             elif not existing:
                 ddl = (
                     _domain(source, oid, qualified)
@@ -139,6 +149,51 @@ def _domain(source: psycopg.Connection[Any], oid: int, qualified: sql.Identifier
         parts.append(sql.SQL("NOT NULL"))
     parts += [sql.SQL(check) for check in checks]
     return sql.SQL(" ").join(parts)
+
+
+def _align_domain(
+    source: psycopg.Connection[Any],
+    dest: psycopg.Connection[Any],
+    oid: int,
+    dest_oid: int,
+    qualified: sql.Identifier,
+) -> None:
+    """Give an existing destination domain the source's default, NOT NULL and checks.
+
+    New checks are added NOT VALID: the live table's rows are about to be replaced by the
+    source's, which already pass them."""
+    base, not_null, default, collation, _ = fetch_all(source, _DOMAIN, (oid,))[0]
+    have_base, have_not_null, have_default, have_collation, _ = fetch_all(
+        dest, _DOMAIN, (dest_oid,)
+    )[0]
+    if (base, collation) != (have_base, have_collation):
+        name = qualified.as_string(dest)
+        raise TableProblem(
+            f"domain {name} is {base} in the source but {have_base} in the destination, and "
+            f"PostgreSQL cannot change a domain's type in place: drop it in the destination "
+            f"(DROP DOMAIN {name} CASCADE also drops the columns that use it), then run "
+            f"`replicator sync -f` for the tables that use it"
+        )
+    alter = sql.SQL("ALTER DOMAIN {} ").format(qualified)
+    if default != have_default:
+        action = "DROP DEFAULT" if default is None else f"SET DEFAULT {default}"
+        execute(dest, alter + sql.SQL(action))
+    if not_null != have_not_null:
+        execute(dest, alter + sql.SQL("SET NOT NULL" if not_null else "DROP NOT NULL"))
+    wanted = {_check_text(d) for _, d in fetch_all(source, _DOMAIN_CHECKS, (oid,))}
+    have = {}
+    for name, definition in fetch_all(dest, _DOMAIN_CHECKS, (dest_oid,)):
+        have.setdefault(_check_text(definition), name)
+    for definition, name in have.items():
+        if definition not in wanted:
+            execute(dest, alter + sql.SQL("DROP CONSTRAINT {}").format(sql.Identifier(name)))
+    for definition in sorted(wanted - have.keys()):
+        execute(dest, alter + sql.SQL("ADD {} NOT VALID").format(sql.SQL(definition)))
+
+
+def _check_text(definition: str) -> str:
+    """A check's definition without the NOT VALID mark (validated or not, same rule)."""
+    return definition.removesuffix(" NOT VALID")
 
 
 def _composite(

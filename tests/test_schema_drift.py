@@ -430,3 +430,71 @@ def test_compile_shows_the_plan_the_diff_and_the_reload_ddl(synced, source_conn,
     no_dest = synced.run("compile", "-s", name, env={"REPLICATOR_DEST_URL": None})
     assert no_dest.exit_code == 0
     assert "-- destination not inspected: REPLICATOR_DEST_URL is not set" in no_dest.stdout
+
+
+def _domain_definition(conn: psycopg.Connection, schema: str, name: str) -> tuple:
+    """A domain's default, NOT NULL and check rules (NOT VALID or not)."""
+    return conn.execute(
+        "SELECT t.typdefault, t.typnotnull, ARRAY(SELECT replace(pg_get_constraintdef(c.oid), "
+        "' NOT VALID', '') FROM pg_constraint c WHERE c.contypid = t.oid ORDER BY 1) "
+        "FROM pg_type t JOIN pg_namespace n ON n.oid = t.typnamespace "
+        "WHERE n.nspname = %s AND t.typname = %s",
+        (schema, name),
+    ).fetchone()
+
+
+def test_a_changed_domain_is_redefined_in_the_destination(
+    db_project, source_conn, dest_conn, schema
+):
+    """A relaxed check must reach the destination before the reload copies rows that only
+    the relaxed rule allows; the default, NOT NULL and the checks follow the source."""
+    for statement in [
+        "CREATE DOMAIN {s}.qty AS int CHECK (VALUE > 0) CHECK (VALUE < 1000)",
+        "CREATE TABLE {s}.stock (id int PRIMARY KEY, qty {s}.qty, "
+        "updated_at timestamptz NOT NULL DEFAULT clock_timestamp())",
+        "INSERT INTO {s}.stock (id, qty) SELECT g, g FROM generate_series(1, 100) g",
+    ]:
+        source_conn.execute(_q(schema, statement))
+    db_project.write_config(
+        {"tables": [{"name": f"{schema}.stock", "replication_key": "updated_at"}]}
+    )
+    assert sync_events(db_project)[0] == 0
+    (checks,) = source_conn.execute(
+        "SELECT array_agg(conname) FROM pg_constraint WHERE contypid = %s::regtype",
+        (f'"{schema}".qty',),
+    ).fetchone()
+    for statement in [
+        *(f"ALTER DOMAIN {{s}}.qty DROP CONSTRAINT {name}" for name in checks),
+        "ALTER DOMAIN {s}.qty ADD CHECK (VALUE > -100)",
+        "ALTER DOMAIN {s}.qty SET DEFAULT 7",
+        "ALTER DOMAIN {s}.qty SET NOT NULL",
+        "INSERT INTO {s}.stock (id, qty) VALUES (101, -5), (102, 5000)",
+    ]:
+        source_conn.execute(_q(schema, statement))
+    code, events = sync_events(db_project)
+    stock = events[f"{schema}.stock"]
+    assert code == 0, stock
+    assert (stock["action"], stock["reason"]) == (
+        "full_reload",
+        f"schema changed: type definition changed: {schema}.qty (domain definition)",
+    ), stock
+    assert assert_same_table(source_conn, dest_conn, schema, "stock") == 102
+    assert _domain_definition(dest_conn, schema, "qty") == _domain_definition(
+        source_conn, schema, "qty"
+    )
+    assert sync_events(db_project)[1][f"{schema}.stock"]["action"] == "noop"
+
+
+def test_a_domain_with_another_base_type_fails_the_table_with_a_fix(
+    db_project, source_conn, dest_conn, schema
+):
+    source_conn.execute(_q(schema, "CREATE DOMAIN {s}.code AS text"))
+    source_conn.execute(_q(schema, "CREATE TABLE {s}.items (id int PRIMARY KEY, c {s}.code)"))
+    source_conn.execute(_q(schema, "INSERT INTO {s}.items VALUES (1, 'abc')"))
+    dest_conn.execute(_q(schema, "CREATE DOMAIN {s}.code AS varchar(5)"))
+    db_project.write_config({"tables": [{"name": f"{schema}.items", "mode": "full-refresh"}]})
+    code, events = sync_events(db_project)
+    assert code == 1
+    error = events[f"{schema}.items"]["error"]
+    assert f'domain "{schema}"."code" is text in the source but character varying(5)' in error
+    assert "DROP DOMAIN" in error and "replicator sync -f" in error
