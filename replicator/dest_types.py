@@ -4,8 +4,9 @@ The closure of user-defined types is read from the source (array elements, domai
 composite attributes, range subtypes), then created deepest-first. Existing enums gain the
 labels they lack, in the source's order. Existing domains take the source's default, NOT NULL
 and checks (a changed domain reloads the table through schema drift, and its new rows must
-fit); a domain whose base type or collation changed fails the table. Existing composites are
-left as they are.
+fit); a domain whose base type or collation changed fails the table with the fix (PostgreSQL
+cannot change it in place). Existing composites gain attributes added at the end; any other
+difference fails the table with the fix.
 """
 
 from __future__ import annotations
@@ -91,7 +92,9 @@ def ensure_types(
                 _ensure_enum(source, dest, oid, qualified, existing)
             elif kind == "d" and existing:
                 _align_domain(source, dest, oid, existing[0][0], qualified)
-            elif not existing:
+            elif existing:
+                _check_composite(source, dest, oid, existing[0][0], qualified)
+            else:
                 ddl = (
                     _domain(source, oid, qualified)
                     if kind == "d"
@@ -163,8 +166,8 @@ def _align_domain(
     New checks are added NOT VALID: the live table's rows are about to be replaced by the
     source's, which already pass them."""
     base, not_null, default, collation, _ = fetch_all(source, _DOMAIN, (oid,))[0]
-    have_base, have_not_null, have_default, have_collation, _ = fetch_all(
-        dest, _DOMAIN, (dest_oid,)
+    have_base, have_not_null, have_default, have_collation, _ = _catalog_rows(
+        dest, _DOMAIN, dest_oid
     )[0]
     if (base, collation) != (have_base, have_collation):
         name = qualified.as_string(dest)
@@ -182,7 +185,7 @@ def _align_domain(
         execute(dest, alter + sql.SQL("SET NOT NULL" if not_null else "DROP NOT NULL"))
     wanted = {_check_text(d) for _, d in fetch_all(source, _DOMAIN_CHECKS, (oid,))}
     have = {}
-    for name, definition in fetch_all(dest, _DOMAIN_CHECKS, (dest_oid,)):
+    for name, definition in _catalog_rows(dest, _DOMAIN_CHECKS, dest_oid):
         have.setdefault(_check_text(definition), name)
     for definition, name in have.items():
         if definition not in wanted:
@@ -191,9 +194,51 @@ def _align_domain(
         execute(dest, alter + sql.SQL("ADD {} NOT VALID").format(sql.SQL(definition)))
 
 
+def _catalog_rows(conn: psycopg.Connection[Any], query: str, oid: int) -> list[tuple[Any, ...]]:
+    """A catalog query about one type, with type names printed schema-qualified (as on the
+    source side), whatever the connection's search_path."""
+    with conn.transaction():
+        execute(conn, "SET LOCAL search_path = pg_catalog, pg_temp")
+        return fetch_all(conn, query, (oid,))
+
+
 def _check_text(definition: str) -> str:
     """A check's definition without the NOT VALID mark (validated or not, same rule)."""
     return definition.removesuffix(" NOT VALID")
+
+
+def _check_composite(
+    source: psycopg.Connection[Any],
+    dest: psycopg.Connection[Any],
+    oid: int,
+    dest_oid: int,
+    qualified: sql.Identifier,
+) -> None:
+    """An existing destination composite gains the attributes the source added at its end
+    (the live table's values read them as NULL until the swap). Any other difference would
+    change or drop values readers still see: the table fails with the fix."""
+    wanted = fetch_all(source, _COMPOSITE, (oid,))
+    have = _catalog_rows(dest, _COMPOSITE, dest_oid)
+    if wanted[: len(have)] == have:
+        for attribute, type_text in wanted[len(have) :]:
+            execute(
+                dest,
+                sql.SQL("ALTER TYPE {} ADD ATTRIBUTE {} {}").format(
+                    qualified, sql.Identifier(attribute), sql.SQL(type_text)
+                ),
+            )
+        return
+    name = qualified.as_string(dest)
+    raise TableProblem(
+        f"composite type {name} is ({_attributes(wanted)}) in the source but "
+        f"({_attributes(have)}) in the destination; replicator only adds attributes at the "
+        f"end: drop it in the destination (DROP TYPE {name} CASCADE also drops the columns "
+        f"that use it), then run `replicator sync -f` for the tables that use it"
+    )
+
+
+def _attributes(rows: list[tuple[Any, ...]]) -> str:
+    return ", ".join(f"{name} {type_text}" for name, type_text in rows)
 
 
 def _composite(

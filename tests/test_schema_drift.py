@@ -498,3 +498,31 @@ def test_a_domain_with_another_base_type_fails_the_table_with_a_fix(
     error = events[f"{schema}.items"]["error"]
     assert f'domain "{schema}"."code" is text in the source but character varying(5)' in error
     assert "DROP DOMAIN" in error and "replicator sync -f" in error
+
+
+def test_a_composite_gains_added_attributes_and_fails_on_other_changes(
+    db_project, source_conn, dest_conn, schema
+):
+    source_conn.execute(_q(schema, "CREATE TYPE {s}.pair AS (a int, b text)"))
+    source_conn.execute(_q(schema, "CREATE TABLE {s}.pairs (id int PRIMARY KEY, p {s}.pair)"))
+    source_conn.execute(_q(schema, "INSERT INTO {s}.pairs VALUES (1, (1, 'x'))"))
+    db_project.write_config({"tables": [{"name": f"{schema}.pairs", "mode": "full-refresh"}]})
+    assert sync_events(db_project)[0] == 0
+    # An attribute added at the end: the destination type gains it, the rows follow.
+    source_conn.execute(_q(schema, "ALTER TYPE {s}.pair ADD ATTRIBUTE c int"))
+    source_conn.execute(_q(schema, "UPDATE {s}.pairs SET p = (1, 'x', 3)"))
+    assert sync_events(db_project)[0] == 0
+    assert assert_same_table(source_conn, dest_conn, schema, "pairs") == 1
+    # An attribute dropped: readers of the live table would lose its values mid-load.
+    source_conn.execute(_q(schema, "ALTER TYPE {s}.pair DROP ATTRIBUTE b"))
+    code, events = sync_events(db_project)
+    assert code == 1
+    error = events[f"{schema}.pairs"]["error"]
+    assert (
+        f'composite type "{schema}"."pair" is (a integer, c integer) in the source but '
+        "(a integer, b text, c integer) in the destination" in error
+    ), error
+    assert "DROP TYPE" in error and "replicator sync -f" in error
+    dest_conn.execute(_q(schema, "DROP TYPE {s}.pair CASCADE"))
+    assert sync_events(db_project)[0] == 0  # the fix the message gives works
+    assert assert_same_table(source_conn, dest_conn, schema, "pairs") == 1
