@@ -6,8 +6,9 @@ destination table and prints wall time, rows/s, MB/s, peak RSS of the whole proc
 and the ratio of replicator to each baseline (medians). Baselines load into a table without
 a primary key (pure data movement); replicator also builds the key, analyzes and swaps.
 One extra row loads the dump into a table with its key in place, for context; replicator
-runs with its defaults (one Spark task per core) and with the table setting `partitions: 1`
-(one task, which copies frozen).
+runs with its defaults (one Spark task per core), with the table setting `partitions: 1`
+(one task, which copies frozen) and, for context, without Spark (`spark.min_rows` above the
+table: the process runs the same copy task itself).
 
     .venv/bin/python bench/full_load.py --rows 5000000 --repeat 2
     .venv/bin/python bench/full_load.py --rows 10000000 --only replicator \\
@@ -57,16 +58,22 @@ OURS = "replicator sync"
 # One task per table: it empties the side table in its own transaction and copies frozen;
 # the table setting `partitions: 1` (the default is one task per core).
 SINGLE = "replicator sync, partitions: 1"
+# Context, not the design: `spark.min_rows` above the table, so the replicator process runs
+# the same copy task itself and no JVM starts. It shows what Spark's start costs here.
+IN_PROCESS = "replicator sync, no Spark (spark.min_rows above the table)"
 
 
-def write_project(folder: Path, conf: dict[str, str], partitions: int | None) -> Path:
+def write_project(
+    folder: Path, conf: dict[str, str], partitions: int | None, min_rows: int | None = None
+) -> Path:
     (folder / "sync-state").mkdir(parents=True)
     table: dict = {"name": "public.bench_orders", "mode": "full-refresh"}
     if partitions:
         table["partitions"] = partitions
-    (folder / "tables-config.json").write_text(
-        json.dumps({"tables": [table], "spark": {"conf": conf}})
-    )
+    spark: dict = {"conf": conf}
+    if min_rows is not None:
+        spark["min_rows"] = min_rows
+    (folder / "tables-config.json").write_text(json.dumps({"tables": [table], "spark": spark}))
     return folder
 
 
@@ -123,6 +130,7 @@ def main() -> None:
         conf = dict(item.split("=", 1) for item in args.spark_conf)
         project = write_project(base / "project", conf, args.partitions)
         single = write_project(base / "project-single", conf, 1)
+        in_process = write_project(base / "project-in-process", conf, None, args.rows + 1)
         env = {
             **os.environ,
             "REPLICATOR_SOURCE_URL": source.url(),
@@ -140,6 +148,7 @@ def main() -> None:
             KEYED: f"{pg_dump} -t bench_orders --data-only {src} | {psql} -q {dst}",
             OURS: sync_command(project),
             SINGLE: sync_command(single),
+            IN_PROCESS: sync_command(in_process),
         }
         if args.only:
             paths = {OURS: paths[OURS]}
