@@ -130,7 +130,8 @@ def main() -> None:
         conf = dict(item.split("=", 1) for item in args.spark_conf)
         project = write_project(base / "project", conf, args.partitions)
         single = write_project(base / "project-single", conf, 1)
-        in_process = write_project(base / "project-in-process", conf, None, args.rows + 1)
+        # reltuples is an estimate: well above the table, so that no JVM starts.
+        in_process = write_project(base / "project-in-process", conf, None, args.rows * 10)
         env = {
             **os.environ,
             "REPLICATOR_SOURCE_URL": source.url(),
