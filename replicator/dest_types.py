@@ -171,16 +171,15 @@ def _align_domain(
     )[0]
     if (base, collation) != (have_base, have_collation):
         name = qualified.as_string(dest)
-        raise TableProblem(
+        raise _drop_by_hand(
             f"domain {name} is {base} in the source but {have_base} in the destination, and "
-            f"PostgreSQL cannot change a domain's type in place: drop it in the destination "
-            f"(DROP DOMAIN {name} CASCADE also drops the columns that use it), then run "
-            f"`replicator sync -f` for the tables that use it"
+            f"PostgreSQL cannot change a domain's type in place",
+            f"DROP DOMAIN {name}",
         )
     alter = sql.SQL("ALTER DOMAIN {} ").format(qualified)
     if default != have_default:
-        action = "DROP DEFAULT" if default is None else f"SET DEFAULT {default}"
-        execute(dest, alter + sql.SQL(action))
+        action = sql.SQL("DROP DEFAULT" if default is None else "SET DEFAULT {}")
+        execute(dest, alter + action.format(sql.SQL(default or "")))
     if not_null != have_not_null:
         execute(dest, alter + sql.SQL("SET NOT NULL" if not_null else "DROP NOT NULL"))
     wanted = {_check_text(d) for _, d in fetch_all(source, _DOMAIN_CHECKS, (oid,))}
@@ -229,11 +228,18 @@ def _check_composite(
             )
         return
     name = qualified.as_string(dest)
-    raise TableProblem(
+    raise _drop_by_hand(
         f"composite type {name} is ({_attributes(wanted)}) in the source but "
-        f"({_attributes(have)}) in the destination; replicator only adds attributes at the "
-        f"end: drop it in the destination (DROP TYPE {name} CASCADE also drops the columns "
-        f"that use it), then run `replicator sync -f` for the tables that use it"
+        f"({_attributes(have)}) in the destination; replicator only adds attributes at the end",
+        f"DROP TYPE {name}",
+    )
+
+
+def _drop_by_hand(problem: str, drop: str) -> TableProblem:
+    """A type the destination cannot be brought in line with: what differs, and the fix."""
+    return TableProblem(
+        f"{problem}: drop it in the destination ({drop} CASCADE also drops the columns that "
+        f"use it), then run `replicator sync -f` for the tables that use it"
     )
 
 

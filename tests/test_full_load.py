@@ -385,14 +385,20 @@ def test_copy_task_loads_its_partition_once(source_conn, dest_conn, schema, pg_s
     assert "postgres@" not in repr(task)
 
 
-def test_unchanged_reload_keeps_row_hashes(db_project, source_conn, dest_conn, schema):
+def _md5_table(source_conn, schema: str, rows: int) -> None:
+    """`schema.t`: `rows` rows of (id, md5(id)), loaded in full on every sync."""
     table = sql.Identifier(schema, "t")
     source_conn.execute(sql.SQL("CREATE TABLE {} (id int PRIMARY KEY, v text)").format(table))
     source_conn.execute(
-        sql.SQL("INSERT INTO {} SELECT g, md5(g::text) FROM generate_series(1, 2000) g").format(
+        sql.SQL("INSERT INTO {} SELECT g, md5(g::text) FROM generate_series(1, %s) g").format(
             table
-        )
+        ),
+        (rows,),
     )
+
+
+def test_unchanged_reload_keeps_row_hashes(db_project, source_conn, dest_conn, schema):
+    _md5_table(source_conn, schema, 2000)
     db_project.write_config({"tables": [{"name": f"{schema}.t", "mode": "full-refresh"}]})
     assert _sync(db_project).exit_code == 0
     first = row_hashes(dest_conn, schema, "t")
@@ -403,13 +409,7 @@ def test_unchanged_reload_keeps_row_hashes(db_project, source_conn, dest_conn, s
 def test_a_single_partition_load_is_written_frozen(db_project, source_conn, dest_conn, schema):
     """One task may empty the side table in its own transaction and COPY FREEZE: every page
     of the loaded table is all-visible at once (nothing for vacuum or the key build to set)."""
-    table = sql.Identifier(schema, "t")
-    source_conn.execute(sql.SQL("CREATE TABLE {} (id int PRIMARY KEY, v text)").format(table))
-    source_conn.execute(
-        sql.SQL("INSERT INTO {} SELECT g, md5(g::text) FROM generate_series(1, 20000) g").format(
-            table
-        )
-    )
+    _md5_table(source_conn, schema, 20000)
     db_project.write_config({"tables": [{"name": f"{schema}.t", "mode": "full-refresh"}]})
     for _ in range(2):  # a first load, then a reload into a fresh side table
         assert _sync(db_project).exit_code == 0
