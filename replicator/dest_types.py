@@ -174,7 +174,8 @@ def _align_domain(
         raise _drop_by_hand(
             f"domain {name} is {base} in the source but {have_base} in the destination, and "
             f"PostgreSQL cannot change a domain's type in place",
-            f"DROP DOMAIN {name}",
+            "DOMAIN",
+            name,
         )
     alter = sql.SQL("ALTER DOMAIN {} ").format(qualified)
     if default != have_default:
@@ -231,15 +232,17 @@ def _check_composite(
     raise _drop_by_hand(
         f"composite type {name} is ({_attributes(wanted)}) in the source but "
         f"({_attributes(have)}) in the destination; replicator only adds attributes at the end",
-        f"DROP TYPE {name}",
+        "TYPE",
+        name,
     )
 
 
-def _drop_by_hand(problem: str, drop: str) -> TableProblem:
-    """A type the destination cannot be brought in line with: what differs, and the fix."""
+def _drop_by_hand(problem: str, kind: str, name: str) -> TableProblem:
+    """A type the destination cannot be brought in line with: what differs, and the fix
+    (`name` is already quoted)."""
     return TableProblem(
-        f"{problem}: drop it in the destination ({drop} CASCADE also drops the columns that "
-        f"use it), then run `replicator sync -f` for the tables that use it"
+        f"{problem}: drop it in the destination (DROP {kind} {name} CASCADE also drops the "
+        f"columns that use it), then run `replicator sync -f` for the tables that use it"
     )
 
 
