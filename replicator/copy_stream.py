@@ -73,7 +73,9 @@ def copy_tasks(
         )
         .as_string(None)
     )
-    truncate = sql.SQL("TRUNCATE {}").format(sql.Identifier(*table)).as_string(None)
+    truncate = (
+        sql.SQL("TRUNCATE {}").format(sql.Identifier(*table)).as_string(None) if freeze else None
+    )
     return [
         CopyTask(
             load_id,
@@ -83,7 +85,7 @@ def copy_tasks(
             snapshot,
             sql.SQL("COPY ({}) TO STDOUT (FORMAT binary)").format(query).as_string(None),
             copy_in,
-            truncate if freeze else None,
+            truncate,
         )
         for index, query in enumerate(queries)
     ]
