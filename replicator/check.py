@@ -12,6 +12,7 @@ from psycopg import sql
 from .catalog import describe_table, leading_index_columns
 from .config import TableConfig
 from .database import connect, fetch_all
+from .drift import plan_now
 from .errors import ReplicatorError
 from .identifiers import display_ident
 from .inspect_table import inspect_table
@@ -50,6 +51,8 @@ def run_checks(project: Project, ping: bool = False) -> list[Finding]:
             findings.extend(_check_state(project, table))
             if source is not None:
                 findings.extend(_check_table(source, table, project))
+            if source is not None and dest is not None:
+                findings.extend(_check_plan(source, dest, table, project))
     finally:
         for conn in (source, dest):
             if conn is not None:
@@ -266,3 +269,24 @@ def _check_table(
             )
             .as_string(None),
         )
+
+
+def _check_plan(
+    source: psycopg.Connection[Any],
+    dest: psycopg.Connection[Any],
+    table: TableConfig,
+    project: Project,
+) -> Iterator[Finding]:
+    """The table's next sync as `sync` will decide it; a planned failure (a destination
+    table replicator does not own, a schema change under on_schema_change fail) is an
+    error with its fix. Problems on the source side were reported above."""
+    try:
+        state = project.store.read(table.name)
+        planned = plan_now(source, dest, table, project.templates, state)
+    except ReplicatorError:
+        return
+    plan = planned.plan
+    if plan.action == "fail":
+        yield Finding("error", table.written_name, plan.reason, plan.fix)
+    else:
+        yield Finding("ok", table.written_name, f"next sync: {plan.action} ({plan.reason})")

@@ -13,7 +13,7 @@ from typing import Any
 import click
 
 from . import __version__
-from .errors import ConfigError, ReplicatorError
+from .errors import ConfigError, ReplicatorError, UsageError
 from .logs import configure_logging
 from .project import Project
 from .redact import redact
@@ -60,7 +60,7 @@ def _common(command: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _report(exc: BaseException, verbose: int, prefix: str = "") -> None:
-    if verbose:
+    if verbose and not isinstance(exc, UsageError):  # a usage error's place is its message
         click.echo(redact("".join(traceback.format_exception(exc))), err=True)
     problems = exc.problems if isinstance(exc, ConfigError) else [str(exc)]
     for problem in problems:
@@ -166,6 +166,16 @@ def refresh(project_dir: Path, tables: tuple[str, ...]) -> int:
     from .state_commands import mark_for_refresh
 
     return mark_for_refresh(Project.load(project_dir), tables)
+
+
+@cli.command()
+@click.argument("tables", nargs=-1, required=True)
+@_common
+def adopt(project_dir: Path, tables: tuple[str, ...]) -> int:
+    """Let replicator replace and update existing destination TABLES it did not create."""
+    from .adopt import adopt_tables
+
+    return adopt_tables(Project.load(project_dir), tables)
 
 
 @cli.group()

@@ -19,11 +19,10 @@ import psycopg
 from . import ddl
 from .config import TableConfig
 from .database import Statement, connect, render
-from .drift import Observed, observe, plan_observed
+from .drift import Observed, plan_now
 from .errors import ReplicatorError
 from .full_load import side_key_name, side_key_statement, side_table, side_table_statements
 from .identifiers import display_ident
-from .inspect_table import inspect_source
 from .naming import INTERNAL_SCHEMA, default_key_name
 from .plan import Plan
 from .project import Project
@@ -67,8 +66,8 @@ def compile_tables(project: Project, tables: tuple[TableConfig, ...], as_json: b
 @contextlib.contextmanager
 def _destination(project: Project) -> Iterator[tuple[psycopg.Connection[Any] | None, str | None]]:
     """The destination, to look at its tables; compile still works without it."""
-    url = project.env.get(DEST_URL)
-    if not url:
+    url = project.env.optional_connection(DEST_URL)
+    if url is None:
         yield None, f"destination not inspected: {DEST_URL} is not set"
         return
     try:
@@ -132,6 +131,7 @@ class CompiledTable:
             "model": built.model.origin,
             "next_action": self.plan.action,
             "reason": self.plan.reason,
+            "fix": self.plan.fix,
             "destination_note": dest_note,
             "changes": self.changes_json(),
             "cursor": self.cursor,
@@ -162,6 +162,8 @@ class CompiledTable:
             f"-- model: {built.model.origin}",
             f"-- next sync: {plan.action} ({plan.reason})",
         ]
+        if plan.fix:
+            lines.append(f"-- fix: {plan.fix}")
         for title, changes in (
             ("source schema changes since the last load", self.observed.schema_changes),
             ("destination table changes", self.observed.destination_changes),
@@ -210,11 +212,11 @@ def _compile_table(
     dest: psycopg.Connection[Any] | None,
     table: TableConfig,
 ) -> CompiledTable:
-    source, built = inspect_source(conn, table, project.templates)
     state = project.store.read(table.name)
-    observed = observe(conn, dest, table, built, source, state)
-    plan = plan_observed(table, state, observed, destination_known=dest is not None)
-    return CompiledTable(built, observed, plan, _cursor_note(state), dest is not None)
+    planned = plan_now(conn, dest, table, project.templates, state)
+    return CompiledTable(
+        planned.built, planned.observed, planned.plan, _cursor_note(state), dest is not None
+    )
 
 
 def _cursor_note(state: TableState | None) -> str:

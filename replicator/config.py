@@ -23,6 +23,7 @@ from pydantic import (
 
 from .errors import ConfigError
 from .identifiers import TableName, parse_column
+from .naming import INTERNAL_SCHEMA
 
 CONFIG_FILE = "tables-config.json"
 MODES = ("incremental-deduped", "incremental-append", "full-refresh")
@@ -81,6 +82,22 @@ def _distinct_tables(tables: tuple[TableConfig, ...]) -> tuple[TableConfig, ...]
     return tables
 
 
+def _check_destination_schema(target: TableName) -> None:
+    """Schemas replicator must never write a table into: its own bookkeeping schema, and
+    PostgreSQL's system schemas."""
+    schema = target.schema
+    if schema == INTERNAL_SCHEMA:
+        why = "replicator's own bookkeeping schema (partition markers, ownership records)"
+    elif schema.startswith("pg_") or schema == "information_schema":
+        why = "a PostgreSQL system schema"
+    else:
+        return
+    raise ValueError(
+        f'destination {target} is in {why}; set "destination" to a table in another '
+        'schema (e.g. "warehouse.<table>")'
+    )
+
+
 TableNameField = Annotated[TableName, BeforeValidator(_table_name)]
 ColumnField = Annotated[str, BeforeValidator(_column)]
 # strict=False: a JSON list becomes the tuple (a string is still refused).
@@ -128,6 +145,7 @@ class TableConfig(_Frozen):
             )
         if self.destination is None:
             object.__setattr__(self, "destination", self.name)
+        _check_destination_schema(self.target)
         return self
 
     @property

@@ -1,13 +1,16 @@
 """`replicator demo`: two throwaway clusters, sample tables, two syncs, a verified summary.
 
-Runs the project's own tables-config.json (the repository root is the demo project) against
-a source filled with sample data, changes some rows between the two syncs, and checks that
-both sides hold the same rows.
+Runs the project's tables (the repository root is the demo project) against a source filled
+with sample data, changes some rows between the two syncs, and checks that both sides hold
+the same rows. It works in a temporary copy of the project: a real project's sync-state,
+webhook and Spark master are never used, so running it in the wrong folder harms nothing.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import shlex
 import shutil
 import tempfile
 import time
@@ -17,11 +20,14 @@ import click
 import psycopg
 from psycopg import sql
 
+from .config import CONFIG_FILE, load_config
 from .database import connect
 from .inspect_table import inspect_table
 from .pgcluster import PgCluster
 from .project import Project
-from .settings import DEST_URL, SOURCE_URL
+from .settings import DEST_URL, SOURCE_URL, SPARK_MASTER, WEBHOOK_SECRET, WEBHOOK_URL, Environment
+from .state import STATE_DIR
+from .templates import MACROS_DIR, MODELS_DIR
 
 SAMPLE_SCHEMA = """
 CREATE OR REPLACE FUNCTION touch_updated_at() RETURNS trigger LANGUAGE plpgsql AS
@@ -75,23 +81,24 @@ UPDATE countries SET name = 'España' WHERE code = 'ES';
 
 
 def run_demo(project_dir: Path, keep: bool, verbose: int) -> int:
+    """The demo on a temporary copy of the project: the project's own sync-state, webhook
+    and Spark master are never used or touched."""
     from .sync import run_sync
 
-    project = Project.load(project_dir)
+    load_config(project_dir)  # a broken config is exit 2 before anything starts
     base = Path(tempfile.mkdtemp(prefix="replicator-demo-"))
     clusters = [PgCluster(base / "source", logical=True), PgCluster(base / "destination")]
     started = time.monotonic()
     try:
+        copy = copy_project(project_dir, base / "project")
+        click.echo(f"demo: working in a copy of the project, {copy}")
         click.echo("demo: starting throwaway source and destination PostgreSQL clusters")
         for cluster in clusters:
             cluster.start()
         source_url, dest_url = clusters[0].url(), clusters[1].url()
         with psycopg.connect(source_url, autocommit=True) as conn:
             conn.execute(SAMPLE_SCHEMA)
-        os.environ[SOURCE_URL], os.environ[DEST_URL] = source_url, dest_url
-        project = Project.load(project_dir)  # again, to read the URLs just set
-        for table in project.config.tables:  # new clusters: earlier demo state is void
-            project.store.delete(table.name)
+        project = _demo_project(copy, source_url, dest_url)
         click.echo("demo: sync 1 of 2 (first load of every table)")
         codes = [run_sync(project, (), False, verbose, always_summarize=True)]
         with psycopg.connect(source_url, autocommit=True) as conn:
@@ -99,21 +106,54 @@ def run_demo(project_dir: Path, keep: bool, verbose: int) -> int:
         click.echo("demo: changed rows in the source (updates, inserts); sync 2 of 2")
         codes.append(run_sync(project, (), False, verbose, always_summarize=True))
         _verify(project, source_url, dest_url)
-        click.echo(f"demo: finished in {time.monotonic() - started:.0f} s. Explore:")
-        click.echo(f"  replicator status --project-dir {project_dir}")
-        click.echo(f"  replicator state show --project-dir {project_dir}")
+        click.echo(f"demo: finished in {time.monotonic() - started:.0f} s.")
         if keep:
-            click.echo("clusters kept running; to explore them:")
-            click.echo(f"  export {SOURCE_URL}={source_url}")
-            click.echo(f"  export {DEST_URL}={dest_url}")
-            click.echo(f"  replicator compile --project-dir {project_dir}")
-            click.echo(f"stop them with: rm -rf {base} after pg_ctl stop -D <dir>/data")
+            _print_explore(base, copy, clusters)
+        else:
+            click.echo("demo: clusters removed; `replicator demo --keep` keeps them to explore")
         return max(codes)
     finally:
         if not keep:
             for cluster in clusters:
                 cluster.destroy()
             shutil.rmtree(base, ignore_errors=True)
+
+
+def copy_project(project_dir: Path, copy: Path) -> Path:
+    """The project's config (without its webhook and Spark master), models and macros;
+    not its sync-state or .env."""
+    copy.mkdir(parents=True)
+    document = json.loads((project_dir / CONFIG_FILE).read_text(encoding="utf-8"))
+    document.pop("webhook", None)
+    if isinstance(document.get("spark"), dict):
+        document["spark"].pop("master", None)
+    (copy / CONFIG_FILE).write_text(json.dumps(document, indent=2), encoding="utf-8")
+    for folder in (MODELS_DIR, MACROS_DIR):
+        if (project_dir / folder).is_dir():
+            shutil.copytree(project_dir / folder, copy / folder)
+    (copy / STATE_DIR).mkdir()
+    return copy
+
+
+def _demo_project(copy: Path, source_url: str, dest_url: str) -> Project:
+    """The copy, with the throwaway clusters as its databases and nothing else from the
+    environment that would reach outside the demo (webhook, Spark master)."""
+    outside = {WEBHOOK_URL, WEBHOOK_SECRET, SPARK_MASTER, SOURCE_URL, DEST_URL}
+    values = {k: v for k, v in os.environ.items() if k not in outside}
+    values.update({SOURCE_URL: source_url, DEST_URL: dest_url})
+    return Project(copy, load_config(copy), Environment(values, copy / ".env"))
+
+
+def _print_explore(base: Path, copy: Path, clusters: list[PgCluster]) -> None:
+    click.echo("clusters kept running; to explore them:")
+    click.echo(f"  export {SOURCE_URL}={clusters[0].url()}")
+    click.echo(f"  export {DEST_URL}={clusters[1].url()}")
+    click.echo(f"  replicator status --project-dir {copy}")
+    click.echo(f"  replicator compile --project-dir {copy}")
+    click.echo("stop and remove them with:")
+    for cluster in clusters:
+        click.echo(f"  {shlex.join(cluster.stop_command())}")
+    click.echo(f"  rm -rf {shlex.quote(str(base))}")
 
 
 def _verify(project: Project, source_url: str, dest_url: str) -> None:

@@ -18,7 +18,7 @@ import psycopg
 from psycopg import sql
 
 from .database import execute, fetch_all
-from .ddl import create_schema
+from .dest_schema import ensure_schemas
 from .table_sql import TableProblem
 
 _CLOSURE = """
@@ -87,7 +87,7 @@ def ensure_types(
         for oid, schema, name, kind, _ in types:
             qualified = sql.Identifier(schema, name)
             existing = fetch_all(dest, _EXISTS, (schema, name))
-            execute(dest, create_schema(schema))
+            ensure_schemas(dest, [schema])
             if kind == "e":
                 _ensure_enum(source, dest, oid, qualified, existing)
             elif kind == "d" and existing:

@@ -25,6 +25,7 @@ from . import ddl
 from .catalog import TableInfo
 from .copy_stream import MARKER_TABLE, CopyTask, copy_tasks
 from .database import execute
+from .dest_schema import ensure_bookkeeping, ensure_schemas
 from .dest_types import ensure_types
 from .errors import DatabaseError
 from .failpoints import failpoint
@@ -40,12 +41,6 @@ from .table_sql import MODEL_ALIAS, TableSql
 log = logging.getLogger(__name__)
 
 UNIQUE_VIOLATION = psycopg.errors.UniqueViolation.sqlstate
-
-MARKER_DDL = sql.SQL(
-    "CREATE TABLE IF NOT EXISTS {} (load_id text NOT NULL, part int NOT NULL, "
-    "rows bigint NOT NULL DEFAULT 0, bytes bigint NOT NULL DEFAULT 0, "
-    "PRIMARY KEY (load_id, part))"
-).format(sql.Identifier(*MARKER_TABLE))
 
 
 @dataclass(frozen=True)
@@ -107,9 +102,8 @@ def side_table(target: TableName) -> TableName:
 def prepare_destination(ends: Endpoints, built: TableSql) -> TableName:
     """Schemas, types and an empty side table (a stale one from a crash is dropped)."""
     dest, target = ends.dest, built.table.target
-    execute(dest, ddl.create_schema(target.schema))
-    execute(dest, ddl.create_schema(INTERNAL_SCHEMA))
-    execute(dest, MARKER_DDL)
+    ensure_schemas(dest, [target.schema])
+    ensure_bookkeeping(dest)
     ensure_types(ends.source, dest, [c.type_oid for c in built.columns])
     side = side_table(target)
     for statement in side_table_statements(built):

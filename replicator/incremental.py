@@ -21,10 +21,11 @@ from . import ddl
 from .copy_stream import CopyResult, copy_tasks
 from .cursor import advance, in_progress_xids, newest_key
 from .database import execute
+from .dest_schema import ensure_bookkeeping
 from .failpoints import failpoint
-from .full_load import MARKER_DDL, Endpoints, forget_markers, new_load_id
+from .full_load import Endpoints, forget_markers, new_load_id
 from .identifiers import TableName
-from .naming import INTERNAL_SCHEMA, retired_table, staging_table
+from .naming import retired_table, staging_table
 from .partitions import KeyRange, range_predicate
 from .snapshot import ExportedSnapshot
 from .spark_runner import SparkRunner
@@ -266,8 +267,7 @@ def _combined(results: list[CopyResult]) -> CopyResult:
 
 def _prepare_staging(dest: psycopg.Connection[Any], built: TableSql) -> TableName:
     staging = staging_table(built.table.target)
-    execute(dest, ddl.create_schema(INTERNAL_SCHEMA))
-    execute(dest, MARKER_DDL)
+    ensure_bookkeeping(dest)
     execute(dest, ddl.drop_table(retired_table(built.table.target)))  # left by a killed swap
     execute(dest, ddl.drop_table(staging))
     execute(dest, ddl.create_table(staging, built.columns, unlogged=True))

@@ -56,10 +56,18 @@ class PgCluster:
         self.bin = find_pg_bin()
         self.running = False
 
-    def _run(self, *args: str) -> subprocess.CompletedProcess[str]:
+    def _command(self, *args: str) -> list[str]:
         command = [str(self.bin / args[0]), *args[1:]]
         if os.geteuid() == 0:
             command = ["runuser", "-u", "postgres", "--", *command]
+        return command
+
+    def stop_command(self) -> list[str]:
+        """The exact command that stops this server (what `demo --keep` prints)."""
+        return self._command("pg_ctl", "-D", str(self.data), "-m", "fast", "-w", "stop")
+
+    def _run(self, *args: str) -> subprocess.CompletedProcess[str]:
+        command = self._command(*args)
         return subprocess.run(
             command, check=True, capture_output=True, text=True, stdin=subprocess.DEVNULL
         )

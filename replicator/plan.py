@@ -19,6 +19,7 @@ Action = Literal["full_reload", "incremental", "fail", "skip_backfill"]
 class Plan:
     action: Action
     reason: str
+    fix: str | None = None  # for "fail": what the user can do about it
 
 
 def plan_table(
@@ -31,11 +32,43 @@ def plan_table(
     destination_change: str | None = None,
     on_schema_change: str = "full_reload",
     initial_load: str = "full",
+    not_owned: str | None = None,
+    name: str = "<table>",
 ) -> Plan:
     """Full reload when anything says so, else incremental from the stored cursor.
 
     `schema_change` describes how the source differs from the stored signature;
-    `destination_change` how the destination table differs from what the tool created."""
+    `destination_change` how the destination table differs from what the tool created;
+    `not_owned` is the fix when the destination table exists but is not the tool's: only a
+    start without backfill (which adopts a matching table) may touch it. `name` is the table
+    as the config writes it, for the fixes."""
+    plan = _plan(
+        mode,
+        state,
+        full_refresh,
+        destination_exists,
+        schema_change,
+        destination_change,
+        on_schema_change,
+        initial_load,
+        name,
+    )
+    if not_owned is not None and plan.action != "skip_backfill":
+        return Plan("fail", "destination table exists and was not created by replicator", not_owned)
+    return plan
+
+
+def _plan(
+    mode: str,
+    state: TableState | None,
+    full_refresh: bool,
+    destination_exists: bool,
+    schema_change: str | None,
+    destination_change: str | None,
+    on_schema_change: str,
+    initial_load: str,
+    name: str,
+) -> Plan:
     if mode == "full-refresh":
         return Plan("full_reload", "mode full-refresh")
     if full_refresh:
@@ -49,8 +82,14 @@ def plan_table(
     if not destination_exists:
         return Plan("full_reload", "destination table missing")
     if schema_change:
-        action: Action = "fail" if on_schema_change == "fail" else "full_reload"
-        return Plan(action, f"schema changed: {schema_change}")
+        if on_schema_change == "fail":
+            return Plan(
+                "fail",
+                f"schema changed: {schema_change}",
+                'on_schema_change is "fail": review the change, then reload the table with '
+                f"`replicator sync -f -s {name}`",
+            )
+        return Plan("full_reload", f"schema changed: {schema_change}")
     if destination_change:
         return Plan("full_reload", f"destination table altered: {destination_change}")
     if state.cursor is None:  # the last load found the source table empty

@@ -8,13 +8,18 @@ so a secret never registered (say, inside a driver's exception text) is still hi
 from __future__ import annotations
 
 import re
+from urllib.parse import unquote
 
 MASK = "***"
 
 _secrets: set[str] = set()
 
-# postgresql://user:secret@host  ->  postgresql://user:***@host
-_URI_PASSWORD = re.compile(r"(?P<head>[a-z][a-z0-9+.-]*://[^:/?#@\s]*:)(?P<pw>[^@\s]*)(?=@)", re.I)
+# postgresql://user:secret@host  ->  postgresql://user:***@host. The password runs to the
+# URI's last `@`: an un-encoded `@` in it (`u:p@ss@host`) is masked whole, not cut at the first.
+_URI_PASSWORD = re.compile(
+    r"(?P<head>[a-z][a-z0-9+.-]*://[^:/?#\s'\"<>]*:)(?P<pw>[^\s'\"<>]*)(?=@[^@\s'\"<>]*)",
+    re.I,
+)
 # password=secret, password='se cret', ?password=secret&...
 _KV_PASSWORD = re.compile(
     r"(?P<head>\b(?:password|passwd|pgpassword|secret)\s*=\s*)"
@@ -38,8 +43,12 @@ def register_connection_string(conninfo: str | None) -> None:
     try:
         password = conninfo_to_dict(conninfo).get("password")
     except Exception:  # an unparsable string is masked by the patterns instead
-        return
+        password = None
     register_secret(str(password) if password is not None else None)
+    # What the user meant as the password when libpq would cut it at an un-encoded `@`.
+    written = _URI_PASSWORD.search(conninfo.strip())
+    if written:
+        register_secret(unquote(written.group("pw")))
 
 
 def redact(text: str) -> str:

@@ -37,7 +37,9 @@ class Environment:
         path = project_dir / ".env"
         file_values: dict[str, str] = {}
         if path.is_file():
-            file_values = {k: v for k, v in dotenv_values(path).items() if v is not None}
+            # No ${VAR} interpolation: a password such as `pa$${HOME}` is read as written.
+            values = dotenv_values(path, interpolate=False)
+            file_values = {k: v for k, v in values.items() if v is not None}
         merged = {**file_values, **{k: v for k, v in os.environ.items() if v != ""}}
         for name in (WEBHOOK_SECRET, "PGPASSWORD"):
             register_secret(merged.get(name))
@@ -50,14 +52,24 @@ class Environment:
 
     def connection(self, name: str) -> str:
         """A libpq connection string, checked for syntax; exit 2 when missing or malformed."""
-        value = self.values.get(name)
-        if not value:
+        value = self.optional_connection(name)
+        if value is None:
             raise ConfigError(
                 [
                     f"{name} is not set: export it or add it to {self.dotenv_path} "
                     f"(a libpq URI such as postgresql://user@host:5432/db, or key=value pairs)"
                 ]
             )
+        return value
+
+    def optional_connection(self, name: str) -> str | None:
+        """The connection string when set (checked like `connection`), else None."""
+        value = self.values.get(name)
+        if not value:
+            return None
+        problem = uri_userinfo_problem(value)
+        if problem:
+            raise ConfigError([f"{name}: {problem}"])
         try:
             conninfo_to_dict(value)
         except Exception as exc:
@@ -65,6 +77,29 @@ class Environment:
                 [f"{name} is not a valid libpq connection string: {redact(str(exc).strip())}"]
             ) from None
         return value
+
+
+_URI_SCHEMES = ("postgresql://", "postgres://")
+
+
+def uri_userinfo_problem(value: str) -> str | None:
+    """Why libpq would read a URI's user and password other than as written, or None.
+
+    libpq ends the user and password at the first `@` (or at a `/` before any `@`): in
+    `postgresql://u:p@ss@host/db` it connects to host `ss@host` with password `p`, and the
+    rest of the password ends up in its error messages. Such a URI is refused up front."""
+    if not value.strip().lower().startswith(_URI_SCHEMES):
+        return None  # key=value strings quote their values
+    before_query = value.strip().split("://", 1)[1].split("?", 1)[0]
+    authority, _, path = before_query.partition("/")
+    if authority.count("@") > 1 or "@" in path:
+        return (
+            "the URI has more than one '@' before its host (or one after a '/'), so libpq "
+            "would cut the user name or password short: percent-encode '@' as %40 and '/' "
+            "as %2F in them (postgresql://user:p%40ss@host/db), or use key=value pairs "
+            "(host=... user=... password='p@ss')"
+        )
+    return None
 
 
 @dataclass(frozen=True)

@@ -1,10 +1,10 @@
 """`"initial_load": "skip"`: a table's first sync copies no existing row.
 
 The destination table is created empty (or adopted when it already exists with the source's
-shape, e.g. loaded by hand), and the cursor starts at the source's newest key, read with the
-same rules as after a full load: writers in progress hold it back, so no row they commit
-later is skipped. Rows at the starting key itself are read by the next sync (ties are never
-skipped).
+shape, e.g. loaded by hand; either way recorded as the tool's from then on), and the cursor
+starts at the source's newest key, read with the same rules as after a full load: writers in
+progress hold it back, so no row they commit later is skipped. Rows at the starting key
+itself are read by the next sync (ties are never skipped).
 """
 
 from __future__ import annotations
@@ -14,11 +14,12 @@ from typing import Any
 
 import psycopg
 
-from . import ddl
 from .catalog import TableInfo
 from .database import execute
+from .dest_schema import ensure_bookkeeping, ensure_schemas
 from .dest_types import ensure_types
 from .full_load import Endpoints, first_cursor
+from .ownership import record_owned
 from .schema_diff import describe, diff
 from .signature import Signature, destination_signature
 from .state import Cursor, Pending, Window
@@ -46,10 +47,13 @@ def start_without_backfill(
                 f"{built.table.target}, but it differs from the source ({describe(changes)}); "
                 "drop it (the sync then creates it) or make it match"
             )
-    else:
-        execute(ends.dest, ddl.create_schema(built.table.target.schema))
-        ensure_types(ends.source, ends.dest, [c.type_oid for c in built.columns])
-        execute(ends.dest, built.create_destination)
+    ensure_bookkeeping(ends.dest)
+    with ends.dest.transaction():
+        if destination is None:
+            ensure_schemas(ends.dest, [built.table.target.schema])
+            ensure_types(ends.source, ends.dest, [c.type_oid for c in built.columns])
+            execute(ends.dest, built.create_destination)
+        record_owned(ends.dest, built.table.target)  # created, or adopted as it matches
     cursor, pending, window = _start_cursor(ends.source, built)
     return StartResult(destination is None, cursor, pending, window)
 

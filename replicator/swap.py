@@ -24,6 +24,7 @@ from .errors import DatabaseError
 from .failpoints import failpoint
 from .identifiers import TableName
 from .naming import default_key_name, retired_key_name, retired_table
+from .ownership import read_records, record_owned
 
 LOCK_TIMEOUT = "5s"
 
@@ -117,6 +118,11 @@ def _swap_with_retries(dest: psycopg.Connection[Any], side: TableName, target: T
             oid = existing[0][0]
             dest.execute(sql.SQL("LOCK TABLE {} IN ACCESS EXCLUSIVE MODE").format(_ident(target)))
             locked_at = time.monotonic()
+            if not read_records(dest, target, oid).this_oid:  # replaced while we loaded
+                raise DatabaseError(
+                    f"{target} is not a table replicator created (it was replaced while the "
+                    "load ran); it is left as it is"
+                )
             table = _save(dest, oid, target)
             views = _dependent_views(dest, oid)
             old_key = fetch_all(dest, _PRIMARY_KEY_NAME, (oid,))
@@ -125,6 +131,7 @@ def _swap_with_retries(dest: psycopg.Connection[Any], side: TableName, target: T
             retired = _retire(dest, target, old_key[0][0] if old_key else None)
         primary_key_name = old_key[0][0] if old_key else _free_key_name(dest, target)
         _move(dest, side, target, primary_key_name)
+        record_owned(dest, target)
         if table is not None:
             _restore(dest, table, "TABLE")
         for view in views:

@@ -9,13 +9,13 @@ import uuid
 
 import psycopg
 
+from .adopt import adopt_legacy
 from .config import TableConfig
 from .database import connect
-from .drift import observe, plan_observed
+from .drift import plan_now
 from .errors import ConfigError, LockHeld, ReplicatorError, StateError
 from .full_load import Endpoints
 from .incremental import KeyBounds
-from .inspect_table import inspect_source
 from .plan import Plan
 from .project import Project
 from .redact import redact, register_secret
@@ -157,11 +157,15 @@ def _sync_all(
             ends = Endpoints(source, dest, connections.source, connections.destination)
             for table in tables:
                 results.append(_sync_table(run, ends, table, output))
-    except ReplicatorError as exc:
+    except ReplicatorError as exc:  # a database could not be reached: every table not done
         done = {r.name for r in results}
-        results += [_failure(t, str(exc), 0.0) for t in tables if t.written_name not in done]
-        for result in results[len(done) :]:
+        for table in tables:
+            if table.written_name in done:
+                continue
+            result = _failure(table, str(exc), 0.0)
+            _record_unreachable(run, table, result)
             log.error(result.line())
+            results.append(result)
     finally:
         run.spark.finish()
     return results
@@ -232,22 +236,20 @@ def _sync_locked_table(
     recorded in its state and returned as the result."""
     plan: Plan | None = None
     try:
-        source, built = inspect_source(ends.source, table, run.project.templates)
-        observed = observe(ends.source, ends.dest, table, built, source, state)
-        plan = plan_observed(table, state, observed, run.full_refresh)
+        planned = plan_now(
+            ends.source, ends.dest, table, run.project.templates, state, run.full_refresh
+        )
+        plan = planned.plan
+        if plan.action == "fail":
+            raise TableProblem(f"{table.written_name}: {plan.reason}; {plan.fix}")
         if run.resync is not None and plan.action != "incremental":
             raise TableProblem(
                 f"{table.written_name}: cannot re-sync a key range: the table needs a full "
                 f"reload first ({plan.reason}); run `replicator sync -s {table.written_name}`"
             )
-        if plan.action == "fail":
-            raise TableProblem(
-                f'{table.written_name}: {plan.reason}; on_schema_change is "fail": review '
-                f"the change, then run `replicator sync -f -s {table.written_name}` to reload it"
-            )
-        job = TableJob(
-            run, ends, table, built, source, state, plan, observed, output, started, started_at
-        )
+        if planned.observed.ownership == "legacy":
+            adopt_legacy(ends.dest, table)
+        job = TableJob(run, ends, table, planned, state, output, started, started_at)
         result = carry_out(job)
     except (ReplicatorError, psycopg.Error) as exc:
         result = _failure(
@@ -263,6 +265,16 @@ def _sync_locked_table(
         result = _failure(table, f"internal error: {_one_line(exc)}", time.monotonic() - started)
         _record_failure(run, table, state, started_at, result)
     return result
+
+
+def _record_unreachable(run: RunContext, table: TableConfig, result: TableResult) -> None:
+    """A run that could not reach a database is still the table's last run (`status` says
+    so), unless its state file cannot be trusted, which stays as it is."""
+    try:
+        state = run.project.store.read(table.name)
+    except StateError:
+        return
+    _record_failure(run, table, state, run.started_at, result)
 
 
 def _one_line(exc: BaseException) -> str:

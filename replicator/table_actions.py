@@ -14,7 +14,7 @@ from psycopg import sql
 from .catalog import TableInfo
 from .config import TableConfig
 from .database import execute
-from .drift import Observed
+from .drift import Observed, Planned
 from .failpoints import failpoint
 from .full_load import Endpoints, full_reload
 from .incremental import incremental_sync, probe
@@ -38,11 +38,8 @@ class TableJob:
     run: RunContext
     ends: Endpoints
     table: TableConfig
-    built: TableSql
-    source: TableInfo
+    planned: Planned
     state: TableState | None
-    plan: Plan
-    observed: Observed
     output: SyncOutput
     started: float
     started_at: str
@@ -50,6 +47,22 @@ class TableJob:
     @property
     def name(self) -> str:
         return self.table.written_name
+
+    @property
+    def built(self) -> TableSql:
+        return self.planned.built
+
+    @property
+    def source(self) -> TableInfo:
+        return self.planned.source
+
+    @property
+    def observed(self) -> Observed:
+        return self.planned.observed
+
+    @property
+    def plan(self) -> Plan:
+        return self.planned.plan
 
     def success(
         self,

@@ -104,6 +104,43 @@ def schema(
             conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(name)))
 
 
+@dataclass(frozen=True)
+class PasswordRole:
+    """A login role that must authenticate with SCRAM and a hostile password."""
+
+    name: str
+    password: str
+
+
+# An `@`, a `/`, a `${VAR}` and a quote: every character that has broken a connection string.
+HOSTILE_PASSWORD = "p@ss/W0rd${HOME}'q"
+
+
+@pytest.fixture
+def password_role(source_conn: psycopg.Connection[Any]) -> Iterator[PasswordRole]:
+    """A superuser role on the source whose TCP logins need its password (scram-sha-256),
+    put ahead of the test cluster's `trust` lines in pg_hba.conf for the test's duration."""
+    (hba_file,) = source_conn.execute("SHOW hba_file").fetchone()
+    hba = Path(hba_file)
+    if not os.access(hba, os.W_OK):
+        pytest.skip("pg_hba.conf of the source is not writable here")
+    role = PasswordRole(f"pw_{uuid.uuid4().hex[:8]}", HOSTILE_PASSWORD)
+    source_conn.execute(
+        sql.SQL("CREATE ROLE {} LOGIN SUPERUSER PASSWORD {}").format(
+            sql.Identifier(role.name), sql.Literal(role.password)
+        )
+    )
+    original = hba.read_text()
+    hba.write_text(f"host all {role.name} 127.0.0.1/32 scram-sha-256\n{original}")
+    source_conn.execute("SELECT pg_reload_conf()")
+    try:
+        yield role
+    finally:
+        hba.write_text(original)
+        source_conn.execute("SELECT pg_reload_conf()")
+        source_conn.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(role.name)))
+
+
 @pytest.fixture(scope="session")
 def spark() -> Iterator[Any]:
     """The run's local Spark session (local[2], UI off), started on first use."""

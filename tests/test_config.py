@@ -162,6 +162,40 @@ def _errors(project, document) -> tuple[int, str]:
             id="skip-backfill-full-refresh",
         ),
         pytest.param(
+            {
+                "tables": [
+                    {
+                        "name": "a.b",
+                        "mode": "full-refresh",
+                        "destination": "_replicator.loaded_partitions",
+                    }
+                ]
+            },
+            "tables[0]: destination _replicator.loaded_partitions is in replicator's own "
+            'bookkeeping schema (partition markers, ownership records); set "destination" to '
+            "a table in another schema",
+            id="destination-internal-schema",
+        ),
+        pytest.param(
+            {"tables": [{"name": "pg_catalog.pg_class", "mode": "full-refresh"}]},
+            "tables[0]: destination pg_catalog.pg_class is in a PostgreSQL system schema",
+            id="destination-defaults-to-a-system-schema",
+        ),
+        pytest.param(
+            {
+                "tables": [
+                    {"name": "a.b", "mode": "full-refresh", "destination": "pg_toast.x"},
+                    {
+                        "name": "a.c",
+                        "mode": "full-refresh",
+                        "destination": "information_schema.tables",
+                    },
+                ]
+            },
+            "tables[1]: destination information_schema.tables is in a PostgreSQL system schema",
+            id="destination-system-schemas",
+        ),
+        pytest.param(
             {"tables": [{"name": "a.b", "replication_key": "u", "initial_load": "none"}]},
             "tables[0].initial_load: expected one of full, skip, got 'none'",
             id="bad-initial-load",

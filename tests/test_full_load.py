@@ -351,7 +351,7 @@ def test_hostile_identifiers_load_exactly(db_project, source_conn, dest_conn):
 def test_copy_task_loads_its_partition_once(source_conn, dest_conn, schema, pg_servers):
     """A task that Spark runs twice (retry, speculation) must not load its rows twice."""
     from replicator.copy_stream import CopyTask, run_copy_task
-    from replicator.full_load import MARKER_DDL
+    from replicator.dest_schema import MARKER_DDL
 
     source_conn.execute(
         sql.SQL("CREATE TABLE {} AS SELECT g AS id FROM generate_series(1, 100) g").format(

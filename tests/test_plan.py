@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from replicator.ownership import Records, classify
 from replicator.plan import Plan, plan_table
 from replicator.state import Cursor, TableState
 
@@ -75,8 +76,13 @@ SYNCED = TableState(
         pytest.param(
             "incremental-deduped",
             SYNCED,
-            {"schema_change": "column dropped: x", "on_schema_change": "fail"},
-            Plan("fail", "schema changed: column dropped: x"),
+            {"schema_change": "column dropped: x", "on_schema_change": "fail", "name": "t"},
+            Plan(
+                "fail",
+                "schema changed: column dropped: x",
+                'on_schema_change is "fail": review the change, then reload the table with '
+                "`replicator sync -f -s t`",
+            ),
             id="schema-policy-fail",
         ),
         pytest.param(
@@ -111,7 +117,59 @@ SYNCED = TableState(
             Plan("full_reload", "refresh requested"),
             id="refresh-beats-skip-backfill",
         ),
+        *[
+            pytest.param(
+                mode,
+                state,
+                {"not_owned": "FIX", **kwargs},
+                Plan("fail", "destination table exists and was not created by replicator", "FIX"),
+                id=f"not-owned-{case}",
+            )
+            for case, mode, state, kwargs in [
+                ("first-load", "incremental-deduped", None, {}),
+                ("full-refresh-mode", "full-refresh", SYNCED, {}),
+                ("flag", "incremental-deduped", SYNCED, {"full_refresh": True}),
+                ("incremental", "incremental-append", SYNCED, {}),
+                (
+                    "skip-with-flag",
+                    "incremental-deduped",
+                    None,
+                    {"initial_load": "skip", "full_refresh": True},
+                ),
+            ]
+        ],
+        pytest.param(
+            "incremental-deduped",
+            None,
+            {"initial_load": "skip", "not_owned": "FIX"},
+            Plan("skip_backfill", "no state: initial_load skip"),
+            id="not-owned-skip-backfill-adopts",
+        ),
     ],
 )
 def test_plan(mode, state, kwargs, expected):
     assert plan_table(mode, state, **kwargs) == expected
+
+
+LOADED = SYNCED.model_copy(update={"schema_signature": {"columns": []}})
+
+
+@pytest.mark.parametrize(
+    ("exists", "records", "state", "expected"),
+    [
+        pytest.param(False, Records(False, False), None, "missing", id="missing"),
+        pytest.param(True, Records(True, True), None, "owned", id="recorded"),
+        pytest.param(True, Records(False, False), None, "foreign", id="hand-made-first-sync"),
+        pytest.param(True, Records(False, False), LOADED, "legacy", id="loaded-before-records"),
+        pytest.param(True, Records(False, True), LOADED, "foreign", id="ours-replaced-by-hand"),
+        pytest.param(
+            True,
+            Records(False, False),
+            TableState(table="public.t", pending_full_reload=True),
+            "foreign",
+            id="state-without-a-load",
+        ),
+    ],
+)
+def test_ownership(exists, records, state, expected):
+    assert classify(exists, records, state) == expected

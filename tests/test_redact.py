@@ -16,6 +16,10 @@ from replicator.redact import redact, register_connection_string, register_secre
         ("host=db password='quoted secret' user=alice", "quoted secret"),
         ("postgresql://db/app?password=query-secret&sslmode=require", "query-secret"),
         ("PGPASSWORD=envsecret psql", "envsecret"),
+        # libpq would cut these at the first `@`; the redactor masks to the last one.
+        ("postgresql://alice:p@ss-tail-7c@db:5432/app", "ss-tail-7c"),
+        ("dsn postgresql://alice:pw/with@sl-ash-9@db/app rejected", "sl-ash-9"),
+        ("postgresql://al@ice:at-in-user-3b@db/app", "at-in-user-3b"),
     ],
 )
 def test_password_shapes_are_masked(text, leak):

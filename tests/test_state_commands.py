@@ -69,8 +69,10 @@ def test_status_json_has_pinned_keys(configured):
         "mode": "incremental-deduped",
         "cursor": "2026-11-20 10:00:00.5+00",
         "last_synced_at": "2026-11-20T10:00:05Z",
+        "last_run_at": "f",
         "last_status": "success",
-        "rows": 7,
+        "rows": None,  # the destination's row count: not known without a connection
+        "last_run_rows": 7,
         "pending_full_reload": False,
         "next_action": "incremental",
     }

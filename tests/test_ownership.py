@@ -1,0 +1,188 @@
+"""replicator replaces, drops and merges into only the destination tables it created or was
+handed (`adopt`, `initial_load: skip`); anyone else's table fails its sync with the fix, and
+`check`, `compile` and `status` say so before a sync does."""
+
+from __future__ import annotations
+
+import json
+
+import psycopg
+import pytest
+from dbcompare import assert_same_table
+from psycopg import sql
+
+from replicator.errors import DatabaseError
+from replicator.identifiers import TableName
+from replicator.swap import swap_in
+
+pytestmark = pytest.mark.spark
+
+NOT_OWNED = "destination table exists and was not created by replicator"
+
+
+@pytest.fixture
+def shop(source_conn, dest_conn, schema):
+    """100 orders in the source; a hand-made table of 50 rows under the same name in the
+    destination (say, an analyst's earlier copy)."""
+    for conn, rows in ((source_conn, 100), (dest_conn, 50)):
+        conn.execute(
+            sql.SQL(
+                "CREATE TABLE {} (id int PRIMARY KEY, note text, "
+                "updated_at timestamptz NOT NULL DEFAULT now())"
+            ).format(sql.Identifier(schema, "orders"))
+        )
+        conn.execute(
+            sql.SQL(
+                "INSERT INTO {} (id, note) SELECT g, 'row ' || g FROM generate_series(1, %s) g"
+            ).format(sql.Identifier(schema, "orders")),
+            (rows,),
+        )
+    return schema
+
+
+def _dest_table(dest_conn, schema: str) -> tuple[int, int]:
+    """(oid, rows) of the destination table."""
+    table = sql.Identifier(schema, "orders")
+    return dest_conn.execute(
+        sql.SQL("SELECT {name}::regclass::oid::int, (SELECT count(*) FROM {t})").format(
+            name=sql.Literal(table.as_string(dest_conn)), t=table
+        )
+    ).fetchone()
+
+
+def _config(project, schema, **table):
+    project.write_config(
+        {"tables": [{"name": f"{schema}.orders", "replication_key": "updated_at", **table}]}
+    )
+
+
+@pytest.mark.parametrize(
+    ("table", "args"),
+    [
+        pytest.param({"replication_key": "updated_at"}, (), id="first-sync"),
+        pytest.param({"replication_key": "updated_at"}, ("-f",), id="full-refresh-flag"),
+        pytest.param({"mode": "full-refresh"}, (), id="full-refresh-mode"),
+        pytest.param(
+            {"replication_key": "updated_at", "mode": "incremental-append"}, (), id="append"
+        ),
+    ],
+)
+def test_a_hand_made_destination_table_is_never_replaced(db_project, shop, dest_conn, table, args):
+    db_project.write_config({"tables": [{"name": f"{shop}.orders", **table}]})
+    before = _dest_table(dest_conn, shop)
+    synced = db_project.run("sync", *args)
+    assert synced.exit_code == 1, synced.output
+    assert f"{shop}.orders: {NOT_OWNED}; replicator never replaces a table it did not" in (
+        synced.stderr
+    )
+    assert f"`replicator adopt {shop}.orders`" in synced.stderr
+    assert _dest_table(dest_conn, shop) == before, "same table, same 50 rows"
+
+
+def test_check_compile_and_status_say_so_before_a_sync(db_project, shop):
+    _config(db_project, shop)
+    checked = db_project.run("check")
+    assert checked.exit_code == 1, checked.output
+    assert f"error {shop}.orders: {NOT_OWNED}; fix: replicator never replaces" in checked.stdout
+    compiled = db_project.run("compile")
+    assert f"-- next sync: fail ({NOT_OWNED})" in compiled.stdout
+    assert "-- fix: replicator never replaces a table it did not create" in compiled.stdout
+    (row,) = json.loads(db_project.run("status", "--json").stdout)
+    assert row["next_action"] == f"fail: {NOT_OWNED}"
+    assert row["rows"] == 50
+
+
+def test_adopt_hands_the_table_over_and_the_next_sync_reloads_it(
+    db_project, shop, source_conn, dest_conn
+):
+    _config(db_project, shop)
+    adopted = db_project.run("adopt", f"{shop}.orders")
+    assert adopted.exit_code == 0, adopted.output
+    assert (
+        f"{shop}.orders: adopted {shop}.orders; replicator may now replace and update it. "
+        "Next sync: full_reload (no state)" in adopted.stdout
+    )
+    assert "is already replicator's" in db_project.run("adopt", "orders").stdout
+    synced = db_project.run("sync")
+    assert synced.exit_code == 0, synced.output
+    assert assert_same_table(source_conn, dest_conn, shop, "orders") == 100
+
+
+def test_initial_load_skip_adopts_a_matching_table_and_keeps_its_rows(db_project, shop, dest_conn):
+    _config(db_project, shop, initial_load="skip")
+    assert "initial_load skip" in db_project.run("check").stdout
+    before = _dest_table(dest_conn, shop)
+    synced = db_project.run("sync")
+    assert synced.exit_code == 0, synced.output
+    assert "destination table adopted" in synced.stderr
+    assert _dest_table(dest_conn, shop) == before
+    reloaded = db_project.run("sync", "-f")
+    assert reloaded.exit_code == 0, reloaded.output
+    assert _dest_table(dest_conn, shop)[1] == 100, "adopted: now the tool's to reload"
+
+
+def test_a_table_recreated_by_hand_after_a_load_is_not_the_tools(
+    db_project, shop, source_conn, dest_conn
+):
+    dest_conn.execute(sql.SQL("DROP TABLE {}").format(sql.Identifier(shop, "orders")))
+    _config(db_project, shop)
+    assert db_project.run("sync").exit_code == 0
+    assert db_project.run("sync", "-f").exit_code == 0, "its own table: replaced freely"
+    dest_conn.execute(sql.SQL("DROP TABLE {}").format(sql.Identifier(shop, "orders")))
+    dest_conn.execute(
+        sql.SQL("CREATE TABLE {} (id int PRIMARY KEY, note text, updated_at timestamptz)").format(
+            sql.Identifier(shop, "orders")
+        )
+    )
+    before = _dest_table(dest_conn, shop)
+    synced = db_project.run("sync")
+    assert synced.exit_code == 1
+    assert NOT_OWNED in synced.stderr
+    assert _dest_table(dest_conn, shop) == before
+    dest_conn.execute(sql.SQL("DROP TABLE {}").format(sql.Identifier(shop, "orders")))
+    again = db_project.run("sync")
+    assert again.exit_code == 0, "dropping the destination still forces a reload"
+    assert "destination table missing" in again.stderr
+    assert assert_same_table(source_conn, dest_conn, shop, "orders") == 100
+
+
+def test_a_table_loaded_before_ownership_records_stays_the_tools(
+    db_project, shop, source_conn, dest_conn
+):
+    """Upgrading: a table an earlier version loaded (its sync-state says so) has no record;
+    the next sync recognizes it by the state, records it and carries on."""
+    dest_conn.execute(sql.SQL("DROP TABLE {}").format(sql.Identifier(shop, "orders")))
+    _config(db_project, shop)
+    assert db_project.run("sync").exit_code == 0
+    dest_conn.execute("DELETE FROM _replicator.owned_tables")  # as an older version left it
+    source_conn.execute(
+        sql.SQL(
+            "UPDATE {} SET note = 'changed', updated_at = now() + interval '1 min' WHERE id <= 10"
+        ).format(sql.Identifier(shop, "orders"))
+    )
+    synced = db_project.run("sync")
+    assert synced.exit_code == 0, synced.output
+    assert "loaded by an earlier replicator version; recorded as replicator's" in synced.stderr
+    assert assert_same_table(source_conn, dest_conn, shop, "orders") == 100
+    (recorded,) = dest_conn.execute(
+        "SELECT count(*) FROM _replicator.owned_tables WHERE schema_name = %s", (shop,)
+    ).fetchone()
+    assert recorded == 1
+
+
+def test_the_swap_itself_refuses_a_table_it_does_not_own(pg_servers, dest_conn, schema):
+    """The last line of defence, under the swap's lock: a table that became someone
+    else's while the load ran is left alone."""
+    target, side = TableName(schema, "t"), TableName(schema, "side")
+    dest_conn.execute(sql.SQL("CREATE TABLE {} (id int)").format(sql.Identifier(schema, "t")))
+    dest_conn.execute(sql.SQL("CREATE TABLE {} (id int)").format(sql.Identifier(schema, "side")))
+    dest_conn.execute(sql.SQL("INSERT INTO {} VALUES (1), (2)").format(sql.Identifier(schema, "t")))
+    with (
+        psycopg.connect(pg_servers.dest_url, autocommit=True) as conn,
+        pytest.raises(DatabaseError, match="is not a table replicator created"),
+    ):
+        swap_in(conn, side, target)
+    (rows,) = dest_conn.execute(
+        sql.SQL("SELECT count(*) FROM {}").format(sql.Identifier(schema, "t"))
+    ).fetchone()
+    assert rows == 2
