@@ -32,11 +32,8 @@ soak: system-deps $(STAMP)
 	REPLICATOR_SOAK_SECONDS=$(SOAK_SECONDS) $(BIN)/pytest -q -s tests/test_soak.py
 
 demo: system-deps $(STAMP)
-	@if $(BIN)/replicator demo --help >/dev/null 2>&1; then \
-		$(BIN)/replicator demo --project-dir .; \
-	else \
-		echo "replicator demo needs the sync engine, which has not landed yet (see README)."; \
-	fi
+	$(BIN)/replicator demo --project-dir .
+	@echo "The command is $(BIN)/replicator (source $(BIN)/activate puts it on PATH); for your own project see the README, Install it for your own project."
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache *.egg-info

@@ -6,7 +6,6 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-import click
 import psycopg
 
 from .catalog import describe_table
@@ -14,6 +13,7 @@ from .config import TableConfig
 from .database import connect
 from .dest_schema import ensure_bookkeeping
 from .drift import plan_now
+from .logs import say
 from .ownership import classify, read_records, record_owned
 from .project import Project
 from .runlock import run_lock
@@ -49,7 +49,7 @@ def adopt_tables(project: Project, names: tuple[str, ...]) -> int:
         connect(connections.source, "source") as source,
     ):
         for table in tables:
-            click.echo(_adopt(project, source, dest, table))
+            say(_adopt(project, source, dest, table), "adopt", name=table.written_name)
     return 0
 
 

@@ -2,21 +2,28 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
+import click
 import psycopg
 from psycopg import sql
 
 from .catalog import describe_table, leading_index_columns
 from .config import TableConfig
 from .database import connect, fetch_all
+from .dependent_views import reload_problem
+from .dest_schema import missing_schemas
 from .drift import plan_now
 from .errors import ReplicatorError
 from .identifiers import display_ident
 from .inspect_table import inspect_table
+from .logs import json_output, quiet
+from .naming import INTERNAL_SCHEMA
 from .project import Project
+from .redact import redact
 
 Level = Literal["ok", "warn", "error"]
 
@@ -33,6 +40,26 @@ class Finding:
         return f"{text}; fix: {self.fix}" if self.fix else text
 
 
+def print_checks(project: Project, ping: bool = False) -> int:
+    """Run the checks and print one line per finding (a JSON object each under --log-format
+    json; errors and warnings only under -q), then the count; 1 when any is an error."""
+    findings = run_checks(project, ping)
+    for finding in findings:
+        if quiet() and finding.level == "ok":
+            continue
+        if json_output():
+            click.echo(redact(json.dumps({"event": "check.finding", **asdict(finding)})))
+        else:
+            click.echo(redact(finding.line()))
+    errors = sum(f.level == "error" for f in findings)
+    warnings = sum(f.level == "warn" for f in findings)
+    if json_output():
+        click.echo(json.dumps({"event": "check.finished", "errors": errors, "warnings": warnings}))
+    else:
+        click.echo(f"{errors} error(s), {warnings} warning(s)")
+    return 1 if errors else 0
+
+
 def run_checks(project: Project, ping: bool = False) -> list[Finding]:
     """Check connections, privileges, keys, indexes, Java and the driver; never writes
     anything (`ping` sends the webhook a test payload)."""
@@ -46,7 +73,7 @@ def run_checks(project: Project, ping: bool = False) -> list[Finding]:
         if source is not None:
             findings.extend(_source_activity_visibility(source))
         if dest is not None:
-            findings.extend(_destination_privileges(dest))
+            findings.extend(_destination_privileges(dest, project))
         for table in project.config.tables:
             findings.extend(_check_state(project, table))
             if source is not None:
@@ -195,21 +222,54 @@ def _source_activity_visibility(conn: psycopg.Connection[Any]) -> Iterator[Findi
         )
 
 
-def _destination_privileges(conn: psycopg.Connection[Any]) -> Iterator[Finding]:
-    rows = fetch_all(
+def _destination_privileges(conn: psycopg.Connection[Any], project: Project) -> Iterator[Finding]:
+    """The schemas a sync writes to: CREATE on each one that exists, CREATE on the database
+    only when one is missing (the sync creates only missing schemas)."""
+    needed = [*dict.fromkeys(t.target.schema for t in project.config.tables), INTERNAL_SCHEMA]
+    user, database, may_create_schemas = fetch_all(
         conn,
-        "SELECT current_user, has_database_privilege(current_database(), 'CREATE')",
-    )
-    user, can_create = rows[0]
-    if can_create:
-        yield Finding("ok", "destination", f"role {user} may create schemas")
-    else:
+        "SELECT current_user, current_database(), "
+        "has_database_privilege(current_database(), 'CREATE')",
+    )[0]
+    role, db = display_ident(user), display_ident(database)
+    missing = missing_schemas(conn, needed)
+    usable = []
+    for schema in needed:
+        if schema in missing:
+            continue
+        lacks = [
+            privilege
+            for privilege in ("USAGE", "CREATE")
+            if not fetch_all(conn, "SELECT has_schema_privilege(%s, %s)", (schema, privilege))[0][0]
+        ]
+        if lacks:
+            yield Finding(
+                "error",
+                "destination",
+                f"role {role} lacks {' and '.join(lacks)} on schema {display_ident(schema)}",
+                f"GRANT USAGE, CREATE ON SCHEMA {display_ident(schema)} TO {role}",
+            )
+        else:
+            usable.append(display_ident(schema))
+    if usable:
         yield Finding(
-            "error",
-            "destination",
-            f"role {user} may not create schemas in this database",
-            f"GRANT CREATE ON DATABASE <db> TO {display_ident(user)}",
+            "ok", "destination", f"role {role} may create tables in schemas {', '.join(usable)}"
         )
+    for schema in missing:
+        name = display_ident(schema)
+        if may_create_schemas:
+            yield Finding(
+                "ok", "destination", f"schema {name} is missing; role {role} may create it"
+            )
+        else:
+            yield Finding(
+                "error",
+                "destination",
+                f"schema {name} does not exist and role {role} may not create schemas in "
+                f"database {db}",
+                f"CREATE SCHEMA {name} AUTHORIZATION {role}, or GRANT CREATE ON DATABASE {db} "
+                f"TO {role}",
+            )
 
 
 def _check_state(project: Project, table: TableConfig) -> Iterator[Finding]:
@@ -238,9 +298,7 @@ def _check_table(
             "error",
             subject,
             "the source role may not SELECT from it",
-            sql.SQL("GRANT SELECT ON {} TO <source role>")
-            .format(sql.Identifier(info.name.schema, info.name.name))
-            .as_string(None),
+            f"GRANT SELECT ON {info.name} TO {display_ident(_current_user(conn))}",
         )
         return
     try:
@@ -290,3 +348,15 @@ def _check_plan(
         yield Finding("error", table.written_name, plan.reason, plan.fix)
     else:
         yield Finding("ok", table.written_name, f"next sync: {plan.action} ({plan.reason})")
+    blocked = (
+        reload_problem(dest, table.target) if planned.observed.ownership != "foreign" else None
+    )
+    if blocked is not None:
+        problem, fix = blocked
+        reloads = plan.action == "full_reload"
+        when = "" if reloads else " (the next full reload fails on it)"
+        yield Finding("error" if reloads else "warn", table.written_name, problem + when, fix)
+
+
+def _current_user(conn: psycopg.Connection[Any]) -> str:
+    return str(fetch_all(conn, "SELECT current_user")[0][0])

@@ -1,4 +1,8 @@
-"""The `replicator` command line: wires config, state, catalog and output together."""
+"""The `replicator` command line: wires config, state, catalog and output together.
+
+The options every command shares (`--project-dir`, `-v`, `-q`, `--log-format`) are accepted
+before the command name as well as after it, as dbt accepts them.
+"""
 
 from __future__ import annotations
 
@@ -11,43 +15,111 @@ from pathlib import Path
 from typing import Any
 
 import click
+from click.core import ParameterSource
 
-from . import __version__
+from . import __version__, interrupts
 from .errors import ConfigError, ReplicatorError, UsageError
-from .logs import configure_logging
+from .logs import configure_logging, error_line, json_output, say
 from .project import Project
 from .redact import redact
 
 log = logging.getLogger("replicator.cli")
 
+ENVIRONMENT = """\b
+Environment (or the project's .env; the environment wins):
+  REPLICATOR_SOURCE_URL         the source database (libpq URI or key=value)
+  REPLICATOR_DEST_URL           the destination database
+  REPLICATOR_WEBHOOK_URL        overrides webhook.url
+  REPLICATOR_WEBHOOK_SECRET     overrides webhook.secret (HMAC signing key)
+  REPLICATOR_SPARK_MASTER       overrides spark.master
+  REPLICATOR_SPARK_MIN_ROWS     overrides spark.min_rows
+  REPLICATOR_PROGRESS_INTERVAL  seconds between progress log lines off a terminal (10)"""
+
+EXIT_CODES = """\b
+Exit codes:
+  0        success
+  1        one or more tables failed (the others were still handled)
+  2        bad usage or config; nothing was touched
+  75       another replicator holds the lock (run again later)
+  130/143  interrupted by SIGINT/SIGTERM (what it had started was rolled back)"""
+
+EXAMPLES = """\b
+Examples:
+  replicator init my-pipeline
+  replicator check --project-dir my-pipeline
+  replicator sync --project-dir my-pipeline
+  replicator --project-dir my-pipeline status
+  replicator sync -s public.orders -f       # reload one table now
+  replicator sync -q --log-format json      # for cron and log shippers"""
+
+
+def _examples(*lines: str) -> str:
+    return "\b\nExamples:\n" + "\n".join(f"  {line}" for line in lines)
+
+
+_SHARED = ("project_dir", "verbose", "quiet", "log_format")
+
+
+def _shared_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    """--project-dir, -v, -q, --log-format: on the group (before the command name) and on
+    each command (after it)."""
+    options = [
+        click.option(
+            "--project-dir",
+            type=click.Path(file_okay=False, path_type=Path),
+            default=None,
+            help="The project directory (default: the current directory).",
+        ),
+        click.option("-v", "--verbose", count=True, help="More detail: SQL, tracebacks."),
+        click.option("-q", "--quiet", is_flag=True, help="Only warnings and errors."),
+        click.option(
+            "--log-format",
+            type=click.Choice(["text", "json"]),
+            default=None,
+            help="text (default), or one JSON object per line for everything printed.",
+        ),
+    ]
+    for option in reversed(options):
+        command = option(command)
+    return command
+
+
+def _effective(ctx: click.Context, name: str) -> Any:
+    """A shared option's value: given after the command name, else before it (on `state`
+    or on `replicator` itself); -v counts add up."""
+    chain = []
+    while ctx is not None:
+        chain.append(ctx)
+        ctx = ctx.parent
+    if name == "verbose":
+        return sum(c.params.get(name) or 0 for c in chain)
+    for level in chain:  # the innermost given wins
+        if level.get_parameter_source(name) not in (ParameterSource.DEFAULT, None):
+            return level.params.get(name)
+    return None
+
 
 def _common(command: Callable[..., Any]) -> Callable[..., Any]:
-    """Options every subcommand takes after its name; errors become exit codes."""
+    """The shared options; errors and interruptions become exit codes."""
 
-    @click.option(
-        "--project-dir",
-        type=click.Path(file_okay=False, path_type=Path),
-        default=Path("."),
-        show_default=True,
-        help="The project directory.",
-    )
-    @click.option("-v", "--verbose", count=True, help="More detail, tracebacks included.")
-    @click.option("-q", "--quiet", is_flag=True, help="Only warnings and errors.")
-    @click.option(
-        "--log-format",
-        type=click.Choice(["text", "json"]),
-        default="text",
-        show_default=True,
-        help="Log lines as text or one JSON object per line.",
-    )
+    @_shared_options
     @functools.wraps(command)
-    def wrapper(
-        project_dir: Path, verbose: int, quiet: bool, log_format: str, **kwargs: Any
-    ) -> None:
-        configure_logging(verbose, quiet, log_format)
-        click.get_current_context().meta["replicator.verbose"] = verbose
+    def wrapper(**kwargs: Any) -> None:
+        ctx = click.get_current_context()
+        for name in _SHARED:
+            kwargs.pop(name)
+        shared = {name: _effective(ctx, name) for name in _SHARED}
+        verbose = shared["verbose"]
+        configure_logging(verbose, bool(shared["quiet"]), shared["log_format"] or "text")
+        ctx.meta["replicator.verbose"] = verbose
+        project_dir = shared["project_dir"] or Path(".")
         try:
-            code = command(project_dir=project_dir, **kwargs)
+            with interrupts.handled():
+                code = command(project_dir=project_dir, **kwargs)
+        except interrupts.Interrupted as exc:  # cleaned up on the way here
+            if not exc.reported:
+                log.error("%s", exc.describe())
+            sys.exit(exc.exit_code)
         except ReplicatorError as exc:
             _report(exc, verbose)
             sys.exit(exc.exit_code)
@@ -63,8 +135,9 @@ def _report(exc: BaseException, verbose: int, prefix: str = "") -> None:
     if verbose and not isinstance(exc, UsageError):  # a usage error's place is its message
         click.echo(redact("".join(traceback.format_exception(exc))), err=True)
     problems = exc.problems if isinstance(exc, ConfigError) else [str(exc)]
+    code = exc.exit_code if isinstance(exc, ReplicatorError) else 1
     for problem in problems:
-        click.echo(redact(f"error: {prefix}{problem}"), err=True)
+        click.echo(error_line(f"{prefix}{problem}", code), err=True)
 
 
 select_option = click.option(
@@ -73,46 +146,77 @@ select_option = click.option(
     "names",
     multiple=True,
     metavar="TABLE",
-    help="Only these tables (repeatable).",
+    help="Only these tables (repeatable; the schema may be left out when the name is unique).",
+)
+json_option = click.option(
+    "--json", "as_json", is_flag=True, help="Machine-readable output (also with --log-format json)."
 )
 
+CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+
+@click.group(context_settings=CONTEXT, epilog=f"{EXAMPLES}\n\n{ENVIRONMENT}\n\n{EXIT_CODES}")
 @click.version_option(__version__, prog_name="replicator")
-def cli() -> None:
-    """Keep copies of PostgreSQL tables in another PostgreSQL database, incrementally."""
+@_shared_options
+def cli(**_: Any) -> None:
+    """Keep copies of PostgreSQL tables in another PostgreSQL database, incrementally.
+
+    A project is a folder: tables-config.json (which tables, how), optional models/
+    (per-table SELECTs) and macros/ (SQL overrides), and sync-state/ (where each table is).
+    Run `replicator COMMAND --help` for a command's options and examples."""
 
 
-@cli.command()
+@cli.command(
+    short_help="Write a new project scaffold.",
+    epilog=_examples("replicator init my-pipeline", "cd my-pipeline && replicator check"),
+)
 @click.argument("directory", required=False, type=click.Path(file_okay=False, path_type=Path))
 @_common
 def init(project_dir: Path, directory: Path | None) -> int:
-    """Write a new project scaffold into DIRECTORY (default: --project-dir)."""
+    """Write a new project into DIRECTORY (default: --project-dir): tables-config.json with
+    commented examples, .env.example, a model, macros/README.md and sync-state/. An
+    existing project is never overwritten."""
     from .scaffold import init_project
 
     target = project_dir / directory if directory else project_dir
     for path in init_project(target):
-        click.echo(f"wrote {path}")
-    click.echo(
+        say(f"wrote {path}", "init.wrote", path=str(path))
+    say(
         f"next: edit {target / 'tables-config.json'}, copy .env.example to .env, "
-        f"then run `replicator check --project-dir {target}`"
+        f"then run `replicator check --project-dir {target}`",
+        "init.next",
     )
     return 0
 
 
-@cli.command(name="compile")
+@cli.command(
+    name="compile",
+    short_help="Print each table's next action and SQL; run nothing.",
+    epilog=_examples("replicator compile -s public.orders", "replicator compile --json | jq ."),
+)
 @select_option
-@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@json_option
 @_common
 def compile_command(project_dir: Path, names: tuple[str, ...], as_json: bool) -> int:
-    """Print each table's next action, schema changes and SQL; nothing is executed."""
+    """Print what each table's next sync would do and why (the same plan `sync` makes), the
+    schema changes since its last load, and its SQL. Catalogs are read; nothing is written.
+    Exit 1 when a table cannot be compiled."""
     from .compile import compile_tables
 
     project = Project.load(project_dir)
-    return compile_tables(project, project.select(names), as_json)
+    return compile_tables(project, project.select(names), as_json or json_output())
 
 
-@cli.command()
+@cli.command(
+    short_help="Sync the tables, one at a time, in config order.",
+    epilog=_examples(
+        "replicator sync",
+        "replicator sync -s public.orders -s public.customers",
+        "replicator sync -f -s public.orders          # full reload now",
+        "replicator sync -s public.orders --since '2026-11-01' --until '2026-11-02'",
+        "*/5 * * * * cd /srv/pipeline && .venv/bin/replicator sync -q >> sync.log 2>&1",
+    ),
+)
 @select_option
 @click.option("-f", "--full-refresh", is_flag=True, help="Reload the tables in full.")
 @click.option(
@@ -129,7 +233,9 @@ def sync(
     since: str | None,
     until: str | None,
 ) -> int:
-    """Sync the tables, one at a time, in config order."""
+    """Sync the tables (or only -s ones), one at a time, in config order: a full reload
+    where needed (no state, schema change, missing destination, refresh), else the rows
+    past each cursor. One webhook after the run; the exit code says how it went."""
     from .sync import run_sync
 
     verbose = click.get_current_context().meta["replicator.verbose"]
@@ -137,63 +243,92 @@ def sync(
     return run_sync(project, names, full_refresh, verbose, since=since, until=until)
 
 
-@cli.command()
+@cli.command(
+    short_help="Throwaway clusters, sample tables, two syncs.",
+    epilog=_examples("replicator demo", "replicator demo --keep"),
+)
 @click.option("--keep", is_flag=True, help="Leave the clusters running to explore them.")
 @_common
 def demo(project_dir: Path, keep: bool) -> int:
-    """Throwaway clusters, sample tables, two syncs, a verified summary."""
+    """Start a throwaway source and destination PostgreSQL, fill the source with sample
+    tables, sync twice and check every row. Works in a temporary copy of the project's
+    tables, models and macros: its sync-state, .env, webhook and Spark master are never
+    used."""
     from .demo import run_demo
 
     verbose = click.get_current_context().meta["replicator.verbose"]
     return run_demo(project_dir, keep, verbose)
 
 
-@cli.command()
-@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@cli.command(
+    short_help="Per table: cursor, lag, last run, rows, next action.",
+    epilog=_examples("replicator status", "replicator status --json"),
+)
+@json_option
 @_common
 def status(project_dir: Path, as_json: bool) -> int:
-    """Per table: mode, cursor, last sync, last status, rows, pending reload."""
+    """Per table: mode, cursor, lag behind the source's newest key, when the last run ended
+    and how, rows in the destination, and the next action as `sync` will decide it. Exit 1
+    when a state file cannot be read."""
     from .status import print_status
 
-    return print_status(Project.load(project_dir), as_json)
+    return print_status(Project.load(project_dir), as_json or json_output())
 
 
-@cli.command()
+@cli.command(
+    short_help="Mark tables for a full reload at the next sync.",
+    epilog=_examples("replicator refresh public.orders"),
+)
 @click.argument("tables", nargs=-1, required=True)
 @_common
 def refresh(project_dir: Path, tables: tuple[str, ...]) -> int:
-    """Mark TABLES for a full reload at the next sync."""
+    """Mark TABLES for a full reload at the next sync; the mark clears once the reload
+    committed."""
     from .state_commands import mark_for_refresh
 
     return mark_for_refresh(Project.load(project_dir), tables)
 
 
-@cli.command()
+@cli.command(
+    short_help="Hand existing destination tables over to replicator.",
+    epilog=_examples("replicator adopt public.orders"),
+)
 @click.argument("tables", nargs=-1, required=True)
 @_common
 def adopt(project_dir: Path, tables: tuple[str, ...]) -> int:
-    """Let replicator replace and update existing destination TABLES it did not create."""
+    """Let replicator replace and update the existing destination tables of TABLES, which
+    it did not create (it never touches such a table otherwise). The next sync reloads
+    them from the source unless their state says otherwise."""
     from .adopt import adopt_tables
 
     return adopt_tables(Project.load(project_dir), tables)
 
 
-@cli.group()
-def state() -> None:
-    """Inspect or edit sync-state."""
+@cli.group(context_settings=CONTEXT, short_help="Inspect or edit sync-state.")
+@_shared_options
+def state(**_: Any) -> None:
+    """Inspect or edit sync-state (one JSON file per table in sync-state/)."""
 
 
-@state.command("show")
+@state.command(
+    "show",
+    short_help="Print tables' sync-state as JSON.",
+    epilog=_examples("replicator state show public.orders"),
+)
 @click.argument("tables", nargs=-1)
 @_common
 def state_show(project_dir: Path, tables: tuple[str, ...]) -> int:
-    """Print the sync-state of TABLES (default: all) as JSON."""
+    """Print the sync-state of TABLES (default: all) as one JSON object (null: no state)."""
     from .state_commands import show_state
 
     return show_state(Project.load(project_dir), tables)
 
 
-@state.command("reset")
+@state.command(
+    "reset",
+    short_help="Forget tables' state: full reload next.",
+    epilog=_examples("replicator state reset public.orders"),
+)
 @click.argument("tables", nargs=-1, required=True)
 @_common
 def state_reset(project_dir: Path, tables: tuple[str, ...]) -> int:
@@ -203,31 +338,36 @@ def state_reset(project_dir: Path, tables: tuple[str, ...]) -> int:
     return reset_state(Project.load(project_dir), tables)
 
 
-@state.command("set-cursor")
+@state.command(
+    "set-cursor",
+    short_help="Set a table's cursor by hand.",
+    epilog=_examples("replicator state set-cursor public.orders '2026-11-20 00:00:00+00'"),
+)
 @click.argument("table")
 @click.argument("value")
 @_common
 def state_set_cursor(project_dir: Path, table: str, value: str) -> int:
-    """Set TABLE's cursor to VALUE (checked against the replication key's type)."""
+    """Set TABLE's cursor to VALUE, cast by the source to the replication key's type and
+    stored as PostgreSQL prints it (exit 2 when it is not of that type)."""
     from .state_commands import set_cursor
 
     return set_cursor(Project.load(project_dir), table, value)
 
 
-@cli.command()
+@cli.command(
+    short_help="Find what a sync would trip on; say how to fix it.",
+    epilog=_examples("replicator check", "replicator check --ping"),
+)
 @click.option("--ping", is_flag=True, help="Also send the webhook a test payload.")
 @_common
 def check(project_dir: Path, ping: bool) -> int:
-    """Validate config, connections, privileges, keys and indexes; say what is wrong."""
-    from .check import run_checks
+    """Check the config, both connections and the privileges a sync needs, each table (its
+    source, keys, indexes, model and destination, and the next sync's plan), Java and the
+    JDBC driver, and a cluster's Spark master. One line per finding, with its fix; exit 1
+    when one is an error. Nothing is written."""
+    from .check import print_checks
 
-    findings = run_checks(Project.load(project_dir), ping)
-    for finding in findings:
-        click.echo(redact(finding.line()))
-    errors = sum(f.level == "error" for f in findings)
-    warnings = sum(f.level == "warn" for f in findings)
-    click.echo(f"{errors} error(s), {warnings} warning(s)")
-    return 1 if errors else 0
+    return print_checks(Project.load(project_dir), ping)
 
 
 def main() -> None:

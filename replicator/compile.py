@@ -23,6 +23,7 @@ from .drift import Observed, plan_now
 from .errors import ReplicatorError
 from .full_load import side_key_name, side_key_statement, side_table, side_table_statements
 from .identifiers import display_ident
+from .logs import json_output
 from .naming import INTERNAL_SCHEMA, default_key_name
 from .plan import Plan
 from .project import Project
@@ -59,7 +60,8 @@ def compile_tables(project: Project, tables: tuple[TableConfig, ...], as_json: b
             else:
                 click.echo(compiled.text())
     if as_json:
-        click.echo(json.dumps(documents, indent=2, ensure_ascii=False))
+        indent = None if json_output() else 2  # one line under --log-format json
+        click.echo(json.dumps(documents, indent=indent, ensure_ascii=False))
     return 1 if failed else 0
 
 

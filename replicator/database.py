@@ -1,12 +1,14 @@
 """The one place that opens connections and executes SQL.
 
 Every connection gets the same session settings, so values print the same way whatever the
-server's or the user's defaults are; every statement is logged (redacted) at debug level.
+server's or the user's defaults are; every statement is logged (redacted) at debug level,
+and an error names the side it came from (`source: ...`, `destination: ...`).
 """
 
 from __future__ import annotations
 
 import logging
+import weakref
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -15,12 +17,15 @@ from psycopg import sql
 from sqlglot import exp
 
 from .errors import DatabaseError
+from .interrupts import track
 from .pgsession import pin_session
 from .redact import redact
 
 log = logging.getLogger(__name__)
 
 Statement = str | sql.Composable | exp.Expression
+
+_sides: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
 
 
 def connect(conninfo: str, role: str) -> psycopg.Connection[Any]:
@@ -36,7 +41,8 @@ def connect(conninfo: str, role: str) -> psycopg.Connection[Any]:
     except psycopg.Error as exc:
         conn.close()
         raise DatabaseError(f"cannot configure the {role} session: {_message(exc)}") from None
-    return conn
+    _sides[conn] = role
+    return track(conn)
 
 
 def render(statement: Statement) -> str:
@@ -60,7 +66,10 @@ def execute(
     try:
         return conn.execute(query, params)
     except psycopg.Error as exc:
-        raise DatabaseError(_message(exc), exc.sqlstate) from None
+        side = _sides.get(conn)
+        message = f"{side}: {_message(exc)}" if side else _message(exc)
+        log.debug("failed (%s): %s", exc.sqlstate, message)
+        raise DatabaseError(message, exc.sqlstate, exc.diag.message_detail) from None
 
 
 def fetch_all(

@@ -16,13 +16,13 @@ import tempfile
 import time
 from pathlib import Path
 
-import click
 import psycopg
 from psycopg import sql
 
 from .config import CONFIG_FILE, load_config
 from .database import connect
 from .inspect_table import inspect_table
+from .logs import say
 from .pgcluster import PgCluster
 from .project import Project
 from .settings import DEST_URL, SOURCE_URL, SPARK_MASTER, WEBHOOK_SECRET, WEBHOOK_URL, Environment
@@ -91,26 +91,26 @@ def run_demo(project_dir: Path, keep: bool, verbose: int) -> int:
     started = time.monotonic()
     try:
         copy = copy_project(project_dir, base / "project")
-        click.echo(f"demo: working in a copy of the project, {copy}")
-        click.echo("demo: starting throwaway source and destination PostgreSQL clusters")
+        say(f"demo: working in a copy of the project, {copy}", "demo")
+        say("demo: starting throwaway source and destination PostgreSQL clusters", "demo")
         for cluster in clusters:
             cluster.start()
         source_url, dest_url = clusters[0].url(), clusters[1].url()
         with psycopg.connect(source_url, autocommit=True) as conn:
             conn.execute(SAMPLE_SCHEMA)
         project = _demo_project(copy, source_url, dest_url)
-        click.echo("demo: sync 1 of 2 (first load of every table)")
+        say("demo: sync 1 of 2 (first load of every table)", "demo")
         codes = [run_sync(project, (), False, verbose, always_summarize=True)]
         with psycopg.connect(source_url, autocommit=True) as conn:
             conn.execute(CHANGES)
-        click.echo("demo: changed rows in the source (updates, inserts); sync 2 of 2")
+        say("demo: changed rows in the source (updates, inserts); sync 2 of 2", "demo")
         codes.append(run_sync(project, (), False, verbose, always_summarize=True))
         _verify(project, source_url, dest_url)
-        click.echo(f"demo: finished in {time.monotonic() - started:.0f} s.")
+        say(f"demo: finished in {time.monotonic() - started:.0f} s.", "demo")
         if keep:
             _print_explore(base, copy, clusters)
         else:
-            click.echo("demo: clusters removed; `replicator demo --keep` keeps them to explore")
+            say("demo: clusters removed; `replicator demo --keep` keeps them to explore", "demo")
         return max(codes)
     finally:
         if not keep:
@@ -145,15 +145,18 @@ def _demo_project(copy: Path, source_url: str, dest_url: str) -> Project:
 
 
 def _print_explore(base: Path, copy: Path, clusters: list[PgCluster]) -> None:
-    click.echo("clusters kept running; to explore them:")
-    click.echo(f"  export {SOURCE_URL}={clusters[0].url()}")
-    click.echo(f"  export {DEST_URL}={clusters[1].url()}")
-    click.echo(f"  replicator status --project-dir {copy}")
-    click.echo(f"  replicator compile --project-dir {copy}")
-    click.echo("stop and remove them with:")
-    for cluster in clusters:
-        click.echo(f"  {shlex.join(cluster.stop_command())}")
-    click.echo(f"  rm -rf {shlex.quote(str(base))}")
+    lines = [
+        "clusters kept running; to explore them:",
+        f"  export {SOURCE_URL}={clusters[0].url()}",
+        f"  export {DEST_URL}={clusters[1].url()}",
+        f"  replicator status --project-dir {copy}",
+        f"  replicator compile --project-dir {copy}",
+        "stop and remove them with:",
+        *[f"  {shlex.join(cluster.stop_command())}" for cluster in clusters],
+        f"  rm -rf {shlex.quote(str(base))}",
+    ]
+    for line in lines:
+        say(line, "demo.explore")
 
 
 def _verify(project: Project, source_url: str, dest_url: str) -> None:
@@ -168,7 +171,10 @@ def _verify(project: Project, source_url: str, dest_url: str) -> None:
             target = sql.Identifier(table.target.schema, table.target.name)
             right = dest.execute(query.format(target)).fetchone()
             verdict = "identical" if left == right else "DIFFERENT"
-            click.echo(
+            say(
                 f"demo: {table.written_name}: {left[0]:,} rows read by its model in the "
-                f"source, {right[0]:,} in the destination, {verdict}"
+                f"source, {right[0]:,} in the destination, {verdict}",
+                "demo.verified",
+                name=table.written_name,
+                identical=left == right,
             )

@@ -1,4 +1,4 @@
-"""Exceptions that carry the CLI exit code they end a command with (DESIGN §2)."""
+"""Exceptions that carry the CLI exit code they end a command with (README: Exit codes)."""
 
 from __future__ import annotations
 
@@ -36,6 +36,9 @@ class StateError(ReplicatorError):
 class DatabaseError(ReplicatorError):
     """A database could not be reached or answered with an error."""
 
-    def __init__(self, message: str, sqlstate: str | None = None) -> None:
+    def __init__(
+        self, message: str, sqlstate: str | None = None, detail: str | None = None
+    ) -> None:
         super().__init__(message)
         self.sqlstate = sqlstate  # PostgreSQL's error code, for the callers that recover
+        self.detail = detail  # PostgreSQL's DETAIL line, when it sent one

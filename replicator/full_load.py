@@ -10,10 +10,10 @@ table and starts over.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 import uuid
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,8 +23,10 @@ from sqlglot import exp
 
 from . import ddl
 from .catalog import TableInfo
+from .copy_progress import Sink, watch_copy
 from .copy_stream import MARKER_TABLE, CopyTask, copy_tasks
-from .database import execute
+from .database import execute, fetch_all
+from .dependent_views import reload_problem
 from .dest_schema import ensure_bookkeeping, ensure_schemas
 from .dest_types import ensure_types
 from .errors import DatabaseError
@@ -36,11 +38,12 @@ from .snapshot import ExportedSnapshot
 from .spark_runner import SparkRunner
 from .state import Cursor, Pending, Window
 from .swap import swap_in
-from .table_sql import MODEL_ALIAS, TableSql
+from .table_sql import MODEL_ALIAS, TableProblem, TableSql
 
 log = logging.getLogger(__name__)
 
 UNIQUE_VIOLATION = psycopg.errors.UniqueViolation.sqlstate
+_MARKERS = TableName(*MARKER_TABLE)
 
 
 @dataclass(frozen=True)
@@ -73,16 +76,32 @@ def new_load_id(dest: psycopg.Connection[Any], target: TableName) -> str:
     """A fresh id for one load of `target` (the table's quoted name and 32 hex digits). The
     markers of its earlier loads, left by a killed run, are dropped: the table lock held by
     this run means none of them is still being written."""
-    prefix = load_id_prefix(target)
+    forget_loads(dest, target)
+    return load_id_prefix(target) + uuid.uuid4().hex
+
+
+def forget_loads(dest: psycopg.Connection[Any], target: TableName) -> None:
+    """Drop the partition markers of every load of `target` (its table lock is held)."""
     execute(
         dest,
         sql.SQL(
             "DELETE FROM {} WHERE starts_with(load_id, %(prefix)s) "
             "AND length(load_id) = length(%(prefix)s) + 32"
         ).format(sql.Identifier(*MARKER_TABLE)),
-        {"prefix": prefix},
+        {"prefix": load_id_prefix(target)},
     )
-    return prefix + uuid.uuid4().hex
+
+
+def discard(dest: psycopg.Connection[Any], target: TableName, tables: list[TableName]) -> None:
+    """After a failed or interrupted load: drop the tables it created and its markers. Best
+    effort, a few seconds at most (a killed Spark task may still hold a lock); whatever is
+    left, the table's next load drops first."""
+    with contextlib.suppress(Exception), dest.transaction():
+        execute(dest, "SET LOCAL lock_timeout = '10s'")
+        for table in tables:
+            execute(dest, ddl.drop_table(table))
+        if fetch_all(dest, "SELECT to_regclass(%s) IS NOT NULL", (_MARKERS.sql(),))[0][0]:
+            forget_loads(dest, target)
 
 
 def forget_markers(dest: psycopg.Connection[Any], load_id: str) -> None:
@@ -146,13 +165,35 @@ def full_reload(
     built: TableSql,
     source: TableInfo,
     spark: SparkRunner,
-    on_progress: Callable[[int, int], None] | None = None,
+    progress: Sink | None = None,
 ) -> LoadResult:
     """Reload the table from one consistent snapshot; return what was copied."""
     phases = _Phases(built.table.written_name)
-    in_process = not spark.needed_for(_estimated_rows(ends.source, source))
+    blocked = reload_problem(ends.dest, built.table.target)
+    if blocked is not None:  # found before anything is copied, not by the swap at the end
+        problem, fix = blocked
+        raise TableProblem(f"{built.table.written_name}: {problem}; fix: {fix}")
+    estimate = _estimated_rows(ends.source, source)
+    in_process = not spark.needed_for(estimate)
     if not in_process:
         spark.warm_up()  # the JVM starts while types and the side table are created
+    try:
+        return _load_and_swap(ends, built, source, spark, progress, estimate, in_process, phases)
+    except BaseException:
+        discard(ends.dest, built.table.target, [side_table(built.table.target)])
+        raise
+
+
+def _load_and_swap(
+    ends: Endpoints,
+    built: TableSql,
+    source: TableInfo,
+    spark: SparkRunner,
+    progress: Sink | None,
+    estimate: int,
+    in_process: bool,
+    phases: _Phases,
+) -> LoadResult:
     side = prepare_destination(ends, built)
     phases.mark("destination prepared")
     load_id = new_load_id(ends.dest, built.table.target)
@@ -162,7 +203,8 @@ def full_reload(
         parallelism = 1 if in_process else spark.parallelism()
         phases.mark("snapshot exported" + ("" if in_process else ", Spark ready"))
         tasks = _copy_tasks(snap, ends, built, source, side, load_id, parallelism)
-        results = spark.run_copy_tasks(tasks, on_progress, in_process=in_process)
+        with watch_copy(ends.dest_url, side, load_id, len(tasks), estimate, progress):
+            results = spark.run_copy_tasks(tasks, in_process=in_process)
         phases.mark(
             f"copied {len(tasks)} partition(s) (task seconds: "
             f"{', '.join(f'{r.seconds:.1f}' for r in results)})"
@@ -246,6 +288,7 @@ def _copy_tasks(
         (side.schema, side.name),
         [c.name for c in built.columns],
         freeze=True,
+        origin=built.model.origin,
     )
 
 

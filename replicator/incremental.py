@@ -8,9 +8,7 @@ written in the destination.
 
 from __future__ import annotations
 
-import contextlib
 import logging
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,12 +16,14 @@ import psycopg
 from psycopg import sql
 
 from . import ddl
+from .copy_progress import Sink, watch_copy
 from .copy_stream import CopyResult, copy_tasks
 from .cursor import advance, in_progress_xids, newest_key
 from .database import execute
 from .dest_schema import ensure_bookkeeping
+from .errors import DatabaseError
 from .failpoints import failpoint
-from .full_load import Endpoints, forget_markers, new_load_id
+from .full_load import Endpoints, discard, forget_markers, new_load_id
 from .identifiers import TableName
 from .naming import retired_table, staging_table
 from .partitions import KeyRange, range_predicate
@@ -118,7 +118,7 @@ def incremental_sync(
     state: TableState,
     spark: SparkRunner,
     batch_rows: int,
-    on_progress: Callable[[int, int], None] | None = None,
+    progress: Sink | None = None,
     resync: KeyBounds | None = None,
 ) -> IncrementalResult:
     """Read the batch (rows at or past the cursor) and merge it; return the new cursor.
@@ -133,7 +133,7 @@ def incremental_sync(
         spark.warm_up()  # the JVM starts while the staging table is prepared
     staging = _prepare_staging(ends.dest, built)
     try:
-        read = _read_batch(
+        copied, cursor, pending, window = _read_batch(
             ends,
             built,
             state,
@@ -141,18 +141,16 @@ def incremental_sync(
             staging,
             key,
             key_type,
-            on_progress,
+            progress,
             in_process,
             batch_rows,
             resync,
         )
+        failpoint("after-staging-copy")
+        merged = _merge(ends.dest, built)
     except BaseException:
-        with contextlib.suppress(Exception):  # best effort: the next run drops it anyway
-            execute(ends.dest, ddl.drop_table(staging))
+        discard(ends.dest, built.table.target, [staging])
         raise
-    copied, cursor, pending, window = read
-    failpoint("after-staging-copy")
-    merged = _merge(ends.dest, built)
     execute(ends.dest, ddl.drop_table(staging))
     return IncrementalResult(copied.rows, merged, copied.bytes, cursor, pending, window)
 
@@ -165,7 +163,7 @@ def _read_batch(
     staging: TableName,
     key: str,
     key_type: str,
-    on_progress: Callable[[int, int], None] | None,
+    progress: Sink | None,
     in_process: bool,
     batch_rows: int,
     resync: KeyBounds | None,
@@ -191,8 +189,10 @@ def _read_batch(
             _split_batch(snap.conn, query, key, key_type, parts),
             (staging.schema, staging.name),
             [c.name for c in built.columns],
+            origin=built.model.origin,
         )
-        copied = _combined(spark.run_copy_tasks(tasks, on_progress, in_process=in_process))
+        with watch_copy(ends.dest_url, staging, load_id, len(tasks), batch_rows, progress):
+            copied = _combined(spark.run_copy_tasks(tasks, in_process=in_process))
         log.debug(
             "%s: batch of %d row(s) read in %d partition(s)%s",
             built.table.written_name,
@@ -277,9 +277,12 @@ def _prepare_staging(dest: psycopg.Connection[Any], built: TableSql) -> TableNam
 def _merge(dest: psycopg.Connection[Any], built: TableSql) -> int:
     """The merge macro in one destination transaction; rows inserted or changed."""
     assert built.merge is not None
-    with dest.transaction():
-        cursor = execute(dest, built.merge)
-        failpoint("mid-merge")
+    try:
+        with dest.transaction():
+            cursor = execute(dest, built.merge)
+            failpoint("mid-merge")
+    except DatabaseError as exc:
+        raise DatabaseError(f"{exc} (in the merge, {built.merge_origin})", exc.sqlstate) from None
     log.debug(
         "%s: merged, %d row(s) inserted or changed", built.table.written_name, cursor.rowcount
     )

@@ -61,8 +61,29 @@ def plan_archive(jars: str, java_options: str) -> ArchivePlan:
     final = folder / f"spark-driver-{hashlib.sha256(identity.encode()).hexdigest()[:16]}.jsa"
     if final.is_file():
         return ArchivePlan(f"-XX:SharedArchiveFile={final} {QUIET_CDS}")
+    _remove_orphans(folder)
     pending = final.with_name(f"{final.name}.tmp-{os.getpid()}")
     return ArchivePlan(f"-XX:ArchiveClassesAtExit={pending} {QUIET_CDS}", pending, final)
+
+
+def _remove_orphans(folder: Path) -> None:
+    """Archives a JVM wrote for a run that never published them (it was interrupted or
+    killed): about 120 MB each. The pid in the name says whether that run is still going."""
+    for orphan in folder.glob("spark-driver-*.jsa.tmp-*"):
+        pid = orphan.name.rsplit("-", 1)[-1]
+        if pid.isdigit() and not _alive(int(pid)):
+            with contextlib.suppress(OSError):
+                orphan.unlink()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # another user's process
+        return True
+    return True
 
 
 def stop_jvm_and_keep_archive(plan: ArchivePlan) -> None:

@@ -8,7 +8,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-# Settings that change how values are printed as text: pinned on both sides (DESIGN §4).
+# Settings that change how values are printed as text: pinned on both sides, so the
+# text hashed and compared (md5 of every row, cursors) is the same whatever the servers say.
 SESSION_SETTINGS: Mapping[str, str] = {
     "DateStyle": "ISO, YMD",
     "IntervalStyle": "postgres",

@@ -1,6 +1,6 @@
 """What to do with each table this run: a pure function of what was observed.
 
-The reason strings start with the stable phrases the webhook contract pins (DESIGN §2).
+The reason strings start with the stable phrases the webhook contract pins (README: Webhook).
 """
 
 from __future__ import annotations

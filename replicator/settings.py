@@ -23,6 +23,8 @@ WEBHOOK_URL = "REPLICATOR_WEBHOOK_URL"
 WEBHOOK_SECRET = "REPLICATOR_WEBHOOK_SECRET"
 SPARK_MASTER = "REPLICATOR_SPARK_MASTER"
 SPARK_MIN_ROWS = "REPLICATOR_SPARK_MIN_ROWS"
+PROGRESS_INTERVAL = "REPLICATOR_PROGRESS_INTERVAL"
+DEFAULT_PROGRESS_INTERVAL = 10.0
 
 
 @dataclass(frozen=True)
@@ -121,3 +123,17 @@ class Connections:
         if problems:
             raise ConfigError(problems)
         return cls(urls[SOURCE_URL], urls[DEST_URL])
+
+
+def progress_interval(env: Environment) -> float:
+    """Seconds between progress log lines off a terminal (exit 2 when not a number > 0)."""
+    value = env.get(PROGRESS_INTERVAL)
+    if value is None:
+        return DEFAULT_PROGRESS_INTERVAL
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = 0.0
+    if not seconds > 0:
+        raise ConfigError([f"{PROGRESS_INTERVAL} must be a number of seconds > 0, got {value!r}"])
+    return seconds

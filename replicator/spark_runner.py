@@ -10,11 +10,12 @@ from __future__ import annotations
 import re
 import threading
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
-from .copy_stream import CopyResult, CopyTask, run_copy_task
+from .copy_stream import CopyResult, CopyTask, TaskError, run_copy_task
 from .errors import ReplicatorError
+from .interrupts import on_interrupt, raise_if_requested, requested
 from .jvm_archive import ArchivePlan, plan_archive, stop_jvm_and_keep_archive
 from .redact import redact
 from .spark_session import jdbc_jar
@@ -85,38 +86,39 @@ class SparkRunner:
         return estimated_rows >= self.min_rows
 
     def run_copy_tasks(
-        self,
-        tasks: list[CopyTask],
-        on_progress: Callable[[int, int], None] | None = None,
-        *,
-        in_process: bool = False,
+        self, tasks: list[CopyTask], *, in_process: bool = False
     ) -> list[CopyResult]:
         """Run one Spark task per partition; return their row and byte counts.
 
         `in_process`: a small copy runs the same tasks here, one after another."""
         if in_process:
-            results = []
-            for done, task in enumerate(tasks):
-                results.append(run_copy_task(task))
-                if on_progress:
-                    on_progress(done + 1, len(tasks))
-            return results
+            try:
+                return [run_copy_task(task) for task in tasks]
+            except TaskError as exc:
+                raise_if_requested()  # a query cancelled by the interruption
+                raise ReplicatorError(str(exc)) from None
         context = self.context()
         group = f"replicator-{uuid.uuid4().hex}"
         context.setJobGroup(group, "replicator copy", interruptOnCancel=True)
-        watcher = _ProgressWatcher(context, group, len(tasks), on_progress)
-        watcher.start()
+        stop_cancelling = on_interrupt(lambda: context.cancelJobGroup(group))
         try:
             return context.parallelize(tasks, len(tasks)).map(run_copy_task).collect()
         except Exception as exc:
+            raise_if_requested()  # the job failed because the run was interrupted
             raise ReplicatorError(spark_error_message(exc)) from None
         finally:
-            watcher.stop()
+            stop_cancelling()
 
     def finish(self) -> None:
         """End of the run. The JVM normally just exits with this process; the run that
         builds the class archive stops it cleanly so that the archive is written."""
-        if self._context is not None and self._archive and self._archive.pending:
+        interrupted = requested() is not None  # then exit now; a later run writes it
+        if (
+            self._context is not None
+            and self._archive
+            and self._archive.pending
+            and not interrupted
+        ):
             self._context.stop()
             stop_jvm_and_keep_archive(self._archive)
         self._context = None
@@ -124,6 +126,7 @@ class SparkRunner:
 
 # "... most recent failure: Lost task 1.0 in stage 0.0 (TID 1) (host executor driver):
 # org.apache.spark.SparkException: Python worker exited unexpectedly (crashed). ..."
+_EXCEPTION_CLASS = re.compile(r"^[A-Za-z_][\w.]*: ")
 _LOST_TASK = re.compile(r"most recent failure: Lost task [^\n]*?\): (?:[\w.$]+: )?([^\n]+)")
 
 
@@ -134,41 +137,11 @@ def spark_error_message(exc: BaseException) -> str:
     if marker >= 0:
         for line in text[marker:].splitlines()[1:]:
             if line and not line[0].isspace():
-                return redact(f"Spark task failed: {line.strip()}")
+                # `replicator.copy_stream.TaskError: source: ...`: the message, not the class
+                message = _EXCEPTION_CLASS.sub("", line.strip(), count=1)
+                return redact(f"Spark task failed: {message}")
     lost = _LOST_TASK.search(text)
     if lost:  # the task died without a Python exception (its worker was killed, say)
         return redact(f"Spark task failed: {lost.group(1).split('. ')[0].strip()}")
     first = next((line for line in text.splitlines() if line.strip()), type(exc).__name__)
     return redact(f"Spark job failed: {first.strip()}")
-
-
-class _ProgressWatcher:
-    """Polls Spark's status tracker and reports completed partitions."""
-
-    def __init__(
-        self, context: Any, group: str, total: int, callback: Callable[[int, int], None] | None
-    ) -> None:
-        self.context, self.group, self.total, self.callback = context, group, total, callback
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="spark-progress", daemon=True)
-
-    def start(self) -> None:
-        if self.callback is not None:
-            self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join()
-
-    def _run(self) -> None:
-        tracker = self.context.statusTracker()
-        while not self._stop.wait(0.5):
-            done = 0
-            for job in tracker.getJobIdsForGroup(self.group):
-                info = tracker.getJobInfo(job)
-                for stage in info.stageIds if info else []:
-                    stage_info = tracker.getStageInfo(stage)
-                    done += stage_info.numCompletedTasks if stage_info else 0
-            assert self.callback is not None
-            self.callback(min(done, self.total), self.total)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import sys
 import threading
 from collections.abc import Iterator, Mapping
@@ -77,9 +78,24 @@ def spark_conf(
     for key, value in conf.items():
         settings[key] = f"{settings[key]} {value}" if key in JAVA_OPTION_KEYS else value
     if settings["spark.master"].startswith("local"):
+        settings["spark.master"] = with_task_retries(settings["spark.master"])
         # This process's pyspark is the Spark that runs the workers: import it, not the zip.
         settings.setdefault(DAEMON_MODULE_KEY, LOCAL_DAEMON_MODULE)
     return settings
+
+
+LOCAL_TASK_ATTEMPTS = 4  # as spark.task.maxFailures on a cluster
+_LOCAL = re.compile(r"local(?:\[(?P<threads>[^,\]]+)\])?")
+
+
+def with_task_retries(master: str) -> str:
+    """`local[N]` -> `local[N,4]`: local mode otherwise tries a task once, so a copy task
+    that lost its connection would fail the table (the partition markers make a retried
+    task load its rows exactly once). A master that already says, or `local-cluster`, stays."""
+    match = _LOCAL.fullmatch(master)
+    if match is None:
+        return master
+    return f"local[{match['threads'] or 1},{LOCAL_TASK_ATTEMPTS}]"
 
 
 def start_spark_context(

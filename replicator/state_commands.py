@@ -11,6 +11,7 @@ from .cursor import canonical_value
 from .database import connect
 from .errors import ReplicatorError, StateError
 from .identifiers import display_ident
+from .logs import json_output, say
 from .project import Project
 from .runlock import run_lock
 from .settings import SOURCE_URL
@@ -27,7 +28,11 @@ def mark_for_refresh(project: Project, names: tuple[str, ...]) -> int:
                 update={"pending_full_reload": True, "pending_reason": "refresh requested"}
             )
             project.store.write(updated, table.name)
-            click.echo(f"{table.written_name}: marked for a full reload at the next sync")
+            say(
+                f"{table.written_name}: marked for a full reload at the next sync",
+                "state.refresh",
+                name=table.written_name,
+            )
     return 0
 
 
@@ -43,7 +48,8 @@ def show_state(project: Project, names: tuple[str, ...]) -> int:
             failed = True
             continue
         out[table.written_name] = state.model_dump(mode="json") if state else None
-    click.echo(json.dumps(out, indent=2, ensure_ascii=False))
+    indent = None if json_output() else 2  # one line under --log-format json
+    click.echo(json.dumps(out, indent=indent, ensure_ascii=False))
     return 1 if failed else 0
 
 
@@ -54,7 +60,11 @@ def reset_state(project: Project, names: tuple[str, ...]) -> int:
         for table in tables:
             existed = project.store.delete(table.name)
             verb = "state removed" if existed else "had no state"
-            click.echo(f"{table.written_name}: {verb}; the next sync reloads it in full")
+            say(
+                f"{table.written_name}: {verb}; the next sync reloads it in full",
+                "state.reset",
+                name=table.written_name,
+            )
     return 0
 
 
@@ -90,5 +100,10 @@ def set_cursor(project: Project, name: str, value: str) -> int:
             ),
             table.name,
         )
-    click.echo(f"{table.written_name}: cursor set to {canonical} ({column.type})")
+    say(
+        f"{table.written_name}: cursor set to {canonical} ({column.type})",
+        "state.cursor_set",
+        name=table.written_name,
+        cursor=canonical,
+    )
     return 0

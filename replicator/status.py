@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import sys
 from collections.abc import Iterator
 from typing import Any
@@ -24,12 +25,15 @@ from .config import TableConfig
 from .database import connect, execute
 from .drift import Planned, plan_now
 from .errors import ReplicatorError, StateError
+from .logs import json_output
 from .plan import Plan, plan_table
 from .project import Project
 from .redact import redact
 from .settings import DEST_URL, SOURCE_URL
 from .state import TableState
 from .table_sql import MODEL_ALIAS
+
+log = logging.getLogger(__name__)
 
 _POSITION = """
 SELECT max_key::text, {lag}
@@ -103,7 +107,10 @@ def print_status(project: Project, as_json: bool) -> int:
     rows = [row for row, _ in read]
     notes = _observe_live(project, tables, read)
     if as_json:
-        print(json.dumps(rows, indent=2, ensure_ascii=False))
+        # One line under --log-format json (every line printed is one JSON value).
+        print(json.dumps(rows, indent=None if json_output() else 2, ensure_ascii=False))
+        for note in notes:
+            log.info("%s", note)
     else:
         _print_grid(rows, notes)
     return 1 if any(r["last_status"] == "error" for r in rows) else 0

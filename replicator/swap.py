@@ -17,9 +17,10 @@ from typing import Any
 
 import psycopg
 from psycopg import sql
-from tenacity import retry, retry_if_exception_type, stop_after_attempt, wait_exponential
+from tenacity import retry, retry_if_exception, stop_after_attempt, wait_exponential
 
 from .database import execute, fetch_all
+from .dependent_views import dependents
 from .errors import DatabaseError
 from .failpoints import failpoint
 from .identifiers import TableName
@@ -27,32 +28,12 @@ from .naming import default_key_name, retired_key_name, retired_table
 from .ownership import read_records, record_owned
 
 LOCK_TIMEOUT = "5s"
+LOCK_NOT_AVAILABLE = psycopg.errors.LockNotAvailable.sqlstate
+DEPENDENT_OBJECTS = psycopg.errors.DependentObjectsStillExist.sqlstate
 
 _RELATION_OID = """
 SELECT c.oid FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
 WHERE n.nspname = %s AND c.relname = %s
-"""
-_DEPENDENT_VIEWS = """
-WITH RECURSIVE deps(oid, depth) AS (
-    SELECT r.ev_class, 1
-    FROM pg_catalog.pg_depend d JOIN pg_catalog.pg_rewrite r ON r.oid = d.objid
-    WHERE d.classid = 'pg_catalog.pg_rewrite'::regclass
-      AND d.refclassid = 'pg_catalog.pg_class'::regclass
-      AND d.refobjid = %(oid)s AND r.ev_class <> %(oid)s
-  UNION ALL
-    SELECT r.ev_class, deps.depth + 1
-    FROM deps
-    JOIN pg_catalog.pg_depend d ON d.refobjid = deps.oid
-     AND d.classid = 'pg_catalog.pg_rewrite'::regclass
-     AND d.refclassid = 'pg_catalog.pg_class'::regclass
-    JOIN pg_catalog.pg_rewrite r ON r.oid = d.objid
-    WHERE r.ev_class <> deps.oid AND deps.depth < 64
-)
-SELECT c.oid, n.nspname, c.relname, c.relkind, max(deps.depth)
-FROM deps JOIN pg_catalog.pg_class c ON c.oid = deps.oid
-JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
-GROUP BY c.oid, n.nspname, c.relname, c.relkind
-ORDER BY max(deps.depth), c.oid
 """
 _OBJECT = """
 SELECT pg_catalog.pg_get_userbyid(c.relowner), c.reloptions,
@@ -97,17 +78,21 @@ def swap_in(dest: psycopg.Connection[Any], side: TableName, target: TableName) -
     return _swap_with_retries(dest, side, target)
 
 
+def _lock_not_available(exc: BaseException) -> bool:
+    return isinstance(exc, DatabaseError) and exc.sqlstate == LOCK_NOT_AVAILABLE
+
+
 @retry(
-    retry=retry_if_exception_type(psycopg.errors.LockNotAvailable),
+    retry=retry_if_exception(_lock_not_available),
     stop=stop_after_attempt(5),
     wait=wait_exponential(multiplier=0.5, max=5),
     reraise=True,
 )
 def _swap_with_retries(dest: psycopg.Connection[Any], side: TableName, target: TableName) -> float:
     with dest.transaction():
-        dest.execute(sql.SQL("SET LOCAL lock_timeout = {}").format(sql.Literal(LOCK_TIMEOUT)))
+        execute(dest, sql.SQL("SET LOCAL lock_timeout = {}").format(sql.Literal(LOCK_TIMEOUT)))
         # Definitions are read and re-run with only pg_catalog on the path: fully qualified.
-        dest.execute("SET LOCAL search_path = pg_catalog, pg_temp")
+        execute(dest, "SET LOCAL search_path = pg_catalog, pg_temp")
         existing = fetch_all(dest, _RELATION_OID, (target.schema, target.name))
         locked_at = time.monotonic()
         views: list[SavedObject] = []
@@ -116,12 +101,12 @@ def _swap_with_retries(dest: psycopg.Connection[Any], side: TableName, target: T
         retired: TableName | None = None
         if existing:
             oid = existing[0][0]
-            dest.execute(sql.SQL("LOCK TABLE {} IN ACCESS EXCLUSIVE MODE").format(_ident(target)))
+            execute(dest, sql.SQL("LOCK TABLE {} IN ACCESS EXCLUSIVE MODE").format(_ident(target)))
             locked_at = time.monotonic()
             if not read_records(dest, target, oid).this_oid:  # replaced while we loaded
                 raise DatabaseError(
-                    f"{target} is not a table replicator created (it was replaced while the "
-                    "load ran); it is left as it is"
+                    f"destination: {target} is not a table replicator created (it was "
+                    "replaced while the load ran); it is left as it is"
                 )
             table = _save(dest, oid, target)
             views = _dependent_views(dest, oid)
@@ -140,7 +125,7 @@ def _swap_with_retries(dest: psycopg.Connection[Any], side: TableName, target: T
     lock_seconds = time.monotonic() - locked_at
     failpoint("after-swap-commit")
     if retired is not None:
-        dest.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(_ident(retired)))
+        execute(dest, sql.SQL("DROP TABLE IF EXISTS {}").format(_ident(retired)))
     return lock_seconds
 
 
@@ -163,14 +148,14 @@ def _save(dest: psycopg.Connection[Any], oid: int, name: TableName) -> SavedObje
 
 def _dependent_views(dest: psycopg.Connection[Any], oid: int) -> list[SavedObject]:
     views = []
-    for view_oid, schema, name, kind, _ in fetch_all(dest, _DEPENDENT_VIEWS, {"oid": oid}):
-        if kind != "v":
+    for view in dependents(dest, oid):
+        if view.kind != "v":
             raise DatabaseError(
-                f"{TableName(schema, name)} (a materialized view) depends on the table: "
-                "replicator can only carry plain views across a reload; drop it or make it "
-                "a view"
+                f"destination: {view.name} (a materialized view) depends on the table: "
+                "replicator can only carry plain views across a reload; drop it or make it a "
+                "view"
             )
-        views.append(_save(dest, view_oid, TableName(schema, name)))
+        views.append(_save(dest, view.oid, view.name))
     return views
 
 
@@ -178,29 +163,33 @@ def _retire(dest: psycopg.Connection[Any], target: TableName, key_name: str | No
     """Rename the old table (and its key) aside; the caller drops it after the commit. It
     must be droppable now, though: a foreign key or materialized view that depends on it
     fails the swap here, with the old table untouched."""
-    dest.execute("SAVEPOINT replicator_drop_check")
+    execute(dest, "SAVEPOINT replicator_drop_check")
     _drop_table(dest, target)
-    dest.execute("ROLLBACK TO SAVEPOINT replicator_drop_check")
+    execute(dest, "ROLLBACK TO SAVEPOINT replicator_drop_check")
     retired = retired_table(target)
-    dest.execute(
-        sql.SQL("ALTER TABLE {} RENAME TO {}").format(_ident(target), sql.Identifier(retired.name))
+    execute(
+        dest,
+        sql.SQL("ALTER TABLE {} RENAME TO {}").format(_ident(target), sql.Identifier(retired.name)),
     )
     if key_name is not None:
-        dest.execute(
+        execute(
+            dest,
             sql.SQL("ALTER TABLE {} RENAME CONSTRAINT {} TO {}").format(
                 _ident(retired), sql.Identifier(key_name), sql.Identifier(retired_key_name(target))
-            )
+            ),
         )
     return retired
 
 
 def _drop_table(dest: psycopg.Connection[Any], target: TableName) -> None:
     try:
-        dest.execute(sql.SQL("DROP TABLE {}").format(_ident(target)))
-    except psycopg.errors.DependentObjectsStillExist as exc:
-        detail = (exc.diag.message_detail or "").replace("\n", "; ")
+        execute(dest, sql.SQL("DROP TABLE {}").format(_ident(target)))
+    except DatabaseError as exc:
+        if exc.sqlstate != DEPENDENT_OBJECTS:
+            raise
+        detail = (exc.detail or "").replace("\n", "; ")
         raise DatabaseError(
-            f"cannot replace {target}: other objects depend on it ({detail}); "
+            f"destination: cannot replace {target}: other objects depend on it ({detail}); "
             "the old table is unchanged"
         ) from None
 
@@ -266,7 +255,7 @@ def _move(
         dest, _PRIMARY_KEY_NAME, (fetch_all(dest, _RELATION_OID, (side.schema, side.name))[0][0],)
     )
     for statement in move_statements(side, target, key[0][0] if key else None, primary_key_name):
-        dest.execute(statement)
+        execute(dest, statement)
 
 
 def _recreate_view(dest: psycopg.Connection[Any], view: SavedObject) -> None:
@@ -276,41 +265,46 @@ def _recreate_view(dest: psycopg.Connection[Any], view: SavedObject) -> None:
         else sql.SQL("")
     )
     try:
-        dest.execute(
+        execute(
+            dest,
             sql.SQL("CREATE VIEW {}{} AS {}").format(
                 _ident(view.name), options, sql.SQL(view.definition.rstrip().rstrip(";"))
-            )
+            ),
         )
-    except psycopg.Error as exc:
+    except DatabaseError as exc:
         raise DatabaseError(
-            f"cannot recreate dependent view {view.name} on the new table: "
-            f"{str(exc).splitlines()[0]}; the old table is unchanged"
+            f"destination: cannot recreate dependent view {view.name} on the new table: "
+            f"{str(exc).removeprefix('destination: ')}; "
+            "the old table is unchanged"
         ) from None
     _restore(dest, view, "VIEW")
 
 
 def _restore(dest: psycopg.Connection[Any], saved: SavedObject, kind: str) -> None:
     ident, keyword = _ident(saved.name), sql.SQL(kind)
-    (current,) = dest.execute("SELECT current_user").fetchone()
+    (current,) = execute(dest, "SELECT current_user").fetchone()
     if saved.owner != current:
-        dest.execute(
-            sql.SQL("ALTER {} {} OWNER TO {}").format(keyword, ident, sql.Identifier(saved.owner))
+        execute(
+            dest,
+            sql.SQL("ALTER {} {} OWNER TO {}").format(keyword, ident, sql.Identifier(saved.owner)),
         )
     for grantee, privilege, grantable in saved.grants:
-        dest.execute(
+        execute(
+            dest,
             sql.SQL("GRANT {} ON {} TO {}{}").format(
                 sql.SQL(privilege),
                 ident,
                 sql.SQL("PUBLIC") if grantee == "" else sql.Identifier(grantee),
                 sql.SQL(" WITH GRANT OPTION") if grantable == "true" else sql.SQL(""),
-            )
+            ),
         )
     for column, text in saved.comments:
         target = (
             ident if column == "" else sql.Identifier(saved.name.schema, saved.name.name, column)
         )
-        dest.execute(
+        execute(
+            dest,
             sql.SQL("COMMENT ON {} {} IS {}").format(
                 sql.SQL("COLUMN") if column else keyword, target, sql.Literal(text)
-            )
+            ),
         )

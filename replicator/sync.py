@@ -1,11 +1,14 @@
-"""`replicator sync`: every selected table, one at a time, failures isolated (DESIGN §3)."""
+"""`replicator sync`: every selected table, one at a time, failures isolated.
+
+The steps of each table's sync are in the README (How a full load works, How an incremental
+sync works); an interrupted run is recorded and reported before the process exits."""
 
 from __future__ import annotations
 
 import logging
 import time
-import traceback
 import uuid
+from traceback import format_exception
 
 import psycopg
 
@@ -16,13 +19,21 @@ from .drift import plan_now
 from .errors import ConfigError, LockHeld, ReplicatorError, StateError
 from .full_load import Endpoints
 from .incremental import KeyBounds
+from .interrupts import Interrupted, raise_if_requested
 from .plan import Plan
 from .project import Project
 from .redact import redact, register_secret
 from .results import TableResult, utc_now
 from .resync import resync_bounds
 from .runlock import run_lock
-from .settings import SPARK_MASTER, SPARK_MIN_ROWS, WEBHOOK_SECRET, WEBHOOK_URL, Connections
+from .settings import (
+    SPARK_MASTER,
+    SPARK_MIN_ROWS,
+    WEBHOOK_SECRET,
+    WEBHOOK_URL,
+    Connections,
+    progress_interval,
+)
 from .spark_runner import SparkRunner
 from .state import TableState
 from .sync_output import SyncOutput
@@ -48,6 +59,7 @@ class RunContext:
         self.full_refresh = full_refresh
         self.resync = resync
         self.locked: set[str] = set()  # tables another replicator was syncing
+        self.results: list[TableResult] = []  # in config order, as the tables finish
         self.verbose = verbose
         self.run_id = uuid.uuid4().hex
         self.started_at = utc_now()
@@ -100,13 +112,17 @@ def run_sync(
     connections = project.connections()
     resync = resync_bounds(tables, names, full_refresh, since, until, connections.source)
     run = RunContext(project, full_refresh, verbose, resync)
-    output = SyncOutput(always_summarize)
+    output = SyncOutput(always_summarize, progress_interval(project.env))
     try:
         with run_lock(project.state_dir):
-            results = _sync_all(run, tables, connections, output)
+            _sync_all(run, tables, connections, output)
     except LockHeld as exc:
         _notify(run, [], status="skipped", error=str(exc))
         raise
+    except Interrupted as exc:
+        _report_interrupted(run, tables, output, exc)
+        raise
+    results = run.results
     failed = sum(r.status == "failure" for r in results)
     log.info(
         "sync finished: %d succeeded, %d failed",
@@ -135,8 +151,9 @@ def _sync_all(
     connections: Connections,
     output: SyncOutput,
 ) -> list[TableResult]:
-    """Every table, one at a time; a database that cannot be reached fails the rest."""
-    results: list[TableResult] = []
+    """Every table, one at a time, into `run.results`; a database that cannot be reached
+    fails the rest."""
+    results = run.results
     log.info(
         "sync started: %d table(s), run %s",
         len(tables),
@@ -168,7 +185,6 @@ def _sync_all(
             results.append(result)
     finally:
         run.spark.finish()
-    return results
 
 
 def _notify(
@@ -176,6 +192,7 @@ def _notify(
     results: list[TableResult],
     status: str | None = None,
     error: str | None = None,
+    within: float = 60.0,
 ) -> None:
     """The webhook, when one is configured; its failure never changes the exit code."""
     if run.webhook is None:
@@ -183,7 +200,31 @@ def _notify(
     payload = build_payload(
         run.run_id, run.started_at, utc_now(), results, status, redact(error) if error else None
     )
-    post(run.webhook, payload)
+    post(run.webhook, payload, within=within)
+
+
+def _report_interrupted(
+    run: RunContext, tables: tuple[TableConfig, ...], output: SyncOutput, exc: Interrupted
+) -> None:
+    """A run stopped by SIGTERM or SIGINT: the log line, the webhook (quickly: whoever sent
+    the signal will not wait long) and the summary of what was done."""
+    results = run.results
+    done = {r.name for r in results}
+    waiting = [t.written_name for t in tables if t.written_name not in done]
+    stopped = [r.name for r in results if r.error and r.error.startswith(exc.describe())]
+    log.error(
+        "run interrupted by %s: %d of %d table(s) finished%s%s; the next run continues from "
+        "what was committed",
+        exc.signal_name,
+        len(results) - len(stopped),
+        len(tables),
+        f", {', '.join(stopped)} stopped" if stopped else "",
+        f", not started: {', '.join(waiting)}" if waiting else "",
+        extra={"fields": {"event": "run.finished", "run_id": run.run_id, "status": "interrupted"}},
+    )
+    _notify(run, results, status="interrupted", error=exc.describe(), within=10.0)
+    output.summary(results)
+    exc.reported = True
 
 
 def _failure(
@@ -210,6 +251,11 @@ def _sync_table(
     try:
         with table_lock(ends.dest_url, table.target, table.written_name):
             result = _sync_locked_table(run, ends, table, state, started, started_at, output)
+    except Interrupted as exc:  # what the table's load created is gone; its state stays
+        result = _failure(table, f"{exc.describe()} before it finished", time.monotonic() - started)
+        _record_failure(run, table, state, started_at, result)
+        run.results.append(result)
+        raise
     except TableLocked as exc:  # another host's run: its state is not ours to touch
         run.locked.add(table.written_name)
         result = _failure(table, str(exc), time.monotonic() - started)
@@ -252,6 +298,8 @@ def _sync_locked_table(
         job = TableJob(run, ends, table, planned, state, output, started, started_at)
         result = carry_out(job)
     except (ReplicatorError, psycopg.Error) as exc:
+        raise_if_requested()  # a query cancelled by SIGTERM/SIGINT: not the table's failure
+        log.debug("%s: traceback:\n%s", table.written_name, "".join(format_exception(exc)))
         result = _failure(
             table,
             _one_line(exc),
@@ -261,7 +309,8 @@ def _sync_locked_table(
         )
         _record_failure(run, table, state, started_at, result)
     except Exception as exc:  # a bug: keep going with the next table
-        log.debug("traceback:\n%s", "".join(traceback.format_exception(exc)))
+        raise_if_requested()
+        log.debug("%s: traceback:\n%s", table.written_name, "".join(format_exception(exc)))
         result = _failure(table, f"internal error: {_one_line(exc)}", time.monotonic() - started)
         _record_failure(run, table, state, started_at, result)
     return result

@@ -87,11 +87,12 @@ class TableJob:
 
 def carry_out(job: TableJob) -> TableResult:
     """Run the job's plan (full_reload, incremental or skip_backfill)."""
-    if job.plan.action == "incremental":
-        return _resync(job) if job.run.resync is not None else _incremental(job)
-    if job.plan.action == "skip_backfill":
-        return _skip_backfill(job)
-    return _full_reload(job)
+    with job.built.reading_model():
+        if job.plan.action == "incremental":
+            return _resync(job) if job.run.resync is not None else _incremental(job)
+        if job.plan.action == "skip_backfill":
+            return _skip_backfill(job)
+        return _full_reload(job)
 
 
 def _full_reload(job: TableJob) -> TableResult:

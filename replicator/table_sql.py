@@ -6,6 +6,8 @@ Pure: given what the catalog said, it builds statements and never talks to a dat
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from psycopg import sql
@@ -14,7 +16,7 @@ from sqlglot import exp
 from . import ddl
 from .catalog import Column, TableInfo
 from .config import TableConfig
-from .errors import ReplicatorError
+from .errors import DatabaseError, ReplicatorError
 from .identifiers import display_ident, quote_ident
 from .naming import INTERNAL_SCHEMA, staging_table
 from .templates import Model, Templates
@@ -40,6 +42,21 @@ class TableSql:
     full_extract: sql.Composable
     incremental_extract: sql.Composable | None
     merge: str | None
+    merge_origin: str | None = None  # which macro (and file) the merge was rendered from
+
+    @contextlib.contextmanager
+    def reading_model(self) -> Iterator[None]:
+        """Source errors in the block name the model they come from (a division by zero in
+        `models/shop/orders.sql` is the model's, not the tool's)."""
+        try:
+            yield
+        except DatabaseError as exc:
+            text = str(exc)
+            if not text.startswith("source: ") or "(reading " in text:
+                raise
+            raise DatabaseError(
+                f"{text} (reading {self.model.origin})", exc.sqlstate, exc.detail
+            ) from None
 
     def type_of(self, column: str) -> str:
         """The exact type of one of the model's columns ("" when it has no such column)."""
@@ -114,8 +131,9 @@ def build_table_sql(
     target, staging = table.target, staging_table(table.target)
     quoted = [quote_ident(c.name) for c in columns]
     quoted_key = [quote_ident(c) for c in primary_key]
-    merge = None
+    merge = merge_macro = None
     if table.mode == "incremental-deduped":
+        merge_macro = "merge_deduped"
         merge = templates.call(
             "merge_deduped",
             target=target.sql(),
@@ -128,6 +146,7 @@ def build_table_sql(
             replication_key=quote_ident(table.replication_key or primary_key[0]),
         )
     elif table.mode == "incremental-append":
+        merge_macro = "merge_append"
         merge = templates.call(
             "merge_append",
             target=target.sql(),
@@ -146,6 +165,9 @@ def build_table_sql(
         full_extract=sql.SQL(model.sql),
         incremental_extract=incremental_extract(model.sql, table, columns),
         merge=merge,
+        merge_origin=(
+            f"macro {merge_macro} ({templates.origins[merge_macro]})" if merge_macro else None
+        ),
     )
 
 

@@ -59,7 +59,8 @@ def build_payload(
     status: str | None = None,
     error: str | None = None,
 ) -> dict[str, Any]:
-    """DESIGN §2's payload; `status` is success, failure, or skipped (lock held)."""
+    """The payload the README's Webhook section pins; `status` is success, failure,
+    interrupted, or skipped (lock held)."""
     failed = [r for r in results if r.status == "failure"]
     overall = status or ("failure" if failed else "success")
     tables = [
@@ -95,15 +96,16 @@ def build_payload(
     return payload
 
 
-def post(target: WebhookTarget, payload: dict[str, Any]) -> bool:
-    """Deliver the payload; True when the receiver answered 2xx. Never raises."""
+def post(target: WebhookTarget, payload: dict[str, Any], within: float = 60.0) -> bool:
+    """Deliver the payload, retrying for up to `within` seconds; True when the receiver
+    answered 2xx. Never raises."""
     body = json.dumps(payload, ensure_ascii=False).encode()
     headers = {"Content-Type": "application/json", "User-Agent": f"replicator/{__version__}"}
     if target.secret:
         headers[SIGNATURE_HEADER] = sign(body, target.secret)
     where = _safe_url(target.url)
     try:
-        _send(target.url, body, headers)
+        _send(target.url, body, headers, within)
     except (RetryError, requests.RequestException, _Retryable) as exc:
         cause = exc.last_attempt.exception() if isinstance(exc, RetryError) else exc
         log.error(
@@ -121,14 +123,16 @@ class _Rejected(Exception):
     """A 4xx answer: retrying will not help."""
 
 
-def _send(url: str, body: bytes, headers: dict[str, str]) -> None:
+def _send(url: str, body: bytes, headers: dict[str, str], within: float) -> None:
     @retry(
         retry=retry_if_exception_type((_Retryable, requests.ConnectionError, requests.Timeout)),
-        stop=stop_after_attempt(ATTEMPTS) | stop_after_delay(60),
+        stop=stop_after_attempt(ATTEMPTS) | stop_after_delay(within),
         wait=wait_exponential(multiplier=RETRY_WAIT_SECONDS, max=8),
     )
     def attempt() -> None:
-        answer = requests.post(url, data=body, headers=headers, timeout=TIMEOUT_SECONDS)
+        answer = requests.post(
+            url, data=body, headers=headers, timeout=min(TIMEOUT_SECONDS, within)
+        )
         if answer.status_code >= 500:
             raise _Retryable(f"HTTP {answer.status_code}")
         if answer.status_code >= 400:

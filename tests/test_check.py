@@ -27,7 +27,7 @@ def test_all_good_is_exit_0(db_project, tables):
     result = db_project.run("check")
     assert result.exit_code == 0, result.output
     assert "ok    source: connected (PostgreSQL" in result.stdout
-    assert "ok    destination: role postgres may create schemas" in result.stdout
+    assert "ok    destination: role postgres may create tables in schemas" in result.stdout
     assert "ok    source: role postgres sees every session's transaction start" in result.stdout
     assert f"ok    {tables}.good: replication key updated_at is indexed" in result.stdout
     assert result.stdout.strip().endswith("0 error(s), 0 warning(s)")

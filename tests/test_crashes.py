@@ -97,13 +97,29 @@ def test_a_kill_at_the_point_converges(db_project, source_conn, dest_conn, schem
     assert json.loads(shown.stdout)[f"{schema}.t"]["last_run"]["status"] == "success"
 
 
-def test_a_killed_spark_task_is_retried_or_rerun(db_project, source_conn, dest_conn, schema):
-    """On Spark the executor-side points kill a Python worker, not the driver: the run
-    fails that table, saying why, and the next run converges."""
+def test_a_killed_spark_task_is_retried(db_project, source_conn, dest_conn, schema, tmp_path):
+    """A Python worker killed mid-copy (its connection lost with it) is retried by local
+    Spark too, and the retried task loads its partition exactly once."""
+    _create(source_conn, schema)
+    db_project.write_config({"tables": [{"name": f"{schema}.t", "mode": "full-refresh"}]})
+    once = tmp_path / "killed-once"
+    synced = db_project.run_process(
+        "sync",
+        env={"REPLICATOR_FAILPOINT": "mid-extract", "REPLICATOR_FAILPOINT_ONCE": str(once)},
+    )
+    assert once.exists(), "the first attempt was killed"
+    assert synced.returncode == 0, synced.stderr
+    assert assert_same_table(source_conn, dest_conn, schema, "t") == 3000
+    assert _leftovers(dest_conn, schema) == []
+
+
+def test_a_task_killed_at_every_attempt_fails_the_table(db_project, source_conn, dest_conn, schema):
+    """On Spark the executor-side points kill a Python worker, not the driver: killed at
+    every attempt, the run fails that table, saying why, and the next run converges."""
     _create(source_conn, schema)
     db_project.write_config({"tables": [{"name": f"{schema}.t", "mode": "full-refresh"}]})
     killed = db_project.run_process("sync", env={"REPLICATOR_FAILPOINT": "mid-extract"})
-    assert killed.returncode == 1, killed.stderr  # local mode does not retry a task
+    assert killed.returncode == 1, killed.stderr
     assert "Spark task failed: Python worker exited unexpectedly (crashed)" in killed.stderr
     again = db_project.run_process("sync")
     assert again.returncode == 0, again.stderr

@@ -87,6 +87,62 @@ def test_a_tty_gets_progress_and_a_summary_table_a_pipe_only_log_lines(db_projec
     assert any(f"{tables}.good: full_reload, 20 rows" in line for line in lines)
 
 
+# Each row waits a millisecond in the source: a 3,000-row copy takes a few seconds.
+SLOW_MODEL = (
+    "SELECT t.id, t.v, t.updated_at FROM {{ source }} AS t WHERE pg_sleep(0.001)::text = ''"
+)
+PROGRESS_LINE = re.compile(
+    r"(?P<table>\S+): copying: (?P<rows>[\d,]+) of ~(?P<estimate>[\d,]+) rows, [\d,.]+ MB, "
+    r"[\d,]+ rows/s(, ETA \d+:\d\d:\d\d)?, partitions (?P<done>\d+)/(?P<parts>\d+)"
+)
+
+
+@pytest.fixture
+def slow(db_project, source_conn, schema):
+    table = sql.Identifier(schema, "slow")
+    source_conn.execute(
+        sql.SQL(
+            "CREATE TABLE {} (id int PRIMARY KEY, v text, "
+            "updated_at timestamptz NOT NULL DEFAULT now())"
+        ).format(table)
+    )
+    source_conn.execute(
+        sql.SQL(
+            "INSERT INTO {} (id, v) SELECT g, repeat('v', 2000) FROM generate_series(1, 3000) g"
+        ).format(table)
+    )
+    source_conn.execute(sql.SQL("ANALYZE {}").format(table))
+    db_project.write(f"models/{schema}/slow.sql", SLOW_MODEL)
+    db_project.write_config({"tables": [{"name": f"{schema}.slow", "mode": "full-refresh"}]})
+    return schema
+
+
+@pytest.mark.parametrize("min_rows", ["0", "1000000000"], ids=["spark", "in-process"])
+def test_a_long_copy_logs_its_progress_off_a_terminal(db_project, slow, min_rows):
+    done = db_project.run_process(
+        "sync",
+        env={"REPLICATOR_PROGRESS_INTERVAL": "0.5", "REPLICATOR_SPARK_MIN_ROWS": min_rows},
+    )
+    assert done.returncode == 0, done.stderr
+    lines = [m for m in map(PROGRESS_LINE.search, done.stderr.splitlines()) if m]
+    assert len(lines) >= 2, done.stderr
+    rows = [int(m["rows"].replace(",", "")) for m in lines]
+    assert rows == sorted(rows) and rows[-1] > 0, rows
+    assert {m["estimate"] for m in lines} == {"3,000"}, "the planner's estimate"
+    assert all(m["table"] == f"{slow}.slow" and m["parts"] == "1" for m in lines)
+    quiet = db_project.run_process("sync", "-q", env={"REPLICATOR_PROGRESS_INTERVAL": "0.5"})
+    assert quiet.returncode == 0 and quiet.stderr == "", quiet.stderr
+
+
+def test_a_terminal_gets_a_live_progress_line_but_not_under_q(db_project, slow):
+    typescript = _tty_run(db_project, "sync")
+    assert re.search(r"[\d,]+ of ~3,000 rows, [\d.]+ MB, [\d,]+ rows/s", typescript), typescript
+    assert "partitions 0/1" in typescript
+    assert "sync: 1 succeeded, 0 failed" in typescript
+    quiet = _tty_run(db_project, "sync", "-q")
+    assert "rows/s" not in quiet and "succeeded" not in quiet, quiet
+
+
 def test_check_reports_an_unreachable_spark_master(db_project, tables):
     db_project.write_config(
         {

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from psycopg import sql
 
-from replicator.spark_session import DAEMON_MODULE_KEY, jdbc_jar, spark_conf
+from replicator.spark_session import DAEMON_MODULE_KEY, jdbc_jar, spark_conf, with_task_retries
 from replicator.spark_worker_daemon import prefer_installed_pyspark
 
 pytestmark = pytest.mark.spark
@@ -13,7 +13,7 @@ pytestmark = pytest.mark.spark
 
 def test_conf_prefers_local_jar_and_config_wins():
     conf = spark_conf(None, {"spark.sql.shuffle.partitions": "3"})
-    assert conf["spark.master"] == "local[*]"
+    assert conf["spark.master"] == "local[*,4]", "local mode retries a failed task"
     assert conf["spark.sql.session.timeZone"] == "UTC"
     assert conf["spark.sql.shuffle.partitions"] == "3"
     if jdbc_jar() is not None:
@@ -23,6 +23,21 @@ def test_conf_prefers_local_jar_and_config_wins():
     # Only a local run's workers can rely on this process's pyspark being installed.
     assert conf[DAEMON_MODULE_KEY] == "replicator.spark_worker_daemon"
     assert DAEMON_MODULE_KEY not in custom
+
+
+@pytest.mark.parametrize(
+    ("master", "expected"),
+    [
+        ("local", "local[1,4]"),
+        ("local[*]", "local[*,4]"),
+        ("local[2]", "local[2,4]"),
+        ("local[2,1]", "local[2,1]"),
+        ("local-cluster[2,1,1024]", "local-cluster[2,1,1024]"),
+        ("spark://h:7077", "spark://h:7077"),
+    ],
+)
+def test_local_masters_retry_failed_tasks(master, expected):
+    assert with_task_retries(master) == expected
 
 
 def test_local_workers_import_the_installed_pyspark_not_the_zip(spark):

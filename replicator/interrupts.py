@@ -1,0 +1,126 @@
+"""SIGTERM and SIGINT (systemd, Kubernetes, `timeout`, Ctrl-C): stop a command cleanly.
+
+The first signal cancels what is running on both databases (every connection this process
+opened is tracked), cancels the run's Spark jobs, and raises `Interrupted` in the main thread,
+so that each layer rolls back and drops what it created on its way out; `sync` then records
+and reports the interrupted run. A second signal ends the process at once. The exit code is
+128 + the signal's number: 130 for SIGINT, 143 for SIGTERM.
+
+Kept free of heavy imports: the copy tasks that Spark's Python workers run track their
+connections here too.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import threading
+import weakref
+from collections.abc import Callable, Iterator
+from typing import Any
+
+HANDLED = (signal.SIGINT, signal.SIGTERM)
+
+_connections: weakref.WeakSet[Any] = weakref.WeakSet()
+_hooks: dict[int, Callable[[], None]] = {}
+_state = {"signal": 0}
+_lock = threading.Lock()
+
+
+class Interrupted(KeyboardInterrupt):
+    """The process received SIGINT or SIGTERM. A KeyboardInterrupt, so psycopg cancels the
+    query it interrupts, and `except Exception` never swallows it."""
+
+    def __init__(self, signum: int) -> None:
+        self.signum = signum
+        self.reported = False  # set once the command has said so (sync's "run interrupted")
+        super().__init__(self.describe())
+
+    @property
+    def exit_code(self) -> int:
+        return 128 + self.signum
+
+    @property
+    def signal_name(self) -> str:
+        return signal.Signals(self.signum).name
+
+    def describe(self) -> str:
+        return f"interrupted by {signal.Signals(self.signum).name}"
+
+
+def track(conn: Any) -> Any:
+    """Remember a psycopg connection, to cancel its query if the process is interrupted."""
+    _connections.add(conn)
+    return conn
+
+
+def on_interrupt(hook: Callable[[], None]) -> Callable[[], None]:
+    """Run `hook` (say, cancel Spark's jobs) when interrupted; returns a function that
+    removes it."""
+    key = id(hook)
+    _hooks[key] = hook
+
+    def remove() -> None:
+        _hooks.pop(key, None)
+
+    return remove
+
+
+def requested() -> Interrupted | None:
+    """The interruption under way, if any (for code that caught a cancelled query's error)."""
+    return Interrupted(_state["signal"]) if _state["signal"] else None
+
+
+def raise_if_requested() -> None:
+    """Re-raise the interruption when an error was only its consequence."""
+    interrupted = requested()
+    if interrupted is not None:
+        raise interrupted
+
+
+def cancel_everything() -> None:
+    """Cancel the running query of every tracked connection, then run the hooks.
+
+    The hooks run on a thread of their own: the signal handler runs in the main thread,
+    which may be waiting inside a py4j call, and py4j gives each thread one connection (a
+    call from the handler would re-enter the read in progress)."""
+    for conn in list(_connections):
+        with contextlib.suppress(Exception):
+            if not conn.closed:
+                conn.cancel_safe(timeout=5.0)
+    hooks = list(_hooks.values())
+    if hooks:
+        runner = threading.Thread(target=_run_hooks, args=(hooks,), name="cancel", daemon=True)
+        runner.start()
+        runner.join(timeout=10.0)
+
+
+def _run_hooks(hooks: list[Callable[[], None]]) -> None:
+    for hook in hooks:
+        with contextlib.suppress(Exception):
+            hook()
+
+
+def _handle(signum: int, frame: Any) -> None:
+    with _lock:
+        if _state["signal"]:  # a second signal: stop now
+            os._exit(128 + signum)
+        _state["signal"] = signum
+    cancel_everything()
+    raise Interrupted(signum)
+
+
+@contextlib.contextmanager
+def handled() -> Iterator[None]:
+    """Handle SIGINT and SIGTERM for the block (in the main thread; elsewhere a no-op)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {s: signal.signal(s, _handle) for s in HANDLED}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        _state["signal"] = 0

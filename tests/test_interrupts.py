@@ -1,0 +1,156 @@
+"""SIGTERM (systemd, Kubernetes, `timeout`) and Ctrl-C during a sync: the running source query
+is cancelled, what the run created is dropped, the table's state and the webhook say
+`interrupted`, the exit code is 143 or 130, and nothing else is printed."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from dbcompare import leftovers
+from psycopg import sql
+
+from replicator.identifiers import TableName
+
+pytestmark = pytest.mark.spark
+
+# The model sleeps once before its first row: the source query is "slow".
+SLOW_MODEL = "SELECT t.id, t.v FROM {{ source }} AS t CROSS JOIN (SELECT pg_sleep(120)) AS slow"
+
+
+@pytest.fixture
+def table(source_conn, schema):
+    source_conn.execute(
+        sql.SQL("CREATE TABLE {} (id int PRIMARY KEY, v text)").format(sql.Identifier(schema, "t"))
+    )
+    source_conn.execute(
+        sql.SQL("INSERT INTO {} SELECT g, 'v' FROM generate_series(1, 500) g").format(
+            sql.Identifier(schema, "t")
+        )
+    )
+    return schema
+
+
+def _sleeping(source_conn, schema: str) -> list[tuple]:
+    """The source sessions running the slow model for this test."""
+    return source_conn.execute(
+        "SELECT pid, application_name FROM pg_stat_activity WHERE state = 'active' "
+        "AND query LIKE %s AND query LIKE '%%pg_sleep(120)%%' AND pid <> pg_backend_pid()",
+        (f"%{schema}%",),
+    ).fetchall()
+
+
+def _wait_for(condition, seconds: float, what: str):
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+@pytest.mark.parametrize(
+    ("signum", "code", "env"),
+    [
+        pytest.param(signal.SIGTERM, 143, {"REPLICATOR_SPARK_MIN_ROWS": "1000000000"}, id="term"),
+        pytest.param(signal.SIGINT, 130, {"REPLICATOR_SPARK_MIN_ROWS": "1000000000"}, id="int"),
+        pytest.param(signal.SIGTERM, 143, {"REPLICATOR_SPARK_MIN_ROWS": "0"}, id="term-spark"),
+    ],
+)
+def test_a_signal_mid_load_cancels_cleans_up_and_reports(
+    db_project, table, source_conn, dest_conn, httpserver, signum, code, env
+):
+    httpserver.expect_request("/hook", method="POST").respond_with_data("ok")
+    db_project.env["REPLICATOR_WEBHOOK_URL"] = httpserver.url_for("/hook")
+    db_project.write_config({"tables": [{"name": f"{table}.t", "mode": "full-refresh"}]})
+    assert db_project.run_process("sync", env=env).returncode == 0
+    (before,) = dest_conn.execute(
+        sql.SQL("SELECT {}::regclass::oid").format(
+            sql.Literal(sql.Identifier(table, "t").as_string(dest_conn))
+        )
+    ).fetchone()
+    db_project.write(f"models/{table}/t.sql", SLOW_MODEL)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "replicator", "sync", "--project-dir", str(db_project.path)],
+        env={**os.environ, **db_project.env, **env},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+        text=True,
+    )
+    try:
+        _wait_for(lambda: _sleeping(source_conn, table), 120, "the slow source query")
+        os.kill(process.pid, signum)
+        stdout, stderr = process.communicate(timeout=60)
+    finally:
+        process.kill()
+    assert process.returncode == code, stderr
+    assert f"run interrupted by {signal.Signals(signum).name}" in stderr
+    for noise in ("Traceback", "error ignored", "Aborted", "Exception"):
+        assert noise not in stderr + stdout, stderr
+    _wait_for(lambda: not _sleeping(source_conn, table), 20, "the source query to end")
+    assert leftovers(dest_conn, [TableName(table, "t")]) == [], stderr
+    (after,) = dest_conn.execute(
+        sql.SQL("SELECT {}::regclass::oid").format(
+            sql.Literal(sql.Identifier(table, "t").as_string(dest_conn))
+        )
+    ).fetchone()
+    assert after == before, "the live table was not touched"
+    state = json.loads(db_project.run("state", "show").stdout)[f"{table}.t"]
+    assert state["last_run"]["status"] == "failure"
+    assert state["last_run"]["error"].startswith(
+        f"interrupted by {signal.Signals(signum).name} before it finished"
+    )
+    payloads = [json.loads(request.get_data()) for request, _ in httpserver.log]
+    assert payloads[-1]["status"] == "interrupted"
+    assert payloads[-1]["tables"][0]["status"] == "failure"
+
+
+def test_ctrl_c_in_other_commands_exits_130_without_aborted(db_project, table):
+    """A command waiting on the database (here `status` behind a locked table) stops
+    cleanly with 130, not click's `Aborted!` and exit 1."""
+    db_project.write_config({"tables": [{"name": f"{table}.t", "mode": "full-refresh"}]})
+    db_project.write(f"models/{table}/t.sql", "SELECT id, v FROM {{ source }}")
+    with source_lock(db_project, table) as _:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "replicator", "status", "--project-dir", str(db_project.path)],
+            env={**os.environ, **db_project.env},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            stdin=subprocess.DEVNULL,
+            text=True,
+        )
+        time.sleep(3)
+        os.kill(process.pid, signal.SIGINT)
+        _, stderr = process.communicate(timeout=30)
+    assert process.returncode == 130, stderr
+    assert "interrupted by SIGINT" in stderr
+    assert "Aborted" not in stderr and "Traceback" not in stderr
+
+
+class source_lock:
+    """An ACCESS EXCLUSIVE lock on the source table, held by another session."""
+
+    def __init__(self, project, schema: str) -> None:
+        import psycopg
+
+        self.conn = psycopg.connect(project.env["REPLICATOR_SOURCE_URL"])
+        self.schema = schema
+
+    def __enter__(self):
+        self.conn.execute(
+            sql.SQL("LOCK TABLE {} IN ACCESS EXCLUSIVE MODE").format(
+                sql.Identifier(self.schema, "t")
+            )
+        )
+        return self
+
+    def __exit__(self, *exc):
+        self.conn.rollback()
+        self.conn.close()
