@@ -93,11 +93,15 @@ def build_source(url: str, rows: int) -> int:
     return size
 
 
-def fresh_destination(url: str, keyed: bool) -> None:
+def fresh_destination(url: str, table: str | None) -> None:
+    """No bench_orders (nor replicator's bookkeeping) in the destination; then `table`, the
+    empty table a baseline loads into. replicator creates its own: it never replaces a
+    table it did not create."""
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute("DROP TABLE IF EXISTS bench_orders")
         conn.execute("DROP SCHEMA IF EXISTS _replicator CASCADE")
-        conn.execute(TABLE_DDL if keyed else DEST_DDL)
+        if table is not None:
+            conn.execute(table)
         conn.execute("CHECKPOINT")
 
 
@@ -156,7 +160,9 @@ def main() -> None:
         results: dict[str, list[Measured]] = {name: [] for name in paths}
         for attempt in range(args.repeat):
             for name, command in paths.items():
-                fresh_destination(dest.url(), keyed=name == KEYED)
+                baseline = name not in (OURS, SINGLE, IN_PROCESS)
+                ddl = TABLE_DDL if name == KEYED else DEST_DDL
+                fresh_destination(dest.url(), ddl if baseline else None)
                 measured = run_measured(command, env)
                 copied = count_rows(dest.url()) if measured.returncode == 0 else -1
                 if copied != args.rows:
