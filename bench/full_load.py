@@ -30,7 +30,7 @@ import psycopg
 from procwatch import Measured, run_measured
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from replicator.pgcluster import PgCluster, find_pg_bin
+from replicator.postgres.pgcluster import PgCluster, find_pg_bin
 
 TABLE_DDL = """
 CREATE TABLE bench_orders (

@@ -19,9 +19,9 @@ from click.core import ParameterSource
 
 from . import __version__, interrupts
 from .errors import ConfigError, ReplicatorError, UsageError
-from .logs import configure_logging, error_line, json_output, say
-from .project import Project
+from .project.project import Project
 from .redact import redact
+from .report.logs import configure_logging, error_line, json_output, say
 
 log = logging.getLogger("replicator.cli")
 
@@ -176,7 +176,7 @@ def init(project_dir: Path, directory: Path | None) -> int:
     """Write a new project into DIRECTORY (default: --project-dir): tables-config.json with
     commented examples, .env.example, a model, macros/README.md and sync-state/. An
     existing project is never overwritten."""
-    from .scaffold import init_project
+    from .project.scaffold import init_project
 
     target = project_dir / directory if directory else project_dir
     for path in init_project(target):
@@ -201,7 +201,7 @@ def compile_command(project_dir: Path, names: tuple[str, ...], as_json: bool) ->
     """Print what each table's next sync would do and why (the same plan `sync` makes), the
     schema changes since its last load, and its SQL. Catalogs are read; nothing is written.
     Exit 1 when a table cannot be compiled."""
-    from .compile import compile_tables
+    from .commands.compile import compile_tables
 
     project = Project.load(project_dir)
     return compile_tables(project, project.select(names), as_json or json_output())
@@ -236,7 +236,7 @@ def sync(
     """Sync the tables (or only -s ones), one at a time, in config order: a full reload
     where needed (no state, schema change, missing destination, refresh), else the rows
     past each cursor. One webhook after the run; the exit code says how it went."""
-    from .sync import run_sync
+    from .sync.run import run_sync
 
     verbose = click.get_current_context().meta["replicator.verbose"]
     project = Project.load(project_dir)
@@ -254,7 +254,7 @@ def demo(project_dir: Path, keep: bool) -> int:
     tables, sync twice and check every row. Works in a temporary copy of the project's
     tables, models and macros: its sync-state, .env, webhook and Spark master are never
     used."""
-    from .demo import run_demo
+    from .commands.demo import run_demo
 
     verbose = click.get_current_context().meta["replicator.verbose"]
     return run_demo(project_dir, keep, verbose)
@@ -270,7 +270,7 @@ def status(project_dir: Path, as_json: bool) -> int:
     """Per table: mode, cursor, lag behind the source's newest key, when the last run ended
     and how, rows in the destination, and the next action as `sync` will decide it. Exit 1
     when a state file cannot be read."""
-    from .status import print_status
+    from .commands.status import print_status
 
     return print_status(Project.load(project_dir), as_json or json_output())
 
@@ -284,7 +284,7 @@ def status(project_dir: Path, as_json: bool) -> int:
 def refresh(project_dir: Path, tables: tuple[str, ...]) -> int:
     """Mark TABLES for a full reload at the next sync; the mark clears once the reload
     committed."""
-    from .state_commands import mark_for_refresh
+    from .commands.state_commands import mark_for_refresh
 
     return mark_for_refresh(Project.load(project_dir), tables)
 
@@ -299,7 +299,7 @@ def adopt(project_dir: Path, tables: tuple[str, ...]) -> int:
     """Let replicator replace and update the existing destination tables of TABLES, which
     it did not create (it never touches such a table otherwise). The next sync reloads
     them from the source unless their state says otherwise."""
-    from .adopt import adopt_tables
+    from .commands.adopt import adopt_tables
 
     return adopt_tables(Project.load(project_dir), tables)
 
@@ -319,7 +319,7 @@ def state(**_: Any) -> None:
 @_common
 def state_show(project_dir: Path, tables: tuple[str, ...]) -> int:
     """Print the sync-state of TABLES (default: all) as one JSON object (null: no state)."""
-    from .state_commands import show_state
+    from .commands.state_commands import show_state
 
     return show_state(Project.load(project_dir), tables)
 
@@ -333,7 +333,7 @@ def state_show(project_dir: Path, tables: tuple[str, ...]) -> int:
 @_common
 def state_reset(project_dir: Path, tables: tuple[str, ...]) -> int:
     """Forget TABLES' state: their next sync is a full reload."""
-    from .state_commands import reset_state
+    from .commands.state_commands import reset_state
 
     return reset_state(Project.load(project_dir), tables)
 
@@ -349,7 +349,7 @@ def state_reset(project_dir: Path, tables: tuple[str, ...]) -> int:
 def state_set_cursor(project_dir: Path, table: str, value: str) -> int:
     """Set TABLE's cursor to VALUE, cast by the source to the replication key's type and
     stored as PostgreSQL prints it (exit 2 when it is not of that type)."""
-    from .state_commands import set_cursor
+    from .commands.state_commands import set_cursor
 
     return set_cursor(Project.load(project_dir), table, value)
 
@@ -365,7 +365,7 @@ def check(project_dir: Path, ping: bool) -> int:
     source, keys, indexes, model and destination, and the next sync's plan), Java and the
     JDBC driver, and a cluster's Spark master. One line per finding, with its fix; exit 1
     when one is an error. Nothing is written."""
-    from .check import print_checks
+    from .commands.check import print_checks
 
     return print_checks(Project.load(project_dir), ping)
 

@@ -25,7 +25,7 @@ from click.testing import CliRunner, Result
 from psycopg import sql
 
 from replicator.cli import cli
-from replicator.pgcluster import PgCluster
+from replicator.postgres.pgcluster import PgCluster
 
 ENV_VARS = (
     "REPLICATOR_SOURCE_URL",
@@ -145,7 +145,7 @@ def password_role(source_conn: psycopg.Connection[Any]) -> Iterator[PasswordRole
 @pytest.fixture(scope="session")
 def spark() -> Iterator[Any]:
     """The run's local Spark session (local[2], UI off), started on first use."""
-    from replicator.spark_session import start_spark
+    from replicator.transfer.spark_session import start_spark
 
     session = start_spark("local[2]", {"spark.sql.shuffle.partitions": "2"})
     yield session

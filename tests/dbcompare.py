@@ -7,10 +7,10 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from replicator.copy_stream import MARKER_TABLE
-from replicator.full_load import load_id_prefix, side_table
 from replicator.identifiers import TableName
-from replicator.naming import retired_table, staging_table
+from replicator.postgres.naming import retired_table, staging_table
+from replicator.sync.full_load import load_id_prefix, side_table
+from replicator.transfer.copy_stream import MARKER_TABLE
 
 
 def row_hashes(conn: psycopg.Connection[Any], schema: str, table: str, key: str = "id") -> dict:

@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from replicator.config import parse_config
 from replicator.errors import ConfigError
+from replicator.project.config import parse_config
 
 VALID = {
     "tables": [
@@ -257,7 +257,7 @@ def test_malformed_connection_setting_is_exit_2_and_redacted(project):
 
 
 def test_dotenv_supplies_settings_and_environment_wins(project, pg_servers):
-    from replicator.settings import Environment
+    from replicator.project.settings import Environment
 
     project.write(
         ".env",

@@ -12,7 +12,7 @@ from dbcompare import assert_same_table, leftovers, row_hashes
 from psycopg import sql
 
 from replicator.identifiers import TableName
-from replicator.naming import retired_table
+from replicator.postgres.naming import retired_table
 
 pytestmark = pytest.mark.spark
 
@@ -350,8 +350,8 @@ def test_hostile_identifiers_load_exactly(db_project, source_conn, dest_conn):
 
 def test_copy_task_loads_its_partition_once(source_conn, dest_conn, schema, pg_servers):
     """A task that Spark runs twice (retry, speculation) must not load its rows twice."""
-    from replicator.copy_stream import CopyTask, run_copy_task
-    from replicator.dest_schema import MARKER_DDL
+    from replicator.postgres.dest_schema import MARKER_DDL
+    from replicator.transfer.copy_stream import CopyTask, run_copy_task
 
     source_conn.execute(
         sql.SQL("CREATE TABLE {} AS SELECT g AS id FROM generate_series(1, 100) g").format(

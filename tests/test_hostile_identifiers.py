@@ -15,9 +15,9 @@ import pytest
 from dbcompare import assert_same_table, leftovers
 from psycopg import sql
 
-from replicator.full_load import side_table
 from replicator.identifiers import TableName, quote_ident
-from replicator.naming import derived_name, staging_table
+from replicator.postgres.naming import derived_name, staging_table
+from replicator.sync.full_load import side_table
 
 pytestmark = pytest.mark.spark
 

@@ -13,7 +13,7 @@ from dbcompare import assert_same_table
 from psycopg import sql
 
 from replicator.identifiers import TableName
-from replicator.naming import staging_table
+from replicator.postgres.naming import staging_table
 
 pytestmark = pytest.mark.spark
 

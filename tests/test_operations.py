@@ -13,8 +13,8 @@ import sys
 import pytest
 from psycopg import sql
 
-from replicator import webhook
-from replicator.pgcluster import free_port
+from replicator.postgres.pgcluster import free_port
+from replicator.report import webhook
 
 pytestmark = pytest.mark.spark
 

@@ -13,7 +13,7 @@ from psycopg import sql
 
 from replicator.errors import DatabaseError
 from replicator.identifiers import TableName
-from replicator.swap import swap_in
+from replicator.postgres.swap import swap_in
 
 pytestmark = pytest.mark.spark
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from replicator.ownership import Records, classify
-from replicator.plan import Plan, plan_table
-from replicator.state import Cursor, TableState
+from replicator.plan.decide import Plan, plan_table
+from replicator.postgres.ownership import Records, classify
+from replicator.project.state import Cursor, TableState
 
 SYNCED = TableState(
     table="public.t",

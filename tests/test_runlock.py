@@ -11,7 +11,7 @@ import time
 _HOLDER = """
 import sys, time
 from pathlib import Path
-from replicator.runlock import run_lock
+from replicator.project.runlock import run_lock
 with run_lock(Path(sys.argv[1])):
     print("held", flush=True)
     time.sleep(120)

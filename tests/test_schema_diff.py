@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from replicator.identifiers import TableName
-from replicator.schema_diff import describe, diff
-from replicator.signature import Signature, SignedColumn
+from replicator.plan.schema_diff import describe, diff
+from replicator.plan.signature import Signature, SignedColumn
 
 TARGET = TableName("Sales EU", 'Order"s')
 T = '"Sales EU"."Order""s"'

@@ -9,7 +9,7 @@ from urllib.parse import quote
 import pytest
 from psycopg import sql
 
-from replicator.settings import Environment
+from replicator.project.settings import Environment
 
 pytestmark = pytest.mark.spark
 

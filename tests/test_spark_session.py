@@ -5,8 +5,13 @@ from __future__ import annotations
 import pytest
 from psycopg import sql
 
-from replicator.spark_session import DAEMON_MODULE_KEY, jdbc_jar, spark_conf, with_task_retries
-from replicator.spark_worker_daemon import prefer_installed_pyspark
+from replicator.transfer.spark_session import (
+    DAEMON_MODULE_KEY,
+    jdbc_jar,
+    spark_conf,
+    with_task_retries,
+)
+from replicator.transfer.spark_worker_daemon import prefer_installed_pyspark
 
 pytestmark = pytest.mark.spark
 
@@ -21,7 +26,7 @@ def test_conf_prefers_local_jar_and_config_wins():
     custom = spark_conf("spark://h:7077", {"spark.jars.packages": "org.postgresql:postgresql:1"})
     assert custom["spark.master"] == "spark://h:7077" and "spark.jars" not in custom
     # Only a local run's workers can rely on this process's pyspark being installed.
-    assert conf[DAEMON_MODULE_KEY] == "replicator.spark_worker_daemon"
+    assert conf[DAEMON_MODULE_KEY] == "replicator.transfer.spark_worker_daemon"
     assert DAEMON_MODULE_KEY not in custom
 
 

@@ -12,7 +12,7 @@ import pytest
 
 from replicator.errors import StateError
 from replicator.identifiers import TableName
-from replicator.state import Cursor, RunOutcome, StateStore, TableState, state_file_stem
+from replicator.project.state import Cursor, RunOutcome, StateStore, TableState, state_file_stem
 
 ORDERS = TableName("public", "orders")
 
@@ -136,7 +136,7 @@ _KILLED_WRITER = """
 import sys
 from pathlib import Path
 from replicator.identifiers import TableName
-from replicator.state import StateStore, TableState, Cursor
+from replicator.project.state import StateStore, TableState, Cursor
 store = StateStore(Path(sys.argv[1]))
 store.write(TableState(table="public.orders", cursor=Cursor(value="NEW", type="text"),
                        last_synced_at="x"), TableName("public", "orders"))

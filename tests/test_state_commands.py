@@ -8,7 +8,7 @@ import pytest
 from psycopg import sql
 
 from replicator.identifiers import TableName
-from replicator.state import Cursor, RunOutcome, StateStore, TableState
+from replicator.project.state import Cursor, RunOutcome, StateStore, TableState
 
 PINNED_STATUS_KEYS = {
     "name",

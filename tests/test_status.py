@@ -9,7 +9,7 @@ import json
 import pytest
 from psycopg import sql
 
-from replicator.pgcluster import free_port
+from replicator.postgres.pgcluster import free_port
 
 pytestmark = pytest.mark.spark
 

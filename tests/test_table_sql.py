@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from replicator import ddl
-from replicator.catalog import Column
-from replicator.database import render
 from replicator.identifiers import TableName
-from replicator.naming import derived_name, staging_table
-from replicator.partitions import KeyRange, range_predicate, split_integer_range
+from replicator.postgres import ddl
+from replicator.postgres.catalog import Column
+from replicator.postgres.database import render
+from replicator.postgres.naming import derived_name, staging_table
+from replicator.transfer.partitions import KeyRange, range_predicate, split_integer_range
 
 ODD = TableName('Sales "EU"', "Order.Lines 😀")
 

@@ -13,7 +13,7 @@ from dbcompare import assert_same_table
 from psycopg import sql
 
 from replicator.identifiers import TableName
-from replicator.table_lock import lock_key
+from replicator.postgres.table_lock import lock_key
 
 pytestmark = pytest.mark.spark
 

@@ -12,8 +12,8 @@ import sys
 import pytest
 from psycopg import sql
 
-from replicator import webhook
-from replicator.pgcluster import free_port
+from replicator.postgres.pgcluster import free_port
+from replicator.report import webhook
 
 SECRET = "s3cret-webhook-key"
 
@@ -135,7 +135,7 @@ def test_lock_held_run_reports_skipped(db_project, table, httpserver):
             sys.executable,
             "-c",
             "import sys, time; from pathlib import Path; "
-            "from replicator.runlock import run_lock\n"
+            "from replicator.project.runlock import run_lock\n"
             "with run_lock(Path(sys.argv[1])):\n print('held', flush=True); time.sleep(60)",
             str(db_project.path / "sync-state"),
         ],

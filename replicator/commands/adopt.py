@@ -1,0 +1,81 @@
+"""Handing an existing destination table over to replicator: `replicator adopt T`, and the
+tables an earlier replicator version loaded before it kept ownership records."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import psycopg
+
+from ..plan.drift import plan_now
+from ..postgres.catalog import describe_table
+from ..postgres.database import connect
+from ..postgres.dest_schema import ensure_bookkeeping
+from ..postgres.ownership import classify, read_records, record_owned
+from ..project.config import TableConfig
+from ..project.project import Project
+from ..project.runlock import run_lock
+from ..report.logs import say
+
+log = logging.getLogger(__name__)
+
+
+def take_ownership(dest: psycopg.Connection[Any], table: TableConfig) -> None:
+    """Record the destination table as the tool's (bookkeeping tables created if missing)."""
+    ensure_bookkeeping(dest)
+    with dest.transaction():
+        record_owned(dest, table.target)
+
+
+def adopt_legacy(dest: psycopg.Connection[Any], table: TableConfig) -> None:
+    """A table this project's sync-state says the tool loaded, from before ownership records."""
+    take_ownership(dest, table)
+    log.info(
+        "%s: destination table %s was loaded by an earlier replicator version; recorded as "
+        "replicator's",
+        table.written_name,
+        table.target,
+    )
+
+
+def adopt_tables(project: Project, names: tuple[str, ...]) -> int:
+    """`replicator adopt`: let replicator replace and update these existing tables."""
+    tables = project.select(names)
+    connections = project.connections()
+    with (
+        run_lock(project.state_dir),
+        connect(connections.destination, "destination") as dest,
+        connect(connections.source, "source") as source,
+    ):
+        for table in tables:
+            say(_adopt(project, source, dest, table), "adopt", name=table.written_name)
+    return 0
+
+
+def _adopt(
+    project: Project,
+    source: psycopg.Connection[Any],
+    dest: psycopg.Connection[Any],
+    table: TableConfig,
+) -> str:
+    info = describe_table(dest, table.target)
+    if info is None:
+        return (
+            f"{table.written_name}: destination table {table.target} does not exist; "
+            "nothing to adopt (the next sync creates it)"
+        )
+    if info.kind != "table":
+        return (
+            f"{table.written_name}: {table.target} is a {info.kind}, not a table: replicator "
+            "cannot replace it; drop it or choose another destination"
+        )
+    state = project.store.read(table.name)
+    if classify(True, read_records(dest, table.target, info.oid), state) == "owned":
+        return f"{table.written_name}: {table.target} is already replicator's"
+    take_ownership(dest, table)
+    plan = plan_now(source, dest, table, project.templates, state).plan
+    return (
+        f"{table.written_name}: adopted {table.target}; replicator may now replace and update "
+        f"it. Next sync: {plan.action} ({plan.reason})"
+    )

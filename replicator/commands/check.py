@@ -1,0 +1,362 @@
+"""`replicator check`: every problem a sync would hit, found up front, each with its fix."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+from typing import Any, Literal
+
+import click
+import psycopg
+from psycopg import sql
+
+from ..errors import ReplicatorError
+from ..identifiers import display_ident
+from ..plan.drift import plan_now
+from ..plan.inspect_table import inspect_table
+from ..postgres.catalog import describe_table, leading_index_columns
+from ..postgres.database import connect, fetch_all
+from ..postgres.dependent_views import reload_problem
+from ..postgres.dest_schema import missing_schemas
+from ..postgres.naming import INTERNAL_SCHEMA
+from ..project.config import TableConfig
+from ..project.project import Project
+from ..redact import redact
+from ..report.logs import json_output, quiet
+
+Level = Literal["ok", "warn", "error"]
+
+
+@dataclass(frozen=True)
+class Finding:
+    level: Level
+    subject: str
+    message: str
+    fix: str | None = None
+
+    def line(self) -> str:
+        text = f"{self.level:<5} {self.subject}: {self.message}"
+        return f"{text}; fix: {self.fix}" if self.fix else text
+
+
+def print_checks(project: Project, ping: bool = False) -> int:
+    """Run the checks and print one line per finding (a JSON object each under --log-format
+    json; errors and warnings only under -q), then the count; 1 when any is an error."""
+    findings = run_checks(project, ping)
+    for finding in findings:
+        if quiet() and finding.level == "ok":
+            continue
+        if json_output():
+            click.echo(redact(json.dumps({"event": "check.finding", **asdict(finding)})))
+        else:
+            click.echo(redact(finding.line()))
+    errors = sum(f.level == "error" for f in findings)
+    warnings = sum(f.level == "warn" for f in findings)
+    if json_output():
+        click.echo(json.dumps({"event": "check.finished", "errors": errors, "warnings": warnings}))
+    else:
+        click.echo(f"{errors} error(s), {warnings} warning(s)")
+    return 1 if errors else 0
+
+
+def run_checks(project: Project, ping: bool = False) -> list[Finding]:
+    """Check connections, privileges, keys, indexes, Java and the driver; never writes
+    anything (`ping` sends the webhook a test payload)."""
+    findings: list[Finding] = [*_spark_prerequisites(project), *_spark_master(project)]
+    if ping:
+        findings.append(_ping_webhook(project))
+    connections = project.connections()
+    source = _connect(connections.source, "source", "REPLICATOR_SOURCE_URL", findings)
+    dest = _connect(connections.destination, "destination", "REPLICATOR_DEST_URL", findings)
+    try:
+        if source is not None:
+            findings.extend(_source_activity_visibility(source))
+        if dest is not None:
+            findings.extend(_destination_privileges(dest, project))
+        for table in project.config.tables:
+            findings.extend(_check_state(project, table))
+            if source is not None:
+                findings.extend(_check_table(source, table, project))
+            if source is not None and dest is not None:
+                findings.extend(_check_plan(source, dest, table, project))
+    finally:
+        for conn in (source, dest):
+            if conn is not None:
+                conn.close()
+    return findings
+
+
+def _spark_prerequisites(project: Project) -> Iterator[Finding]:
+    """Java 17+ and the PostgreSQL JDBC driver, which the Spark path needs."""
+    import shutil
+    import subprocess
+
+    from ..transfer.spark_session import JDBC_PACKAGE, jdbc_jar
+
+    java = shutil.which("java", path=None)
+    if java is None:
+        yield Finding(
+            "error",
+            "spark",
+            "java not found on PATH (Spark needs Java 17+)",
+            "apt-get install openjdk-17-jre-headless, or set JAVA_HOME and PATH",
+        )
+    else:
+        version = subprocess.run(
+            [java, "-version"], capture_output=True, text=True, stdin=subprocess.DEVNULL
+        ).stderr.splitlines()
+        yield Finding("ok", "spark", f"java: {version[0] if version else java}")
+    conf = project.config.spark.conf
+    if "spark.jars" in conf or "spark.jars.packages" in conf:
+        yield Finding("ok", "spark", "JDBC driver: from spark.conf")
+    elif (jar := jdbc_jar()) is not None:
+        state = "ok" if jar.is_file() else "error"
+        yield Finding(
+            state, "spark", f"JDBC driver: {jar}" + ("" if jar.is_file() else " does not exist")
+        )
+    else:
+        yield Finding(
+            "warn",
+            "spark",
+            f"no local JDBC driver: Spark will download {JDBC_PACKAGE} from Maven Central",
+            "apt-get install libpostgresql-jdbc-java, or set REPLICATOR_JDBC_JAR",
+        )
+
+
+def _spark_master(project: Project) -> Iterator[Finding]:
+    """A cluster master (spark://, k8s://, mesos://) must answer on its port; local[*] needs
+    nothing, yarn is found through HADOOP_CONF_DIR and is not probed."""
+    import socket
+    from urllib.parse import urlsplit
+
+    from ..project.settings import SPARK_MASTER
+
+    master = project.env.get(SPARK_MASTER) or project.config.spark.master or "local[*]"
+    if master.startswith("local"):
+        yield Finding("ok", "spark", f"master {master} (in this process)")
+        return
+    if master == "yarn":
+        yield Finding("ok", "spark", "master yarn (found through HADOOP_CONF_DIR; not probed)")
+        return
+    address = master.removeprefix("k8s://")
+    scheme, _, rest = (address if "://" in address else f"tcp://{address}").partition("://")
+    default_port = {"spark": 7077, "mesos": 5050, "https": 443, "http": 80}.get(scheme)
+    fix = f"start the master or fix spark.master / {SPARK_MASTER}"
+    # spark://h1:7077,h2:7077 lists standby masters: one answering is enough.
+    problems = []
+    for netloc in rest.split("/")[0].split(","):
+        try:
+            parts = urlsplit(f"tcp://{netloc}")
+            host, port = parts.hostname, parts.port or default_port
+        except ValueError:
+            host, port = None, None
+        if not host or not port:
+            problems.append(f"{netloc}: no host and port")
+            continue
+        try:
+            with socket.create_connection((host, port), timeout=5):
+                pass
+        except OSError as exc:
+            problems.append(f"{host}:{port} not reachable ({exc.strerror or exc})")
+            continue
+        yield Finding("ok", "spark", f"master {master}: {host}:{port} answers")
+        return
+    yield Finding("error", "spark", f"master {master}: {'; '.join(problems)}", fix)
+
+
+def _ping_webhook(project: Project) -> Finding:
+    from ..report.results import utc_now
+    from ..report.webhook import build_payload, post
+    from ..sync.run import webhook_target
+
+    target = webhook_target(project)
+    if target is None:
+        return Finding("warn", "webhook", "--ping: no webhook configured")
+    now = utc_now()
+    payload = build_payload("check-ping", now, now, [], status="success")
+    payload["event"] = "check.ping"
+    if post(target, payload):
+        return Finding("ok", "webhook", "test payload delivered")
+    return Finding(
+        "error",
+        "webhook",
+        "test payload not delivered (see the log line above)",
+        "check webhook.url / REPLICATOR_WEBHOOK_URL and the receiver",
+    )
+
+
+def _connect(url: str, role: str, variable: str, findings: list[Finding]) -> Any:
+    try:
+        conn = connect(url, role)
+    except ReplicatorError as exc:
+        findings.append(Finding("error", role, str(exc), f"check {variable}"))
+        return None
+    (version,) = conn.execute("SHOW server_version").fetchone()
+    findings.append(Finding("ok", role, f"connected (PostgreSQL {version})"))
+    return conn
+
+
+def _source_activity_visibility(conn: psycopg.Connection[Any]) -> Iterator[Finding]:
+    """Whether the sync role sees other sessions' transaction starts (pg_stat_activity)."""
+    user, sees_all = fetch_all(
+        conn,
+        "SELECT current_user, (SELECT rolsuper FROM pg_roles WHERE rolname = current_user) "
+        "OR pg_has_role(current_user, 'pg_read_all_stats', 'USAGE')",
+    )[0]
+    if sees_all:
+        yield Finding(
+            "ok",
+            "source",
+            f"role {user} sees every session's transaction start: "
+            "timestamp cursors advance right after a batch",
+        )
+    else:
+        yield Finding(
+            "warn",
+            "source",
+            f"role {user} cannot see other roles' transaction starts: while their writes are "
+            "open, a timestamp cursor waits for the next run to advance (rows are read again, "
+            "nothing is missed)",
+            f"GRANT pg_read_all_stats TO {display_ident(user)}",
+        )
+
+
+def _destination_privileges(conn: psycopg.Connection[Any], project: Project) -> Iterator[Finding]:
+    """The schemas a sync writes to: CREATE on each one that exists, CREATE on the database
+    only when one is missing (the sync creates only missing schemas)."""
+    needed = [*dict.fromkeys(t.target.schema for t in project.config.tables), INTERNAL_SCHEMA]
+    user, database, may_create_schemas = fetch_all(
+        conn,
+        "SELECT current_user, current_database(), "
+        "has_database_privilege(current_database(), 'CREATE')",
+    )[0]
+    role, db = display_ident(user), display_ident(database)
+    missing = missing_schemas(conn, needed)
+    usable = []
+    for schema in needed:
+        if schema in missing:
+            continue
+        lacks = [
+            privilege
+            for privilege in ("USAGE", "CREATE")
+            if not fetch_all(conn, "SELECT has_schema_privilege(%s, %s)", (schema, privilege))[0][0]
+        ]
+        if lacks:
+            yield Finding(
+                "error",
+                "destination",
+                f"role {role} lacks {' and '.join(lacks)} on schema {display_ident(schema)}",
+                f"GRANT USAGE, CREATE ON SCHEMA {display_ident(schema)} TO {role}",
+            )
+        else:
+            usable.append(display_ident(schema))
+    if usable:
+        yield Finding(
+            "ok", "destination", f"role {role} may create tables in schemas {', '.join(usable)}"
+        )
+    for schema in missing:
+        name = display_ident(schema)
+        if may_create_schemas:
+            yield Finding(
+                "ok", "destination", f"schema {name} is missing; role {role} may create it"
+            )
+        else:
+            yield Finding(
+                "error",
+                "destination",
+                f"schema {name} does not exist and role {role} may not create schemas in "
+                f"database {db}",
+                f"CREATE SCHEMA {name} AUTHORIZATION {role}, or GRANT CREATE ON DATABASE {db} "
+                f"TO {role}",
+            )
+
+
+def _check_state(project: Project, table: TableConfig) -> Iterator[Finding]:
+    try:
+        project.store.read(table.name)
+    except ReplicatorError as exc:
+        yield Finding("error", table.written_name, str(exc))
+
+
+def _check_table(
+    conn: psycopg.Connection[Any], table: TableConfig, project: Project
+) -> Iterator[Finding]:
+    subject = table.written_name
+    info = describe_table(conn, table.name)
+    if info is None:
+        yield Finding(
+            "error",
+            subject,
+            "source table does not exist",
+            "create it, or fix the name in tables-config.json",
+        )
+        return
+    (can_select,) = conn.execute("SELECT has_table_privilege(%s, 'SELECT')", (info.oid,)).fetchone()
+    if not can_select:
+        yield Finding(
+            "error",
+            subject,
+            "the source role may not SELECT from it",
+            f"GRANT SELECT ON {info.name} TO {display_ident(_current_user(conn))}",
+        )
+        return
+    try:
+        built = inspect_table(conn, table, project.templates)
+    except ReplicatorError as exc:
+        yield Finding("error", subject, str(exc).removeprefix(f"{subject}: "))
+        return
+    key = ", ".join(map(display_ident, built.primary_key)) or "none"
+    yield Finding("ok", subject, f"{info.kind}, {len(info.columns)} columns, primary key ({key})")
+    if table.replication_key is None:
+        return
+    if table.replication_key in leading_index_columns(conn, info.oid):
+        yield Finding(
+            "ok", subject, f"replication key {display_ident(table.replication_key)} is indexed"
+        )
+    else:
+        yield Finding(
+            "warn",
+            subject,
+            f"replication key {display_ident(table.replication_key)} has no index: "
+            "every sync will scan the whole table",
+            sql.SQL("CREATE INDEX ON {} ({})")
+            .format(
+                sql.Identifier(info.name.schema, info.name.name),
+                sql.Identifier(table.replication_key),
+            )
+            .as_string(None),
+        )
+
+
+def _check_plan(
+    source: psycopg.Connection[Any],
+    dest: psycopg.Connection[Any],
+    table: TableConfig,
+    project: Project,
+) -> Iterator[Finding]:
+    """The table's next sync as `sync` will decide it; a planned failure (a destination
+    table replicator does not own, a schema change under on_schema_change fail) is an
+    error with its fix. Problems on the source side were reported above."""
+    try:
+        state = project.store.read(table.name)
+        planned = plan_now(source, dest, table, project.templates, state)
+    except ReplicatorError:
+        return
+    plan = planned.plan
+    if plan.action == "fail":
+        yield Finding("error", table.written_name, plan.reason, plan.fix)
+    else:
+        yield Finding("ok", table.written_name, f"next sync: {plan.action} ({plan.reason})")
+    blocked = (
+        reload_problem(dest, table.target) if planned.observed.ownership != "foreign" else None
+    )
+    if blocked is not None:
+        problem, fix = blocked
+        reloads = plan.action == "full_reload"
+        when = "" if reloads else " (the next full reload fails on it)"
+        yield Finding("error" if reloads else "warn", table.written_name, problem + when, fix)
+
+
+def _current_user(conn: psycopg.Connection[Any]) -> str:
+    return str(fetch_all(conn, "SELECT current_user")[0][0])

@@ -1,0 +1,240 @@
+"""`replicator status`: each table's last run, as sync-state recorded it, and what the next
+sync will do, decided by the same plan `compile` and `sync` use when both databases answer.
+
+`lag` is the source's newest replication key minus the newest key already copied (the
+highest of the cursor and the rows read past it: the stored cursor itself stays a lookback
+behind on purpose). `rows` is the destination table's row count; `last_run_rows` what the
+last run read.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import sys
+from collections.abc import Iterator
+from typing import Any
+
+import psycopg
+from psycopg import sql
+from rich.console import Console
+from rich.table import Table
+
+from ..errors import ReplicatorError, StateError
+from ..plan.decide import Plan, plan_table
+from ..plan.drift import Planned, plan_now
+from ..plan.table_sql import MODEL_ALIAS
+from ..postgres.database import connect, execute
+from ..project.config import TableConfig
+from ..project.project import Project
+from ..project.settings import DEST_URL, SOURCE_URL
+from ..project.state import TableState
+from ..redact import redact
+from ..report.logs import json_output
+
+log = logging.getLogger(__name__)
+
+_POSITION = """
+SELECT max_key::text, {lag}
+FROM (SELECT max({alias}.{key}) AS max_key FROM ({model}) AS {alias}) AS m
+"""
+_LAG = "(max_key - greatest(%(cursor)s::{type}, %(read)s::{type}, %(pending)s::{type}))::text"
+# Key types whose difference means something: an interval, a number of days or of ids.
+_SUBTRACTABLE = (
+    "timestamp",
+    "date",
+    "smallint",
+    "integer",
+    "bigint",
+    "numeric",
+    "real",
+    "double precision",
+)
+
+
+def table_status(project: Project, table: TableConfig) -> tuple[dict[str, Any], TableState | None]:
+    """One table's status row from its sync-state; the pinned keys of `status --json` are
+    always present. The state comes back too (None also when it cannot be read)."""
+    row: dict[str, Any] = {
+        "name": table.written_name,
+        "destination": str(table.target),
+        "mode": table.mode,
+        "cursor": None,
+        "cursor_type": None,
+        "last_synced_at": None,
+        "last_run_at": None,
+        "last_status": None,
+        "last_error": None,
+        "rows": None,
+        "last_run_rows": None,
+        "pending_full_reload": None,
+        "next_action": None,
+        "source_max": None,
+        "lag": None,
+    }
+    try:
+        state = project.store.read(table.name)
+    except StateError as exc:
+        row.update(last_status="error", last_error=redact(str(exc)))
+        return row, None
+    _set_plan(row, plan_table(table.mode or "", state, name=table.written_name))
+    if state is None:
+        return row, None
+    if state.cursor is not None:
+        row.update(cursor=state.cursor.value, cursor_type=state.cursor.type)
+    row["last_synced_at"] = state.last_synced_at
+    if state.last_run is not None:
+        row.update(
+            last_run_at=state.last_run.finished_at,
+            last_status=state.last_run.status,
+            last_run_rows=state.last_run.rows,
+            last_error=state.last_run.error,
+        )
+    return row, state
+
+
+def _set_plan(row: dict[str, Any], plan: Plan) -> None:
+    row["pending_full_reload"] = plan.action == "full_reload"
+    row["next_action"] = (
+        plan.action if plan.action == "incremental" else f"{plan.action}: {plan.reason}"
+    )
+
+
+def print_status(project: Project, as_json: bool) -> int:
+    tables = project.config.tables
+    read = [table_status(project, t) for t in tables]
+    rows = [row for row, _ in read]
+    notes = _observe_live(project, tables, read)
+    if as_json:
+        # One line under --log-format json (every line printed is one JSON value).
+        print(json.dumps(rows, indent=None if json_output() else 2, ensure_ascii=False))
+        for note in notes:
+            log.info("%s", note)
+    else:
+        _print_grid(rows, notes)
+    return 1 if any(r["last_status"] == "error" for r in rows) else 0
+
+
+def _print_grid(rows: list[dict[str, Any]], notes: list[str]) -> None:
+    console = Console(highlight=False, width=None if sys.stdout.isatty() else 200)
+    grid = Table(box=None, pad_edge=False)
+    titles = ("table", "mode", "cursor", "lag", "last run", "status", "rows", "next")
+    for title in titles:
+        grid.add_column(title, overflow="fold")
+    for row in rows:
+        grid.add_row(
+            row["name"],
+            row["mode"],
+            _text(row["cursor"]),
+            _text(row["lag"]),
+            _text(row["last_run_at"] or row["last_synced_at"]),
+            _text(row["last_status"]),
+            _text(row["rows"]),
+            _text(row["next_action"]),
+        )
+    console.print(grid)
+    for note in notes:
+        console.print(note, markup=False)
+    for row in rows:
+        if row["last_error"]:
+            console.print(f"{row['name']}: {row['last_error']}", markup=False)
+
+
+def _observe_live(
+    project: Project,
+    tables: tuple[TableConfig, ...],
+    read: list[tuple[dict[str, Any], TableState | None]],
+) -> list[str]:
+    """Fill in the next action (the sync's own plan), lag and destination rows from the
+    databases; without them, the next action comes from sync-state alone, with a note."""
+    source_url = project.env.optional_connection(SOURCE_URL)
+    dest_url = project.env.optional_connection(DEST_URL)
+    notes: list[str] = []
+    with (
+        _connected(source_url, SOURCE_URL, "source", notes) as source,
+        _connected(dest_url, DEST_URL, "destination", notes) as dest,
+    ):
+        if source is None:
+            notes.append("next action, lag and source_max from sync-state alone (see above)")
+            return notes
+        for table, (row, state) in zip(tables, read, strict=True):
+            if row["last_status"] == "error":
+                continue
+            try:
+                planned = plan_now(source, dest, table, project.templates, state)
+                _set_plan(row, planned.plan)
+                row["source_max"], row["lag"] = _position(source, planned, state)
+                if dest is not None and planned.observed.destination is not None:
+                    row["rows"] = _count(dest, table)
+            except ReplicatorError as exc:
+                row["next_action"] = f"fail: {redact(str(exc))}"
+    if dest is None:
+        notes.append("rows (in the destination) not shown; the plan did not look at it")
+    return notes
+
+
+@contextlib.contextmanager
+def _connected(
+    url: str | None, variable: str, side: str, notes: list[str]
+) -> Iterator[psycopg.Connection[Any] | None]:
+    if url is None:
+        notes.append(f"{side} not inspected: {variable} is not set")
+        yield None
+        return
+    try:
+        conn = connect(url, side)
+    except ReplicatorError as exc:
+        notes.append(redact(f"{side} not inspected: {exc}"))
+        yield None
+        return
+    with conn:
+        yield conn
+
+
+def _position(
+    conn: psycopg.Connection[Any], planned: Planned, state: TableState | None
+) -> tuple[str | None, str | None]:
+    """The source's newest key, and how far the newest copied key is behind it."""
+    built = planned.built
+    key = built.table.replication_key
+    if key is None:
+        return None, None
+    key_type = built.replication_key_type
+    copied = _copied_positions(state)
+    lag = (
+        sql.SQL(_LAG).format(type=sql.SQL(key_type))
+        if any(copied.values()) and key_type.startswith(_SUBTRACTABLE)
+        else sql.SQL("NULL")
+    )
+    query = sql.SQL(_POSITION).format(
+        lag=lag,
+        alias=sql.Identifier(MODEL_ALIAS),
+        key=sql.Identifier(key),
+        # The model is the user's SQL: `%` doubled since parameters are bound.
+        model=sql.SQL(built.model.sql.replace("%", "%%")),
+    )
+    newest, behind = execute(conn, query, copied).fetchone()
+    return newest, behind
+
+
+def _copied_positions(state: TableState | None) -> dict[str, str | None]:
+    """The keys the last runs copied up to: the cursor, the newest key read past it, and a
+    newest key read but held back (pending) while source transactions were open."""
+    if state is None:
+        return {"cursor": None, "read": None, "pending": None}
+    return {
+        "cursor": state.cursor.value if state.cursor else None,
+        "read": state.window.max if state.window else None,
+        "pending": state.pending.value if state.pending else None,
+    }
+
+
+def _count(conn: psycopg.Connection[Any], table: TableConfig) -> int:
+    target = sql.Identifier(table.target.schema, table.target.name)
+    (rows,) = execute(conn, sql.SQL("SELECT count(*) FROM {}").format(target)).fetchone()
+    return int(rows)
+
+
+def _text(value: Any) -> str:
+    return "-" if value is None else str(value)

@@ -1,0 +1,97 @@
+"""What to do with each table this run: a pure function of what was observed.
+
+The reason strings start with the stable phrases the webhook contract pins (README: Webhook).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from ..project.state import TableState
+
+# "fail": the source schema changed and the table's on_schema_change is "fail".
+# "skip_backfill": no state and initial_load "skip": start at the newest key, copy nothing.
+Action = Literal["full_reload", "incremental", "fail", "skip_backfill"]
+
+
+@dataclass(frozen=True)
+class Plan:
+    action: Action
+    reason: str
+    fix: str | None = None  # for "fail": what the user can do about it
+
+
+def plan_table(
+    mode: str,
+    state: TableState | None,
+    *,
+    full_refresh: bool = False,
+    destination_exists: bool = True,
+    schema_change: str | None = None,
+    destination_change: str | None = None,
+    on_schema_change: str = "full_reload",
+    initial_load: str = "full",
+    not_owned: str | None = None,
+    name: str = "<table>",
+) -> Plan:
+    """Full reload when anything says so, else incremental from the stored cursor.
+
+    `schema_change` describes how the source differs from the stored signature;
+    `destination_change` how the destination table differs from what the tool created;
+    `not_owned` is the fix when the destination table exists but is not the tool's: only a
+    start without backfill (which adopts a matching table) may touch it. `name` is the table
+    as the config writes it, for the fixes."""
+    plan = _plan(
+        mode,
+        state,
+        full_refresh,
+        destination_exists,
+        schema_change,
+        destination_change,
+        on_schema_change,
+        initial_load,
+        name,
+    )
+    if not_owned is not None and plan.action != "skip_backfill":
+        return Plan("fail", "destination table exists and was not created by replicator", not_owned)
+    return plan
+
+
+def _plan(
+    mode: str,
+    state: TableState | None,
+    full_refresh: bool,
+    destination_exists: bool,
+    schema_change: str | None,
+    destination_change: str | None,
+    on_schema_change: str,
+    initial_load: str,
+    name: str,
+) -> Plan:
+    if mode == "full-refresh":
+        return Plan("full_reload", "mode full-refresh")
+    if full_refresh:
+        return Plan("full_reload", "--full-refresh")
+    if state is not None and state.pending_full_reload:
+        return Plan("full_reload", "refresh requested")
+    if state is None or state.last_synced_at is None:
+        if initial_load == "skip":
+            return Plan("skip_backfill", "no state: initial_load skip")
+        return Plan("full_reload", "no state")
+    if not destination_exists:
+        return Plan("full_reload", "destination table missing")
+    if schema_change:
+        if on_schema_change == "fail":
+            return Plan(
+                "fail",
+                f"schema changed: {schema_change}",
+                'on_schema_change is "fail": review the change, then reload the table with '
+                f"`replicator sync -f -s {name}`",
+            )
+        return Plan("full_reload", f"schema changed: {schema_change}")
+    if destination_change:
+        return Plan("full_reload", f"destination table altered: {destination_change}")
+    if state.cursor is None:  # the last load found the source table empty
+        return Plan("incremental", "cursor none (source was empty)")
+    return Plan("incremental", f"cursor {state.cursor.value}")

@@ -1,0 +1,126 @@
+"""What a run observes of a table besides its config and state: its signature now, its
+destination table (and whose it is), and how both drifted from the signature stored at the
+last load. `plan_now` is the one way sync, compile, status and check decide a table's next
+action from that."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+
+from ..postgres.catalog import TableInfo, describe_table
+from ..postgres.ownership import Ownership, classify, not_owned_fix, read_records
+from ..project.config import TableConfig
+from ..project.state import TableState
+from ..project.templates import Templates
+from .decide import Plan, plan_table
+from .inspect_table import inspect_source
+from .schema_diff import Change, describe, diff
+from .signature import Signature, destination_signature, read_signature
+from .table_sql import TableSql
+
+
+@dataclass(frozen=True)
+class Observed:
+    """What one run saw of a table besides its config and state."""
+
+    signature: Signature
+    destination: TableInfo | None
+    schema_changes: tuple[Change, ...]  # the source against the stored signature
+    destination_changes: tuple[Change, ...]  # the destination table against it
+    ownership: Ownership = "missing"  # "missing" also when the destination was not looked at
+
+    @property
+    def schema_change(self) -> str | None:
+        return describe(list(self.schema_changes)) or None
+
+    @property
+    def destination_change(self) -> str | None:
+        return describe(list(self.destination_changes)) or None
+
+
+def observe(
+    source_conn: psycopg.Connection[Any],
+    dest_conn: psycopg.Connection[Any] | None,
+    table: TableConfig,
+    built: TableSql,
+    source: TableInfo,
+    state: TableState | None,
+) -> Observed:
+    """The source's signature now, the destination table, and how both drifted (the
+    destination is not looked at without a connection to it)."""
+    signature = read_signature(source_conn, source, built)
+    destination = describe_table(dest_conn, table.target) if dest_conn is not None else None
+    ownership: Ownership = "missing"
+    if dest_conn is not None and destination is not None:
+        records = read_records(dest_conn, table.target, destination.oid)
+        ownership = classify(True, records, state)
+    schema_changes: list[Change] = []
+    destination_changes: list[Change] = []
+    stored = state.schema_signature if state else None
+    if stored and table.mode != "full-refresh":
+        before = Signature.from_json(stored)
+        schema_changes = diff(before, signature)
+        if destination is not None:
+            destination_changes = diff(before.as_created(), destination_signature(destination))
+    return Observed(
+        signature, destination, tuple(schema_changes), tuple(destination_changes), ownership
+    )
+
+
+def plan_observed(
+    table: TableConfig,
+    state: TableState | None,
+    observed: Observed,
+    full_refresh: bool = False,
+    *,
+    destination_known: bool = True,
+) -> Plan:
+    """The table's plan from its config, state and what the run observed (a destination
+    that was not looked at counts as present)."""
+    return plan_table(
+        table.mode or "",
+        state,
+        full_refresh=full_refresh,
+        destination_exists=observed.destination is not None or not destination_known,
+        schema_change=observed.schema_change,
+        destination_change=observed.destination_change,
+        on_schema_change=table.on_schema_change or "full_reload",
+        initial_load=table.initial_load,
+        not_owned=(
+            not_owned_fix(table.target, table.written_name)
+            if observed.ownership == "foreign"
+            else None
+        ),
+        name=table.written_name,
+    )
+
+
+@dataclass(frozen=True)
+class Planned:
+    """A table inspected, observed and planned."""
+
+    source: TableInfo
+    built: TableSql
+    observed: Observed
+    plan: Plan
+
+
+def plan_now(
+    source_conn: psycopg.Connection[Any],
+    dest_conn: psycopg.Connection[Any] | None,
+    table: TableConfig,
+    templates: Templates,
+    state: TableState | None,
+    full_refresh: bool = False,
+) -> Planned:
+    """Inspect the table and its model on the source, observe the destination (when
+    connected) and decide: what `sync` will do, as `compile`, `status` and `check` show it."""
+    source, built = inspect_source(source_conn, table, templates)
+    observed = observe(source_conn, dest_conn, table, built, source, state)
+    plan = plan_observed(
+        table, state, observed, full_refresh, destination_known=dest_conn is not None
+    )
+    return Planned(source, built, observed, plan)

@@ -1,0 +1,38 @@
+"""Inspect one table on the source and build its SQL: shared by compile, check and sync."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psycopg
+
+from ..errors import DatabaseError
+from ..postgres.catalog import TableInfo, describe_query, describe_table
+from ..project.config import TableConfig
+from ..project.templates import Templates
+from .table_sql import TableProblem, TableSql, build_table_sql
+
+
+def inspect_table(
+    conn: psycopg.Connection[Any], table: TableConfig, templates: Templates
+) -> TableSql:
+    """Describe the source table and its model, and build the table's statements."""
+    return inspect_source(conn, table, templates)[1]
+
+
+def inspect_source(
+    conn: psycopg.Connection[Any], table: TableConfig, templates: Templates
+) -> tuple[TableInfo, TableSql]:
+    """The source table as the catalog describes it, and the table's statements."""
+    source = describe_table(conn, table.name)
+    if source is None:
+        raise TableProblem(f"{table.written_name}: source table does not exist")
+    model = templates.model(table.name, [c.name for c in source.columns])
+    if model.is_default:
+        output = source.columns
+    else:
+        try:
+            output = describe_query(conn, model.sql)
+        except DatabaseError as exc:
+            raise TableProblem(f"{table.written_name}: model {model.origin}: {exc}") from None
+    return source, build_table_sql(table, source, model, output, templates)

@@ -1,0 +1,110 @@
+"""A table's schema signature: what its destination table was built from.
+
+Stored in sync-state at every load; every run compares it with the source (schema drift) and
+with the destination table (someone altered or dropped it). It holds the model's columns in
+order (the source's column numbers, when the model reads the table as is, so a rename is told
+apart from a drop and an add), the primary key, the replication key, the enum, domain and
+composite types the columns use, and the source table's OID (a recreated table is a change).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import psycopg
+
+from ..postgres.catalog import TableInfo
+from ..postgres.dest_types import describe_types
+from .table_sql import TableSql
+
+VERSION = 2
+
+
+@dataclass(frozen=True)
+class SignedColumn:
+    name: str
+    type: str
+    not_null: bool
+    attnum: int | None = None  # None: compared by name only
+
+
+@dataclass(frozen=True)
+class Signature:
+    table_oid: int | None
+    columns: tuple[SignedColumn, ...]
+    primary_key: tuple[str, ...]
+    replication_key: str | None
+    types: dict[str, Any] = field(default_factory=dict)
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "version": VERSION,
+            "table_oid": self.table_oid,
+            "columns": [
+                {"attnum": c.attnum, "name": c.name, "type": c.type, "not_null": c.not_null}
+                for c in self.columns
+            ],
+            "primary_key": list(self.primary_key),
+            "replication_key": self.replication_key,
+            "types": self.types,
+        }
+
+    @classmethod
+    def from_json(cls, document: dict[str, Any]) -> Signature:
+        """Read a stored signature, including the first format (columns as lists)."""
+        columns = []
+        for entry in document.get("columns") or []:
+            if isinstance(entry, list):  # format 1: [name, type, not_null]
+                columns.append(SignedColumn(str(entry[0]), str(entry[1]), bool(entry[2])))
+            else:
+                columns.append(
+                    SignedColumn(
+                        str(entry["name"]),
+                        str(entry["type"]),
+                        bool(entry["not_null"]),
+                        entry.get("attnum"),
+                    )
+                )
+        return cls(
+            table_oid=document.get("table_oid"),
+            columns=tuple(columns),
+            primary_key=tuple(document.get("primary_key") or ()),
+            replication_key=document.get("replication_key"),
+            types=dict(document.get("types") or {}),
+        )
+
+    def as_created(self) -> Signature:
+        """What the destination table built from this signature looks like in the catalog:
+        primary-key columns are NOT NULL; no column numbers, OID or types to compare."""
+        key = set(self.primary_key)
+        columns = tuple(
+            SignedColumn(c.name, c.type, c.not_null or c.name in key) for c in self.columns
+        )
+        return replace(self, table_oid=None, columns=columns, replication_key=None, types={})
+
+
+def read_signature(conn: psycopg.Connection[Any], source: TableInfo, built: TableSql) -> Signature:
+    """The signature of the table as the source describes it now."""
+    as_is = built.model.reads_table_as_is
+    columns = tuple(
+        SignedColumn(c.name, c.type, c.not_null, c.attnum if as_is and c.attnum else None)
+        for c in built.columns
+    )
+    return Signature(
+        table_oid=source.oid,
+        columns=columns,
+        primary_key=built.primary_key,
+        replication_key=built.table.replication_key,
+        types=describe_types(conn, [c.type_oid for c in built.columns]),
+    )
+
+
+def destination_signature(table: TableInfo) -> Signature:
+    """The destination table as it is, in the form `Signature.as_created` gives."""
+    return Signature(
+        table_oid=None,
+        columns=tuple(SignedColumn(c.name, c.type, c.not_null) for c in table.columns),
+        primary_key=table.primary_key,
+        replication_key=None,
+    )

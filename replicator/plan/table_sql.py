@@ -1,0 +1,214 @@
+"""The SQL one table's sync runs, built from its config, the source catalog and its model.
+
+Pure: given what the catalog said, it builds statements and never talks to a database, so
+`compile` shows exactly what `sync` would run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from psycopg import sql
+from sqlglot import exp
+
+from ..errors import DatabaseError, ReplicatorError
+from ..identifiers import display_ident, quote_ident
+from ..postgres import ddl
+from ..postgres.catalog import Column, TableInfo
+from ..postgres.naming import INTERNAL_SCHEMA, staging_table
+from ..project.config import TableConfig
+from ..project.templates import Model, Templates
+
+MODEL_ALIAS = "_replicator_model"
+
+
+class TableProblem(ReplicatorError):
+    """Something about one table (in a database or its model) that stops its sync."""
+
+
+@dataclass(frozen=True)
+class TableSql:
+    """Everything a table's sync would run, as statements."""
+
+    table: TableConfig
+    model: Model
+    columns: tuple[Column, ...]
+    primary_key: tuple[str, ...]
+    create_destination: exp.Create
+    create_internal_schema: exp.Create
+    create_staging: exp.Create
+    full_extract: sql.Composable
+    incremental_extract: sql.Composable | None
+    merge: str | None
+    merge_origin: str | None = None  # which macro (and file) the merge was rendered from
+
+    @contextlib.contextmanager
+    def reading_model(self) -> Iterator[None]:
+        """Source errors in the block name the model they come from (a division by zero in
+        `models/shop/orders.sql` is the model's, not the tool's)."""
+        try:
+            yield
+        except DatabaseError as exc:
+            text = str(exc)
+            if not text.startswith("source: ") or "(reading " in text:
+                raise
+            raise DatabaseError(
+                f"{text} (reading {self.model.origin})", exc.sqlstate, exc.detail
+            ) from None
+
+    def type_of(self, column: str) -> str:
+        """The exact type of one of the model's columns ("" when it has no such column)."""
+        return next((c.type for c in self.columns if c.name == column), "")
+
+    @property
+    def replication_key_type(self) -> str:
+        return self.type_of(self.table.replication_key or "")
+
+
+def resolve_primary_key(table: TableConfig, source: TableInfo) -> tuple[str, ...]:
+    """The configured primary key, else the source's; checked against the source columns."""
+    key = table.primary_key or source.primary_key
+    missing = [c for c in key if source.column(c) is None]
+    if missing:
+        raise TableProblem(
+            f"{table.written_name}: primary_key column {', '.join(map(display_ident, missing))} "
+            f"does not exist in the source table"
+        )
+    if not key and table.mode != "full-refresh":
+        raise TableProblem(
+            f"{table.written_name}: the source table has no primary key, which mode "
+            f"{table.mode} needs (to merge rows, or to append each row exactly once): set "
+            '"primary_key" in tables-config.json, add one to the source table, or use '
+            '"mode": "full-refresh"'
+        )
+    return tuple(key)
+
+
+def check_replication_key(table: TableConfig, source: TableInfo) -> Column | None:
+    """The replication-key column of the source; TableProblem when it is missing."""
+    if table.replication_key is None:
+        return None
+    column = source.column(table.replication_key)
+    if column is None:
+        raise TableProblem(
+            f"{table.written_name}: replication key column "
+            f"{display_ident(table.replication_key)} does not exist in the source table"
+        )
+    return column
+
+
+def model_columns(model_output: tuple[Column, ...], source: TableInfo) -> tuple[Column, ...]:
+    """The model's columns; NOT NULL kept where a column is the source's, unchanged."""
+    out = []
+    for column in model_output:
+        original = source.column(column.name)
+        keep = original is not None and original.type == column.type and original.not_null
+        out.append(Column(column.name, column.type, keep, column.type_oid, column.attnum))
+    return tuple(out)
+
+
+def build_table_sql(
+    table: TableConfig,
+    source: TableInfo,
+    model: Model,
+    model_output: tuple[Column, ...],
+    templates: Templates,
+) -> TableSql:
+    """Build every statement of the table's sync."""
+    primary_key = resolve_primary_key(table, source)
+    check_replication_key(table, source)
+    columns = model_columns(model_output, source)
+    names = {c.name for c in columns}
+    required = [*primary_key, *([table.replication_key] if table.replication_key else [])]
+    dropped = [c for c in dict.fromkeys(required) if c not in names]
+    if dropped:
+        raise TableProblem(
+            f"{table.written_name}: the model ({model.origin}) must keep the primary key and "
+            f"replication key columns; missing: {', '.join(map(display_ident, dropped))}"
+        )
+    target, staging = table.target, staging_table(table.target)
+    quoted = [quote_ident(c.name) for c in columns]
+    quoted_key = [quote_ident(c) for c in primary_key]
+    merge = merge_macro = None
+    if table.mode == "incremental-deduped":
+        merge_macro = "merge_deduped"
+        merge = templates.call(
+            "merge_deduped",
+            target=target.sql(),
+            staging=staging.sql(),
+            columns=quoted,
+            key_columns=quoted_key,
+            update_columns=[
+                q for q, c in zip(quoted, columns, strict=True) if c.name not in primary_key
+            ],
+            replication_key=quote_ident(table.replication_key or primary_key[0]),
+        )
+    elif table.mode == "incremental-append":
+        merge_macro = "merge_append"
+        merge = templates.call(
+            "merge_append",
+            target=target.sql(),
+            staging=staging.sql(),
+            columns=quoted,
+            key_columns=quoted_key,
+        )
+    return TableSql(
+        table=table,
+        model=model,
+        columns=columns,
+        primary_key=primary_key,
+        create_destination=ddl.create_table(target, columns, primary_key),
+        create_internal_schema=ddl.create_schema(INTERNAL_SCHEMA),
+        create_staging=ddl.create_table(staging, columns, unlogged=True, if_not_exists=True),
+        full_extract=sql.SQL(model.sql),
+        incremental_extract=incremental_extract(model.sql, table, columns),
+        merge=merge,
+        merge_origin=(
+            f"macro {merge_macro} ({templates.origins[merge_macro]})" if merge_macro else None
+        ),
+    )
+
+
+def batch_query(
+    model_sql: str, key: str, key_type: str, cursor: str | None, until: str | None = None
+) -> sql.Composable:
+    """The model's rows at or past the cursor (all of them without a cursor) and, with
+    `until`, at or before it; values inlined as typed literals: for COPY, which takes no
+    parameters."""
+    model = sql.SQL(model_sql)
+    bounds = [
+        sql.SQL("{alias}.{key} {op} {value}::{type}").format(
+            alias=sql.Identifier(MODEL_ALIAS),
+            key=sql.Identifier(key),
+            op=sql.SQL(op),
+            value=sql.Literal(value),
+            type=sql.SQL(key_type),
+        )
+        for op, value in ((">=", cursor), ("<=", until))
+        if value is not None
+    ]
+    if not bounds:
+        return model
+    return sql.SQL("SELECT * FROM ({model}) AS {alias} WHERE {bounds}").format(
+        model=model, alias=sql.Identifier(MODEL_ALIAS), bounds=sql.SQL(" AND ").join(bounds)
+    )
+
+
+def incremental_extract(
+    model_sql: str, table: TableConfig, columns: tuple[Column, ...]
+) -> sql.Composable | None:
+    """The model wrapped with the cursor predicate `key >= %(cursor)s` (typed as the key)."""
+    if table.mode == "full-refresh" or table.replication_key is None:
+        return None
+    key_type = next(c.type for c in columns if c.name == table.replication_key)
+    # The model text is the user's SQL: `%` must be doubled once parameters are bound.
+    return sql.SQL(
+        "SELECT * FROM ({model}) AS {alias} WHERE {alias}.{key} >= %(cursor)s::{type}"
+    ).format(
+        model=sql.SQL(model_sql.replace("%", "%%")),
+        alias=sql.Identifier(MODEL_ALIAS),
+        key=sql.Identifier(table.replication_key),
+        type=sql.SQL(key_type),
+    )

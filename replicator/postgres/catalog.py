@@ -1,0 +1,117 @@
+"""What a table looks like, read from pg_catalog: columns, exact types, keys, indexes.
+
+Types are PostgreSQL's own `format_type()` text, used verbatim in DDL: parsing them (through
+sqlglot or anything else) loses detail such as `bit varying(5)`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+from ..errors import DatabaseError
+from ..identifiers import TableName
+from .database import execute, fetch_all
+
+
+@dataclass(frozen=True)
+class Column:
+    """A column; `type` is format_type() text with user-defined types schema-qualified."""
+
+    name: str
+    type: str
+    not_null: bool = False
+    type_oid: int = 0
+    attnum: int = 0  # the source table's column number; 0 for a query's output
+
+
+@dataclass(frozen=True)
+class TableInfo:
+    """A table (or view) as the catalog describes it."""
+
+    name: TableName
+    oid: int
+    kind: str
+    columns: tuple[Column, ...]
+    primary_key: tuple[str, ...]
+
+    def column(self, name: str) -> Column | None:
+        return next((c for c in self.columns if c.name == name), None)
+
+
+_RELATION = """
+SELECT c.oid, c.relkind
+FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+WHERE n.nspname = %s AND c.relname = %s AND c.relkind IN ('r', 'p', 'v', 'm', 'f')
+"""
+_COLUMNS = """
+SELECT a.attname, pg_catalog.format_type(a.atttypid, a.atttypmod), a.attnotnull, a.atttypid,
+       a.attnum
+FROM pg_catalog.pg_attribute a
+WHERE a.attrelid = %s AND a.attnum > 0 AND NOT a.attisdropped
+ORDER BY a.attnum
+"""
+_PRIMARY_KEY = """
+SELECT a.attname
+FROM pg_catalog.pg_index i
+CROSS JOIN LATERAL unnest(i.indkey) WITH ORDINALITY AS k(attnum, ord)
+JOIN pg_catalog.pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum
+WHERE i.indrelid = %s AND i.indisprimary
+ORDER BY k.ord
+"""
+_LEADING_INDEXED = """
+SELECT DISTINCT a.attname
+FROM pg_catalog.pg_index i
+JOIN pg_catalog.pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = i.indkey[0]
+WHERE i.indrelid = %s AND i.indisvalid AND i.indpred IS NULL
+"""
+KINDS = {
+    "r": "table",
+    "p": "partitioned table",
+    "v": "view",
+    "m": "materialized view",
+    "f": "foreign table",
+}
+
+
+def describe_table(conn: psycopg.Connection[Any], name: TableName) -> TableInfo | None:
+    """The table's columns and primary key; None when it does not exist."""
+    rows = fetch_all(conn, _RELATION, (name.schema, name.name))
+    if not rows:
+        return None
+    oid, kind = rows[0]
+    columns = _columns(conn, oid)
+    primary_key = tuple(row[0] for row in fetch_all(conn, _PRIMARY_KEY, (oid,)))
+    return TableInfo(name, oid, KINDS[kind], columns, primary_key)
+
+
+def leading_index_columns(conn: psycopg.Connection[Any], oid: int) -> set[str]:
+    """Columns that lead a valid, non-partial index: a range scan on them can use it."""
+    return {row[0] for row in fetch_all(conn, _LEADING_INDEXED, (oid,))}
+
+
+def describe_query(conn: psycopg.Connection[Any], query: str) -> tuple[Column, ...]:
+    """The output columns and exact types of a SELECT, without running it.
+
+    PostgreSQL types a temporary view of the query; the transaction is rolled back, so
+    nothing is left behind and no row is read.
+    """
+    view = sql.Identifier("replicator_describe")
+    with conn.transaction(force_rollback=True):
+        execute(conn, sql.SQL("CREATE TEMPORARY VIEW {} AS {}").format(view, sql.SQL(query)))
+        (oid,) = execute(conn, "SELECT 'replicator_describe'::regclass::oid").fetchone()
+        columns = _columns(conn, oid)
+    if not columns:
+        raise DatabaseError("the query returns no columns")
+    return tuple(Column(c.name, c.type, False, c.type_oid) for c in columns)
+
+
+def _columns(conn: psycopg.Connection[Any], oid: int) -> tuple[Column, ...]:
+    """Columns in order. With only pg_catalog on the search_path, format_type() qualifies
+    every other type, so the text means the same type in any database and session."""
+    with conn.transaction():
+        execute(conn, "SET LOCAL search_path = pg_catalog, pg_temp")
+        return tuple(Column(*row) for row in fetch_all(conn, _COLUMNS, (oid,)))

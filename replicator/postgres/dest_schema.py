@@ -1,0 +1,52 @@
+"""Schemas in the destination and replicator's bookkeeping tables, created only when missing.
+
+`CREATE SCHEMA IF NOT EXISTS` checks the CREATE privilege on the database before it looks
+whether the schema exists, so a loading role that owns pre-created schemas but may not create
+new ones would fail every sync with it. The catalog is asked first; CREATE SCHEMA runs only
+for a schema that is really missing. The bookkeeping tables live in `_replicator`: the
+partition markers that make copy tasks exactly-once, and the records of the tables the tool
+owns.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+from ..transfer.copy_stream import MARKER_TABLE
+from .database import execute, fetch_all
+from .ddl import create_schema
+from .naming import INTERNAL_SCHEMA
+from .ownership import OWNED_DDL
+
+MARKER_DDL = sql.SQL(
+    "CREATE TABLE IF NOT EXISTS {} (load_id text NOT NULL, part int NOT NULL, "
+    "rows bigint NOT NULL DEFAULT 0, bytes bigint NOT NULL DEFAULT 0, "
+    "PRIMARY KEY (load_id, part))"
+).format(sql.Identifier(*MARKER_TABLE))
+
+
+def missing_schemas(conn: psycopg.Connection[Any], schemas: Iterable[str]) -> list[str]:
+    """The schemas of `schemas` that do not exist, in the order given."""
+    wanted = list(dict.fromkeys(schemas))
+    rows = fetch_all(
+        conn, "SELECT nspname FROM pg_catalog.pg_namespace WHERE nspname = ANY(%s)", (wanted,)
+    )
+    existing = {row[0] for row in rows}
+    return [s for s in wanted if s not in existing]
+
+
+def ensure_schemas(conn: psycopg.Connection[Any], schemas: Iterable[str]) -> None:
+    """Create the schemas that are missing (only those need CREATE on the database)."""
+    for schema in missing_schemas(conn, schemas):
+        execute(conn, create_schema(schema))
+
+
+def ensure_bookkeeping(conn: psycopg.Connection[Any]) -> None:
+    """`_replicator` with its marker and ownership tables."""
+    ensure_schemas(conn, [INTERNAL_SCHEMA])
+    execute(conn, MARKER_DDL)
+    execute(conn, OWNED_DDL)

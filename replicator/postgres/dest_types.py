@@ -1,0 +1,283 @@
+"""Enum, domain and composite types a table uses, created in the destination first.
+
+The closure of user-defined types is read from the source (array elements, domain bases,
+composite attributes, range subtypes), then created deepest-first. Existing enums gain the
+labels they lack, in the source's order. Existing domains take the source's default, NOT NULL
+and checks (a changed domain reloads the table through schema drift, and its new rows must
+fit); a domain whose base type or collation changed fails the table with the fix (PostgreSQL
+cannot change it in place). Existing composites gain attributes added at the end; any other
+difference fails the table with the fix.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+from ..plan.table_sql import TableProblem
+from .database import execute, fetch_all
+from .dest_schema import ensure_schemas
+
+_CLOSURE = """
+WITH RECURSIVE used(oid, depth) AS (
+    SELECT unnest(%s::oid[]), 0
+  UNION ALL
+    SELECT dep.oid, used.depth + 1
+    FROM used JOIN pg_catalog.pg_type ty ON ty.oid = used.oid
+    CROSS JOIN LATERAL (
+        SELECT ty.typelem AS oid WHERE ty.typcategory = 'A' AND ty.typelem <> 0
+        UNION ALL SELECT ty.typbasetype WHERE ty.typtype = 'd'
+        UNION ALL SELECT a.atttypid FROM pg_catalog.pg_attribute a
+                  WHERE ty.typtype = 'c' AND a.attrelid = ty.typrelid
+                    AND a.attnum > 0 AND NOT a.attisdropped
+        UNION ALL SELECT r.rngsubtype FROM pg_catalog.pg_range r WHERE r.rngtypid = ty.oid
+    ) dep
+    WHERE used.depth < 32
+)
+SELECT ty.oid, n.nspname, ty.typname, ty.typtype, max(used.depth) AS depth
+FROM used
+JOIN pg_catalog.pg_type ty ON ty.oid = used.oid
+JOIN pg_catalog.pg_namespace n ON n.oid = ty.typnamespace
+WHERE n.nspname NOT IN ('pg_catalog', 'information_schema')
+  AND (ty.typtype IN ('e', 'd')
+       OR (ty.typtype = 'c' AND (SELECT relkind FROM pg_catalog.pg_class
+                                 WHERE oid = ty.typrelid) = 'c'))
+GROUP BY ty.oid, n.nspname, ty.typname, ty.typtype
+ORDER BY depth DESC, ty.oid
+"""
+_ENUM_LABELS = (
+    "SELECT enumlabel FROM pg_catalog.pg_enum WHERE enumtypid = %s ORDER BY enumsortorder"
+)
+_DOMAIN = """
+SELECT pg_catalog.format_type(typbasetype, typtypmod), typnotnull, typdefault,
+       (SELECT quote_ident(c.collname) FROM pg_catalog.pg_collation c
+        WHERE c.oid = t.typcollation AND t.typcollation <> 0
+          AND c.oid <> (SELECT b.typcollation FROM pg_catalog.pg_type b
+                        WHERE b.oid = t.typbasetype)),
+       ARRAY(SELECT pg_catalog.pg_get_constraintdef(c.oid) FROM pg_catalog.pg_constraint c
+             WHERE c.contypid = t.oid AND c.contype = 'c' ORDER BY c.conname)
+FROM pg_catalog.pg_type t WHERE t.oid = %s
+"""
+_DOMAIN_CHECKS = """
+SELECT c.conname, pg_catalog.pg_get_constraintdef(c.oid) FROM pg_catalog.pg_constraint c
+WHERE c.contypid = %s AND c.contype = 'c' ORDER BY c.conname
+"""
+_COMPOSITE = """
+SELECT a.attname, pg_catalog.format_type(a.atttypid, a.atttypmod)
+FROM pg_catalog.pg_type t JOIN pg_catalog.pg_attribute a ON a.attrelid = t.typrelid
+WHERE t.oid = %s AND a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attnum
+"""
+_EXISTS = """
+SELECT t.oid FROM pg_catalog.pg_type t JOIN pg_catalog.pg_namespace n ON n.oid = t.typnamespace
+WHERE n.nspname = %s AND t.typname = %s
+"""
+
+
+def ensure_types(
+    source: psycopg.Connection[Any], dest: psycopg.Connection[Any], type_oids: Iterable[int]
+) -> list[str]:
+    """Create the user-defined types behind these columns in the destination; return names."""
+    created = []
+    with source.transaction():
+        execute(source, "SET LOCAL search_path = pg_catalog, pg_temp")
+        types = fetch_all(source, _CLOSURE, (sorted(set(type_oids)),))
+        for oid, schema, name, kind, _ in types:
+            qualified = sql.Identifier(schema, name)
+            existing = fetch_all(dest, _EXISTS, (schema, name))
+            ensure_schemas(dest, [schema])
+            if kind == "e":
+                _ensure_enum(source, dest, oid, qualified, existing)
+            elif kind == "d" and existing:
+                _align_domain(source, dest, oid, existing[0][0], qualified)
+            elif existing:
+                _check_composite(source, dest, oid, existing[0][0], qualified)
+            else:
+                ddl = (
+                    _domain(source, oid, qualified)
+                    if kind == "d"
+                    else _composite(source, oid, qualified)
+                )
+                execute(dest, ddl)
+            created.append(f"{schema}.{name}")
+    return created
+
+
+def _ensure_enum(
+    source: psycopg.Connection[Any],
+    dest: psycopg.Connection[Any],
+    oid: int,
+    qualified: sql.Identifier,
+    existing: list[tuple[Any, ...]],
+) -> None:
+    labels = [row[0] for row in fetch_all(source, _ENUM_LABELS, (oid,))]
+    if not existing:
+        execute(
+            dest,
+            sql.SQL("CREATE TYPE {} AS ENUM ({})").format(
+                qualified, sql.SQL(", ").join(map(sql.Literal, labels))
+            ),
+        )
+        return
+    have = [row[0] for row in fetch_all(dest, _ENUM_LABELS, (existing[0][0],))]
+    previous: str | None = None
+    for label in labels:
+        if label not in have:
+            if previous is not None:
+                position = sql.SQL(" AFTER {}").format(sql.Literal(previous))
+            elif have:
+                position = sql.SQL(" BEFORE {}").format(sql.Literal(have[0]))
+            else:
+                position = sql.SQL("")
+            execute(
+                dest,
+                sql.SQL("ALTER TYPE {} ADD VALUE IF NOT EXISTS {}{}").format(
+                    qualified, sql.Literal(label), position
+                ),
+            )
+            have.insert(0 if previous is None else len(have), label)
+        previous = label
+
+
+def _domain(source: psycopg.Connection[Any], oid: int, qualified: sql.Identifier) -> sql.Composed:
+    base, not_null, default, collation, checks = fetch_all(source, _DOMAIN, (oid,))[0]
+    parts = [sql.SQL("CREATE DOMAIN {} AS {}").format(qualified, sql.SQL(base))]
+    if collation:
+        parts.append(sql.SQL("COLLATE {}").format(sql.SQL(collation)))
+    if default is not None:
+        parts.append(sql.SQL("DEFAULT {}").format(sql.SQL(default)))
+    if not_null:
+        parts.append(sql.SQL("NOT NULL"))
+    parts += [sql.SQL(check) for check in checks]
+    return sql.SQL(" ").join(parts)
+
+
+def _align_domain(
+    source: psycopg.Connection[Any],
+    dest: psycopg.Connection[Any],
+    oid: int,
+    dest_oid: int,
+    qualified: sql.Identifier,
+) -> None:
+    """Give an existing destination domain the source's default, NOT NULL and checks.
+
+    New checks are added NOT VALID: the live table's rows are about to be replaced by the
+    source's, which already pass them."""
+    base, not_null, default, collation, _ = fetch_all(source, _DOMAIN, (oid,))[0]
+    have_base, have_not_null, have_default, have_collation, _ = _catalog_rows(
+        dest, _DOMAIN, dest_oid
+    )[0]
+    if (base, collation) != (have_base, have_collation):
+        name = qualified.as_string(dest)
+        raise _drop_by_hand(
+            f"domain {name} is {base} in the source but {have_base} in the destination, and "
+            f"PostgreSQL cannot change a domain's type in place",
+            "DOMAIN",
+            name,
+        )
+    alter = sql.SQL("ALTER DOMAIN {} ").format(qualified)
+    if default != have_default:
+        action = sql.SQL("DROP DEFAULT" if default is None else "SET DEFAULT {}")
+        execute(dest, alter + action.format(sql.SQL(default or "")))
+    if not_null != have_not_null:
+        execute(dest, alter + sql.SQL("SET NOT NULL" if not_null else "DROP NOT NULL"))
+    wanted = {_check_text(d) for _, d in fetch_all(source, _DOMAIN_CHECKS, (oid,))}
+    have = {}
+    for name, definition in _catalog_rows(dest, _DOMAIN_CHECKS, dest_oid):
+        have.setdefault(_check_text(definition), name)
+    for definition, name in have.items():
+        if definition not in wanted:
+            execute(dest, alter + sql.SQL("DROP CONSTRAINT {}").format(sql.Identifier(name)))
+    for definition in sorted(wanted - have.keys()):
+        execute(dest, alter + sql.SQL("ADD {} NOT VALID").format(sql.SQL(definition)))
+
+
+def _catalog_rows(conn: psycopg.Connection[Any], query: str, oid: int) -> list[tuple[Any, ...]]:
+    """A catalog query about one type, with type names printed schema-qualified (as on the
+    source side), whatever the connection's search_path."""
+    with conn.transaction():
+        execute(conn, "SET LOCAL search_path = pg_catalog, pg_temp")
+        return fetch_all(conn, query, (oid,))
+
+
+def _check_text(definition: str) -> str:
+    """A check's definition without the NOT VALID mark (validated or not, same rule)."""
+    return definition.removesuffix(" NOT VALID")
+
+
+def _check_composite(
+    source: psycopg.Connection[Any],
+    dest: psycopg.Connection[Any],
+    oid: int,
+    dest_oid: int,
+    qualified: sql.Identifier,
+) -> None:
+    """An existing destination composite gains the attributes the source added at its end
+    (the live table's values read them as NULL until the swap). Any other difference would
+    change or drop values readers still see: the table fails with the fix."""
+    wanted = fetch_all(source, _COMPOSITE, (oid,))
+    have = _catalog_rows(dest, _COMPOSITE, dest_oid)
+    if wanted[: len(have)] == have:
+        for attribute, type_text in wanted[len(have) :]:
+            execute(
+                dest,
+                sql.SQL("ALTER TYPE {} ADD ATTRIBUTE {} {}").format(
+                    qualified, sql.Identifier(attribute), sql.SQL(type_text)
+                ),
+            )
+        return
+    name = qualified.as_string(dest)
+    raise _drop_by_hand(
+        f"composite type {name} is ({_attributes(wanted)}) in the source but "
+        f"({_attributes(have)}) in the destination; replicator only adds attributes at the end",
+        "TYPE",
+        name,
+    )
+
+
+def _drop_by_hand(problem: str, kind: str, name: str) -> TableProblem:
+    """A type the destination cannot be brought in line with: what differs, and the fix
+    (`name` is already quoted)."""
+    return TableProblem(
+        f"{problem}: drop it in the destination (DROP {kind} {name} CASCADE also drops the "
+        f"columns that use it), then run `replicator sync -f` for the tables that use it"
+    )
+
+
+def _attributes(rows: list[tuple[Any, ...]]) -> str:
+    return ", ".join(f"{name} {type_text}" for name, type_text in rows)
+
+
+def _composite(
+    source: psycopg.Connection[Any], oid: int, qualified: sql.Identifier
+) -> sql.Composed:
+    fields = [
+        sql.SQL("{} {}").format(sql.Identifier(name), sql.SQL(type_text))
+        for name, type_text in fetch_all(source, _COMPOSITE, (oid,))
+    ]
+    return sql.SQL("CREATE TYPE {} AS ({})").format(qualified, sql.SQL(", ").join(fields))
+
+
+def describe_types(conn: psycopg.Connection[Any], type_oids: Iterable[int]) -> dict[str, Any]:
+    """The user-defined types behind these columns, by qualified name, as comparable JSON:
+    enum labels in order, a domain's definition, a composite's attributes."""
+    out: dict[str, Any] = {}
+    with conn.transaction():
+        execute(conn, "SET LOCAL search_path = pg_catalog, pg_temp")
+        for oid, schema, name, kind, _ in fetch_all(conn, _CLOSURE, (sorted(set(type_oids)),)):
+            qualified = f"{schema}.{name}"
+            if kind == "e":
+                labels = [row[0] for row in fetch_all(conn, _ENUM_LABELS, (oid,))]
+                out[qualified] = {"kind": "enum", "labels": labels}
+            elif kind == "d":
+                ident = sql.Identifier(schema, name)
+                out[qualified] = {
+                    "kind": "domain",
+                    "definition": _domain(conn, oid, ident).as_string(conn),
+                }
+            else:
+                attributes = [list(row) for row in fetch_all(conn, _COMPOSITE, (oid,))]
+                out[qualified] = {"kind": "composite", "attributes": attributes}
+    return out

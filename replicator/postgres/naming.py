@@ -1,0 +1,51 @@
+"""Names the tool derives for its own objects (staging tables) from any source identifier.
+
+Derived names must never collide or be truncated into each other at PostgreSQL's 63-byte
+limit: each carries a hash of the full target name and a readable, byte-safe prefix of it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+from ..identifiers import MAX_IDENTIFIER_BYTES, TableName
+
+INTERNAL_SCHEMA = "_replicator"
+
+
+def _truncate_bytes(text: str, limit: int) -> str:
+    encoded = text.encode()[:limit]
+    return encoded.decode(errors="ignore")
+
+
+def derived_name(kind: str, target: TableName) -> str:
+    """`<kind>_<hash>_<readable target>`, at most 63 bytes, unique per (kind, target)."""
+    digest = hashlib.sha256(f"{target.schema}\0{target.name}".encode()).hexdigest()[:10]
+    head = f"{kind}_{digest}_"
+    room = MAX_IDENTIFIER_BYTES - len(head.encode())
+    return head + _truncate_bytes(f"{target.schema}.{target.name}", room)
+
+
+def staging_table(target: TableName) -> TableName:
+    """The UNLOGGED table a batch for `target` is staged in before the merge."""
+    return TableName(INTERNAL_SCHEMA, derived_name("stg", target))
+
+
+def retired_table(target: TableName) -> TableName:
+    """Where the swap puts the replaced table, beside the new one, until it is dropped after
+    the commit (freeing a big table's files must not happen while readers wait)."""
+    return TableName(target.schema, derived_name("old", target))
+
+
+def retired_key_name(target: TableName) -> str:
+    """The replaced table's primary key, renamed so the new table can take its name."""
+    return derived_name("oldkey", target)
+
+
+def default_key_name(target: TableName, number: int = 0) -> str:
+    """PostgreSQL's own name for the table's primary key (makeObjectName): the table name cut
+    at a character boundary so `_pkey` still fits in 63 bytes; `number` > 0 gives the
+    `_pkey1`, `_pkey2`... it falls back to when that name is taken in the schema."""
+    label = f"pkey{number}" if number else "pkey"
+    room = MAX_IDENTIFIER_BYTES - len(label) - 1
+    return f"{_truncate_bytes(target.name, room)}_{label}"

@@ -1,0 +1,107 @@
+"""Which destination tables replicator owns: only those may be replaced, dropped or merged into.
+
+A table the tool creates (a full load's swap, a start without backfill) or that a user hands
+over (`replicator adopt`, `initial_load: skip` on a matching table) is recorded in
+`_replicator.owned_tables` by OID, in the transaction that puts it in place. A destination
+table that exists without such a record was made by someone else: its sync fails with the fix
+instead of replacing it. OIDs, not names: a table dropped and created again by hand under the
+same name is not the tool's any more.
+
+Tables loaded by a replicator version that kept no records are recognized once by their
+sync-state (a load recorded there, and no record of any table under that name) and recorded
+then.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import psycopg
+from psycopg import sql
+
+from ..identifiers import TableName
+from ..project.state import TableState
+from .database import execute, fetch_all
+from .naming import INTERNAL_SCHEMA
+
+OWNED_TABLE = TableName(INTERNAL_SCHEMA, "owned_tables")
+OWNED_DDL = sql.SQL(
+    "CREATE TABLE IF NOT EXISTS {} (table_oid oid PRIMARY KEY, schema_name text NOT NULL, "
+    "table_name text NOT NULL, recorded_at timestamptz NOT NULL DEFAULT now())"
+).format(sql.Identifier(OWNED_TABLE.schema, OWNED_TABLE.name))
+
+# missing: no destination table; owned: recorded as the tool's; legacy: loaded by an earlier
+# version (see above); foreign: someone else's, never replaced.
+Ownership = Literal["missing", "owned", "legacy", "foreign"]
+
+_RECORDS = """
+SELECT o.table_oid, o.table_oid = %(oid)s
+FROM {registry} AS o
+WHERE o.table_oid = %(oid)s OR (o.schema_name = %(schema)s AND o.table_name = %(name)s)
+"""
+
+
+@dataclass(frozen=True)
+class Records:
+    """What the registry says about one destination table."""
+
+    this_oid: bool  # the table that exists now is recorded
+    same_name: bool  # some table of this name was recorded (maybe one dropped since)
+
+
+def classify(exists: bool, records: Records, state: TableState | None) -> Ownership:
+    """Pure: whose the destination table is."""
+    if not exists:
+        return "missing"
+    if records.this_oid:
+        return "owned"
+    loaded_before = state is not None and state.last_synced_at is not None
+    if loaded_before and state.schema_signature is not None and not records.same_name:
+        return "legacy"
+    return "foreign"
+
+
+def read_records(dest: psycopg.Connection[Any], target: TableName, oid: int | None) -> Records:
+    """The registry's rows for the table (none when the registry does not exist yet)."""
+    (exists,) = execute(dest, "SELECT to_regclass(%s) IS NOT NULL", (OWNED_TABLE.sql(),)).fetchone()
+    if not exists or oid is None:
+        return Records(False, False)
+    query = sql.SQL(_RECORDS).format(registry=sql.Identifier(OWNED_TABLE.schema, OWNED_TABLE.name))
+    rows = fetch_all(dest, query, {"oid": oid, "schema": target.schema, "name": target.name})
+    return Records(any(row[1] for row in rows), bool(rows))
+
+
+def record_owned(dest: psycopg.Connection[Any], target: TableName) -> None:
+    """Record the table now at `target` as the tool's, forgetting earlier tables of that name
+    and records of tables that no longer exist. Run it in the transaction that put the table
+    there (or adopted it), after `OWNED_DDL`."""
+    registry = sql.Identifier(OWNED_TABLE.schema, OWNED_TABLE.name)
+    execute(
+        dest,
+        sql.SQL(
+            "DELETE FROM {r} AS o WHERE (o.schema_name = %(schema)s AND o.table_name = %(name)s) "
+            "OR NOT EXISTS (SELECT FROM pg_catalog.pg_class c WHERE c.oid = o.table_oid)"
+        ).format(r=registry),
+        {"schema": target.schema, "name": target.name},
+    )
+    execute(
+        dest,
+        sql.SQL(
+            "INSERT INTO {r} (table_oid, schema_name, table_name) VALUES (%(table)s::regclass, "
+            "%(schema)s, %(name)s) ON CONFLICT (table_oid) DO UPDATE SET "
+            "schema_name = EXCLUDED.schema_name, table_name = EXCLUDED.table_name, "
+            "recorded_at = now()"
+        ).format(r=registry),
+        {"table": target.sql(), "schema": target.schema, "name": target.name},
+    )
+
+
+def not_owned_fix(target: TableName, written_name: str) -> str:
+    """What to do about a destination table the tool did not create."""
+    return (
+        f"replicator never replaces a table it did not create: drop or rename {target}, run "
+        f"`replicator adopt {written_name}` to hand it over (the next sync reloads it from "
+        'the source), or set "initial_load": "skip" for the table to keep its rows and '
+        "continue from the source's newest key (its columns must match the source's)"
+    )

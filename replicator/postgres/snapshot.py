@@ -1,0 +1,43 @@
+"""An exported source snapshot: one REPEATABLE READ transaction that Spark tasks import.
+
+It stays open until every task has imported it; the cursor and partition bounds are read
+inside it, so they describe exactly the rows the tasks copy.
+"""
+
+from __future__ import annotations
+
+from types import TracebackType
+from typing import Any
+
+import psycopg
+
+from ..failpoints import failpoint
+from .database import connect, execute
+
+
+class ExportedSnapshot:
+    """`with ExportedSnapshot(url) as snap:` holds the snapshot open for the block."""
+
+    def __init__(self, source_url: str) -> None:
+        self.source_url = source_url
+        self.conn: psycopg.Connection[Any] | None = None
+        self.snapshot_id = ""
+
+    def __enter__(self) -> ExportedSnapshot:
+        self.conn = connect(self.source_url, "source")
+        execute(self.conn, "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+        (self.snapshot_id,) = execute(self.conn, "SELECT pg_export_snapshot()").fetchone()
+        failpoint("after-snapshot-export")
+        return self
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        value: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if self.conn is not None:
+            try:
+                self.conn.execute("ROLLBACK")
+            finally:
+                self.conn.close()

@@ -1,0 +1,362 @@
+"""tables-config.json: parsed and validated into frozen objects, or one error per problem.
+
+Every problem names the file, the JSON path (`tables[1].replication_key`), what was expected
+and, for a misspelt key or value, the nearest valid one. Keys starting with `//` are comments.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+from pathlib import Path
+from typing import Annotated, Any, Literal, get_args
+
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    model_validator,
+)
+
+from ..errors import ConfigError
+from ..identifiers import TableName, parse_column
+from ..postgres.naming import INTERNAL_SCHEMA
+
+CONFIG_FILE = "tables-config.json"
+MODES = ("incremental-deduped", "incremental-append", "full-refresh")
+Mode = Literal["incremental-deduped", "incremental-append", "full-refresh"]
+# What a table whose source schema changed does: reload alone (default), or fail alone.
+SchemaPolicy = Literal["full_reload", "fail"]
+# "skip": the first sync copies no existing row; it starts at the source's newest key.
+InitialLoad = Literal["full", "skip"]
+
+
+def _table_name(value: Any) -> TableName:
+    if isinstance(value, TableName):
+        return value
+    if not isinstance(value, str):
+        raise ValueError('expected a string like "schema.table"')
+    return TableName.parse(value)
+
+
+def _column(value: Any) -> str:
+    if not isinstance(value, str):
+        raise ValueError("expected a column name (string)")
+    return parse_column(value)
+
+
+def _http_url(value: str) -> str:
+    if not value.startswith(("http://", "https://")):
+        raise ValueError("expected an http:// or https:// URL")
+    return value
+
+
+def _spark_keys(conf: dict[str, str]) -> dict[str, str]:
+    bad = [key for key in conf if not key.startswith("spark.")]
+    if bad:
+        raise ValueError(f"Spark settings start with 'spark.': {', '.join(bad)}")
+    return conf
+
+
+def _not_empty(value: tuple[Any, ...]) -> tuple[Any, ...]:
+    if not value:
+        raise ValueError("expected at least one entry")
+    return value
+
+
+def _distinct_tables(tables: tuple[TableConfig, ...]) -> tuple[TableConfig, ...]:
+    if not tables:
+        raise ValueError("expected at least one table")
+    for what, names in (
+        ("source table", [t.name for t in tables]),
+        ("destination table", [t.target for t in tables]),
+    ):
+        seen: set[TableName] = set()
+        for name in names:
+            if name in seen:
+                raise ValueError(f"{what} {name} is listed twice")
+            seen.add(name)
+    return tables
+
+
+def _check_destination_schema(target: TableName) -> None:
+    """Schemas replicator must never write a table into: its own bookkeeping schema, and
+    PostgreSQL's system schemas."""
+    schema = target.schema
+    if schema == INTERNAL_SCHEMA:
+        why = "replicator's own bookkeeping schema (partition markers, ownership records)"
+    elif schema.startswith("pg_") or schema == "information_schema":
+        why = "a PostgreSQL system schema"
+    else:
+        return
+    raise ValueError(
+        f'destination {target} is in {why}; set "destination" to a table in another '
+        'schema (e.g. "warehouse.<table>")'
+    )
+
+
+TableNameField = Annotated[TableName, BeforeValidator(_table_name)]
+ColumnField = Annotated[str, BeforeValidator(_column)]
+# strict=False: a JSON list becomes the tuple (a string is still refused).
+ColumnList = Annotated[tuple[ColumnField, ...], Field(strict=False), AfterValidator(_not_empty)]
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(
+        extra="forbid", frozen=True, strict=True, arbitrary_types_allowed=True
+    )
+
+
+class TableConfig(_Frozen):
+    """One replicated table: where it comes from, where it goes, and how it is kept in sync."""
+
+    name: TableNameField
+    replication_key: ColumnField | None = None
+    mode: Mode | None = None
+    # strict=False: a JSON list becomes the tuple (a string is still refused).
+    primary_key: ColumnList | None = None
+    destination: TableNameField | None = None
+    partitions: Annotated[int, Field(ge=1, le=10_000)] | None = None
+    lookback: Annotated[int, Field(ge=0, le=86_400)] = 5
+    # None: the top-level `on_schema_change` (resolved when the project config is read).
+    on_schema_change: SchemaPolicy | None = None
+    initial_load: InitialLoad = "full"
+    # The name exactly as written in the config: the webhook and logs use it.
+    written_name: str = Field(default="", exclude=True)
+
+    @model_validator(mode="after")
+    def _default_mode(self) -> TableConfig:
+        if self.mode is None:
+            if self.replication_key is None:
+                raise ValueError(
+                    'set "replication_key" for an incremental table, '
+                    'or "mode": "full-refresh" to reload it every run'
+                )
+            object.__setattr__(self, "mode", "incremental-deduped")
+        elif self.mode != "full-refresh" and self.replication_key is None:
+            raise ValueError(f'mode "{self.mode}" needs a "replication_key"')
+        if self.initial_load == "skip" and self.mode == "full-refresh":
+            raise ValueError(
+                '"initial_load": "skip" needs an incremental mode (full-refresh copies '
+                "every row every run)"
+            )
+        if self.destination is None:
+            object.__setattr__(self, "destination", self.name)
+        _check_destination_schema(self.target)
+        return self
+
+    @property
+    def target(self) -> TableName:
+        """The destination table (defaults to the source's name)."""
+        assert self.destination is not None
+        return self.destination
+
+
+class WebhookConfig(_Frozen):
+    url: Annotated[str, AfterValidator(_http_url)]
+    secret: str | None = None
+
+
+class SparkConfig(_Frozen):
+    master: str | None = None
+    # Batches (and tables) estimated below this many rows are copied by the replicator
+    # process itself, with the same COPY streaming: no JVM start for a small batch.
+    min_rows: Annotated[int, Field(ge=0)] = 500_000
+    conf: Annotated[dict[str, str], AfterValidator(_spark_keys)] = Field(default_factory=dict)
+
+
+class ProjectConfig(_Frozen):
+    """The whole tables-config.json."""
+
+    tables: Annotated[
+        tuple[TableConfig, ...], Field(strict=False), AfterValidator(_distinct_tables)
+    ]
+    webhook: WebhookConfig | None = None
+    spark: SparkConfig = Field(default_factory=SparkConfig)
+    on_schema_change: SchemaPolicy = "full_reload"
+
+    @model_validator(mode="after")
+    def _inherit_schema_policy(self) -> ProjectConfig:
+        for table in self.tables:
+            if table.on_schema_change is None:
+                object.__setattr__(table, "on_schema_change", self.on_schema_change)
+        return self
+
+    def find(self, text: str) -> TableConfig:
+        """The configured table a user named on the command line (schema optional if unique)."""
+        return find_table(self.tables, text)
+
+
+def find_table(tables: tuple[TableConfig, ...], text: str) -> TableConfig:
+    """Resolve a table named on the command line; exit 2 if it is not configured."""
+    from ..identifiers import _split
+
+    try:
+        parts = _split(text.strip())
+    except ValueError as exc:
+        raise ConfigError([f"{text}: {exc}"]) from None
+    if len(parts) == 2:
+        matches = [t for t in tables if t.name == TableName(*parts)]
+    elif len(parts) == 1:
+        matches = [t for t in tables if t.name.name == parts[0]]
+    else:
+        matches = []
+    if len(matches) == 1:
+        return matches[0]
+    known = [str(t.name) for t in tables]
+    if len(matches) > 1:
+        hint = "it is ambiguous; qualify it with its schema"
+    else:
+        close = difflib.get_close_matches(text, known, n=1)
+        hint = f"did you mean {close[0]}?" if close else f"configured: {', '.join(known)}"
+    raise ConfigError([f"table {text} is not in {CONFIG_FILE}: {hint}"])
+
+
+# ---------------------------------------------------------------- loading and errors
+
+_MODELS: dict[str, type[BaseModel]] = {
+    "": ProjectConfig,
+    "tables": TableConfig,
+    "webhook": WebhookConfig,
+    "spark": SparkConfig,
+}
+
+
+def load_config(project_dir: Path) -> ProjectConfig:
+    """Read and validate `<project>/tables-config.json`; raise ConfigError listing problems."""
+    path = project_dir / CONFIG_FILE
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(
+            [
+                f"{path}: not found; create a project with `replicator init DIR` "
+                "or pass --project-dir"
+            ]
+        ) from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError([f"{path}: cannot read: {exc}"]) from None
+    return parse_config(text, str(path))
+
+
+def parse_config(text: str, filename: str = CONFIG_FILE) -> ProjectConfig:
+    """Validate the JSON text of a config file; `filename` prefixes every error."""
+    try:
+        document = json.loads(text, object_pairs_hook=_no_duplicate_keys)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(
+            [f"{filename}:{exc.lineno}:{exc.colno}: invalid JSON: {exc.msg}"]
+        ) from None
+    except _DuplicateKey as exc:
+        raise ConfigError([f"{filename}: duplicate key {exc.args[0]!r} in one object"]) from None
+    document = _strip_comments(document)
+    if not isinstance(document, dict):
+        raise ConfigError([f'{filename}: expected a JSON object like {{"tables": [...]}}'])
+    written = _written_names(document)
+    try:
+        config = ProjectConfig.model_validate(document)
+    except ValidationError as exc:
+        raise ConfigError([_describe(err, filename) for err in exc.errors()]) from None
+    for table, name in zip(config.tables, written, strict=True):
+        object.__setattr__(table, "written_name", name)
+    return config
+
+
+class _DuplicateKey(ValueError):
+    pass
+
+
+def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    result: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in result:
+            raise _DuplicateKey(key)
+        result[key] = value
+    return result
+
+
+def _strip_comments(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _strip_comments(v) for k, v in value.items() if not k.startswith("//")}
+    if isinstance(value, list):
+        return [_strip_comments(v) for v in value]
+    return value
+
+
+def _written_names(document: dict[str, Any]) -> list[str]:
+    tables = document.get("tables")
+    if not isinstance(tables, list):
+        return []
+    return [t.get("name") if isinstance(t, dict) else "" for t in tables]
+
+
+def json_path(loc: tuple[int | str, ...]) -> str:
+    """`('tables', 1, 'mode')` -> `tables[1].mode`."""
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out or "(top level)"
+
+
+def _describe(err: dict[str, Any], filename: str) -> str:
+    loc = tuple(p for p in err["loc"] if p not in ("function-after[_http_url(), str]",))
+    loc = _drop_validator_frames(loc)
+    path = json_path(loc)
+    kind, value = err["type"], err.get("input")
+    if kind == "extra_forbidden":
+        key = str(loc[-1])
+        allowed = _allowed_keys(loc[:-1])
+        close = difflib.get_close_matches(key, allowed, n=1, cutoff=0.6)
+        hint = f'did you mean "{close[0]}"?' if close else f"expected one of: {', '.join(allowed)}"
+        return f"{filename}: {path}: unknown key; {hint}"
+    if kind == "missing":
+        return f"{filename}: {path}: required key is missing"
+    if kind == "literal_error" and loc and loc[-1] in _CHOICES:
+        choices = _CHOICES[str(loc[-1])]
+        close = difflib.get_close_matches(str(value), choices, n=1)
+        hint = f'; did you mean "{close[0]}"?' if close else ""
+        return f"{filename}: {path}: expected one of {', '.join(choices)}, got {value!r}{hint}"
+    if kind == "value_error":
+        msg = str(err["msg"]).removeprefix("Value error, ")
+        got = "" if "got " in msg or isinstance(value, dict) else f", got {_short(value)}"
+        return f"{filename}: {path}: {msg}{got}"
+    expected = _EXPECTED.get(kind, str(err["msg"]))
+    return f"{filename}: {path}: {expected}, got {_short(value)}"
+
+
+_CHOICES: dict[str, tuple[str, ...]] = {
+    "mode": MODES,
+    "on_schema_change": get_args(SchemaPolicy),
+    "initial_load": get_args(InitialLoad),
+}
+_EXPECTED = {
+    "string_type": "expected a string",
+    "tuple_type": "expected a list",
+    "list_type": "expected a list",
+    "dict_type": "expected an object",
+    "model_type": "expected an object",
+    "model_attributes_type": "expected an object",
+    "bool_type": "expected true or false",
+    "int_type": "expected a whole number",
+    "greater_than_equal": "expected a number >= 1",
+    "less_than_equal": "expected a smaller number",
+}
+
+
+def _drop_validator_frames(loc: tuple[Any, ...]) -> tuple[Any, ...]:
+    """pydantic adds frames like 'function-before[...]' to a location; a user never wrote them."""
+    return tuple(p for p in loc if not (isinstance(p, str) and "[" in p and "(" in p))
+
+
+def _allowed_keys(parent: tuple[Any, ...]) -> list[str]:
+    named = [p for p in parent if isinstance(p, str)]
+    model = _MODELS.get(named[-1] if named else "", ProjectConfig)
+    return [name for name, f in model.model_fields.items() if not f.exclude]
+
+
+def _short(value: Any) -> str:
+    text = json.dumps(value, ensure_ascii=False, default=str)
+    return text if len(text) <= 60 else text[:57] + "..."

@@ -1,0 +1,139 @@
+"""Connection strings and overrides, from the environment or else `<project>/.env`.
+
+Passwords live here, never in tables-config.json or sync-state; every value read is
+registered with `redact` before anything can print it.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from dotenv import dotenv_values
+from psycopg.conninfo import conninfo_to_dict
+
+from ..errors import ConfigError
+from ..redact import redact, register_connection_string, register_secret
+
+SOURCE_URL = "REPLICATOR_SOURCE_URL"
+DEST_URL = "REPLICATOR_DEST_URL"
+WEBHOOK_URL = "REPLICATOR_WEBHOOK_URL"
+WEBHOOK_SECRET = "REPLICATOR_WEBHOOK_SECRET"
+SPARK_MASTER = "REPLICATOR_SPARK_MASTER"
+SPARK_MIN_ROWS = "REPLICATOR_SPARK_MIN_ROWS"
+PROGRESS_INTERVAL = "REPLICATOR_PROGRESS_INTERVAL"
+DEFAULT_PROGRESS_INTERVAL = 10.0
+
+
+@dataclass(frozen=True)
+class Environment:
+    """The process environment layered over `<project>/.env` (the environment wins)."""
+
+    values: Mapping[str, str]
+    dotenv_path: Path
+
+    @classmethod
+    def load(cls, project_dir: Path) -> Environment:
+        path = project_dir / ".env"
+        file_values: dict[str, str] = {}
+        if path.is_file():
+            # No ${VAR} interpolation: a password such as `pa$${HOME}` is read as written.
+            values = dotenv_values(path, interpolate=False)
+            file_values = {k: v for k, v in values.items() if v is not None}
+        merged = {**file_values, **{k: v for k, v in os.environ.items() if v != ""}}
+        for name in (WEBHOOK_SECRET, "PGPASSWORD"):
+            register_secret(merged.get(name))
+        for name in (SOURCE_URL, DEST_URL):
+            register_connection_string(merged.get(name))
+        return cls(merged, path)
+
+    def get(self, name: str) -> str | None:
+        return self.values.get(name)
+
+    def connection(self, name: str) -> str:
+        """A libpq connection string, checked for syntax; exit 2 when missing or malformed."""
+        value = self.optional_connection(name)
+        if value is None:
+            raise ConfigError(
+                [
+                    f"{name} is not set: export it or add it to {self.dotenv_path} "
+                    f"(a libpq URI such as postgresql://user@host:5432/db, or key=value pairs)"
+                ]
+            )
+        return value
+
+    def optional_connection(self, name: str) -> str | None:
+        """The connection string when set (checked like `connection`), else None."""
+        value = self.values.get(name)
+        if not value:
+            return None
+        problem = uri_userinfo_problem(value)
+        if problem:
+            raise ConfigError([f"{name}: {problem}"])
+        try:
+            conninfo_to_dict(value)
+        except Exception as exc:
+            raise ConfigError(
+                [f"{name} is not a valid libpq connection string: {redact(str(exc).strip())}"]
+            ) from None
+        return value
+
+
+_URI_SCHEMES = ("postgresql://", "postgres://")
+
+
+def uri_userinfo_problem(value: str) -> str | None:
+    """Why libpq would read a URI's user and password other than as written, or None.
+
+    libpq ends the user and password at the first `@` (or at a `/` before any `@`): in
+    `postgresql://u:p@ss@host/db` it connects to host `ss@host` with password `p`, and the
+    rest of the password ends up in its error messages. Such a URI is refused up front."""
+    if not value.strip().lower().startswith(_URI_SCHEMES):
+        return None  # key=value strings quote their values
+    before_query = value.strip().split("://", 1)[1].split("?", 1)[0]
+    authority, _, path = before_query.partition("/")
+    if authority.count("@") > 1 or "@" in path:
+        return (
+            "the URI has more than one '@' before its host (or one after a '/'), so libpq "
+            "would cut the user name or password short: percent-encode '@' as %40 and '/' "
+            "as %2F in them (postgresql://user:p%40ss@host/db), or use key=value pairs "
+            "(host=... user=... password='p@ss')"
+        )
+    return None
+
+
+@dataclass(frozen=True)
+class Connections:
+    """The two databases a sync talks to."""
+
+    source: str
+    destination: str
+
+    @classmethod
+    def from_environment(cls, env: Environment) -> Connections:
+        problems: list[str] = []
+        urls: dict[str, str] = {}
+        for name in (SOURCE_URL, DEST_URL):
+            try:
+                urls[name] = env.connection(name)
+            except ConfigError as exc:
+                problems.extend(exc.problems)
+        if problems:
+            raise ConfigError(problems)
+        return cls(urls[SOURCE_URL], urls[DEST_URL])
+
+
+def progress_interval(env: Environment) -> float:
+    """Seconds between progress log lines off a terminal (exit 2 when not a number > 0)."""
+    value = env.get(PROGRESS_INTERVAL)
+    if value is None:
+        return DEFAULT_PROGRESS_INTERVAL
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = 0.0
+    if not seconds > 0:
+        raise ConfigError([f"{PROGRESS_INTERVAL} must be a number of seconds > 0, got {value!r}"])
+    return seconds

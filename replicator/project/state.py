@@ -1,0 +1,193 @@
+"""sync-state: one JSON file per table, written atomically, read strictly.
+
+The folder is the pipeline's memory and is portable: copy it to another host and the next run
+continues incrementally. A file that cannot be trusted is an error naming it, never a silent
+reset (a reset would mean a full reload the user did not ask for).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from ..errors import StateError
+from ..failpoints import failpoint
+from ..identifiers import TableName
+
+FORMAT_VERSION = 1
+STATE_DIR = "sync-state"
+_SAFE = frozenset("abcdefghijklmnopqrstuvwxyz0123456789_-")
+_MAX_STEM = 200
+
+
+class _Record(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Cursor(_Record):
+    """A replication-key value exactly as PostgreSQL printed it, with its type."""
+
+    value: str
+    type: str
+
+
+class Pending(_Record):
+    """A cursor not yet safe: source transactions (xids) were in progress when it was read.
+
+    It becomes the cursor once all of them have ended: until then one of them could still
+    commit a row with a key below it."""
+
+    value: str
+    xids: list[str]
+
+
+class Window(_Record):
+    """Fingerprint of the rows at or past the cursor when they were last read: if the
+    source still gives the same one, nothing changed and the run is a no-op."""
+
+    rows: int
+    hash: str
+    max: str | None = None
+
+
+class RunOutcome(_Record):
+    """What the last sync did to this table."""
+
+    run_id: str
+    started_at: str
+    finished_at: str
+    status: Literal["success", "failure"]
+    action: str | None = None
+    rows: int | None = None
+    reason: str | None = None
+    error: str | None = None
+
+
+class TableState(_Record):
+    """Everything the next run needs to continue this table incrementally."""
+
+    format_version: int = FORMAT_VERSION
+    table: str
+    cursor: Cursor | None = None
+    pending: Pending | None = None
+    window: Window | None = None
+    schema_signature: dict[str, Any] | None = None
+    pending_full_reload: bool = False
+    pending_reason: str | None = None
+    last_synced_at: str | None = None
+    last_run: RunOutcome | None = None
+
+
+def state_file_stem(name: TableName) -> str:
+    """A file name for any identifier, the same on every OS (case-insensitive ones too).
+
+    Lower-case ASCII letters, digits, `_` and `-` stay; every other byte is `%XX`, so
+    `"Orders"` and `orders` never share a file. Over-long names keep a hash of the full name.
+    """
+    stem = f"{_escape(name.schema)}.{_escape(name.name)}"
+    if len(stem) > _MAX_STEM:
+        digest = hashlib.sha256(f"{name.schema}\0{name.name}".encode()).hexdigest()[:16]
+        stem = f"{stem[: _MAX_STEM - 17]}~{digest}"
+    return stem
+
+
+def _escape(part: str) -> str:
+    return "".join(ch if ch in _SAFE else "".join(f"%{b:02X}" for b in ch.encode()) for ch in part)
+
+
+class StateStore:
+    """Reads and writes the sync-state folder of a project."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+
+    def path_for(self, name: TableName) -> Path:
+        return self.directory / f"{state_file_stem(name)}.json"
+
+    def read(self, name: TableName) -> TableState | None:
+        """The table's state, None when it has none; StateError when the file is unusable."""
+        path = self.path_for(name)
+        try:
+            raw = path.read_bytes()
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            raise StateError(f"{path}: cannot read sync-state: {exc}") from None
+        return _parse(raw, path, name)
+
+    def write(self, state: TableState, name: TableName) -> Path:
+        """Replace the table's state atomically: temp file, fsync, rename, fsync the folder."""
+        self.directory.mkdir(parents=True, exist_ok=True)
+        path = self.path_for(name)
+        data = json.dumps(state.model_dump(mode="json"), indent=2, ensure_ascii=False) + "\n"
+        tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+        with open(tmp, "w", encoding="utf-8") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        failpoint("state-before-rename")
+        os.replace(tmp, path)
+        _fsync_dir(self.directory)
+        self._remove_stale_temps(path)
+        return path
+
+    def delete(self, name: TableName) -> bool:
+        """Forget the table's state (its next sync is a full reload); False if it had none."""
+        path = self.path_for(name)
+        try:
+            path.unlink()
+        except FileNotFoundError:
+            return False
+        _fsync_dir(self.directory)
+        return True
+
+    def _remove_stale_temps(self, path: Path) -> None:
+        for stale in self.directory.glob(f".{path.name}.tmp-*"):
+            with contextlib.suppress(OSError):
+                stale.unlink()
+
+
+def _parse(raw: bytes, path: Path, name: TableName) -> TableState:
+    fix = (
+        f"restore it from a copy, or run `replicator state reset {name}` "
+        "(the next sync then reloads the table in full)"
+    )
+    try:
+        document = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise StateError(f"{path}: corrupt or truncated sync-state file ({exc}); {fix}") from None
+    if not isinstance(document, dict):
+        raise StateError(f"{path}: corrupt sync-state file (not a JSON object); {fix}")
+    version = document.get("format_version")
+    if not isinstance(version, int) or isinstance(version, bool):
+        raise StateError(f"{path}: corrupt sync-state file (no format_version); {fix}")
+    if version > FORMAT_VERSION:
+        raise StateError(
+            f"{path}: written by a newer replicator (state format {version}; this version "
+            f"reads format {FORMAT_VERSION}): upgrade replicator, or {fix}"
+        )
+    try:
+        state = TableState.model_validate(document)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        raise StateError(
+            f"{path}: corrupt sync-state file ({where}: {first['msg']}); {fix}"
+        ) from None
+    if state.table != str(name):
+        raise StateError(f"{path}: holds the state of {state.table}, not {name}; {fix}")
+    return state
+
+
+def _fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

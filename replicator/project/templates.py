@@ -1,0 +1,160 @@
+"""Jinja SQL: built-in macros, project macros that shadow them by name, and per-table models.
+
+Every macro name resolves late, through the registry, so a project's `macros/*.sql` that
+defines `merge_deduped` replaces the built-in everywhere, including inside other macros.
+Rendered SQL is parsed by sqlglot; a syntax error names the file and line.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import jinja2
+import sqlglot
+from jinja2 import nodes
+from sqlglot import exp
+
+from ..errors import ReplicatorError
+from ..identifiers import TableName, quote_ident
+
+MODELS_DIR = "models"
+MACROS_DIR = "macros"
+
+
+class TemplateError(ReplicatorError):
+    """A model or macro does not render or does not parse; names the file and line."""
+
+
+@dataclass(frozen=True)
+class Model:
+    """A table's extraction SELECT, rendered; `origin` is the file it came from."""
+
+    sql: str
+    origin: str
+    is_default: bool
+    # The built-in default_model, not shadowed: a plain SELECT of the source's columns.
+    reads_table_as_is: bool = False
+
+
+class _LazyMacro:
+    """Stands for a macro by name; looks the winning definition up when called."""
+
+    def __init__(self, registry: dict[str, Callable[..., str]], name: str) -> None:
+        self._registry, self._name = registry, name
+
+    def __call__(self, *args: Any, **kwargs: Any) -> str:
+        return str(self._registry[self._name](*args, **kwargs))
+
+
+class Templates:
+    """The Jinja environment of one project."""
+
+    def __init__(self, project_dir: Path) -> None:
+        self.project_dir = project_dir
+        self.env = jinja2.Environment(
+            undefined=jinja2.StrictUndefined, keep_trailing_newline=False, autoescape=False
+        )
+        self.registry: dict[str, Callable[..., str]] = {}
+        self.origins: dict[str, str] = {}
+        self.namespace: dict[str, Any] = {"quote": quote_ident}
+        sources = [*_builtin_sources(), *self._project_sources()]
+        parsed = [(origin, text, self._parse(origin, text)) for origin, text in sources]
+        for _, _, tree in parsed:
+            for node in tree.find_all(nodes.Macro):
+                self.namespace[node.name] = _LazyMacro(self.registry, node.name)
+        for origin, text, tree in parsed:  # later sources (the project's) win
+            module = self.env.from_string(text, globals=self.namespace).module
+            for node in tree.find_all(nodes.Macro):
+                self.registry[node.name] = getattr(module, node.name)
+                self.origins[node.name] = origin
+
+    def _project_sources(self) -> list[tuple[str, str]]:
+        folder = self.project_dir / MACROS_DIR
+        if not folder.is_dir():
+            return []
+        return [(str(p), p.read_text(encoding="utf-8")) for p in sorted(folder.rglob("*.sql"))]
+
+    def _parse(self, origin: str, text: str) -> nodes.Template:
+        try:
+            return self.env.parse(text)
+        except jinja2.TemplateSyntaxError as exc:
+            raise TemplateError(f"{origin}:{exc.lineno}: {exc.message}") from None
+
+    def call(self, macro: str, **kwargs: Any) -> str:
+        """Render a macro by name (the project's definition if it has one)."""
+        if macro not in self.registry:
+            raise TemplateError(f"no macro named {macro} (built-in or in {MACROS_DIR}/)")
+        definition = self.registry[macro]
+        if not getattr(definition, "catch_kwargs", True):
+            # A project macro written for fewer arguments keeps working as the built-in grows.
+            declared = set(getattr(definition, "arguments", kwargs))
+            kwargs = {k: v for k, v in kwargs.items() if k in declared}
+        try:
+            return self.namespace[macro](**kwargs).strip()
+        except jinja2.TemplateError as exc:
+            raise TemplateError(f"{self.origins[macro]}: macro {macro}: {exc}") from None
+
+    def model_path(self, name: TableName) -> Path:
+        """Where a table's model override lives: models/<schema>/<table>.sql."""
+        return (
+            self.project_dir / MODELS_DIR / _path_part(name.schema) / f"{_path_part(name.name)}.sql"
+        )
+
+    def model(self, name: TableName, columns: list[str]) -> Model:
+        """The table's extraction SELECT: the project's model file, else `default_model`."""
+        context = {
+            "source": name.sql(),
+            "columns": [quote_ident(c) for c in columns],
+            "source_schema": name.schema,
+            "source_table": name.name,
+        }
+        path = self.model_path(name)
+        if not path.is_file():
+            text = self.call("default_model", source=context["source"], columns=context["columns"])
+            builtin = self.origins["default_model"].startswith("built-in")
+            origin = f"macro default_model ({self.origins['default_model']})"
+            return Model(validate_select(text, origin), origin, True, builtin)
+        origin = str(path.relative_to(self.project_dir))
+        source = path.read_text(encoding="utf-8")
+        self._parse(origin, source)
+        try:
+            text = self.env.from_string(source, globals=self.namespace).render(context)
+        except jinja2.TemplateError as exc:
+            line = getattr(exc, "lineno", None)
+            raise TemplateError(f"{origin}{f':{line}' if line else ''}: {exc}") from None
+        return Model(validate_select(text, origin), origin, False)
+
+
+def _builtin_sources() -> list[tuple[str, str]]:
+    folder = resources.files("replicator.project") / "macros"
+    return [
+        (f"built-in macro {entry.name}", entry.read_text(encoding="utf-8"))
+        for entry in sorted(folder.iterdir(), key=lambda e: e.name)
+        if entry.name.endswith(".sql")
+    ]
+
+
+def _path_part(identifier: str) -> str:
+    escaped = identifier.replace("%", "%25").replace("/", "%2F").replace("\0", "%00")
+    return {".": "%2E", "..": "%2E%2E"}.get(escaped, escaped)
+
+
+def validate_select(text: str, origin: str) -> str:
+    """Check rendered SQL is one query; return it without trailing semicolons."""
+    sql_text = text.strip().rstrip(";").rstrip()
+    try:
+        statements = [s for s in sqlglot.parse(sql_text, read="postgres") if s is not None]
+    except sqlglot.errors.ParseError as exc:
+        first = exc.errors[0] if exc.errors else {}
+        where = f":{first.get('line')}:{first.get('col')}" if first.get("line") else ""
+        detail = first.get("description", str(exc)).split("<Token")[0].strip()
+        raise TemplateError(
+            f"{origin}{where}: SQL syntax error (line:col of the rendered SQL): {detail}"
+        ) from None
+    if len(statements) != 1 or not isinstance(statements[0], exp.Query):
+        raise TemplateError(f"{origin}: expected exactly one SELECT statement")
+    return sql_text

@@ -1,0 +1,130 @@
+"""What a person sees during and after a sync: on a TTY a live line per table (rows and bytes
+copied, rate, ETA against the planner's estimate, partitions done) and a summary table;
+off a TTY (cron) the log lines: one per table, and one every few seconds during a long copy.
+`-q` shows neither."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import sys
+import time
+from collections.abc import Iterator
+from datetime import timedelta
+
+from rich.console import Console
+from rich.markup import escape
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from ..transfer.copy_progress import Counts, Sink
+from .logs import json_output
+from .results import TableResult
+
+log = logging.getLogger("replicator.sync")
+
+
+class SyncOutput:
+    def __init__(self, always_summarize: bool = False, log_every: float = 10.0) -> None:
+        # A live display and a summary table are for people: not under --log-format json.
+        self.interactive = sys.stdout.isatty() and not json_output()
+        self.always_summarize = always_summarize and not json_output()
+        self.log_every = log_every  # seconds between progress lines off a TTY
+        self.console = Console(highlight=False)
+
+    @property
+    def quiet(self) -> bool:
+        """-q: warnings and errors only, so no progress and no summary table."""
+        return not log.isEnabledFor(logging.INFO)
+
+    @contextlib.contextmanager
+    def progress(self, name: str) -> Iterator[Sink | None]:
+        """A live display of one table's copy on a TTY, log lines otherwise."""
+        if self.quiet:
+            yield None
+        elif not self.interactive:
+            yield _LogSink(name, self.log_every)
+        else:
+            with Progress(
+                TextColumn("{task.description}"),
+                BarColumn(),
+                TextColumn("{task.fields[line]}"),
+                TimeElapsedColumn(),
+                console=self.console,
+                transient=True,
+            ) as bar:
+                yield _LiveSink(bar, bar.add_task(name, total=None, line="starting"))
+
+    def summary(self, results: list[TableResult]) -> None:
+        failed = sum(r.status == "failure" for r in results)
+        if self.quiet or not (self.interactive or self.always_summarize):
+            return
+        table = Table(title=f"sync: {len(results) - failed} succeeded, {failed} failed")
+        for title in ("table", "action", "rows", "seconds", "reason or error"):
+            table.add_column(title, overflow="fold")
+        for r in results:
+            table.add_row(
+                r.name,
+                r.action or "-",
+                "-" if r.rows is None else f"{r.rows:,}",
+                f"{r.seconds:.1f}",
+                escape(r.reason or "")
+                if r.status == "success"
+                else f"[red]{escape(r.error or '')}[/red]",
+            )
+        self.console.print(table)
+
+
+def describe(counts: Counts) -> str:
+    """`1,234,567 of ~5,000,000 rows, 412.3 MB, 98,765 rows/s, ETA 0:00:38, partitions 1/2`"""
+    rows = f"{counts.rows:,}"
+    if counts.estimated_rows:
+        rows += f" of ~{counts.estimated_rows:,}"
+    text = f"{rows} rows, {counts.bytes / 1e6:,.1f} MB, {counts.rate:,.0f} rows/s"
+    if counts.eta_seconds is not None:
+        text += f", ETA {timedelta(seconds=round(counts.eta_seconds))}"
+    return f"{text}, partitions {counts.parts_done}/{counts.parts}"
+
+
+class _LiveSink:
+    def __init__(self, bar: Progress, task: object) -> None:
+        self.bar, self.task = bar, task
+
+    def update(self, counts: Counts) -> None:
+        total = max(counts.estimated_rows or 0, counts.rows) or None
+        self.bar.update(
+            self.task, completed=counts.rows, total=total, line=escape(describe(counts))
+        )
+
+
+class _LogSink:
+    """A log line every `every` seconds while a copy runs (none for a short one)."""
+
+    def __init__(self, name: str, every: float) -> None:
+        self.name, self.every = name, every
+        self.last = time.monotonic()
+
+    def update(self, counts: Counts) -> None:
+        now = time.monotonic()
+        if now - self.last < self.every:
+            return
+        self.last = now
+        log.info(
+            "%s: copying: %s",
+            self.name,
+            describe(counts),
+            extra={
+                "fields": {
+                    "event": "table.progress",
+                    "name": self.name,
+                    "rows": counts.rows,
+                    "bytes": counts.bytes,
+                    "estimated_rows": counts.estimated_rows,
+                    "partitions_done": counts.parts_done,
+                    "partitions": counts.parts,
+                    "eta_seconds": (
+                        round(counts.eta_seconds) if counts.eta_seconds is not None else None
+                    ),
+                }
+            },
+        )

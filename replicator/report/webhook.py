@@ -1,0 +1,162 @@
+"""The run's notification: one signed JSON POST after every sync, success or not.
+
+Retried on 5xx answers, timeouts and refused connections (at least 3 attempts within
+60 s); a webhook that never answers is logged and never changes the exit code. The URL
+itself may be a secret (Slack's are): logs show only its scheme and host.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import logging
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit
+
+import requests
+from tenacity import (
+    RetryError,
+    retry,
+    retry_if_exception_type,
+    stop_after_attempt,
+    stop_after_delay,
+    wait_exponential,
+)
+
+from .. import __version__
+from .results import TableResult
+
+log = logging.getLogger(__name__)
+
+SIGNATURE_HEADER = "X-Replicator-Signature"
+ATTEMPTS = 4
+TIMEOUT_SECONDS = 10.0
+RETRY_WAIT_SECONDS = 1.0  # first wait; doubles, at most 8 s; tests shorten it
+
+
+@dataclass(frozen=True)
+class WebhookTarget:
+    url: str
+    secret: str | None = None
+
+
+class _Retryable(Exception):
+    """A 5xx answer: worth another attempt."""
+
+
+def sign(body: bytes, secret: str) -> str:
+    """`sha256=<hex HMAC-SHA256 of the raw body>`, the X-Replicator-Signature value."""
+    return "sha256=" + hmac.new(secret.encode(), body, hashlib.sha256).hexdigest()
+
+
+def build_payload(
+    run_id: str,
+    started_at: str,
+    finished_at: str,
+    results: list[TableResult],
+    status: str | None = None,
+    error: str | None = None,
+) -> dict[str, Any]:
+    """The payload the README's Webhook section pins; `status` is success, failure,
+    interrupted, or skipped (lock held)."""
+    failed = [r for r in results if r.status == "failure"]
+    overall = status or ("failure" if failed else "success")
+    tables = [
+        {
+            "name": r.name,
+            "status": r.status,
+            "action": r.action,
+            "rows": r.rows,
+            "reason": r.reason,
+            "error": r.error,
+            "duration_seconds": round(r.seconds, 3),
+            "cursor_from": r.cursor_from,
+            "cursor_to": r.cursor_to,
+        }
+        for r in results
+    ]
+    text = f"replicator sync {overall}: {len(results) - len(failed)} of {len(results)} table(s) ok"
+    if failed:
+        text += "; failed: " + ", ".join(f"{r.name} ({r.error})" for r in failed)
+    if error:
+        text += f"; {error}"
+    payload: dict[str, Any] = {
+        "event": "sync.finished",
+        "status": overall,
+        "run_id": run_id,
+        "started_at": started_at,
+        "finished_at": finished_at,
+        "tables": tables,
+        "text": text,
+    }
+    if error:
+        payload["error"] = error
+    return payload
+
+
+def post(target: WebhookTarget, payload: dict[str, Any], within: float = 60.0) -> bool:
+    """Deliver the payload, retrying for up to `within` seconds; True when the receiver
+    answered 2xx. Never raises."""
+    body = json.dumps(payload, ensure_ascii=False).encode()
+    headers = {"Content-Type": "application/json", "User-Agent": f"replicator/{__version__}"}
+    if target.secret:
+        headers[SIGNATURE_HEADER] = sign(body, target.secret)
+    where = _safe_url(target.url)
+    try:
+        _send(target.url, body, headers, within)
+    except (RetryError, requests.RequestException, _Retryable) as exc:
+        cause = exc.last_attempt.exception() if isinstance(exc, RetryError) else exc
+        log.error(
+            "webhook to %s failed after retries: %s", where, _scrub(_describe(cause), target.url)
+        )
+        return False
+    except _Rejected as exc:
+        log.error("webhook to %s rejected: HTTP %s", where, exc.args[0])
+        return False
+    log.info("webhook delivered to %s", where)
+    return True
+
+
+class _Rejected(Exception):
+    """A 4xx answer: retrying will not help."""
+
+
+def _send(url: str, body: bytes, headers: dict[str, str], within: float) -> None:
+    @retry(
+        retry=retry_if_exception_type((_Retryable, requests.ConnectionError, requests.Timeout)),
+        stop=stop_after_attempt(ATTEMPTS) | stop_after_delay(within),
+        wait=wait_exponential(multiplier=RETRY_WAIT_SECONDS, max=8),
+    )
+    def attempt() -> None:
+        answer = requests.post(
+            url, data=body, headers=headers, timeout=min(TIMEOUT_SECONDS, within)
+        )
+        if answer.status_code >= 500:
+            raise _Retryable(f"HTTP {answer.status_code}")
+        if answer.status_code >= 400:
+            raise _Rejected(answer.status_code)
+
+    attempt()
+
+
+def _safe_url(url: str) -> str:
+    parts = urlsplit(url)
+    return f"{parts.scheme}://{parts.hostname}" + (f":{parts.port}" if parts.port else "")
+
+
+def _scrub(text: str, url: str) -> str:
+    """Remove the URL's path and query (often its secret) from an error message."""
+    parts = urlsplit(url)
+    for secret in (url, parts.path + (f"?{parts.query}" if parts.query else ""), parts.path):
+        if len(secret) > 1:
+            text = text.replace(secret, "/***")
+    return text
+
+
+def _describe(exc: BaseException | None) -> str:
+    if exc is None:
+        return "unknown error"
+    text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    return f"{type(exc).__name__}: {text}"[:300]

@@ -1,0 +1,136 @@
+"""Where the next incremental read starts: never past a row that could still commit.
+
+Inside the extraction snapshot we know which source transactions are still in progress
+(`pg_snapshot_xip`, no privilege needed). Any of them may later commit a row whose key is
+below the maximum we read (an `updated_at` taken at its start, an id it drew from a
+sequence earlier). So the maximum read (`hwm`) only becomes the cursor once every
+transaction that was in progress when it was read has ended; until then it waits as
+`pending` and the cursor stays where it was. Temporal keys also keep a `lookback` margin
+against clock skew. Rows between the cursor and the maximum are read again next time and
+merged idempotently. Values are compared by PostgreSQL, in the key's own type.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+from ..errors import ReplicatorError, UsageError
+from ..postgres.database import execute
+from ..project.state import Cursor, Pending
+
+TEMPORAL_TYPES = ("timestamp", "date")
+
+
+def newest_key(conn: psycopg.Connection[Any], rows: sql.Composable, key: str) -> str | None:
+    """max(key) over a query's rows, as PostgreSQL prints it (None when there are none)."""
+    alias = sql.Identifier("_replicator_rows")
+    (value,) = execute(
+        conn,
+        sql.SQL("SELECT max({a}.{k})::text FROM ({q}) AS {a}").format(
+            a=alias, k=sql.Identifier(key), q=rows
+        ),
+    ).fetchone()
+    return value
+
+
+def in_progress_xids(conn: psycopg.Connection[Any]) -> list[str]:
+    """Transactions in progress in the current snapshot (the caller's transaction)."""
+    rows = execute(
+        conn, "SELECT x::text FROM pg_snapshot_xip(pg_current_snapshot()) AS x ORDER BY 1"
+    ).fetchall()
+    return [row[0] for row in rows]
+
+
+_OLDEST_WRITER = """
+SELECT count(a.xact_start) = cardinality(%(xids)s::text[]), min(a.xact_start)::text
+FROM pg_catalog.pg_stat_activity a
+WHERE (a.backend_xid::text)::numeric
+      = ANY (SELECT x::numeric %% 4294967296 FROM unnest(%(xids)s::text[]) AS x)
+"""
+
+
+def oldest_writer_start(conn: psycopg.Connection[Any], xids: list[str]) -> str | None:
+    """When every in-progress transaction is visible in pg_stat_activity (needs
+    pg_read_all_stats for other roles' sessions), the start of the oldest one."""
+    if not xids:
+        return None
+    seen_all, oldest = execute(conn, _OLDEST_WRITER, {"xids": xids}).fetchone()
+    return oldest if seen_all else None
+
+
+def advance(
+    conn: psycopg.Connection[Any],
+    key_type: str,
+    old: Cursor | None,
+    pending: Pending | None,
+    hwm: str | None,
+    xids: list[str],
+    lookback_seconds: int,
+) -> tuple[Cursor | None, Pending | None]:
+    """The cursor and pending value to store after reading everything up to `hwm`."""
+    if hwm is None:  # nothing read: nothing new to wait for
+        return old, pending if pending and set(pending.xids) & set(xids) else None
+    waiting = set(xids)
+    oldest = oldest_writer_start(conn, xids) if key_type.startswith(TEMPORAL_TYPES) else None
+    if not waiting:
+        target: str | None = hwm
+    elif oldest is not None:  # no open writer can produce a key below its own start
+        target = _least(conn, key_type, hwm, oldest)
+        waiting = set()
+    elif pending is not None and not set(pending.xids) & waiting:
+        target = pending.value
+    else:
+        target = None
+    new_pending = Pending(value=hwm, xids=xids) if waiting else None
+    if target is None:
+        return old, new_pending
+    value = _greatest_of(conn, key_type, old, target, hwm, lookback_seconds)
+    return Cursor(value=value, type=key_type), new_pending
+
+
+def _least(conn: psycopg.Connection[Any], key_type: str, a: str, b: str) -> str:
+    kind = sql.SQL(key_type)
+    (value,) = execute(
+        conn,
+        sql.SQL("SELECT least({}::{}, {}::{})::text").format(
+            sql.Literal(a), kind, sql.Literal(b), kind
+        ),
+    ).fetchone()
+    return value
+
+
+def _greatest_of(
+    conn: psycopg.Connection[Any],
+    key_type: str,
+    old: Cursor | None,
+    target: str,
+    hwm: str,
+    lookback_seconds: int,
+) -> str:
+    """greatest(old, least(target, hwm - lookback)), computed in the key's type."""
+    kind = sql.SQL(key_type)
+    ceiling: sql.Composable = sql.SQL("{}::{}").format(sql.Literal(hwm), kind)
+    if lookback_seconds and key_type.startswith(TEMPORAL_TYPES):
+        ceiling = sql.SQL("({} - make_interval(secs => {}))::{}").format(
+            ceiling, sql.Literal(lookback_seconds), kind
+        )
+    candidate = sql.SQL("least({}::{}, {})").format(sql.Literal(target), kind, ceiling)
+    if old is not None:
+        candidate = sql.SQL("greatest({}::{}, {})").format(sql.Literal(old.value), kind, candidate)
+    (value,) = execute(conn, sql.SQL("SELECT ({})::text").format(candidate)).fetchone()
+    return value
+
+
+def canonical_value(conn: psycopg.Connection[Any], value: str, key_type: str, subject: str) -> str:
+    """A value typed by hand, cast by PostgreSQL to the key's type and printed back as the
+    cursor text; exit 2 naming the value and the type when it is not one."""
+    try:
+        (text,) = execute(
+            conn, sql.SQL("SELECT %s::{}::text").format(sql.SQL(key_type)), (value,)
+        ).fetchone()
+    except ReplicatorError as exc:
+        raise UsageError(f"{subject}: {value!r} is not a valid {key_type}: {exc}") from None
+    return text

@@ -1,0 +1,365 @@
+"""A table's full reload: copy one snapshot into a side table with Spark, then swap it in.
+
+1. Destination: schema, user-defined types, a fresh side table in `_replicator` (no key yet).
+2. Source: export a snapshot; read the first cursor and the partition bounds inside it.
+3. Spark: one task per partition streams COPY from source to side table (copy_stream.py).
+4. Destination: build the primary key, analyze, swap (swap.py).
+A crash before the swap leaves the live table untouched; the next run drops the stale side
+table and starts over.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+from psycopg import sql
+from sqlglot import exp
+
+from ..errors import DatabaseError
+from ..failpoints import failpoint
+from ..identifiers import TableName
+from ..plan.table_sql import MODEL_ALIAS, TableProblem, TableSql
+from ..postgres import ddl
+from ..postgres.catalog import TableInfo
+from ..postgres.database import execute, fetch_all
+from ..postgres.dependent_views import reload_problem
+from ..postgres.dest_schema import ensure_bookkeeping, ensure_schemas
+from ..postgres.dest_types import ensure_types
+from ..postgres.naming import INTERNAL_SCHEMA, derived_name, retired_table
+from ..postgres.snapshot import ExportedSnapshot
+from ..postgres.swap import swap_in
+from ..project.state import Cursor, Pending, Window
+from ..transfer.copy_progress import Sink, watch_copy
+from ..transfer.copy_stream import MARKER_TABLE, CopyTask, copy_tasks
+from ..transfer.partitions import page_predicate, plan_key_ranges, plan_page_ranges, range_predicate
+from ..transfer.spark_runner import SparkRunner
+
+log = logging.getLogger(__name__)
+
+UNIQUE_VIOLATION = psycopg.errors.UniqueViolation.sqlstate
+_MARKERS = TableName(*MARKER_TABLE)
+
+
+@dataclass(frozen=True)
+class LoadResult:
+    rows: int
+    bytes: int
+    cursor: Cursor | None
+    pending: Pending | None
+    window: Window | None
+    partitions: int
+    lock_seconds: float
+
+
+@dataclass(frozen=True)
+class Endpoints:
+    """The connections one table's load uses (URLs go to the Spark tasks)."""
+
+    source: psycopg.Connection[Any]
+    dest: psycopg.Connection[Any]
+    source_url: str
+    dest_url: str
+
+
+def load_id_prefix(target: TableName) -> str:
+    """How every load id of `target` starts (32 hex digits follow)."""
+    return f"{target.sql()} "
+
+
+def new_load_id(dest: psycopg.Connection[Any], target: TableName) -> str:
+    """A fresh id for one load of `target` (the table's quoted name and 32 hex digits). The
+    markers of its earlier loads, left by a killed run, are dropped: the table lock held by
+    this run means none of them is still being written."""
+    forget_loads(dest, target)
+    return load_id_prefix(target) + uuid.uuid4().hex
+
+
+def forget_loads(dest: psycopg.Connection[Any], target: TableName) -> None:
+    """Drop the partition markers of every load of `target` (its table lock is held)."""
+    execute(
+        dest,
+        sql.SQL(
+            "DELETE FROM {} WHERE starts_with(load_id, %(prefix)s) "
+            "AND length(load_id) = length(%(prefix)s) + 32"
+        ).format(sql.Identifier(*MARKER_TABLE)),
+        {"prefix": load_id_prefix(target)},
+    )
+
+
+def discard(dest: psycopg.Connection[Any], target: TableName, tables: list[TableName]) -> None:
+    """After a failed or interrupted load: drop the tables it created and its markers. Best
+    effort, a few seconds at most (a killed Spark task may still hold a lock); whatever is
+    left, the table's next load drops first."""
+    with contextlib.suppress(Exception), dest.transaction():
+        execute(dest, "SET LOCAL lock_timeout = '10s'")
+        for table in tables:
+            execute(dest, ddl.drop_table(table))
+        if fetch_all(dest, "SELECT to_regclass(%s) IS NOT NULL", (_MARKERS.sql(),))[0][0]:
+            forget_loads(dest, target)
+
+
+def forget_markers(dest: psycopg.Connection[Any], load_id: str) -> None:
+    """A finished load's partition markers are no longer needed."""
+    execute(
+        dest,
+        sql.SQL("DELETE FROM {} WHERE load_id = %s").format(sql.Identifier(*MARKER_TABLE)),
+        (load_id,),
+    )
+
+
+def side_table(target: TableName) -> TableName:
+    """Where a full reload of `target` is loaded before the swap."""
+    return TableName(INTERNAL_SCHEMA, derived_name("new", target))
+
+
+def prepare_destination(ends: Endpoints, built: TableSql) -> TableName:
+    """Schemas, types and an empty side table (a stale one from a crash is dropped)."""
+    dest, target = ends.dest, built.table.target
+    ensure_schemas(dest, [target.schema])
+    ensure_bookkeeping(dest)
+    ensure_types(ends.source, dest, [c.type_oid for c in built.columns])
+    side = side_table(target)
+    for statement in side_table_statements(built):
+        execute(dest, statement)
+    return side
+
+
+def side_table_statements(built: TableSql) -> list[exp.Expression]:
+    """A fresh side table, without its key (building the key after the load measured faster
+    than maintaining it: bench/RESULTS.md). What a killed run left is dropped first: a stale
+    side table, and a replaced table the swap renamed aside but did not drop yet."""
+    side, target = side_table(built.table.target), built.table.target
+    return [
+        ddl.drop_table(retired_table(target)),
+        ddl.drop_table(side),
+        ddl.create_table(side, built.columns),
+    ]
+
+
+def side_key_name(built: TableSql) -> str | None:
+    """The side table's primary-key name while it is built; the swap renames it."""
+    return derived_name("pk", built.table.target) if built.primary_key else None
+
+
+def side_key_statement(built: TableSql) -> sql.Composable | None:
+    """The primary key, built on the loaded side table."""
+    name = side_key_name(built)
+    if name is None:
+        return None
+    side = side_table(built.table.target)
+    return sql.SQL("ALTER TABLE {} ADD CONSTRAINT {} PRIMARY KEY ({})").format(
+        sql.Identifier(side.schema, side.name),
+        sql.Identifier(name),
+        sql.SQL(", ").join(map(sql.Identifier, built.primary_key)),
+    )
+
+
+def full_reload(
+    ends: Endpoints,
+    built: TableSql,
+    source: TableInfo,
+    spark: SparkRunner,
+    progress: Sink | None = None,
+) -> LoadResult:
+    """Reload the table from one consistent snapshot; return what was copied."""
+    phases = _Phases(built.table.written_name)
+    blocked = reload_problem(ends.dest, built.table.target)
+    if blocked is not None:  # found before anything is copied, not by the swap at the end
+        problem, fix = blocked
+        raise TableProblem(f"{built.table.written_name}: {problem}; fix: {fix}")
+    estimate = _estimated_rows(ends.source, source)
+    in_process = not spark.needed_for(estimate)
+    if not in_process:
+        spark.warm_up()  # the JVM starts while types and the side table are created
+    try:
+        return _load_and_swap(ends, built, source, spark, progress, estimate, in_process, phases)
+    except BaseException:
+        discard(ends.dest, built.table.target, [side_table(built.table.target)])
+        raise
+
+
+def _load_and_swap(
+    ends: Endpoints,
+    built: TableSql,
+    source: TableInfo,
+    spark: SparkRunner,
+    progress: Sink | None,
+    estimate: int,
+    in_process: bool,
+    phases: _Phases,
+) -> LoadResult:
+    side = prepare_destination(ends, built)
+    phases.mark("destination prepared")
+    load_id = new_load_id(ends.dest, built.table.target)
+    with ExportedSnapshot(ends.source_url) as snap:
+        assert snap.conn is not None
+        cursor, pending, window = first_cursor(snap.conn, built)
+        parallelism = 1 if in_process else spark.parallelism()
+        phases.mark("snapshot exported" + ("" if in_process else ", Spark ready"))
+        tasks = _copy_tasks(snap, ends, built, source, side, load_id, parallelism)
+        with watch_copy(ends.dest_url, side, load_id, len(tasks), estimate, progress):
+            results = spark.run_copy_tasks(tasks, in_process=in_process)
+        phases.mark(
+            f"copied {len(tasks)} partition(s) (task seconds: "
+            f"{', '.join(f'{r.seconds:.1f}' for r in results)})"
+        )
+    failpoint("after-load-before-swap")
+    _finish_side_table(ends.dest, side, built)
+    phases.mark("primary key built, analyzed")
+    target = built.table.target
+    lock_seconds = swap_in(ends.dest, side, target)
+    phases.mark(f"swapped (table lock held {lock_seconds * 1000:.0f} ms)")
+    forget_markers(ends.dest, load_id)
+    return LoadResult(
+        rows=sum(r.rows for r in results),
+        bytes=sum(r.bytes for r in results),
+        cursor=cursor,
+        pending=pending,
+        window=window,
+        partitions=len(tasks),
+        lock_seconds=lock_seconds,
+    )
+
+
+class _Phases:
+    """Debug log lines with the time each step of a load took."""
+
+    def __init__(self, table: str) -> None:
+        self.table, self.last = table, time.monotonic()
+
+    def mark(self, what: str) -> None:
+        now = time.monotonic()
+        log.debug("%s: %s in %.2f s", self.table, what, now - self.last)
+        self.last = now
+
+
+def _estimated_rows(conn: psycopg.Connection[Any], source: TableInfo) -> int:
+    """pg_class's row estimate; from the size when the table was never analyzed."""
+    (estimate,) = execute(
+        conn,
+        "SELECT CASE WHEN reltuples >= 0 THEN reltuples::bigint "
+        "ELSE pg_relation_size(oid) / 100 END FROM pg_catalog.pg_class WHERE oid = %s",
+        (source.oid,),
+    ).fetchone()
+    return int(estimate)
+
+
+def first_cursor(
+    conn: psycopg.Connection[Any], built: TableSql
+) -> tuple[Cursor | None, Pending | None, Window | None]:
+    """The cursor after a full load, from the load's own snapshot (cursor.py's rules)."""
+    from .cursor import advance, in_progress_xids, newest_key
+    from .incremental import fingerprint
+
+    key = built.table.replication_key
+    if key is None:
+        return None, None, None
+    hwm = newest_key(conn, sql.SQL(built.model.sql), key)
+    xids = in_progress_xids(conn)
+    cursor, pending = advance(
+        conn, built.replication_key_type, None, None, hwm, xids, built.table.lookback
+    )
+    if cursor is None and hwm is not None:  # writers in progress: start over from the start
+        pending = Pending(value=hwm, xids=xids)
+    return cursor, pending, fingerprint(conn, built, cursor)
+
+
+def _copy_tasks(
+    snap: ExportedSnapshot,
+    ends: Endpoints,
+    built: TableSql,
+    source: TableInfo,
+    side: TableName,
+    load_id: str,
+    parallelism: int,
+) -> list[CopyTask]:
+    return copy_tasks(
+        load_id,
+        ends.source_url,
+        ends.dest_url,
+        snap.snapshot_id,
+        _partition_queries(snap, built, source, parallelism),
+        (side.schema, side.name),
+        [c.name for c in built.columns],
+        freeze=True,
+        origin=built.model.origin,
+    )
+
+
+def _partition_queries(
+    snap: ExportedSnapshot, built: TableSql, source: TableInfo, parallelism: int
+) -> list[sql.Composable]:
+    """One SELECT per partition: page ranges of the table, else key ranges of the model."""
+    assert snap.conn is not None
+    model, requested = sql.SQL(built.model.sql), built.table.partitions
+    if built.model.reads_table_as_is and source.kind == "table":
+        pages = plan_page_ranges(snap.conn, source, parallelism, requested)
+        predicates = [page_predicate(p) for p in pages]
+        # The built-in model is `SELECT <columns> FROM <table>`: the bounds go straight on.
+        return [model if p is None else sql.SQL("{} WHERE {}").format(model, p) for p in predicates]
+    key = built.primary_key[0] if built.primary_key else None
+    key_type = built.type_of(key or "")
+    ranges = plan_key_ranges(snap.conn, source, key, key_type, parallelism, requested)
+    queries: list[sql.Composable] = []
+    for key_range in ranges:
+        predicate = range_predicate(key, key_type, key_range) if key else None
+        queries.append(
+            model
+            if predicate is None
+            else sql.SQL("SELECT * FROM ({}) AS {} WHERE {}").format(
+                model, sql.Identifier(MODEL_ALIAS), predicate
+            )
+        )
+    return queries
+
+
+def _keep_newest_version_per_key(
+    dest: psycopg.Connection[Any], side: TableName, built: TableSql
+) -> None:
+    """The model emitted a key more than once: keep the version an incremental merge would
+    keep (highest replication key, ties broken by the row's text), so both paths agree."""
+    key = built.table.replication_key
+    order = [sql.SQL("{} DESC").format(sql.Identifier(key))] if key else []
+    order.append(sql.SQL("s::text DESC"))
+    removed = execute(
+        dest,
+        sql.SQL(
+            "DELETE FROM {side} AS d USING (SELECT ctid, row_number() OVER "
+            "(PARTITION BY {key} ORDER BY {order}) AS n FROM {side} AS s) AS r "
+            "WHERE d.ctid = r.ctid AND r.n > 1"
+        ).format(
+            side=sql.Identifier(side.schema, side.name),
+            key=sql.SQL(", ").join(map(sql.Identifier, built.primary_key)),
+            order=sql.SQL(", ").join(order),
+        ),
+    ).rowcount
+    log.warning(
+        "%s: the model returned %d row(s) whose primary key another row also has; kept the "
+        "newest version of each key",
+        built.table.written_name,
+        removed,
+    )
+
+
+def _finish_side_table(dest: psycopg.Connection[Any], side: TableName, built: TableSql) -> None:
+    """Build the primary key after the load, then analyze, before readers see the table."""
+    table = sql.Identifier(side.schema, side.name)
+    # A bigger sort budget lets PostgreSQL build the key in memory, with parallel workers.
+    execute(dest, "SET maintenance_work_mem = '512MB'")
+    key = side_key_statement(built)
+    if key is not None:
+        try:
+            execute(dest, key)
+        except DatabaseError as exc:
+            if exc.sqlstate != UNIQUE_VIOLATION:
+                raise
+            _keep_newest_version_per_key(dest, side, built)
+            execute(dest, key)
+    execute(dest, sql.SQL("ANALYZE {}").format(table))
+    execute(dest, "RESET maintenance_work_mem")

@@ -1,0 +1,289 @@
+"""A table's incremental sync: probe without Spark, read the batch in one snapshot with
+Spark into a staging table, merge it in one destination transaction.
+
+The probe compares a fingerprint of the source rows at or past the cursor with the one
+stored when they were last read: unchanged means a no-op, with no JVM started and nothing
+written in the destination.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+from ..errors import DatabaseError
+from ..failpoints import failpoint
+from ..identifiers import TableName
+from ..plan.table_sql import TableSql, batch_query
+from ..postgres import ddl
+from ..postgres.database import execute
+from ..postgres.dest_schema import ensure_bookkeeping
+from ..postgres.naming import retired_table, staging_table
+from ..postgres.snapshot import ExportedSnapshot
+from ..project.state import Cursor, Pending, TableState, Window
+from ..transfer.copy_progress import Sink, watch_copy
+from ..transfer.copy_stream import CopyResult, copy_tasks
+from ..transfer.partitions import KeyRange, range_predicate
+from ..transfer.spark_runner import SparkRunner
+from .cursor import advance, in_progress_xids, newest_key
+from .full_load import Endpoints, discard, forget_markers, new_load_id
+
+log = logging.getLogger(__name__)
+PART_ALIAS = "_replicator_part"
+
+
+@dataclass(frozen=True)
+class ProbeResult:
+    changed: bool
+    pending: Pending | None
+    rows: int  # rows at or past the cursor: the size of the batch a sync would read
+
+
+@dataclass(frozen=True)
+class KeyBounds:
+    """A replication-key range, both ends included (`until` None: no upper end)."""
+
+    since: str
+    until: str | None = None
+
+
+@dataclass(frozen=True)
+class IncrementalResult:
+    rows_read: int
+    rows_merged: int
+    bytes: int
+    cursor: Cursor | None
+    pending: Pending | None
+    window: Window | None
+
+
+def _batch(built: TableSql, cursor: Cursor | None) -> sql.Composable:
+    assert built.table.replication_key is not None
+    return batch_query(
+        built.model.sql,
+        built.table.replication_key,
+        built.replication_key_type,
+        cursor.value if cursor else None,
+    )
+
+
+def _key(built: TableSql) -> sql.Identifier:
+    return sql.Identifier(built.table.replication_key or "")
+
+
+def fingerprint(conn: psycopg.Connection[Any], built: TableSql, cursor: Cursor | None) -> Window:
+    """Count, newest key and hash of the model's rows at or past the cursor."""
+    rows, newest, digest = execute(
+        conn,
+        sql.SQL(
+            "SELECT count(*), max(b.{k})::text, "
+            "coalesce(md5(string_agg(md5(b::text), '' ORDER BY md5(b::text))), '') "
+            "FROM ({q}) AS b"
+        ).format(k=_key(built), q=_batch(built, cursor)),
+    ).fetchone()
+    return Window(rows=rows, hash=digest, max=newest)
+
+
+def probe(conn: psycopg.Connection[Any], built: TableSql, state: TableState) -> ProbeResult:
+    """Has anything at or past the cursor changed since it was read? One snapshot.
+
+    Count and newest key first (cheap); the hash of every row only when those match."""
+    execute(conn, "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+    try:
+        xids = set(in_progress_xids(conn))
+        rows, newest = execute(
+            conn,
+            sql.SQL("SELECT count(*), max(b.{k})::text FROM ({q}) AS b").format(
+                k=_key(built), q=_batch(built, state.cursor)
+            ),
+        ).fetchone()
+        stored = state.window
+        if stored is None or (rows, newest) != (stored.rows, stored.max):
+            changed = True
+        else:
+            changed = fingerprint(conn, built, state.cursor) != stored
+    finally:
+        execute(conn, "ROLLBACK")
+    pending = state.pending if state.pending and set(state.pending.xids) & xids else None
+    return ProbeResult(changed, pending, rows)
+
+
+def incremental_sync(
+    ends: Endpoints,
+    built: TableSql,
+    state: TableState,
+    spark: SparkRunner,
+    batch_rows: int,
+    progress: Sink | None = None,
+    resync: KeyBounds | None = None,
+) -> IncrementalResult:
+    """Read the batch (rows at or past the cursor) and merge it; return the new cursor.
+
+    With `resync`, read that key range instead and leave cursor, pending and window as the
+    state has them (a bounded re-sync never moves the cursor)."""
+    key = built.table.replication_key
+    assert key is not None and built.merge is not None
+    key_type = built.replication_key_type
+    in_process = not spark.needed_for(batch_rows)
+    if not in_process:
+        spark.warm_up()  # the JVM starts while the staging table is prepared
+    staging = _prepare_staging(ends.dest, built)
+    try:
+        copied, cursor, pending, window = _read_batch(
+            ends,
+            built,
+            state,
+            spark,
+            staging,
+            key,
+            key_type,
+            progress,
+            in_process,
+            batch_rows,
+            resync,
+        )
+        failpoint("after-staging-copy")
+        merged = _merge(ends.dest, built)
+    except BaseException:
+        discard(ends.dest, built.table.target, [staging])
+        raise
+    execute(ends.dest, ddl.drop_table(staging))
+    return IncrementalResult(copied.rows, merged, copied.bytes, cursor, pending, window)
+
+
+def _read_batch(
+    ends: Endpoints,
+    built: TableSql,
+    state: TableState,
+    spark: SparkRunner,
+    staging: TableName,
+    key: str,
+    key_type: str,
+    progress: Sink | None,
+    in_process: bool,
+    batch_rows: int,
+    resync: KeyBounds | None,
+) -> tuple[CopyResult, Cursor | None, Pending | None, Window | None]:
+    """Copy the batch into staging inside one exported snapshot; compute the new cursor."""
+    with ExportedSnapshot(ends.source_url) as snap:
+        assert snap.conn is not None
+        xids = in_progress_xids(snap.conn)
+        if resync is not None:
+            query = batch_query(built.model.sql, key, key_type, resync.since, resync.until)
+        else:
+            query = batch_query(
+                built.model.sql, key, key_type, state.cursor.value if state.cursor else None
+            )
+        hwm = newest_key(snap.conn, query, key)
+        load_id = new_load_id(ends.dest, built.table.target)
+        parts = 1 if in_process else _batch_partitions(built, batch_rows, spark.parallelism())
+        tasks = copy_tasks(
+            load_id,
+            ends.source_url,
+            ends.dest_url,
+            snap.snapshot_id,
+            _split_batch(snap.conn, query, key, key_type, parts),
+            (staging.schema, staging.name),
+            [c.name for c in built.columns],
+            origin=built.model.origin,
+        )
+        with watch_copy(ends.dest_url, staging, load_id, len(tasks), batch_rows, progress):
+            copied = _combined(spark.run_copy_tasks(tasks, in_process=in_process))
+        log.debug(
+            "%s: batch of %d row(s) read in %d partition(s)%s",
+            built.table.written_name,
+            copied.rows,
+            len(tasks),
+            " in-process" if in_process else " on Spark",
+        )
+        forget_markers(ends.dest, load_id)
+        if resync is not None:
+            return copied, state.cursor, state.pending, state.window
+        cursor, pending = advance(
+            snap.conn, key_type, state.cursor, state.pending, hwm, xids, built.table.lookback
+        )
+        window = fingerprint(snap.conn, built, cursor)
+    return copied, cursor, pending, window
+
+
+ROWS_PER_PARTITION = 250_000
+_SPLITTABLE = ("timestamp", "date", "smallint", "integer", "bigint", "numeric")
+
+
+def _batch_partitions(built: TableSql, batch_rows: int, parallelism: int) -> int:
+    """The table's `partitions` setting, else one per 250,000 rows, at most one per core."""
+    if built.table.partitions:
+        return built.table.partitions
+    return max(1, min(parallelism, batch_rows // ROWS_PER_PARTITION))
+
+
+def _split_batch(
+    conn: psycopg.Connection[Any], query: sql.Composable, key: str, key_type: str, parts: int
+) -> list[sql.Composable]:
+    """Equal ranges of the replication key over the batch (each an index range scan)."""
+    if parts <= 1 or not key_type.startswith(_SPLITTABLE):
+        return [query]
+    # Counts inlined as literals: the model text is the user's and may contain `%`.
+    (bounds,) = execute(
+        conn,
+        sql.SQL(
+            "SELECT array_agg(DISTINCT (lo + (hi - lo) * i / {n})::text) "
+            "FROM (SELECT min(b.{k}) AS lo, max(b.{k}) AS hi FROM ({q}) AS b) AS r, "
+            "generate_series(1, {n} - 1) AS i WHERE lo < hi"
+        ).format(k=sql.Identifier(key), q=query, n=sql.Literal(parts)),
+    ).fetchone()
+    if not bounds:
+        return [query]
+    ordered = execute(
+        conn,
+        sql.SQL("SELECT array_agg(b::text ORDER BY b::{t}) FROM unnest(%s::text[]) AS b").format(
+            t=sql.SQL(key_type)
+        ),
+        (bounds,),
+    ).fetchone()[0]
+    edges: list[str | None] = [None, *ordered, None]
+    return [
+        sql.SQL("SELECT * FROM ({}) AS {} WHERE {}").format(
+            query,
+            sql.Identifier(PART_ALIAS),
+            range_predicate(key, key_type, KeyRange(edges[i], edges[i + 1])) or sql.SQL("true"),
+        )
+        for i in range(len(edges) - 1)
+    ]
+
+
+def _combined(results: list[CopyResult]) -> CopyResult:
+    return CopyResult(
+        -1,
+        sum(r.rows for r in results),
+        sum(r.bytes for r in results),
+        max(r.seconds for r in results),
+    )
+
+
+def _prepare_staging(dest: psycopg.Connection[Any], built: TableSql) -> TableName:
+    staging = staging_table(built.table.target)
+    ensure_bookkeeping(dest)
+    execute(dest, ddl.drop_table(retired_table(built.table.target)))  # left by a killed swap
+    execute(dest, ddl.drop_table(staging))
+    execute(dest, ddl.create_table(staging, built.columns, unlogged=True))
+    return staging
+
+
+def _merge(dest: psycopg.Connection[Any], built: TableSql) -> int:
+    """The merge macro in one destination transaction; rows inserted or changed."""
+    assert built.merge is not None
+    try:
+        with dest.transaction():
+            cursor = execute(dest, built.merge)
+            failpoint("mid-merge")
+    except DatabaseError as exc:
+        raise DatabaseError(f"{exc} (in the merge, {built.merge_origin})", exc.sqlstate) from None
+    log.debug(
+        "%s: merged, %d row(s) inserted or changed", built.table.written_name, cursor.rowcount
+    )
+    return cursor.rowcount

@@ -1,0 +1,349 @@
+"""`replicator sync`: every selected table, one at a time, failures isolated.
+
+The steps of each table's sync are in the README (How a full load works, How an incremental
+sync works); an interrupted run is recorded and reported before the process exits."""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from traceback import format_exception
+
+import psycopg
+
+from ..commands.adopt import adopt_legacy
+from ..errors import ConfigError, LockHeld, ReplicatorError, StateError
+from ..interrupts import Interrupted, raise_if_requested
+from ..plan.decide import Plan
+from ..plan.drift import plan_now
+from ..plan.table_sql import TableProblem
+from ..postgres.database import connect
+from ..postgres.table_lock import TableLocked, table_lock
+from ..project.config import TableConfig
+from ..project.project import Project
+from ..project.runlock import run_lock
+from ..project.settings import (
+    SPARK_MASTER,
+    SPARK_MIN_ROWS,
+    WEBHOOK_SECRET,
+    WEBHOOK_URL,
+    Connections,
+    progress_interval,
+)
+from ..project.state import TableState
+from ..redact import redact, register_secret
+from ..report.output import SyncOutput
+from ..report.results import TableResult, utc_now
+from ..report.webhook import WebhookTarget, build_payload, post
+from ..transfer.spark_runner import SparkRunner
+from .full_load import Endpoints
+from .incremental import KeyBounds
+from .resync import resync_bounds
+from .table_actions import TableJob, carry_out, outcome
+
+log = logging.getLogger("replicator.sync")
+
+
+class RunContext:
+    """What every table of one run shares."""
+
+    def __init__(
+        self,
+        project: Project,
+        full_refresh: bool,
+        verbose: int,
+        resync: KeyBounds | None = None,
+    ) -> None:
+        self.project = project
+        self.full_refresh = full_refresh
+        self.resync = resync
+        self.locked: set[str] = set()  # tables another replicator was syncing
+        self.results: list[TableResult] = []  # in config order, as the tables finish
+        self.verbose = verbose
+        self.run_id = uuid.uuid4().hex
+        self.started_at = utc_now()
+        config = project.config.spark
+        master = project.env.get(SPARK_MASTER) or config.master
+        self.webhook = webhook_target(project)
+        self.spark = SparkRunner(
+            master, config.conf, quiet=verbose == 0, min_rows=_min_rows(project)
+        )
+
+
+def webhook_target(project: Project) -> WebhookTarget | None:
+    """webhook.url / .secret, REPLICATOR_WEBHOOK_URL / _SECRET winning."""
+    configured = project.config.webhook
+    url = project.env.get(WEBHOOK_URL) or (configured.url if configured else None)
+    if not url:
+        return None
+    if not url.startswith(("http://", "https://")):
+        raise ConfigError([f"{WEBHOOK_URL} must be an http:// or https:// URL"])
+    secret = project.env.get(WEBHOOK_SECRET) or (configured.secret if configured else None)
+    register_secret(secret)
+    return WebhookTarget(url, secret)
+
+
+def _min_rows(project: Project) -> int:
+    """spark.min_rows, or REPLICATOR_SPARK_MIN_ROWS when set (a whole number, else exit 2)."""
+    value = project.env.get(SPARK_MIN_ROWS)
+    if value is None:
+        return project.config.spark.min_rows
+    if not value.isdigit():
+        raise ConfigError([f"{SPARK_MIN_ROWS} must be a whole number of rows, got {value!r}"])
+    return int(value)
+
+
+def run_sync(
+    project: Project,
+    names: tuple[str, ...],
+    full_refresh: bool,
+    verbose: int,
+    *,
+    since: str | None = None,
+    until: str | None = None,
+    always_summarize: bool = False,
+) -> int:
+    """Sync the tables; exit code 0 when every table succeeded, else 1.
+
+    With `since` (and `until`), re-read that replication-key range of the one selected table
+    and merge it, leaving its cursor where it is."""
+    tables = project.select(names)
+    connections = project.connections()
+    resync = resync_bounds(tables, names, full_refresh, since, until, connections.source)
+    run = RunContext(project, full_refresh, verbose, resync)
+    output = SyncOutput(always_summarize, progress_interval(project.env))
+    try:
+        with run_lock(project.state_dir):
+            _sync_all(run, tables, connections, output)
+    except LockHeld as exc:
+        _notify(run, [], status="skipped", error=str(exc))
+        raise
+    except Interrupted as exc:
+        _report_interrupted(run, tables, output, exc)
+        raise
+    results = run.results
+    failed = sum(r.status == "failure" for r in results)
+    log.info(
+        "sync finished: %d succeeded, %d failed",
+        len(results) - failed,
+        failed,
+        extra={
+            "fields": {
+                "event": "run.finished",
+                "run_id": run.run_id,
+                "status": "failure" if failed else "success",
+            }
+        },
+    )
+    _notify(run, results)
+    output.summary(results)
+    failures = {r.name for r in results if r.status == "failure"}
+    if not failures:
+        return 0
+    # Every failure was a table another host is syncing: "try again later", like the run lock.
+    return TableLocked.exit_code if failures <= run.locked else 1
+
+
+def _sync_all(
+    run: RunContext,
+    tables: tuple[TableConfig, ...],
+    connections: Connections,
+    output: SyncOutput,
+) -> list[TableResult]:
+    """Every table, one at a time, into `run.results`; a database that cannot be reached
+    fails the rest."""
+    results = run.results
+    log.info(
+        "sync started: %d table(s), run %s",
+        len(tables),
+        run.run_id,
+        extra={
+            "fields": {
+                "event": "run.started",
+                "run_id": run.run_id,
+                "tables": [t.written_name for t in tables],
+            }
+        },
+    )
+    try:
+        with (
+            connect(connections.source, "source") as source,
+            connect(connections.destination, "destination") as dest,
+        ):
+            ends = Endpoints(source, dest, connections.source, connections.destination)
+            for table in tables:
+                results.append(_sync_table(run, ends, table, output))
+    except ReplicatorError as exc:  # a database could not be reached: every table not done
+        done = {r.name for r in results}
+        for table in tables:
+            if table.written_name in done:
+                continue
+            result = _failure(table, str(exc), 0.0)
+            _record_unreachable(run, table, result)
+            log.error(result.line())
+            results.append(result)
+    finally:
+        run.spark.finish()
+
+
+def _notify(
+    run: RunContext,
+    results: list[TableResult],
+    status: str | None = None,
+    error: str | None = None,
+    within: float = 60.0,
+) -> None:
+    """The webhook, when one is configured; its failure never changes the exit code."""
+    if run.webhook is None:
+        return
+    payload = build_payload(
+        run.run_id, run.started_at, utc_now(), results, status, redact(error) if error else None
+    )
+    post(run.webhook, payload, within=within)
+
+
+def _report_interrupted(
+    run: RunContext, tables: tuple[TableConfig, ...], output: SyncOutput, exc: Interrupted
+) -> None:
+    """A run stopped by SIGTERM or SIGINT: the log line, the webhook (quickly: whoever sent
+    the signal will not wait long) and the summary of what was done."""
+    results = run.results
+    done = {r.name for r in results}
+    waiting = [t.written_name for t in tables if t.written_name not in done]
+    stopped = [r.name for r in results if r.error and r.error.startswith(exc.describe())]
+    log.error(
+        "run interrupted by %s: %d of %d table(s) finished%s%s; the next run continues from "
+        "what was committed",
+        exc.signal_name,
+        len(results) - len(stopped),
+        len(tables),
+        f", {', '.join(stopped)} stopped" if stopped else "",
+        f", not started: {', '.join(waiting)}" if waiting else "",
+        extra={"fields": {"event": "run.finished", "run_id": run.run_id, "status": "interrupted"}},
+    )
+    _notify(run, results, status="interrupted", error=exc.describe(), within=10.0)
+    output.summary(results)
+    exc.reported = True
+
+
+def _failure(
+    table: TableConfig,
+    error: str,
+    seconds: float,
+    action: str | None = None,
+    reason: str | None = None,
+) -> TableResult:
+    return TableResult(table.written_name, "failure", action, None, reason, redact(error), seconds)
+
+
+def _sync_table(
+    run: RunContext, ends: Endpoints, table: TableConfig, output: SyncOutput
+) -> TableResult:
+    started, started_at = time.monotonic(), utc_now()
+    store = run.project.store
+    try:
+        state = store.read(table.name)
+    except StateError as exc:
+        result = _failure(table, str(exc), time.monotonic() - started)
+        log.error(result.line())
+        return result  # an untrusted state file is never overwritten
+    try:
+        with table_lock(ends.dest_url, table.target, table.written_name):
+            result = _sync_locked_table(run, ends, table, state, started, started_at, output)
+    except Interrupted as exc:  # what the table's load created is gone; its state stays
+        result = _failure(table, f"{exc.describe()} before it finished", time.monotonic() - started)
+        _record_failure(run, table, state, started_at, result)
+        run.results.append(result)
+        raise
+    except TableLocked as exc:  # another host's run: its state is not ours to touch
+        run.locked.add(table.written_name)
+        result = _failure(table, str(exc), time.monotonic() - started)
+    except ReplicatorError as exc:  # the lock's own connection
+        result = _failure(table, _one_line(exc), time.monotonic() - started)
+        _record_failure(run, table, state, started_at, result)
+    (log.info if result.status == "success" else log.error)(
+        result.line(),
+        extra={"fields": {"event": "table.finished", "run_id": run.run_id, **result.as_dict()}},
+    )
+    return result
+
+
+def _sync_locked_table(
+    run: RunContext,
+    ends: Endpoints,
+    table: TableConfig,
+    state: TableState | None,
+    started: float,
+    started_at: str,
+    output: SyncOutput,
+) -> TableResult:
+    """Plan the table and carry the plan out (its destination lock held); a failure is
+    recorded in its state and returned as the result."""
+    plan: Plan | None = None
+    try:
+        planned = plan_now(
+            ends.source, ends.dest, table, run.project.templates, state, run.full_refresh
+        )
+        plan = planned.plan
+        if plan.action == "fail":
+            raise TableProblem(f"{table.written_name}: {plan.reason}; {plan.fix}")
+        if run.resync is not None and plan.action != "incremental":
+            raise TableProblem(
+                f"{table.written_name}: cannot re-sync a key range: the table needs a full "
+                f"reload first ({plan.reason}); run `replicator sync -s {table.written_name}`"
+            )
+        if planned.observed.ownership == "legacy":
+            adopt_legacy(ends.dest, table)
+        job = TableJob(run, ends, table, planned, state, output, started, started_at)
+        result = carry_out(job)
+    except (ReplicatorError, psycopg.Error) as exc:
+        raise_if_requested()  # a query cancelled by SIGTERM/SIGINT: not the table's failure
+        log.debug("%s: traceback:\n%s", table.written_name, "".join(format_exception(exc)))
+        result = _failure(
+            table,
+            _one_line(exc),
+            time.monotonic() - started,
+            plan.action if plan and plan.action in ("full_reload", "incremental") else None,
+            plan.reason if plan else None,
+        )
+        _record_failure(run, table, state, started_at, result)
+    except Exception as exc:  # a bug: keep going with the next table
+        raise_if_requested()
+        log.debug("%s: traceback:\n%s", table.written_name, "".join(format_exception(exc)))
+        result = _failure(table, f"internal error: {_one_line(exc)}", time.monotonic() - started)
+        _record_failure(run, table, state, started_at, result)
+    return result
+
+
+def _record_unreachable(run: RunContext, table: TableConfig, result: TableResult) -> None:
+    """A run that could not reach a database is still the table's last run (`status` says
+    so), unless its state file cannot be trusted, which stays as it is."""
+    try:
+        state = run.project.store.read(table.name)
+    except StateError:
+        return
+    _record_failure(run, table, state, run.started_at, result)
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def _record_failure(
+    run: RunContext,
+    table: TableConfig,
+    state: TableState | None,
+    started_at: str,
+    result: TableResult,
+) -> None:
+    """Keep the table's cursor and flags; note the failure as its last run."""
+    base = state or TableState(table=str(table.name))
+    try:
+        run.project.store.write(
+            base.model_copy(update={"last_run": outcome(run, started_at, utc_now(), result)}),
+            table.name,
+        )
+    except OSError as exc:
+        log.error("%s: could not record the failure in sync-state: %s", table.written_name, exc)

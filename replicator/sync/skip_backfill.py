@@ -1,0 +1,68 @@
+"""`"initial_load": "skip"`: a table's first sync copies no existing row.
+
+The destination table is created empty (or adopted when it already exists with the source's
+shape, e.g. loaded by hand; either way recorded as the tool's from then on), and the cursor
+starts at the source's newest key, read with the same rules as after a full load: writers in
+progress hold it back, so no row they commit later is skipped. Rows at the starting key
+itself are read by the next sync (ties are never skipped).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+
+from ..plan.schema_diff import describe, diff
+from ..plan.signature import Signature, destination_signature
+from ..plan.table_sql import TableProblem, TableSql
+from ..postgres.catalog import TableInfo
+from ..postgres.database import execute
+from ..postgres.dest_schema import ensure_bookkeeping, ensure_schemas
+from ..postgres.dest_types import ensure_types
+from ..postgres.ownership import record_owned
+from ..project.state import Cursor, Pending, Window
+from .full_load import Endpoints, first_cursor
+
+
+@dataclass(frozen=True)
+class StartResult:
+    created: bool
+    cursor: Cursor | None
+    pending: Pending | None
+    window: Window | None
+
+
+def start_without_backfill(
+    ends: Endpoints, built: TableSql, destination: TableInfo | None, signature: Signature
+) -> StartResult:
+    """Create or adopt the destination table; the cursor at the source's newest key."""
+    name = built.table.written_name
+    if destination is not None:
+        changes = diff(signature.as_created(), destination_signature(destination))
+        if changes:
+            raise TableProblem(
+                f"{name}: initial_load skip adopts the existing destination table "
+                f"{built.table.target}, but it differs from the source ({describe(changes)}); "
+                "drop it (the sync then creates it) or make it match"
+            )
+    ensure_bookkeeping(ends.dest)
+    with ends.dest.transaction():
+        if destination is None:
+            ensure_schemas(ends.dest, [built.table.target.schema])
+            ensure_types(ends.source, ends.dest, [c.type_oid for c in built.columns])
+            execute(ends.dest, built.create_destination)
+        record_owned(ends.dest, built.table.target)  # created, or adopted as it matches
+    cursor, pending, window = _start_cursor(ends.source, built)
+    return StartResult(destination is None, cursor, pending, window)
+
+
+def _start_cursor(
+    conn: psycopg.Connection[Any], built: TableSql
+) -> tuple[Cursor | None, Pending | None, Window | None]:
+    execute(conn, "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+    try:
+        return first_cursor(conn, built)
+    finally:
+        execute(conn, "ROLLBACK")

@@ -1,0 +1,233 @@
+"""What `sync` does to one table once it is planned: a full reload, an incremental merge (or
+a noop), a start without backfill, a re-sync of a key range; each writes the table's new state
+only after the destination committed."""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+
+from psycopg import sql
+
+from ..failpoints import failpoint
+from ..plan.decide import Plan
+from ..plan.drift import Observed, Planned
+from ..plan.table_sql import TableSql, batch_query
+from ..postgres.catalog import TableInfo
+from ..postgres.database import execute
+from ..project.config import TableConfig
+from ..project.state import Cursor, Pending, RunOutcome, TableState, Window
+from ..report.output import SyncOutput
+from ..report.results import TableResult, utc_now
+from .full_load import Endpoints, full_reload
+from .incremental import incremental_sync, probe
+from .skip_backfill import start_without_backfill
+
+if TYPE_CHECKING:
+    from .run import RunContext
+
+log = logging.getLogger("replicator.sync")
+
+
+@dataclass(frozen=True)
+class TableJob:
+    """One planned table of a run: what every action needs."""
+
+    run: RunContext
+    ends: Endpoints
+    table: TableConfig
+    planned: Planned
+    state: TableState | None
+    output: SyncOutput
+    started: float
+    started_at: str
+
+    @property
+    def name(self) -> str:
+        return self.table.written_name
+
+    @property
+    def built(self) -> TableSql:
+        return self.planned.built
+
+    @property
+    def source(self) -> TableInfo:
+        return self.planned.source
+
+    @property
+    def observed(self) -> Observed:
+        return self.planned.observed
+
+    @property
+    def plan(self) -> Plan:
+        return self.planned.plan
+
+    def success(
+        self,
+        action: str,
+        rows: int,
+        reason: str,
+        size: int,
+        cursor_from: str | None,
+        cursor_to: str | None,
+    ) -> TableResult:
+        elapsed = time.monotonic() - self.started
+        return TableResult(
+            self.name, "success", action, rows, reason, None, elapsed, size, cursor_from, cursor_to
+        )
+
+    def write_state(self, state: TableState) -> None:
+        self.run.project.store.write(state, self.table.name)
+
+    def outcome(self, result: TableResult, finished: str) -> RunOutcome:
+        return outcome(self.run, self.started_at, finished, result)
+
+
+def carry_out(job: TableJob) -> TableResult:
+    """Run the job's plan (full_reload, incremental or skip_backfill)."""
+    with job.built.reading_model():
+        if job.plan.action == "incremental":
+            return _resync(job) if job.run.resync is not None else _incremental(job)
+        if job.plan.action == "skip_backfill":
+            return _skip_backfill(job)
+        return _full_reload(job)
+
+
+def _full_reload(job: TableJob) -> TableResult:
+    """Load the table in full through a side table and a swap; record the new state."""
+    log.info("%s: full_reload (%s)", job.name, job.plan.reason)
+    with job.output.progress(job.name) as progress:
+        loaded = full_reload(job.ends, job.built, job.source, job.run.spark, progress)
+    failpoint("after-swap-before-state")
+    old = job.state.cursor.value if job.state and job.state.cursor else None
+    new = loaded.cursor.value if loaded.cursor else None
+    result = job.success("full_reload", loaded.rows, job.plan.reason, loaded.bytes, old, new)
+    _write_new_state(job, loaded, result)
+    return result
+
+
+def _incremental(job: TableJob) -> TableResult:
+    """Probe without Spark; read, stage and merge only when something changed."""
+    state = job.state
+    assert state is not None
+    before = state.cursor.value if state.cursor else None
+    signature = job.observed.signature.as_json()
+    probed = probe(job.ends.source, job.built, state)
+    if not probed.changed:
+        finished = utc_now()
+        result = job.success("noop", 0, job.plan.reason, 0, before, before)
+        job.write_state(
+            state.model_copy(
+                update={
+                    "pending": probed.pending,
+                    "schema_signature": signature,
+                    "last_synced_at": finished,
+                    "last_run": job.outcome(result, finished),
+                }
+            )
+        )
+        return result
+    log.info("%s: incremental (%s)", job.name, job.plan.reason)
+    with job.output.progress(job.name) as progress:
+        synced = incremental_sync(job.ends, job.built, state, job.run.spark, probed.rows, progress)
+    after = synced.cursor.value if synced.cursor else None
+    reason = f"cursor {before or 'none'} -> {after or 'none'}"
+    result = job.success("incremental", synced.rows_read, reason, synced.bytes, before, after)
+    failpoint("after-merge-before-state")
+    finished = utc_now()
+    job.write_state(
+        state.model_copy(
+            update={
+                "cursor": synced.cursor,
+                "pending": synced.pending,
+                "window": synced.window,
+                "schema_signature": signature,
+                "last_synced_at": finished,
+                "last_run": job.outcome(result, finished),
+            }
+        )
+    )
+    return result
+
+
+def _skip_backfill(job: TableJob) -> TableResult:
+    """initial_load skip: no row copied; the destination created or adopted, the cursor
+    set at the source's newest key."""
+    start = start_without_backfill(
+        job.ends, job.built, job.observed.destination, job.observed.signature
+    )
+    cursor = start.cursor.value if start.cursor else None
+    table_note = "created empty" if start.created else "adopted"
+    reason = (
+        f"{job.plan.reason}: destination table {table_note}, cursor starts at {cursor or 'none'}"
+    )
+    result = job.success("noop", 0, reason, 0, None, cursor)
+    _write_new_state(job, start, result)
+    return result
+
+
+def _resync(job: TableJob) -> TableResult:
+    """sync --since/--until: re-read and merge one key range; the cursor stays."""
+    bounds, state, key = job.run.resync, job.state, job.table.replication_key
+    assert bounds is not None and state is not None and key is not None
+    cursor = state.cursor.value if state.cursor else "none"
+    span = f"{bounds.since} .. {bounds.until or 'newest'}"
+    log.info("%s: re-sync of %s (cursor %s kept)", job.name, span, cursor)
+    batch = batch_query(
+        job.built.model.sql, key, job.built.replication_key_type, bounds.since, bounds.until
+    )
+    (rows,) = execute(
+        job.ends.source, sql.SQL("SELECT count(*) FROM ({}) AS b").format(batch)
+    ).fetchone()
+    with job.output.progress(job.name) as progress:
+        synced = incremental_sync(job.ends, job.built, state, job.run.spark, rows, progress, bounds)
+    reason = f"cursor {cursor} kept; re-sync {span}"
+    result = job.success("incremental", synced.rows_read, reason, synced.bytes, cursor, cursor)
+    job.write_state(state.model_copy(update={"last_run": job.outcome(result, utc_now())}))
+    return result
+
+
+class _Position(Protocol):
+    """Where a load left the table (LoadResult, StartResult)."""
+
+    @property
+    def cursor(self) -> Cursor | None: ...
+
+    @property
+    def pending(self) -> Pending | None: ...
+
+    @property
+    def window(self) -> Window | None: ...
+
+
+def _write_new_state(job: TableJob, position: _Position, result: TableResult) -> None:
+    """A table's state after a load (or a start without one): everything from this run, so
+    a pending refresh mark is cleared only now."""
+    finished = utc_now()
+    job.write_state(
+        TableState(
+            table=str(job.table.name),
+            cursor=position.cursor,
+            pending=position.pending,
+            window=position.window,
+            schema_signature=job.observed.signature.as_json(),
+            last_synced_at=finished,
+            last_run=job.outcome(result, finished),
+        )
+    )
+
+
+def outcome(run: RunContext, started_at: str, finished_at: str, result: TableResult) -> RunOutcome:
+    """A table's result as its state's `last_run`."""
+    return RunOutcome(
+        run_id=run.run_id,
+        started_at=started_at,
+        finished_at=finished_at,
+        status=result.status,
+        action=result.action,
+        rows=result.rows,
+        reason=result.reason,
+        error=result.error,
+    )

@@ -1,0 +1,248 @@
+"""What each Spark task runs: stream one partition from source to destination with COPY.
+
+The bytes go from `COPY (...) TO STDOUT` straight into `COPY ... FROM STDIN` without being
+parsed, inside a source transaction that imported the run's exported snapshot. The
+destination transaction also records the partition in a marker table, so a task that Spark
+runs twice loads its rows once. Imports stay light: this runs in Spark's Python workers.
+"""
+
+from __future__ import annotations
+
+import select
+import time
+from dataclasses import dataclass
+
+import psycopg
+from psycopg import pq, sql
+
+from ..failpoints import failpoint
+from ..interrupts import track
+from ..postgres.pgsession import pin_session
+
+MARKER_TABLE = ("_replicator", "loaded_partitions")
+WRITE_BLOCK = 1 << 20
+
+
+@dataclass(frozen=True)
+class CopyTask:
+    """One partition's work; pickled to the executor that runs it."""
+
+    load_id: str
+    index: int
+    source_url: str
+    dest_url: str
+    snapshot: str
+    copy_out: str
+    copy_in: str
+    # A load's only task may empty the table in its own transaction first: that lets its
+    # COPY FREEZE (rows written frozen and all-visible: no hint bits to set and write back
+    # when the key is built, nothing for vacuum to do later).
+    truncate: str | None = None
+    origin: str = ""  # the model the rows come from, for error messages
+
+    def __repr__(self) -> str:  # never print connection strings
+        return f"CopyTask({self.load_id!r}, {self.index})"
+
+
+class TaskError(Exception):
+    """A copy task's failure in one line that names the side (and, on the source, the
+    model): `source: division by zero (reading models/shop/orders.sql)`."""
+
+
+@dataclass(frozen=True)
+class CopyResult:
+    index: int
+    rows: int
+    bytes: int
+    seconds: float
+
+
+def copy_tasks(
+    load_id: str,
+    source_url: str,
+    dest_url: str,
+    snapshot: str,
+    queries: list[sql.Composable],
+    table: tuple[str, str],
+    columns: list[str],
+    *,
+    freeze: bool = False,
+    origin: str = "",
+) -> list[CopyTask]:
+    """One task per query: binary COPY of its rows into `table` (schema, name).
+
+    `freeze`: the table is this load's alone; a single task truncates it and copies frozen."""
+    freeze = freeze and len(queries) == 1
+    copy_in = (
+        sql.SQL("COPY {} ({}) FROM STDIN (FORMAT binary{})")
+        .format(
+            sql.Identifier(*table),
+            sql.SQL(", ").join(map(sql.Identifier, columns)),
+            sql.SQL(", FREEZE" if freeze else ""),
+        )
+        .as_string(None)
+    )
+    truncate = (
+        sql.SQL("TRUNCATE {}").format(sql.Identifier(*table)).as_string(None) if freeze else None
+    )
+    return [
+        CopyTask(
+            load_id,
+            index,
+            source_url,
+            dest_url,
+            snapshot,
+            sql.SQL("COPY ({}) TO STDOUT (FORMAT binary)").format(query).as_string(None),
+            copy_in,
+            truncate,
+            origin,
+        )
+        for index, query in enumerate(queries)
+    ]
+
+
+def run_copy_task(task: CopyTask) -> CopyResult:
+    """Copy one partition exactly once (a repeated attempt finds the marker and stops)."""
+    try:
+        return _copy_once(task)
+    except _SourceFailure as exc:
+        where = f" (reading {task.origin})" if task.origin else ""
+        raise TaskError(f"source: {exc}{where}") from None
+    except psycopg.Error as exc:  # everything else happens on the destination
+        raise TaskError(f"destination: {_first_line(exc)}") from None
+
+
+class _SourceFailure(Exception):
+    """A psycopg error on the source connection, told apart from the destination's."""
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = str(exc).strip().splitlines()
+    return lines[0].removeprefix("ERROR:").strip() if lines else type(exc).__name__
+
+
+def _copy_once(task: CopyTask) -> CopyResult:
+    started = time.monotonic()
+    marker = sql.Identifier(*MARKER_TABLE)
+    with psycopg.connect(task.dest_url, application_name="replicator-task") as dest:
+        track(dest)
+        pin_session(dest)
+        dest.commit()
+        claimed = dest.execute(
+            sql.SQL(
+                "INSERT INTO {} (load_id, part) VALUES (%s, %s) ON CONFLICT DO NOTHING "
+                "RETURNING part"
+            ).format(marker),
+            (task.load_id, task.index),
+        ).fetchone()
+        if claimed is None:  # an earlier attempt of this task committed already
+            dest.rollback()
+            row = dest.execute(
+                sql.SQL("SELECT rows, bytes FROM {} WHERE load_id = %s AND part = %s").format(
+                    marker
+                ),
+                (task.load_id, task.index),
+            ).fetchone()
+            return CopyResult(task.index, row[0], row[1], time.monotonic() - started)
+        if task.truncate:
+            dest.execute(task.truncate)
+        rows, size = _stream(task, dest)
+        dest.execute(
+            sql.SQL("UPDATE {} SET rows = %s, bytes = %s WHERE load_id = %s AND part = %s").format(
+                marker
+            ),
+            (rows, size, task.load_id, task.index),
+        )
+        failpoint("task-before-commit")
+        dest.commit()
+    return CopyResult(task.index, rows, size, time.monotonic() - started)
+
+
+def _open_source(task: CopyTask) -> psycopg.Connection:
+    """A source session inside the run's exported snapshot."""
+    try:
+        # autocommit + explicit BEGIN: SET TRANSACTION SNAPSHOT must be the first statement.
+        source = psycopg.connect(
+            task.source_url, application_name="replicator-task", autocommit=True
+        )
+        track(source)
+        pin_session(source)
+        if source.info.server_version >= 140000:
+            # A task killed mid-query (its Spark job cancelled, its worker gone) is noticed
+            # by the server within seconds, instead of when the query next sends a row.
+            source.execute("SET client_connection_check_interval = '2s'")
+        source.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+        source.execute(sql.SQL("SET TRANSACTION SNAPSHOT {}").format(sql.Literal(task.snapshot)))
+    except psycopg.Error as exc:
+        raise _SourceFailure(_first_line(exc)) from None
+    return source
+
+
+def _stream(task: CopyTask, dest: psycopg.Connection) -> tuple[int, int]:
+    """Read COPY data with libpq directly and write it on in 1 MiB blocks.
+
+    psycopg's Copy iterator costs Python work per row; raw get_copy_data() plus large
+    writes halves the CPU a task spends, which is what limits a load on a small machine.
+    Errors of the source's calls become _SourceFailure; the rest are the destination's.
+    """
+    size = 0
+    with _open_source(task) as source:
+        in_cursor = dest.cursor()
+        with in_cursor.copy(task.copy_in) as into:
+            pgconn = source.pgconn
+            try:
+                pgconn.send_query(task.copy_out.encode())
+                _expect(_next_result(pgconn), pq.ExecStatus.COPY_OUT)
+            except psycopg.Error as exc:
+                raise _SourceFailure(_first_line(exc)) from None
+            buffer, read, consume = bytearray(), pgconn.get_copy_data, pgconn.consume_input
+            while True:
+                try:
+                    count, data = read(1)
+                    if count == 0:  # libpq's buffer is empty: wait for the socket
+                        _wait_readable(pgconn)
+                        consume()
+                        continue
+                except psycopg.Error as exc:
+                    raise _SourceFailure(_first_line(exc)) from None
+                if count < 0:
+                    break
+                buffer += data
+                if len(buffer) >= WRITE_BLOCK:
+                    size += len(buffer)
+                    into.write(buffer)
+                    buffer = bytearray()
+            failpoint("mid-extract")  # read, not all of it written: outside the hot loop
+            if buffer:
+                size += len(buffer)
+                into.write(buffer)
+            try:
+                _expect(_next_result(pgconn), pq.ExecStatus.COMMAND_OK)
+                while _next_result(pgconn) is not None:
+                    pass
+            except psycopg.Error as exc:
+                raise _SourceFailure(_first_line(exc)) from None
+        source.execute("ROLLBACK")
+    return in_cursor.rowcount, size
+
+
+def _wait_readable(pgconn: pq.abc.PGconn) -> None:
+    """Wait for data in `select`, not inside libpq: a blocking libpq read holds the GIL, so
+    neither a signal handler nor any other thread could run until the server sent rows
+    (measured: a slow source query made SIGTERM wait for it)."""
+    select.select([pgconn.socket], [], [])
+
+
+def _next_result(pgconn: pq.abc.PGconn) -> pq.abc.PGresult | None:
+    """PQgetResult without blocking inside libpq (see `_wait_readable`)."""
+    pgconn.consume_input()
+    while pgconn.is_busy():
+        _wait_readable(pgconn)
+        pgconn.consume_input()
+    return pgconn.get_result()
+
+
+def _expect(result: pq.abc.PGresult | None, status: pq.ExecStatus) -> None:
+    if result is None or result.status != status:
+        message = result.error_message.decode(errors="replace") if result else "no result"
+        raise _SourceFailure(_first_line(message) if message.strip() else "COPY failed")

@@ -1,0 +1,147 @@
+"""Runs the COPY tasks of a load on Spark, starting Spark in the background.
+
+The JVM takes seconds to start: a run starts it as soon as it knows a table needs data moved,
+and keeps inspecting catalogs and writing DDL meanwhile. A run that moves nothing never
+starts it.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+import uuid
+from collections.abc import Mapping
+from typing import Any
+
+from ..errors import ReplicatorError
+from ..interrupts import on_interrupt, raise_if_requested, requested
+from ..redact import redact
+from .copy_stream import CopyResult, CopyTask, TaskError, run_copy_task
+from .jvm_archive import ArchivePlan, plan_archive, stop_jvm_and_keep_archive
+from .spark_session import jdbc_jar
+
+_DRIVER_OPTIONS = "spark.driver.extraJavaOptions"
+
+
+class SparkRunner:
+    """The run's one Spark context, created lazily."""
+
+    def __init__(
+        self,
+        master: str | None,
+        conf: Mapping[str, str],
+        *,
+        quiet: bool = True,
+        min_rows: int = 0,
+    ):
+        self.master, self.conf, self.quiet = master, dict(conf), quiet
+        self.min_rows = min_rows
+        self._thread: threading.Thread | None = None
+        self._context: Any = None
+        self._error: BaseException | None = None
+        self._archive: ArchivePlan | None = None
+
+    @property
+    def started(self) -> bool:
+        return self._thread is not None
+
+    def warm_up(self) -> None:
+        """Start the context in a background thread, if not started yet."""
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._start, name="spark-start", daemon=True)
+            self._thread.start()
+
+    def _start(self) -> None:
+        from pyspark import SparkContext
+
+        from .spark_session import start_spark_context
+
+        try:
+            if SparkContext._gateway is None:  # a new driver JVM: use or build the archive
+                jars = self.conf.get("spark.jars", str(jdbc_jar() or ""))
+                self._archive = plan_archive(jars, self.conf.get(_DRIVER_OPTIONS, ""))
+            options = self._archive.options if self._archive else ""
+            context = start_spark_context(
+                self.master, self.conf, quiet=self.quiet, driver_options=options
+            )
+            # The first job forks Spark's Python workers (about half a second): do it now.
+            context.parallelize(range(context.defaultParallelism)).map(abs).count()
+            self._context = context
+        except BaseException as exc:  # surfaced to the table that needs Spark
+            self._error = exc
+
+    def context(self) -> Any:
+        self.warm_up()
+        assert self._thread is not None
+        self._thread.join()
+        if self._error is not None:
+            raise ReplicatorError(f"Spark did not start: {redact(str(self._error))}")
+        return self._context
+
+    def parallelism(self) -> int:
+        return int(self.context().defaultParallelism)
+
+    def needed_for(self, estimated_rows: int) -> bool:
+        """Whether a copy of about this many rows goes to Spark (else: this process)."""
+        return estimated_rows >= self.min_rows
+
+    def run_copy_tasks(
+        self, tasks: list[CopyTask], *, in_process: bool = False
+    ) -> list[CopyResult]:
+        """Run one Spark task per partition; return their row and byte counts.
+
+        `in_process`: a small copy runs the same tasks here, one after another."""
+        if in_process:
+            try:
+                return [run_copy_task(task) for task in tasks]
+            except TaskError as exc:
+                raise_if_requested()  # a query cancelled by the interruption
+                raise ReplicatorError(str(exc)) from None
+        context = self.context()
+        group = f"replicator-{uuid.uuid4().hex}"
+        context.setJobGroup(group, "replicator copy", interruptOnCancel=True)
+        stop_cancelling = on_interrupt(lambda: context.cancelJobGroup(group))
+        try:
+            return context.parallelize(tasks, len(tasks)).map(run_copy_task).collect()
+        except Exception as exc:
+            raise_if_requested()  # the job failed because the run was interrupted
+            raise ReplicatorError(spark_error_message(exc)) from None
+        finally:
+            stop_cancelling()
+
+    def finish(self) -> None:
+        """End of the run. The JVM normally just exits with this process; the run that
+        builds the class archive stops it cleanly so that the archive is written."""
+        interrupted = requested() is not None  # then exit now; a later run writes it
+        if (
+            self._context is not None
+            and self._archive
+            and self._archive.pending
+            and not interrupted
+        ):
+            self._context.stop()
+            stop_jvm_and_keep_archive(self._archive)
+        self._context = None
+
+
+# "... most recent failure: Lost task 1.0 in stage 0.0 (TID 1) (host executor driver):
+# org.apache.spark.SparkException: Python worker exited unexpectedly (crashed). ..."
+_EXCEPTION_CLASS = re.compile(r"^[A-Za-z_][\w.]*: ")
+_LOST_TASK = re.compile(r"most recent failure: Lost task [^\n]*?\): (?:[\w.$]+: )?([^\n]+)")
+
+
+def spark_error_message(exc: BaseException) -> str:
+    """The Python exception line from inside a failed Spark task, else the first line."""
+    text = str(exc)
+    marker = text.rfind("Traceback (most recent call last):")
+    if marker >= 0:
+        for line in text[marker:].splitlines()[1:]:
+            if line and not line[0].isspace():
+                # `replicator.copy_stream.TaskError: source: ...`: the message, not the class
+                message = _EXCEPTION_CLASS.sub("", line.strip(), count=1)
+                return redact(f"Spark task failed: {message}")
+    lost = _LOST_TASK.search(text)
+    if lost:  # the task died without a Python exception (its worker was killed, say)
+        return redact(f"Spark task failed: {lost.group(1).split('. ')[0].strip()}")
+    first = next((line for line in text.splitlines() if line.strip()), type(exc).__name__)
+    return redact(f"Spark job failed: {first.strip()}")
