@@ -6,8 +6,10 @@ before the command name as well as after it, as dbt accepts them.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
+import os
 import sys
 import traceback
 from collections.abc import Callable
@@ -123,6 +125,8 @@ def _common(command: Callable[..., Any]) -> Callable[..., Any]:
         except ReplicatorError as exc:
             _report(exc, verbose)
             sys.exit(exc.exit_code)
+        except BrokenPipeError:
+            _quiet_broken_pipe()
         except Exception as exc:  # a bug: one readable line, the traceback under -v
             _report(exc, verbose, prefix="internal error: ")
             sys.exit(1)
@@ -371,4 +375,37 @@ def check(project_dir: Path, ping: bool) -> int:
 
 
 def main() -> None:
-    cli(prog_name="replicator")
+    """The console script: click's own usage errors follow --log-format json too, and a
+    closed stdout (`replicator compile | head`) ends the command quietly."""
+    try:
+        cli.main(prog_name="replicator", standalone_mode=False)
+    except click.exceptions.Exit as exc:  # --help, --version
+        sys.exit(exc.exit_code)
+    except click.ClickException as exc:
+        if "json" in _log_format_in(sys.argv[1:]):
+            configure_logging(log_format="json")
+            click.echo(error_line(exc.format_message(), exc.exit_code), err=True)
+        else:
+            exc.show()
+        sys.exit(exc.exit_code)
+    except click.exceptions.Abort:  # Ctrl-C before a command took over
+        sys.exit(130)
+    except BrokenPipeError:
+        _quiet_broken_pipe()
+
+
+def _log_format_in(args: list[str]) -> str:
+    """--log-format's value on a command line that click could not parse."""
+    for index, arg in enumerate(args):
+        if arg.startswith("--log-format="):
+            return arg.split("=", 1)[1]
+        if arg == "--log-format" and index + 1 < len(args):
+            return args[index + 1]
+    return "text"
+
+
+def _quiet_broken_pipe() -> None:
+    """The reader went away (`| head`): what it wanted was printed; exit 0 without a word."""
+    with contextlib.suppress(OSError):
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    sys.exit(0)

@@ -5,7 +5,10 @@ environment, exit codes), and errors that say which side and which file they com
 from __future__ import annotations
 
 import json
+import os
 import re
+import subprocess
+import sys
 import uuid
 
 import pytest
@@ -169,3 +172,76 @@ def test_hints_name_the_role_they_mean(db_project, shop, source_conn, pg_servers
     finally:
         source_conn.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(role)))
         source_conn.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))
+
+
+def test_a_closed_pipe_ends_quietly(db_project, source_conn, schema):
+    """`replicator compile | head -1` (the README's own example, on a bigger project): the
+    reader closes the pipe early; exit 0, nothing on stderr."""
+    for number in range(40):
+        source_conn.execute(
+            sql.SQL("CREATE TABLE {} (id int PRIMARY KEY, v text)").format(
+                sql.Identifier(schema, f"t{number}")
+            )
+        )
+    db_project.write_config(
+        {"tables": [{"name": f"{schema}.t{n}", "mode": "full-refresh"} for n in range(40)]}
+    )
+    for command in ("compile", "status --log-format json", "state show"):
+        done = subprocess.run(
+            [
+                "bash",
+                "-o",
+                "pipefail",
+                "-c",
+                f"{sys.executable} -m replicator {command} --project-dir {db_project.path} "
+                "| head -c 10",
+            ],
+            env={**os.environ, **db_project.env},
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert done.returncode == 0, (command, done.stderr)
+        assert done.stderr == "", (command, done.stderr)
+
+
+def test_usage_errors_follow_log_format_json(db_project):
+    for args in (("refresh",), ("sync", "--bogus"), ("bogus",)):
+        done = db_project.run_process("--log-format", "json", *args)
+        assert done.returncode == 2, args
+        (error,) = _json_lines(done.stderr)
+        assert error["event"] == "command.failed" and error["exit_code"] == 2, error
+
+
+def test_verbose_shows_sql_not_library_chatter(db_project, shop):
+    done = db_project.run_process("status", "-v")
+    assert re.search(r"sql:\s+SELECT", done.stderr), done.stderr
+    assert "connection polled" not in done.stderr and "PGconn" not in done.stderr
+    assert "connection polled" in db_project.run_process("status", "-vv").stderr
+
+
+def test_json_says_when_a_table_starts(db_project, shop):
+    synced = db_project.run_process("sync", "--log-format", "json")
+    started = [e for e in _json_lines(synced.stderr) if e.get("event") == "table.started"]
+    assert started == [
+        started[0] | {"name": f"{shop}.orders", "action": "full_reload", "reason": "no state"}
+    ]
+
+
+def test_a_failed_ping_says_why(db_project, shop):
+    from replicator.postgres.pgcluster import free_port
+
+    done = db_project.run_process(
+        "check",
+        "--ping",
+        env={
+            "REPLICATOR_WEBHOOK_URL": f"http://127.0.0.1:{free_port()}/hook",
+            "REPLICATOR_SPARK_MIN_ROWS": "0",
+        },
+    )
+    assert done.returncode == 1
+    assert re.search(
+        r"error webhook: test payload not delivered: webhook to http://127\.0\.0\.1:\d+ failed "
+        r"after retries: ConnectionError",
+        done.stdout,
+    ), done.stdout

@@ -105,6 +105,11 @@ def _errors(project, document) -> tuple[int, str]:
             id="bad-mode",
         ),
         pytest.param(
+            {"tables": [{"name": "a.b", "replication_key": "u", "mode": "incremental"}]},
+            'did you mean "incremental-deduped" or "incremental-append"?',
+            id="bad-mode-the-start-of-two",
+        ),
+        pytest.param(
             {"tables": [{"name": "orders", "replication_key": "u"}]},
             'tables[0].name: expected "schema.table"',
             id="unqualified-name",
@@ -123,6 +128,22 @@ def _errors(project, document) -> tuple[int, str]:
             },
             "tables: source table a.b is listed twice",
             id="duplicate",
+        ),
+        pytest.param(
+            {
+                "tables": [
+                    {"name": "a.b", "mode": "full-refresh", "destination": "w.x"},
+                    {"name": "a.c", "mode": "full-refresh"},
+                    {"name": "a.d", "mode": "full-refresh", "destination": "w.x"},
+                ]
+            },
+            "tables: destination table w.x is listed twice (tables[0] and tables[2])\n",
+            id="duplicate-destination-names-the-entries",
+        ),
+        pytest.param(
+            '{"tables": [\n  {"name": "a.b", "mode": "full-refresh"},\n]}',
+            "invalid JSON: Expecting value (a comma before a closing } or ] is not JSON)",
+            id="trailing-comma",
         ),
         pytest.param({"tables": []}, "tables: expected at least one table", id="empty"),
         pytest.param({}, "tables: required key is missing", id="missing-tables"),
@@ -254,6 +275,39 @@ def test_malformed_connection_setting_is_exit_2_and_redacted(project):
     assert "REPLICATOR_SOURCE_URL is not a valid libpq connection string" in result.stderr
     assert "hunter2secret" not in result.output
     assert "pw-in-url-xyz" not in result.output
+
+
+@pytest.mark.parametrize(
+    ("url", "problem"),
+    [
+        ("postgresql://u@h:99999/db", "port '99999' is not a port number (1-65535)"),
+        ("postgresql://u@h/db?sslmode=bogus", "sslmode 'bogus' is not one of disable, allow"),
+        ("host=h port=5432,x dbname=db", "port 'x' is not a port number"),
+        ("host=h connect_timeout=soon", "connect_timeout 'soon' is not a whole number"),
+    ],
+)
+def test_option_values_libpq_would_refuse_are_exit_2_before_anything(project, url, problem):
+    """libpq checks these only when it connects: caught here, they are usage errors, and no
+    run is recorded as failed."""
+    project.write_config(VALID)
+    before = project.files()
+    result = project.run("sync", env={"REPLICATOR_SOURCE_URL": url, "REPLICATOR_DEST_URL": url})
+    assert result.exit_code == 2
+    assert f"REPLICATOR_SOURCE_URL: {problem}" in result.stderr
+    assert project.files() == before
+
+
+def test_a_misspelt_setting_in_dotenv_is_named(project):
+    project.write_config(VALID)
+    project.write(".env", "REPLICATOR_SOURC_URL=postgresql://u@h/db\n")
+    result = project.run("sync")
+    assert result.exit_code == 2
+    assert "unknown setting REPLICATOR_SOURC_URL, ignored; did you mean REPLICATOR_SOURCE_URL?" in (
+        result.stderr
+    )
+    assert "REPLICATOR_SOURCE_URL is not set (REPLICATOR_SOURC_URL is set: a typo?)" in (
+        result.stderr
+    )
 
 
 def test_dotenv_supplies_settings_and_environment_wins(project, pg_servers):

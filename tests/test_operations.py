@@ -134,6 +134,34 @@ def test_a_long_copy_logs_its_progress_off_a_terminal(db_project, slow, min_rows
     assert quiet.returncode == 0 and quiet.stderr == "", quiet.stderr
 
 
+def test_a_slow_step_before_the_copy_is_logged_with_its_name(db_project, source_conn, schema):
+    """The first cursor is read through the model before anything is copied: a model that
+    takes seconds says so while it runs, not only when the copy starts."""
+    table = sql.Identifier(schema, "t")
+    source_conn.execute(
+        sql.SQL("CREATE TABLE {} (id int PRIMARY KEY, updated_at timestamptz NOT NULL)").format(
+            table
+        )
+    )
+    source_conn.execute(
+        sql.SQL("INSERT INTO {} SELECT g, now() FROM generate_series(1, 9) g").format(table)
+    )
+    db_project.write(
+        f"models/{schema}/t.sql",
+        "SELECT t.* FROM {{ source }} AS t CROSS JOIN (SELECT pg_sleep(2.5)) AS slow",
+    )
+    db_project.write_config({"tables": [{"name": f"{schema}.t", "replication_key": "updated_at"}]})
+    done = db_project.run_process(
+        "sync", env={"REPLICATOR_PROGRESS_INTERVAL": "1", "REPLICATOR_SPARK_MIN_ROWS": "1000000"}
+    )
+    assert done.returncode == 0, done.stderr
+    assert re.search(
+        rf"{schema}\.t: reading the first cursor from the model, in the load's snapshot, \d+ s "
+        r"so far",
+        done.stderr,
+    ), done.stderr
+
+
 def test_a_terminal_gets_a_live_progress_line_but_not_under_q(db_project, slow):
     typescript = _tty_run(db_project, "sync")
     assert re.search(r"[\d,]+ of ~3,000 rows, [\d.]+ MB, [\d,]+ rows/s", typescript), typescript

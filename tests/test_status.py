@@ -103,3 +103,23 @@ def test_lag_is_behind_the_newest_copied_key_and_rows_are_the_destinations(
     assert row["lag"] == "00:00:00"
     assert row["rows"] == 30, "the destination still holds 30 rows"
     assert row["last_run_rows"] == 6, "what the last run read: 5 changed, 1 at the cursor"
+
+
+def test_a_slow_model_does_not_make_status_hang(db_project, orders, monkeypatch):
+    """status reads the newest key through the model; a model slower than the limit gets a
+    note instead of a hang (the limit shortened here from its 10 s)."""
+    from replicator.commands import status
+
+    _config(db_project, orders)
+    assert db_project.run("sync").exit_code == 0
+    db_project.write(
+        f"models/{orders}/orders.sql",
+        "SELECT t.* FROM {{ source }} AS t CROSS JOIN (SELECT pg_sleep(3)) AS slow",
+    )
+    monkeypatch.setattr(status, "POSITION_TIMEOUT_SECONDS", 1)
+    done = db_project.run("status")
+    assert done.exit_code == 0, done.output
+    assert (
+        f"{orders}.orders: lag not computed: its model (models/{orders}/orders.sql) took over "
+        "1 s to return the newest key" in done.stdout
+    )

@@ -176,12 +176,13 @@ def _ping_webhook(project: Project) -> Finding:
     now = utc_now()
     payload = build_payload("check-ping", now, now, [], status="success")
     payload["event"] = "check.ping"
-    if post(target, payload):
+    problem = post(target, payload)
+    if problem is None:
         return Finding("ok", "webhook", "test payload delivered")
     return Finding(
         "error",
         "webhook",
-        "test payload not delivered (see the log line above)",
+        f"test payload not delivered: {problem}",
         "check webhook.url / REPLICATOR_WEBHOOK_URL and the receiver",
     )
 

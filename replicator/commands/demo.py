@@ -12,6 +12,7 @@ import json
 import os
 import shlex
 import shutil
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -156,14 +157,26 @@ def _print_explore(base: Path, copy: Path, clusters: list[PgCluster]) -> None:
         "clusters kept running; to explore them:",
         f"  export {SOURCE_URL}={clusters[0].url()}",
         f"  export {DEST_URL}={clusters[1].url()}",
-        f"  replicator status --project-dir {copy}",
-        f"  replicator compile --project-dir {copy}",
+        f"  {_command()} status --project-dir {copy}",
+        f"  {_command()} compile --project-dir {copy}",
         "stop and remove them with:",
         *[f"  {shlex.join(cluster.stop_command())}" for cluster in clusters],
         f"  rm -rf {shlex.quote(str(base))}",
     ]
     for line in lines:
         say(line, "demo.explore")
+
+
+def _command() -> str:
+    """How to run this replicator from a shell: `replicator` when that is this one on the
+    PATH, else its full path (after `make demo` it lives in .venv/bin)."""
+    beside = Path(sys.executable).parent / "replicator"
+    on_path = shutil.which("replicator")
+    if on_path and beside.exists() and Path(on_path).resolve() == beside.resolve():
+        return "replicator"
+    if beside.exists():
+        return shlex.quote(str(beside))
+    return f"{shlex.quote(sys.executable)} -m replicator"
 
 
 def _verify(project: Project, source_url: str, dest_url: str) -> None:

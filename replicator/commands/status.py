@@ -21,7 +21,7 @@ from psycopg import sql
 from rich.console import Console
 from rich.table import Table
 
-from ..errors import ReplicatorError, StateError
+from ..errors import DatabaseError, ReplicatorError, StateError
 from ..plan.decide import Plan, plan_table
 from ..plan.drift import Planned, plan_now
 from ..plan.table_sql import MODEL_ALIAS
@@ -34,6 +34,14 @@ from ..redact import redact
 from ..report.logs import json_output
 
 log = logging.getLogger(__name__)
+
+POSITION_TIMEOUT_SECONDS = 10
+QUERY_CANCELED = psycopg.errors.QueryCanceled.sqlstate
+
+
+class _SlowModel(Exception):
+    """The newest-key query of a table's model took longer than status waits."""
+
 
 _POSITION = """
 SELECT max_key::text, {lag}
@@ -164,7 +172,10 @@ def _observe_live(
             try:
                 planned = plan_now(source, dest, table, project.templates, state)
                 _set_plan(row, planned.plan)
-                row["source_max"], row["lag"] = _position(source, planned, state)
+                try:
+                    row["source_max"], row["lag"] = _position(source, planned, state)
+                except _SlowModel as slow:
+                    notes.append(str(slow))
                 if dest is not None and planned.observed.destination is not None:
                     row["rows"] = _count(dest, table)
             except ReplicatorError as exc:
@@ -214,7 +225,23 @@ def _position(
         # The model is the user's SQL: `%` doubled since parameters are bound.
         model=sql.SQL(built.model.sql.replace("%", "%%")),
     )
-    newest, behind = execute(conn, query, copied).fetchone()
+    try:
+        with conn.transaction():
+            # The newest key comes from the model: a slow model must not make status hang.
+            execute(
+                conn,
+                sql.SQL("SET LOCAL statement_timeout = {}").format(
+                    sql.Literal(f"{POSITION_TIMEOUT_SECONDS}s")
+                ),
+            )
+            newest, behind = execute(conn, query, copied).fetchone()
+    except DatabaseError as exc:
+        if exc.sqlstate != QUERY_CANCELED:
+            raise
+        raise _SlowModel(
+            f"{built.table.written_name}: lag not computed: its model ({built.model.origin}) "
+            f"took over {POSITION_TIMEOUT_SECONDS} s to return the newest key"
+        ) from None
     return newest, behind
 
 

@@ -74,11 +74,13 @@ def _distinct_tables(tables: tuple[TableConfig, ...]) -> tuple[TableConfig, ...]
         ("source table", [t.name for t in tables]),
         ("destination table", [t.target for t in tables]),
     ):
-        seen: set[TableName] = set()
-        for name in names:
+        seen: dict[TableName, int] = {}
+        for index, name in enumerate(names):
             if name in seen:
-                raise ValueError(f"{what} {name} is listed twice")
-            seen.add(name)
+                raise ValueError(
+                    f"{what} {name} is listed twice (tables[{seen[name]}] and tables[{index}])"
+                )
+            seen[name] = index
     return tables
 
 
@@ -247,8 +249,10 @@ def parse_config(text: str, filename: str = CONFIG_FILE) -> ProjectConfig:
     try:
         document = json.loads(text, object_pairs_hook=_no_duplicate_keys)
     except json.JSONDecodeError as exc:
+        before = text[: exc.pos].rstrip()
+        hint = " (a comma before a closing } or ] is not JSON)" if before.endswith(",") else ""
         raise ConfigError(
-            [f"{filename}:{exc.lineno}:{exc.colno}: invalid JSON: {exc.msg}"]
+            [f"{filename}:{exc.lineno}:{exc.colno}: invalid JSON: {exc.msg}{hint}"]
         ) from None
     except _DuplicateKey as exc:
         raise ConfigError([f"{filename}: duplicate key {exc.args[0]!r} in one object"]) from None
@@ -316,12 +320,17 @@ def _describe(err: dict[str, Any], filename: str) -> str:
         return f"{filename}: {path}: required key is missing"
     if kind == "literal_error" and loc and loc[-1] in _CHOICES:
         choices = _CHOICES[str(loc[-1])]
-        close = difflib.get_close_matches(str(value), choices, n=1)
-        hint = f'; did you mean "{close[0]}"?' if close else ""
+        # "incremental" is the start of two modes: offer both, not the nearest spelling.
+        close = [c for c in choices if c.startswith(str(value))] or difflib.get_close_matches(
+            str(value), choices, n=1
+        )
+        quoted = " or ".join(f'"{c}"' for c in close)
+        hint = f"; did you mean {quoted}?" if close else ""
         return f"{filename}: {path}: expected one of {', '.join(choices)}, got {value!r}{hint}"
     if kind == "value_error":
         msg = str(err["msg"]).removeprefix("Value error, ")
-        got = "" if "got " in msg or isinstance(value, dict) else f", got {_short(value)}"
+        whole = isinstance(value, dict | list)  # a whole object or list: the message says
+        got = "" if "got " in msg or whole else f", got {_short(value)}"
         return f"{filename}: {path}: {msg}{got}"
     expected = _EXPECTED.get(kind, str(err["msg"]))
     return f"{filename}: {path}: {expected}, got {_short(value)}"

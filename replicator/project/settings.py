@@ -6,6 +6,8 @@ registered with `redact` before anything can print it.
 
 from __future__ import annotations
 
+import difflib
+import logging
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -27,6 +29,48 @@ PROGRESS_INTERVAL = "REPLICATOR_PROGRESS_INTERVAL"
 DEFAULT_PROGRESS_INTERVAL = 10.0
 
 
+log = logging.getLogger(__name__)
+
+# Every REPLICATOR_* setting the tool reads (the tests' and tools' own included), to catch
+# a misspelt one in .env.
+KNOWN = frozenset(
+    {
+        SOURCE_URL,
+        DEST_URL,
+        WEBHOOK_URL,
+        WEBHOOK_SECRET,
+        SPARK_MASTER,
+        SPARK_MIN_ROWS,
+        PROGRESS_INTERVAL,
+        "REPLICATOR_JDBC_JAR",
+        "REPLICATOR_CACHE_DIR",
+        "REPLICATOR_PG_BIN",
+        "REPLICATOR_FAILPOINT",
+        "REPLICATOR_FAILPOINT_ONCE",
+    }
+)
+
+
+def _closest(name: str, candidates: list[str]) -> str | None:
+    """The candidate that looks like a misspelling of `name` (REPLICATOR_ prefixes aside)."""
+    stems = {c.removeprefix("REPLICATOR_"): c for c in candidates}
+    close = difflib.get_close_matches(name.removeprefix("REPLICATOR_"), stems, n=1, cutoff=0.75)
+    return stems[close[0]] if close else None
+
+
+def _near_misses(name: str, values: Mapping[str, str]) -> str:
+    typo = _closest(name, [k for k in values if k.startswith("REPLICATOR_") and k not in KNOWN])
+    return f" ({typo} is set: a typo?)" if typo else ""
+
+
+def _warn_unknown(file_values: Mapping[str, str], path: Path) -> None:
+    for key in file_values:
+        if key.startswith("REPLICATOR_") and key not in KNOWN:
+            meant = _closest(key, sorted(KNOWN))
+            hint = f"; did you mean {meant}?" if meant else ""
+            log.warning("%s: unknown setting %s, ignored%s", path, key, hint)
+
+
 @dataclass(frozen=True)
 class Environment:
     """The process environment layered over `<project>/.env` (the environment wins)."""
@@ -42,6 +86,7 @@ class Environment:
             # No ${VAR} interpolation: a password such as `pa$${HOME}` is read as written.
             values = dotenv_values(path, interpolate=False)
             file_values = {k: v for k, v in values.items() if v is not None}
+        _warn_unknown(file_values, path)
         merged = {**file_values, **{k: v for k, v in os.environ.items() if v != ""}}
         for name in (WEBHOOK_SECRET, "PGPASSWORD"):
             register_secret(merged.get(name))
@@ -56,9 +101,10 @@ class Environment:
         """A libpq connection string, checked for syntax; exit 2 when missing or malformed."""
         value = self.optional_connection(name)
         if value is None:
+            near = _near_misses(name, self.values)
             raise ConfigError(
                 [
-                    f"{name} is not set: export it or add it to {self.dotenv_path} "
+                    f"{name} is not set{near}: export it or add it to {self.dotenv_path} "
                     f"(a libpq URI such as postgresql://user@host:5432/db, or key=value pairs)"
                 ]
             )
@@ -73,15 +119,51 @@ class Environment:
         if problem:
             raise ConfigError([f"{name}: {problem}"])
         try:
-            conninfo_to_dict(value)
+            options = conninfo_to_dict(value)
         except Exception as exc:
             raise ConfigError(
                 [f"{name} is not a valid libpq connection string: {redact(str(exc).strip())}"]
             ) from None
+        problems = [f"{name}: {p}" for p in option_problems(options)]
+        if problems:
+            raise ConfigError(problems)
         return value
 
 
 _URI_SCHEMES = ("postgresql://", "postgres://")
+# Values libpq checks only when it connects ("connection is bad: invalid port number"):
+# checked here, so that a typo is a usage error (exit 2) before anything runs.
+_CHOICES = {
+    "sslmode": ("disable", "allow", "prefer", "require", "verify-ca", "verify-full"),
+    "gssencmode": ("disable", "prefer", "require"),
+    "channel_binding": ("disable", "prefer", "require"),
+    "target_session_attrs": (
+        "any",
+        "read-write",
+        "read-only",
+        "primary",
+        "standby",
+        "prefer-standby",
+    ),
+}
+_INTEGERS = ("connect_timeout", "keepalives", "keepalives_idle", "keepalives_interval")
+
+
+def option_problems(options: Mapping[str, object]) -> list[str]:
+    """What libpq would refuse in these connection options, one line each with the fix."""
+    problems = []
+    for port in str(options.get("port") or "").split(","):
+        if port and not (port.isdigit() and 1 <= int(port) <= 65535):
+            problems.append(f"port {port!r} is not a port number (1-65535)")
+    for option, choices in _CHOICES.items():
+        value = options.get(option)
+        if value is not None and value not in choices:
+            problems.append(f"{option} {value!r} is not one of {', '.join(choices)}")
+    for option in _INTEGERS:
+        value = options.get(option)
+        if value is not None and not str(value).lstrip("-").isdigit():
+            problems.append(f"{option} {value!r} is not a whole number")
+    return problems
 
 
 def uri_userinfo_problem(value: str) -> str | None:

@@ -89,13 +89,15 @@ def configure_logging(verbose: int = 0, quiet: bool = False, log_format: str = "
     logger.propagate = False
     logger.setLevel(logging.DEBUG if verbose else logging.WARNING if quiet else logging.INFO)
     # Libraries' own records (psycopg's "error ignored in rollback", py4j's broken calls when
-    # a run is interrupted) would reach stderr unformatted: shown under -v only, redacted.
+    # a run is interrupted) would reach stderr unformatted: their warnings under -v, their
+    # chatter (every connection poll, every py4j command) only under -vv; redacted.
+    library_level = {0: logging.CRITICAL, 1: logging.WARNING}.get(verbose, logging.DEBUG)
     for name in ("psycopg", "py4j"):
         library = logging.getLogger(name)
         library.handlers.clear()
         library.addHandler(handler if verbose else logging.NullHandler())
         library.propagate = False
-        library.setLevel(logging.DEBUG if verbose else logging.CRITICAL)
+        library.setLevel(library_level)
     # py4j logs a broken call with the module-level `logging.exception`, which would give the
     # root logger a bare stderr handler (basicConfig) unless it already has one.
     root = logging.getLogger()

@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from datetime import timedelta
@@ -17,7 +18,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from ..transfer.copy_progress import Counts, Sink
+from ..transfer.copy_progress import NO_PROGRESS, Counts, Sink
 from .logs import json_output
 from .results import TableResult
 
@@ -38,12 +39,16 @@ class SyncOutput:
         return not log.isEnabledFor(logging.INFO)
 
     @contextlib.contextmanager
-    def progress(self, name: str) -> Iterator[Sink | None]:
-        """A live display of one table's copy on a TTY, log lines otherwise."""
+    def progress(self, name: str) -> Iterator[Sink]:
+        """A live display of one table's load on a TTY, log lines otherwise."""
         if self.quiet:
-            yield None
+            yield NO_PROGRESS
         elif not self.interactive:
-            yield _LogSink(name, self.log_every)
+            sink = _LogSink(name, self.log_every)
+            try:
+                yield sink
+            finally:
+                sink.close()
         else:
             with Progress(
                 TextColumn("{task.description}"),
@@ -86,9 +91,14 @@ def describe(counts: Counts) -> str:
     return f"{text}, partitions {counts.parts_done}/{counts.parts}"
 
 
-class _LiveSink:
+class _LiveSink(Sink):
+    active = True
+
     def __init__(self, bar: Progress, task: object) -> None:
         self.bar, self.task = bar, task
+
+    def phase(self, text: str) -> None:
+        self.bar.update(self.task, line=escape(text))
 
     def update(self, counts: Counts) -> None:
         total = max(counts.estimated_rows or 0, counts.rows) or None
@@ -97,12 +107,41 @@ class _LiveSink:
         )
 
 
-class _LogSink:
-    """A log line every `every` seconds while a copy runs (none for a short one)."""
+class _LogSink(Sink):
+    """Off a terminal: a log line every `every` seconds while a copy runs, and while any
+    other step of a load takes longer than that (which step, for how long so far); nothing
+    for a load shorter than `every`."""
+
+    active = True
 
     def __init__(self, name: str, every: float) -> None:
         self.name, self.every = name, every
         self.last = time.monotonic()
+        self.step, self.step_started = "starting", self.last
+        self._stop = threading.Event()
+        self._ticker = threading.Thread(target=self._tick, name="progress-log", daemon=True)
+        self._ticker.start()
+
+    def close(self) -> None:
+        self._stop.set()
+        self._ticker.join(timeout=2)
+
+    def phase(self, text: str) -> None:
+        self.step, self.step_started = text, time.monotonic()
+
+    def _tick(self) -> None:
+        while not self._stop.wait(min(1.0, self.every)):
+            now = time.monotonic()
+            if self.step == "copying" or now - self.last < self.every:
+                continue  # the copy reports its own counts
+            self.last = now
+            log.info(
+                "%s: %s, %.0f s so far",
+                self.name,
+                self.step,
+                now - self.step_started,
+                extra={"fields": {"event": "table.progress", "name": self.name, "step": self.step}},
+            )
 
     def update(self, counts: Counts) -> None:
         now = time.monotonic()

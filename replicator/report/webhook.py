@@ -96,9 +96,9 @@ def build_payload(
     return payload
 
 
-def post(target: WebhookTarget, payload: dict[str, Any], within: float = 60.0) -> bool:
-    """Deliver the payload, retrying for up to `within` seconds; True when the receiver
-    answered 2xx. Never raises."""
+def post(target: WebhookTarget, payload: dict[str, Any], within: float = 60.0) -> str | None:
+    """Deliver the payload, retrying for up to `within` seconds. Never raises: returns None
+    when the receiver answered 2xx, else what went wrong (also logged)."""
     body = json.dumps(payload, ensure_ascii=False).encode()
     headers = {"Content-Type": "application/json", "User-Agent": f"replicator/{__version__}"}
     if target.secret:
@@ -108,15 +108,14 @@ def post(target: WebhookTarget, payload: dict[str, Any], within: float = 60.0) -
         _send(target.url, body, headers, within)
     except (RetryError, requests.RequestException, _Retryable) as exc:
         cause = exc.last_attempt.exception() if isinstance(exc, RetryError) else exc
-        log.error(
-            "webhook to %s failed after retries: %s", where, _scrub(_describe(cause), target.url)
-        )
-        return False
+        problem = f"webhook to {where} failed after retries: {_scrub(_describe(cause), target.url)}"
     except _Rejected as exc:
-        log.error("webhook to %s rejected: HTTP %s", where, exc.args[0])
-        return False
-    log.info("webhook delivered to %s", where)
-    return True
+        problem = f"webhook to {where} rejected: HTTP {exc.args[0]}"
+    else:
+        log.info("webhook delivered to %s", where)
+        return None
+    log.error("%s", problem)
+    return problem
 
 
 class _Rejected(Exception):

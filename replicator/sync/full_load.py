@@ -35,7 +35,7 @@ from ..postgres.naming import INTERNAL_SCHEMA, derived_name, retired_table
 from ..postgres.snapshot import ExportedSnapshot
 from ..postgres.swap import swap_in
 from ..project.state import Cursor, Pending, Window
-from ..transfer.copy_progress import Sink, watch_copy
+from ..transfer.copy_progress import NO_PROGRESS, Sink, watch_copy
 from ..transfer.copy_stream import MARKER_TABLE, CopyTask, copy_tasks
 from ..transfer.partitions import page_predicate, plan_key_ranges, plan_page_ranges, range_predicate
 from ..transfer.spark_runner import SparkRunner
@@ -165,7 +165,7 @@ def full_reload(
     built: TableSql,
     source: TableInfo,
     spark: SparkRunner,
-    progress: Sink | None = None,
+    progress: Sink = NO_PROGRESS,
 ) -> LoadResult:
     """Reload the table from one consistent snapshot; return what was copied."""
     phases = _Phases(built.table.written_name)
@@ -189,20 +189,24 @@ def _load_and_swap(
     built: TableSql,
     source: TableInfo,
     spark: SparkRunner,
-    progress: Sink | None,
+    progress: Sink,
     estimate: int,
     in_process: bool,
     phases: _Phases,
 ) -> LoadResult:
+    progress.phase("preparing the destination")
     side = prepare_destination(ends, built)
     phases.mark("destination prepared")
     load_id = new_load_id(ends.dest, built.table.target)
     with ExportedSnapshot(ends.source_url) as snap:
         assert snap.conn is not None
+        progress.phase("reading the first cursor from the model, in the load's snapshot")
         cursor, pending, window = first_cursor(snap.conn, built)
+        progress.phase("planning partitions" + ("" if in_process else ", starting Spark"))
         parallelism = 1 if in_process else spark.parallelism()
         phases.mark("snapshot exported" + ("" if in_process else ", Spark ready"))
         tasks = _copy_tasks(snap, ends, built, source, side, load_id, parallelism)
+        progress.phase("copying")
         with watch_copy(ends.dest_url, side, load_id, len(tasks), estimate, progress):
             results = spark.run_copy_tasks(tasks, in_process=in_process)
         phases.mark(
@@ -210,9 +214,11 @@ def _load_and_swap(
             f"{', '.join(f'{r.seconds:.1f}' for r in results)})"
         )
     failpoint("after-load-before-swap")
+    progress.phase("building the primary key, analyzing")
     _finish_side_table(ends.dest, side, built)
     phases.mark("primary key built, analyzed")
     target = built.table.target
+    progress.phase("swapping the new table in")
     lock_seconds = swap_in(ends.dest, side, target)
     phases.mark(f"swapped (table lock held {lock_seconds * 1000:.0f} ms)")
     forget_markers(ends.dest, load_id)

@@ -25,7 +25,7 @@ from ..postgres.dest_schema import ensure_bookkeeping
 from ..postgres.naming import retired_table, staging_table
 from ..postgres.snapshot import ExportedSnapshot
 from ..project.state import Cursor, Pending, TableState, Window
-from ..transfer.copy_progress import Sink, watch_copy
+from ..transfer.copy_progress import NO_PROGRESS, Sink, watch_copy
 from ..transfer.copy_stream import CopyResult, copy_tasks
 from ..transfer.partitions import KeyRange, range_predicate
 from ..transfer.spark_runner import SparkRunner
@@ -118,7 +118,7 @@ def incremental_sync(
     state: TableState,
     spark: SparkRunner,
     batch_rows: int,
-    progress: Sink | None = None,
+    progress: Sink = NO_PROGRESS,
     resync: KeyBounds | None = None,
 ) -> IncrementalResult:
     """Read the batch (rows at or past the cursor) and merge it; return the new cursor.
@@ -147,6 +147,7 @@ def incremental_sync(
             resync,
         )
         failpoint("after-staging-copy")
+        progress.phase("merging")
         merged = _merge(ends.dest, built)
     except BaseException:
         discard(ends.dest, built.table.target, [staging])
@@ -163,7 +164,7 @@ def _read_batch(
     staging: TableName,
     key: str,
     key_type: str,
-    progress: Sink | None,
+    progress: Sink,
     in_process: bool,
     batch_rows: int,
     resync: KeyBounds | None,
@@ -178,6 +179,7 @@ def _read_batch(
             query = batch_query(
                 built.model.sql, key, key_type, state.cursor.value if state.cursor else None
             )
+        progress.phase("reading the batch's newest key from the model")
         hwm = newest_key(snap.conn, query, key)
         load_id = new_load_id(ends.dest, built.table.target)
         parts = 1 if in_process else _batch_partitions(built, batch_rows, spark.parallelism())
@@ -191,6 +193,7 @@ def _read_batch(
             [c.name for c in built.columns],
             origin=built.model.origin,
         )
+        progress.phase("copying")
         with watch_copy(ends.dest_url, staging, load_id, len(tasks), batch_rows, progress):
             copied = _combined(spark.run_copy_tasks(tasks, in_process=in_process))
         log.debug(
@@ -203,6 +206,7 @@ def _read_batch(
         forget_markers(ends.dest, load_id)
         if resync is not None:
             return copied, state.cursor, state.pending, state.window
+        progress.phase("computing the new cursor")
         cursor, pending = advance(
             snap.conn, key_type, state.cursor, state.pending, hwm, xids, built.table.lookback
         )

@@ -234,7 +234,15 @@ def _failure(
     action: str | None = None,
     reason: str | None = None,
 ) -> TableResult:
-    return TableResult(table.written_name, "failure", action, None, reason, redact(error), seconds)
+    return TableResult(
+        name=table.written_name,
+        status="failure",
+        action=action,
+        rows=None,
+        reason=reason,
+        error=redact(error),
+        seconds=seconds,
+    )
 
 
 def _sync_table(

@@ -78,6 +78,23 @@ class TableJob:
             self.name, "success", action, rows, reason, None, elapsed, size, cursor_from, cursor_to
         )
 
+    def started_log(self, action: str, text: str) -> None:
+        """The line that says a table's load begins (event `table.started` in JSON)."""
+        log.info(
+            "%s: %s",
+            self.name,
+            text,
+            extra={
+                "fields": {
+                    "event": "table.started",
+                    "run_id": self.run.run_id,
+                    "name": self.name,
+                    "action": action,
+                    "reason": self.plan.reason,
+                }
+            },
+        )
+
     def write_state(self, state: TableState) -> None:
         self.run.project.store.write(state, self.table.name)
 
@@ -97,7 +114,7 @@ def carry_out(job: TableJob) -> TableResult:
 
 def _full_reload(job: TableJob) -> TableResult:
     """Load the table in full through a side table and a swap; record the new state."""
-    log.info("%s: full_reload (%s)", job.name, job.plan.reason)
+    job.started_log("full_reload", f"full_reload ({job.plan.reason})")
     with job.output.progress(job.name) as progress:
         loaded = full_reload(job.ends, job.built, job.source, job.run.spark, progress)
     failpoint("after-swap-before-state")
@@ -129,7 +146,7 @@ def _incremental(job: TableJob) -> TableResult:
             )
         )
         return result
-    log.info("%s: incremental (%s)", job.name, job.plan.reason)
+    job.started_log("incremental", f"incremental ({job.plan.reason})")
     with job.output.progress(job.name) as progress:
         synced = incremental_sync(job.ends, job.built, state, job.run.spark, probed.rows, progress)
     after = synced.cursor.value if synced.cursor else None
@@ -174,7 +191,7 @@ def _resync(job: TableJob) -> TableResult:
     assert bounds is not None and state is not None and key is not None
     cursor = state.cursor.value if state.cursor else "none"
     span = f"{bounds.since} .. {bounds.until or 'newest'}"
-    log.info("%s: re-sync of %s (cursor %s kept)", job.name, span, cursor)
+    job.started_log("incremental", f"re-sync of {span} (cursor {cursor} kept)")
     batch = batch_query(
         job.built.model.sql, key, job.built.replication_key_type, bounds.since, bounds.until
     )

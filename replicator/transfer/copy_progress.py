@@ -16,7 +16,7 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 import psycopg
 from psycopg import sql
@@ -62,10 +62,20 @@ class Counts:
         return (self.estimated_rows - self.rows) / self.rate
 
 
-class Sink(Protocol):
-    """Where progress goes (SyncOutput makes one per table)."""
+class Sink:
+    """Where a table's progress goes (SyncOutput makes one per table); this one discards
+    it (-q)."""
 
-    def update(self, counts: Counts) -> None: ...
+    active = False  # whether a copy is worth watching for it
+
+    def phase(self, text: str) -> None:
+        """What the load is doing now, before or after the copy (`reading the cursor`)."""
+
+    def update(self, counts: Counts) -> None:
+        """How far the copy is."""
+
+
+NO_PROGRESS = Sink()
 
 
 @contextlib.contextmanager
@@ -75,10 +85,10 @@ def watch_copy(
     load_id: str,
     parts: int,
     estimated_rows: int | None,
-    sink: Sink | None,
+    sink: Sink,
 ) -> Iterator[None]:
-    """Report the copy into `table` to `sink` until the block ends (nothing without one)."""
-    if sink is None:
+    """Report the copy into `table` to `sink` until the block ends."""
+    if not sink.active:
         yield
         return
     watcher = _Watcher(dest_url, table, load_id, parts, estimated_rows, sink)
