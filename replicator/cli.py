@@ -20,44 +20,13 @@ import click
 from click.core import ParameterSource
 
 from . import __version__, interrupts
+from .cli_help import ENVIRONMENT, EXAMPLES, EXIT_CODES, examples
 from .errors import ConfigError, ReplicatorError, UsageError
 from .project.project import Project
 from .redact import redact
 from .report.logs import configure_logging, error_line, json_output, say
 
 log = logging.getLogger("replicator.cli")
-
-ENVIRONMENT = """\b
-Environment (or the project's .env; the environment wins):
-  REPLICATOR_SOURCE_URL         the source database (libpq URI or key=value)
-  REPLICATOR_DEST_URL           the destination database
-  REPLICATOR_WEBHOOK_URL        overrides webhook.url
-  REPLICATOR_WEBHOOK_SECRET     overrides webhook.secret (HMAC signing key)
-  REPLICATOR_SPARK_MASTER       overrides spark.master
-  REPLICATOR_SPARK_MIN_ROWS     overrides spark.min_rows
-  REPLICATOR_PROGRESS_INTERVAL  seconds between progress log lines off a terminal (10)"""
-
-EXIT_CODES = """\b
-Exit codes:
-  0        success
-  1        one or more tables failed (the others were still handled)
-  2        bad usage or config; nothing was touched
-  75       another replicator holds the lock (run again later)
-  130/143  interrupted by SIGINT/SIGTERM (what it had started was rolled back)"""
-
-EXAMPLES = """\b
-Examples:
-  replicator init my-pipeline
-  replicator check --project-dir my-pipeline
-  replicator sync --project-dir my-pipeline
-  replicator --project-dir my-pipeline status
-  replicator sync -s public.orders -f       # reload one table now
-  replicator sync -q --log-format json      # for cron and log shippers"""
-
-
-def _examples(*lines: str) -> str:
-    return "\b\nExamples:\n" + "\n".join(f"  {line}" for line in lines)
-
 
 _SHARED = ("project_dir", "verbose", "quiet", "log_format")
 
@@ -172,7 +141,7 @@ def cli(**_: Any) -> None:
 
 @cli.command(
     short_help="Write a new project scaffold.",
-    epilog=_examples("replicator init my-pipeline", "cd my-pipeline && replicator check"),
+    epilog=examples("replicator init my-pipeline", "cd my-pipeline && replicator check"),
 )
 @click.argument("directory", required=False, type=click.Path(file_okay=False, path_type=Path))
 @_common
@@ -196,7 +165,7 @@ def init(project_dir: Path, directory: Path | None) -> int:
 @cli.command(
     name="compile",
     short_help="Print each table's next action and SQL; run nothing.",
-    epilog=_examples("replicator compile -s public.orders", "replicator compile --json | jq ."),
+    epilog=examples("replicator compile -s public.orders", "replicator compile --json | jq ."),
 )
 @select_option
 @json_option
@@ -213,7 +182,7 @@ def compile_command(project_dir: Path, names: tuple[str, ...], as_json: bool) ->
 
 @cli.command(
     short_help="Sync the tables, one at a time, in config order.",
-    epilog=_examples(
+    epilog=examples(
         "replicator sync",
         "replicator sync -s public.orders -s public.customers",
         "replicator sync -f -s public.orders          # full reload now",
@@ -249,7 +218,7 @@ def sync(
 
 @cli.command(
     short_help="Throwaway clusters, sample tables, two syncs.",
-    epilog=_examples("replicator demo", "replicator demo --keep"),
+    epilog=examples("replicator demo", "replicator demo --keep"),
 )
 @click.option("--keep", is_flag=True, help="Leave the clusters running to explore them.")
 @_common
@@ -266,7 +235,7 @@ def demo(project_dir: Path, keep: bool) -> int:
 
 @cli.command(
     short_help="Per table: cursor, lag, last run, rows, next action.",
-    epilog=_examples("replicator status", "replicator status --json"),
+    epilog=examples("replicator status", "replicator status --json"),
 )
 @json_option
 @_common
@@ -281,7 +250,7 @@ def status(project_dir: Path, as_json: bool) -> int:
 
 @cli.command(
     short_help="Mark tables for a full reload at the next sync.",
-    epilog=_examples("replicator refresh public.orders"),
+    epilog=examples("replicator refresh public.orders"),
 )
 @click.argument("tables", nargs=-1, required=True)
 @_common
@@ -295,7 +264,7 @@ def refresh(project_dir: Path, tables: tuple[str, ...]) -> int:
 
 @cli.command(
     short_help="Hand existing destination tables over to replicator.",
-    epilog=_examples("replicator adopt public.orders"),
+    epilog=examples("replicator adopt public.orders"),
 )
 @click.argument("tables", nargs=-1, required=True)
 @_common
@@ -317,7 +286,7 @@ def state(**_: Any) -> None:
 @state.command(
     "show",
     short_help="Print tables' sync-state as JSON.",
-    epilog=_examples("replicator state show public.orders"),
+    epilog=examples("replicator state show public.orders"),
 )
 @click.argument("tables", nargs=-1)
 @_common
@@ -331,7 +300,7 @@ def state_show(project_dir: Path, tables: tuple[str, ...]) -> int:
 @state.command(
     "reset",
     short_help="Forget tables' state: full reload next.",
-    epilog=_examples("replicator state reset public.orders"),
+    epilog=examples("replicator state reset public.orders"),
 )
 @click.argument("tables", nargs=-1, required=True)
 @_common
@@ -345,7 +314,7 @@ def state_reset(project_dir: Path, tables: tuple[str, ...]) -> int:
 @state.command(
     "set-cursor",
     short_help="Set a table's cursor by hand.",
-    epilog=_examples("replicator state set-cursor public.orders '2026-11-20 00:00:00+00'"),
+    epilog=examples("replicator state set-cursor public.orders '2026-11-20 00:00:00+00'"),
 )
 @click.argument("table")
 @click.argument("value")
@@ -360,7 +329,7 @@ def state_set_cursor(project_dir: Path, table: str, value: str) -> int:
 
 @cli.command(
     short_help="Find what a sync would trip on; say how to fix it.",
-    epilog=_examples("replicator check", "replicator check --ping"),
+    epilog=examples("replicator check", "replicator check --ping"),
 )
 @click.option("--ping", is_flag=True, help="Also send the webhook a test payload.")
 @_common

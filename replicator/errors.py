@@ -1,6 +1,14 @@
-"""Exceptions that carry the CLI exit code they end a command with (README: Exit codes)."""
+"""Every exception the tool raises on purpose, by the exit code it ends a command with
+(README: Exit codes): 1 `ReplicatorError` (a table or a command failed), 2 `UsageError`
+(bad usage or config, nothing touched), 75 `Busy` (someone else is at it: run again later),
+128 + the signal's number `Interrupted` (SIGINT, SIGTERM).
+
+Kept free of imports: Spark's Python workers import it with the copy task.
+"""
 
 from __future__ import annotations
+
+import signal
 
 
 class ReplicatorError(Exception):
@@ -23,14 +31,31 @@ class ConfigError(UsageError):
         super().__init__("\n".join(problems))
 
 
-class LockHeld(ReplicatorError):
-    """Another replicator process holds the project's run lock."""
+class Busy(ReplicatorError):
+    """Another replicator is doing this right now: not a failure, try again later."""
 
     exit_code = 75
 
 
+class LockHeld(Busy):
+    """Another replicator process holds the project's run lock."""
+
+
+class TableLocked(Busy):
+    """Another replicator (another host, a copy of the project) is syncing this destination
+    table right now."""
+
+
 class StateError(ReplicatorError):
     """A sync-state file cannot be trusted (corrupt, truncated, future format)."""
+
+
+class TemplateError(ReplicatorError):
+    """A model or macro does not render or does not parse; names the file and line."""
+
+
+class TableProblem(ReplicatorError):
+    """Something about one table (in a database or its model) that stops its sync."""
 
 
 class DatabaseError(ReplicatorError):
@@ -42,3 +67,30 @@ class DatabaseError(ReplicatorError):
         super().__init__(message)
         self.sqlstate = sqlstate  # PostgreSQL's error code, for the callers that recover
         self.detail = detail  # PostgreSQL's DETAIL line, when it sent one
+
+
+class TaskError(Exception):
+    """A copy task's failure in one line that names the side (and, on the source, the
+    model): `source: division by zero (reading models/shop/orders.sql)`. Raised in Spark's
+    workers, so not a ReplicatorError: the driver turns it into one."""
+
+
+class Interrupted(KeyboardInterrupt):
+    """The process received SIGINT or SIGTERM. A KeyboardInterrupt, so psycopg cancels the
+    query it interrupts, and `except Exception` never swallows it."""
+
+    def __init__(self, signum: int) -> None:
+        self.signum = signum
+        self.reported = False  # set once the command has said so (sync's "run interrupted")
+        super().__init__(self.describe())
+
+    @property
+    def exit_code(self) -> int:
+        return 128 + self.signum
+
+    @property
+    def signal_name(self) -> str:
+        return signal.Signals(self.signum).name
+
+    def describe(self) -> str:
+        return f"interrupted by {signal.Signals(self.signum).name}"

@@ -9,9 +9,13 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from psycopg import sql as psql
 from sqlglot import exp
 
 MAX_IDENTIFIER_BYTES = 63
+# replicator's own schema in the destination (markers, ownership records, side and staging
+# tables): never a destination for a replicated table.
+INTERNAL_SCHEMA = "_replicator"
 # PostgreSQL's lexer: ident_start [A-Za-z\200-\377_], ident_cont adds digits and $.
 _UNQUOTED = re.compile("[A-Za-z_\u0080-\U0010ffff][A-Za-z0-9_$\u0080-\U0010ffff]*")
 _SIMPLE = re.compile(r"[a-z_][a-z0-9_$]*")
@@ -27,7 +31,7 @@ def display_ident(name: str) -> str:
     return name if _SIMPLE.fullmatch(name) else quote_ident(name)
 
 
-def _split(text: str) -> list[str]:
+def split_name(text: str) -> list[str]:
     """Split a dotted name into identifier parts, applying PostgreSQL's quoting rules."""
     parts: list[str] = []
     i, n = 0, len(text)
@@ -83,7 +87,7 @@ def _check_length(part: str, text: str) -> None:
 
 def parse_column(text: str) -> str:
     """Parse one column name (`updated_at`, `"UpdatedAt"`)."""
-    parts = _split(text.strip())
+    parts = split_name(text.strip())
     if len(parts) != 1:
         raise ValueError(f"expected a column name, got {text!r}")
     _check_length(parts[0], text)
@@ -100,7 +104,7 @@ class TableName:
     @classmethod
     def parse(cls, text: str) -> TableName:
         """Parse `schema.table` with PostgreSQL quoting rules; both parts are required."""
-        parts = _split(text.strip())
+        parts = split_name(text.strip())
         if len(parts) != 2:
             raise ValueError(f'expected "schema.table", got {text!r}')
         for part in parts:
@@ -114,6 +118,10 @@ class TableName:
     def sql(self) -> str:
         """The quoted SQL form: `"schema"."table"`."""
         return self.table().sql(dialect="postgres")
+
+    def identifier(self) -> psql.Identifier:
+        """The name for a psycopg.sql statement, both parts quoted."""
+        return psql.Identifier(self.schema, self.name)
 
     def __str__(self) -> str:
         return f"{display_ident(self.schema)}.{display_ident(self.name)}"

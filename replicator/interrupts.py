@@ -20,33 +20,14 @@ import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from .errors import Interrupted
+
 HANDLED = (signal.SIGINT, signal.SIGTERM)
 
 _connections: weakref.WeakSet[Any] = weakref.WeakSet()
 _hooks: dict[int, Callable[[], None]] = {}
 _state = {"signal": 0}
 _lock = threading.Lock()
-
-
-class Interrupted(KeyboardInterrupt):
-    """The process received SIGINT or SIGTERM. A KeyboardInterrupt, so psycopg cancels the
-    query it interrupts, and `except Exception` never swallows it."""
-
-    def __init__(self, signum: int) -> None:
-        self.signum = signum
-        self.reported = False  # set once the command has said so (sync's "run interrupted")
-        super().__init__(self.describe())
-
-    @property
-    def exit_code(self) -> int:
-        return 128 + self.signum
-
-    @property
-    def signal_name(self) -> str:
-        return signal.Signals(self.signum).name
-
-    def describe(self) -> str:
-        return f"interrupted by {signal.Signals(self.signum).name}"
 
 
 def track(conn: Any) -> Any:

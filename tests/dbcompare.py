@@ -8,9 +8,9 @@ import psycopg
 from psycopg import sql
 
 from replicator.identifiers import TableName
-from replicator.postgres.naming import retired_table, staging_table
-from replicator.sync.full_load import load_id_prefix, side_table
-from replicator.transfer.copy_stream import MARKER_TABLE
+from replicator.postgres.naming import MARKER_TABLE, retired_table, staging_table
+from replicator.sync.full_load import side_table
+from replicator.transfer.markers import load_id_prefix
 
 
 def row_hashes(conn: psycopg.Connection[Any], schema: str, table: str, key: str = "id") -> dict:
@@ -62,7 +62,7 @@ def leftovers(dest, targets: list[TableName]) -> list[str]:
         sql.SQL(
             "SELECT load_id FROM {} WHERE EXISTS "
             "(SELECT FROM unnest(%s::text[]) AS p WHERE starts_with(load_id, p))"
-        ).format(sql.Identifier(*MARKER_TABLE)),
+        ).format(MARKER_TABLE.identifier()),
         ([load_id_prefix(target) for target in targets],),
     ).fetchall()
     return [r[0] for r in rows] + [f"marker {r[0]}" for r in markers]

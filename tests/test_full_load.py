@@ -351,6 +351,7 @@ def test_hostile_identifiers_load_exactly(db_project, source_conn, dest_conn):
 def test_copy_task_loads_its_partition_once(source_conn, dest_conn, schema, pg_servers):
     """A task that Spark runs twice (retry, speculation) must not load its rows twice."""
     from replicator.postgres.dest_schema import MARKER_DDL
+    from replicator.postgres.naming import MARKER_TABLE
     from replicator.transfer.copy_stream import CopyTask, run_copy_task
 
     source_conn.execute(
@@ -376,6 +377,7 @@ def test_copy_task_loads_its_partition_once(source_conn, dest_conn, schema, pg_s
             sql.SQL("COPY {} FROM STDIN (FORMAT binary)")
             .format(sql.Identifier(schema, "dst"))
             .as_string(None),
+            marker=(MARKER_TABLE.schema, MARKER_TABLE.name),
         )
         first, second = run_copy_task(task), run_copy_task(task)
     assert first.rows == second.rows == 100

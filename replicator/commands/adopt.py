@@ -1,5 +1,4 @@
-"""Handing an existing destination table over to replicator: `replicator adopt T`, and the
-tables an earlier replicator version loaded before it kept ownership records."""
+"""`replicator adopt T`: hand an existing destination table over to replicator."""
 
 from __future__ import annotations
 
@@ -11,32 +10,13 @@ import psycopg
 from ..plan.drift import plan_now
 from ..postgres.catalog import describe_table
 from ..postgres.database import connect
-from ..postgres.dest_schema import ensure_bookkeeping
-from ..postgres.ownership import classify, read_records, record_owned
+from ..postgres.ownership import classify, read_records, take_ownership
 from ..project.config import TableConfig
 from ..project.project import Project
 from ..project.runlock import run_lock
 from ..report.logs import say
 
 log = logging.getLogger(__name__)
-
-
-def take_ownership(dest: psycopg.Connection[Any], table: TableConfig) -> None:
-    """Record the destination table as the tool's (bookkeeping tables created if missing)."""
-    ensure_bookkeeping(dest)
-    with dest.transaction():
-        record_owned(dest, table.target)
-
-
-def adopt_legacy(dest: psycopg.Connection[Any], table: TableConfig) -> None:
-    """A table this project's sync-state says the tool loaded, from before ownership records."""
-    take_ownership(dest, table)
-    log.info(
-        "%s: destination table %s was loaded by an earlier replicator version; recorded as "
-        "replicator's",
-        table.written_name,
-        table.target,
-    )
 
 
 def adopt_tables(project: Project, names: tuple[str, ...]) -> int:

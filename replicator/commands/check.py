@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import json
+import shutil
+import socket
+import subprocess
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
+from urllib.parse import urlsplit
 
 import click
 import psycopg
@@ -22,8 +26,12 @@ from ..postgres.dest_schema import missing_schemas
 from ..postgres.naming import INTERNAL_SCHEMA
 from ..project.config import TableConfig
 from ..project.project import Project
+from ..project.settings import SPARK_MASTER
 from ..redact import redact
 from ..report.logs import json_output, quiet
+from ..report.results import utc_now
+from ..report.webhook import build_payload, post
+from ..transfer.spark_session import JDBC_PACKAGE, jdbc_jar
 
 Level = Literal["ok", "warn", "error"]
 
@@ -89,10 +97,6 @@ def run_checks(project: Project, ping: bool = False) -> list[Finding]:
 
 def _spark_prerequisites(project: Project) -> Iterator[Finding]:
     """Java 17+ and the PostgreSQL JDBC driver, which the Spark path needs."""
-    import shutil
-    import subprocess
-
-    from ..transfer.spark_session import JDBC_PACKAGE, jdbc_jar
 
     java = shutil.which("java", path=None)
     if java is None:
@@ -107,7 +111,7 @@ def _spark_prerequisites(project: Project) -> Iterator[Finding]:
             [java, "-version"], capture_output=True, text=True, stdin=subprocess.DEVNULL
         ).stderr.splitlines()
         yield Finding("ok", "spark", f"java: {version[0] if version else java}")
-    conf = project.config.spark.conf
+    conf = project.settings.spark_conf
     if "spark.jars" in conf or "spark.jars.packages" in conf:
         yield Finding("ok", "spark", "JDBC driver: from spark.conf")
     elif (jar := jdbc_jar()) is not None:
@@ -127,12 +131,8 @@ def _spark_prerequisites(project: Project) -> Iterator[Finding]:
 def _spark_master(project: Project) -> Iterator[Finding]:
     """A cluster master (spark://, k8s://, mesos://) must answer on its port; local[*] needs
     nothing, yarn is found through HADOOP_CONF_DIR and is not probed."""
-    import socket
-    from urllib.parse import urlsplit
 
-    from ..project.settings import SPARK_MASTER
-
-    master = project.env.get(SPARK_MASTER) or project.config.spark.master or "local[*]"
+    master = project.settings.spark_master or "local[*]"
     if master.startswith("local"):
         yield Finding("ok", "spark", f"master {master} (in this process)")
         return
@@ -166,11 +166,8 @@ def _spark_master(project: Project) -> Iterator[Finding]:
 
 
 def _ping_webhook(project: Project) -> Finding:
-    from ..report.results import utc_now
-    from ..report.webhook import build_payload, post
-    from ..sync.run import webhook_target
 
-    target = webhook_target(project)
+    target = project.settings.webhook
     if target is None:
         return Finding("warn", "webhook", "--ping: no webhook configured")
     now = utc_now()

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from psycopg import sql
 from sqlglot import exp
 
-from ..errors import DatabaseError, ReplicatorError
+from ..errors import DatabaseError, TableProblem
 from ..identifiers import display_ident, quote_ident
 from ..postgres import ddl
 from ..postgres.catalog import Column, TableInfo
@@ -22,10 +22,6 @@ from ..project.config import TableConfig
 from ..project.templates import Model, Templates
 
 MODEL_ALIAS = "_replicator_model"
-
-
-class TableProblem(ReplicatorError):
-    """Something about one table (in a database or its model) that stops its sync."""
 
 
 @dataclass(frozen=True)

@@ -16,17 +16,19 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from ..transfer.copy_stream import MARKER_TABLE
 from .database import execute, fetch_all
 from .ddl import create_schema
-from .naming import INTERNAL_SCHEMA
-from .ownership import OWNED_DDL
+from .naming import INTERNAL_SCHEMA, MARKER_TABLE, OWNED_TABLE
 
 MARKER_DDL = sql.SQL(
     "CREATE TABLE IF NOT EXISTS {} (load_id text NOT NULL, part int NOT NULL, "
     "rows bigint NOT NULL DEFAULT 0, bytes bigint NOT NULL DEFAULT 0, "
     "PRIMARY KEY (load_id, part))"
-).format(sql.Identifier(*MARKER_TABLE))
+).format(MARKER_TABLE.identifier())
+OWNED_DDL = sql.SQL(
+    "CREATE TABLE IF NOT EXISTS {} (table_oid oid PRIMARY KEY, schema_name text NOT NULL, "
+    "table_name text NOT NULL, recorded_at timestamptz NOT NULL DEFAULT now())"
+).format(OWNED_TABLE.identifier())
 
 
 def missing_schemas(conn: psycopg.Connection[Any], schemas: Iterable[str]) -> list[str]:

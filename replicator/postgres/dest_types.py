@@ -17,7 +17,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from ..plan.table_sql import TableProblem
+from ..errors import TableProblem
 from .database import execute, fetch_all
 from .dest_schema import ensure_schemas
 

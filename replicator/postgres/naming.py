@@ -8,9 +8,12 @@ from __future__ import annotations
 
 import hashlib
 
-from ..identifiers import MAX_IDENTIFIER_BYTES, TableName
+from ..identifiers import INTERNAL_SCHEMA, MAX_IDENTIFIER_BYTES, TableName
 
-INTERNAL_SCHEMA = "_replicator"
+# The bookkeeping tables in `_replicator`: a load's finished partitions (so a retried task
+# loads its rows once), and the destination tables replicator owns.
+MARKER_TABLE = TableName(INTERNAL_SCHEMA, "loaded_partitions")
+OWNED_TABLE = TableName(INTERNAL_SCHEMA, "owned_tables")
 
 
 def _truncate_bytes(text: str, limit: int) -> str:

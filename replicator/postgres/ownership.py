@@ -14,6 +14,7 @@ then.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -21,15 +22,13 @@ import psycopg
 from psycopg import sql
 
 from ..identifiers import TableName
+from ..project.config import TableConfig
 from ..project.state import TableState
 from .database import execute, fetch_all
-from .naming import INTERNAL_SCHEMA
+from .dest_schema import ensure_bookkeeping
+from .naming import OWNED_TABLE
 
-OWNED_TABLE = TableName(INTERNAL_SCHEMA, "owned_tables")
-OWNED_DDL = sql.SQL(
-    "CREATE TABLE IF NOT EXISTS {} (table_oid oid PRIMARY KEY, schema_name text NOT NULL, "
-    "table_name text NOT NULL, recorded_at timestamptz NOT NULL DEFAULT now())"
-).format(sql.Identifier(OWNED_TABLE.schema, OWNED_TABLE.name))
+log = logging.getLogger(__name__)
 
 # missing: no destination table; owned: recorded as the tool's; legacy: loaded by an earlier
 # version (see above); foreign: someone else's, never replaced.
@@ -67,7 +66,7 @@ def read_records(dest: psycopg.Connection[Any], target: TableName, oid: int | No
     (exists,) = execute(dest, "SELECT to_regclass(%s) IS NOT NULL", (OWNED_TABLE.sql(),)).fetchone()
     if not exists or oid is None:
         return Records(False, False)
-    query = sql.SQL(_RECORDS).format(registry=sql.Identifier(OWNED_TABLE.schema, OWNED_TABLE.name))
+    query = sql.SQL(_RECORDS).format(registry=OWNED_TABLE.identifier())
     rows = fetch_all(dest, query, {"oid": oid, "schema": target.schema, "name": target.name})
     return Records(any(row[1] for row in rows), bool(rows))
 
@@ -75,8 +74,8 @@ def read_records(dest: psycopg.Connection[Any], target: TableName, oid: int | No
 def record_owned(dest: psycopg.Connection[Any], target: TableName) -> None:
     """Record the table now at `target` as the tool's, forgetting earlier tables of that name
     and records of tables that no longer exist. Run it in the transaction that put the table
-    there (or adopted it), after `OWNED_DDL`."""
-    registry = sql.Identifier(OWNED_TABLE.schema, OWNED_TABLE.name)
+    there (or adopted it), after `dest_schema.ensure_bookkeeping`."""
+    registry = OWNED_TABLE.identifier()
     execute(
         dest,
         sql.SQL(
@@ -104,4 +103,22 @@ def not_owned_fix(target: TableName, written_name: str) -> str:
         f"`replicator adopt {written_name}` to hand it over (the next sync reloads it from "
         'the source), or set "initial_load": "skip" for the table to keep its rows and '
         "continue from the source's newest key (its columns must match the source's)"
+    )
+
+
+def take_ownership(dest: psycopg.Connection[Any], table: TableConfig) -> None:
+    """Record the destination table as the tool's (bookkeeping tables created if missing)."""
+    ensure_bookkeeping(dest)
+    with dest.transaction():
+        record_owned(dest, table.target)
+
+
+def adopt_legacy(dest: psycopg.Connection[Any], table: TableConfig) -> None:
+    """A table this project's sync-state says the tool loaded, from before ownership records."""
+    take_ownership(dest, table)
+    log.info(
+        "%s: destination table %s was loaded by an earlier replicator version; recorded as "
+        "replicator's",
+        table.written_name,
+        table.target,
     )

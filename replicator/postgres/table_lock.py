@@ -13,15 +13,9 @@ import contextlib
 import hashlib
 from collections.abc import Iterator
 
-from ..errors import ReplicatorError
+from ..errors import TableLocked
 from ..identifiers import TableName
 from .database import connect, execute
-
-
-class TableLocked(ReplicatorError):
-    """Another replicator is syncing this destination table right now."""
-
-    exit_code = 75
 
 
 def lock_key(target: TableName) -> int:

@@ -22,8 +22,7 @@ from pydantic import (
 )
 
 from ..errors import ConfigError
-from ..identifiers import TableName, parse_column
-from ..postgres.naming import INTERNAL_SCHEMA
+from ..identifiers import INTERNAL_SCHEMA, TableName, parse_column, split_name
 
 CONFIG_FILE = "tables-config.json"
 MODES = ("incremental-deduped", "incremental-append", "full-refresh")
@@ -194,10 +193,8 @@ class ProjectConfig(_Frozen):
 
 def find_table(tables: tuple[TableConfig, ...], text: str) -> TableConfig:
     """Resolve a table named on the command line; exit 2 if it is not configured."""
-    from ..identifiers import _split
-
     try:
-        parts = _split(text.strip())
+        parts = split_name(text.strip())
     except ValueError as exc:
         raise ConfigError([f"{text}: {exc}"]) from None
     if len(parts) == 2:

@@ -7,7 +7,7 @@ from functools import cached_property
 from pathlib import Path
 
 from .config import ProjectConfig, TableConfig, load_config
-from .settings import Connections, Environment
+from .settings import Connections, Environment, Settings
 from .state import STATE_DIR, StateStore
 from .templates import Templates
 
@@ -36,6 +36,11 @@ class Project:
     @cached_property
     def templates(self) -> Templates:
         return Templates(self.root)
+
+    @cached_property
+    def settings(self) -> Settings:
+        """Spark, webhook and output settings, resolved once (ConfigError when invalid)."""
+        return Settings.resolve(self.config, self.env)
 
     def connections(self) -> Connections:
         return Connections.from_environment(self.env)

@@ -18,6 +18,7 @@ from psycopg.conninfo import conninfo_to_dict
 
 from ..errors import ConfigError
 from ..redact import redact, register_connection_string, register_secret
+from .config import ProjectConfig
 
 SOURCE_URL = "REPLICATOR_SOURCE_URL"
 DEST_URL = "REPLICATOR_DEST_URL"
@@ -207,8 +208,73 @@ class Connections:
         return cls(urls[SOURCE_URL], urls[DEST_URL])
 
 
-def progress_interval(env: Environment) -> float:
-    """Seconds between progress log lines off a terminal (exit 2 when not a number > 0)."""
+@dataclass(frozen=True)
+class WebhookTarget:
+    """Where the run's notification goes, and the key that signs it."""
+
+    url: str
+    secret: str | None = None
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Every setting a command uses, resolved once: the environment (or .env) over
+    tables-config.json over the defaults. A bad value is a ConfigError (exit 2) when the
+    project's settings are first read, before anything is touched."""
+
+    spark_master: str | None
+    spark_conf: Mapping[str, str]
+    min_rows: int
+    webhook: WebhookTarget | None
+    progress_interval: float
+
+    @classmethod
+    def resolve(cls, config: ProjectConfig, env: Environment) -> Settings:
+        problems: list[str] = []
+        values = {}
+        for name, read in (
+            ("min_rows", lambda: _min_rows(config, env)),
+            ("webhook", lambda: _webhook(config, env)),
+            ("progress_interval", lambda: _progress_interval(env)),
+        ):
+            try:
+                values[name] = read()
+            except ConfigError as exc:
+                problems.extend(exc.problems)
+        if problems:
+            raise ConfigError(problems)
+        return cls(
+            spark_master=env.get(SPARK_MASTER) or config.spark.master,
+            spark_conf=dict(config.spark.conf),
+            **values,
+        )
+
+
+def _min_rows(config: ProjectConfig, env: Environment) -> int:
+    """spark.min_rows, or REPLICATOR_SPARK_MIN_ROWS when set (a whole number)."""
+    value = env.get(SPARK_MIN_ROWS)
+    if value is None:
+        return config.spark.min_rows
+    if not value.isdigit():
+        raise ConfigError([f"{SPARK_MIN_ROWS} must be a whole number of rows, got {value!r}"])
+    return int(value)
+
+
+def _webhook(config: ProjectConfig, env: Environment) -> WebhookTarget | None:
+    """webhook.url / .secret, REPLICATOR_WEBHOOK_URL / _SECRET winning."""
+    configured = config.webhook
+    url = env.get(WEBHOOK_URL) or (configured.url if configured else None)
+    if not url:
+        return None
+    if not url.startswith(("http://", "https://")):
+        raise ConfigError([f"{WEBHOOK_URL} must be an http:// or https:// URL"])
+    secret = env.get(WEBHOOK_SECRET) or (configured.secret if configured else None)
+    register_secret(secret)
+    return WebhookTarget(url, secret)
+
+
+def _progress_interval(env: Environment) -> float:
+    """Seconds between progress log lines off a terminal (a number > 0)."""
     value = env.get(PROGRESS_INTERVAL)
     if value is None:
         return DEFAULT_PROGRESS_INTERVAL

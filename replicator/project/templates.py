@@ -18,15 +18,11 @@ import sqlglot
 from jinja2 import nodes
 from sqlglot import exp
 
-from ..errors import ReplicatorError
+from ..errors import TemplateError
 from ..identifiers import TableName, quote_ident
 
 MODELS_DIR = "models"
 MACROS_DIR = "macros"
-
-
-class TemplateError(ReplicatorError):
-    """A model or macro does not render or does not parse; names the file and line."""
 
 
 @dataclass(frozen=True)

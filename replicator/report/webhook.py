@@ -11,7 +11,6 @@ import hashlib
 import hmac
 import json
 import logging
-from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -26,6 +25,7 @@ from tenacity import (
 )
 
 from .. import __version__
+from ..project.settings import WebhookTarget
 from .results import TableResult
 
 log = logging.getLogger(__name__)
@@ -34,12 +34,6 @@ SIGNATURE_HEADER = "X-Replicator-Signature"
 ATTEMPTS = 4
 TIMEOUT_SECONDS = 10.0
 RETRY_WAIT_SECONDS = 1.0  # first wait; doubles, at most 8 s; tests shorten it
-
-
-@dataclass(frozen=True)
-class WebhookTarget:
-    url: str
-    secret: str | None = None
 
 
 class _Retryable(Exception):

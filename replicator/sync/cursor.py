@@ -18,8 +18,9 @@ import psycopg
 from psycopg import sql
 
 from ..errors import ReplicatorError, UsageError
+from ..plan.table_sql import TableSql, batch_query
 from ..postgres.database import execute
-from ..project.state import Cursor, Pending
+from ..project.state import Cursor, Pending, Window
 
 TEMPORAL_TYPES = ("timestamp", "date")
 
@@ -134,3 +135,49 @@ def canonical_value(conn: psycopg.Connection[Any], value: str, key_type: str, su
     except ReplicatorError as exc:
         raise UsageError(f"{subject}: {value!r} is not a valid {key_type}: {exc}") from None
     return text
+
+
+def rows_past(built: TableSql, cursor: Cursor | None) -> sql.Composable:
+    """The model's rows at or past the cursor (all of them without one)."""
+    assert built.table.replication_key is not None
+    return batch_query(
+        built.model.sql,
+        built.table.replication_key,
+        built.replication_key_type,
+        cursor.value if cursor else None,
+    )
+
+
+def sql_key(built: TableSql) -> sql.Identifier:
+    """The replication key, quoted."""
+    return sql.Identifier(built.table.replication_key or "")
+
+
+def fingerprint(conn: psycopg.Connection[Any], built: TableSql, cursor: Cursor | None) -> Window:
+    """Count, newest key and hash of the model's rows at or past the cursor."""
+    rows, newest, digest = execute(
+        conn,
+        sql.SQL(
+            "SELECT count(*), max(b.{k})::text, "
+            "coalesce(md5(string_agg(md5(b::text), '' ORDER BY md5(b::text))), '') "
+            "FROM ({q}) AS b"
+        ).format(k=sql_key(built), q=rows_past(built, cursor)),
+    ).fetchone()
+    return Window(rows=rows, hash=digest, max=newest)
+
+
+def first_cursor(
+    conn: psycopg.Connection[Any], built: TableSql
+) -> tuple[Cursor | None, Pending | None, Window | None]:
+    """The cursor after a full load, from the load's own snapshot (cursor.py's rules)."""
+    key = built.table.replication_key
+    if key is None:
+        return None, None, None
+    hwm = newest_key(conn, sql.SQL(built.model.sql), key)
+    xids = in_progress_xids(conn)
+    cursor, pending = advance(
+        conn, built.replication_key_type, None, None, hwm, xids, built.table.lookback
+    )
+    if cursor is None and hwm is not None:  # writers in progress: start over from the start
+        pending = Pending(value=hwm, xids=xids)
+    return cursor, pending, fingerprint(conn, built, cursor)

@@ -10,10 +10,8 @@ table and starts over.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import time
-import uuid
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,13 +19,13 @@ import psycopg
 from psycopg import sql
 from sqlglot import exp
 
-from ..errors import DatabaseError
+from ..errors import DatabaseError, TableProblem
 from ..failpoints import failpoint
 from ..identifiers import TableName
-from ..plan.table_sql import MODEL_ALIAS, TableProblem, TableSql
+from ..plan.table_sql import MODEL_ALIAS, TableSql
 from ..postgres import ddl
 from ..postgres.catalog import TableInfo
-from ..postgres.database import execute, fetch_all
+from ..postgres.database import execute
 from ..postgres.dependent_views import reload_problem
 from ..postgres.dest_schema import ensure_bookkeeping, ensure_schemas
 from ..postgres.dest_types import ensure_types
@@ -36,14 +34,17 @@ from ..postgres.snapshot import ExportedSnapshot
 from ..postgres.swap import swap_in
 from ..project.state import Cursor, Pending, Window
 from ..transfer.copy_progress import NO_PROGRESS, Sink, watch_copy
-from ..transfer.copy_stream import MARKER_TABLE, CopyTask, copy_tasks
+from ..transfer.copy_stream import CopyTask
+from ..transfer.copy_tasks import copy_tasks
+from ..transfer.markers import discard, forget_markers, new_load_id
 from ..transfer.partitions import page_predicate, plan_key_ranges, plan_page_ranges, range_predicate
 from ..transfer.spark_runner import SparkRunner
+from .context import Endpoints
+from .cursor import first_cursor
 
 log = logging.getLogger(__name__)
 
 UNIQUE_VIOLATION = psycopg.errors.UniqueViolation.sqlstate
-_MARKERS = TableName(*MARKER_TABLE)
 
 
 @dataclass(frozen=True)
@@ -55,62 +56,6 @@ class LoadResult:
     window: Window | None
     partitions: int
     lock_seconds: float
-
-
-@dataclass(frozen=True)
-class Endpoints:
-    """The connections one table's load uses (URLs go to the Spark tasks)."""
-
-    source: psycopg.Connection[Any]
-    dest: psycopg.Connection[Any]
-    source_url: str
-    dest_url: str
-
-
-def load_id_prefix(target: TableName) -> str:
-    """How every load id of `target` starts (32 hex digits follow)."""
-    return f"{target.sql()} "
-
-
-def new_load_id(dest: psycopg.Connection[Any], target: TableName) -> str:
-    """A fresh id for one load of `target` (the table's quoted name and 32 hex digits). The
-    markers of its earlier loads, left by a killed run, are dropped: the table lock held by
-    this run means none of them is still being written."""
-    forget_loads(dest, target)
-    return load_id_prefix(target) + uuid.uuid4().hex
-
-
-def forget_loads(dest: psycopg.Connection[Any], target: TableName) -> None:
-    """Drop the partition markers of every load of `target` (its table lock is held)."""
-    execute(
-        dest,
-        sql.SQL(
-            "DELETE FROM {} WHERE starts_with(load_id, %(prefix)s) "
-            "AND length(load_id) = length(%(prefix)s) + 32"
-        ).format(sql.Identifier(*MARKER_TABLE)),
-        {"prefix": load_id_prefix(target)},
-    )
-
-
-def discard(dest: psycopg.Connection[Any], target: TableName, tables: list[TableName]) -> None:
-    """After a failed or interrupted load: drop the tables it created and its markers. Best
-    effort, a few seconds at most (a killed Spark task may still hold a lock); whatever is
-    left, the table's next load drops first."""
-    with contextlib.suppress(Exception), dest.transaction():
-        execute(dest, "SET LOCAL lock_timeout = '10s'")
-        for table in tables:
-            execute(dest, ddl.drop_table(table))
-        if fetch_all(dest, "SELECT to_regclass(%s) IS NOT NULL", (_MARKERS.sql(),))[0][0]:
-            forget_loads(dest, target)
-
-
-def forget_markers(dest: psycopg.Connection[Any], load_id: str) -> None:
-    """A finished load's partition markers are no longer needed."""
-    execute(
-        dest,
-        sql.SQL("DELETE FROM {} WHERE load_id = %s").format(sql.Identifier(*MARKER_TABLE)),
-        (load_id,),
-    )
 
 
 def side_table(target: TableName) -> TableName:
@@ -254,26 +199,6 @@ def _estimated_rows(conn: psycopg.Connection[Any], source: TableInfo) -> int:
         (source.oid,),
     ).fetchone()
     return int(estimate)
-
-
-def first_cursor(
-    conn: psycopg.Connection[Any], built: TableSql
-) -> tuple[Cursor | None, Pending | None, Window | None]:
-    """The cursor after a full load, from the load's own snapshot (cursor.py's rules)."""
-    from .cursor import advance, in_progress_xids, newest_key
-    from .incremental import fingerprint
-
-    key = built.table.replication_key
-    if key is None:
-        return None, None, None
-    hwm = newest_key(conn, sql.SQL(built.model.sql), key)
-    xids = in_progress_xids(conn)
-    cursor, pending = advance(
-        conn, built.replication_key_type, None, None, hwm, xids, built.table.lookback
-    )
-    if cursor is None and hwm is not None:  # writers in progress: start over from the start
-        pending = Pending(value=hwm, xids=xids)
-    return cursor, pending, fingerprint(conn, built, cursor)
 
 
 def _copy_tasks(

@@ -26,11 +26,13 @@ from ..postgres.naming import retired_table, staging_table
 from ..postgres.snapshot import ExportedSnapshot
 from ..project.state import Cursor, Pending, TableState, Window
 from ..transfer.copy_progress import NO_PROGRESS, Sink, watch_copy
-from ..transfer.copy_stream import CopyResult, copy_tasks
+from ..transfer.copy_stream import CopyResult
+from ..transfer.copy_tasks import copy_tasks
+from ..transfer.markers import discard, forget_markers, new_load_id
 from ..transfer.partitions import KeyRange, range_predicate
 from ..transfer.spark_runner import SparkRunner
-from .cursor import advance, in_progress_xids, newest_key
-from .full_load import Endpoints, discard, forget_markers, new_load_id
+from .context import Endpoints, KeyBounds
+from .cursor import advance, fingerprint, in_progress_xids, newest_key, rows_past, sql_key
 
 log = logging.getLogger(__name__)
 PART_ALIAS = "_replicator_part"
@@ -44,14 +46,6 @@ class ProbeResult:
 
 
 @dataclass(frozen=True)
-class KeyBounds:
-    """A replication-key range, both ends included (`until` None: no upper end)."""
-
-    since: str
-    until: str | None = None
-
-
-@dataclass(frozen=True)
 class IncrementalResult:
     rows_read: int
     rows_merged: int
@@ -59,33 +53,6 @@ class IncrementalResult:
     cursor: Cursor | None
     pending: Pending | None
     window: Window | None
-
-
-def _batch(built: TableSql, cursor: Cursor | None) -> sql.Composable:
-    assert built.table.replication_key is not None
-    return batch_query(
-        built.model.sql,
-        built.table.replication_key,
-        built.replication_key_type,
-        cursor.value if cursor else None,
-    )
-
-
-def _key(built: TableSql) -> sql.Identifier:
-    return sql.Identifier(built.table.replication_key or "")
-
-
-def fingerprint(conn: psycopg.Connection[Any], built: TableSql, cursor: Cursor | None) -> Window:
-    """Count, newest key and hash of the model's rows at or past the cursor."""
-    rows, newest, digest = execute(
-        conn,
-        sql.SQL(
-            "SELECT count(*), max(b.{k})::text, "
-            "coalesce(md5(string_agg(md5(b::text), '' ORDER BY md5(b::text))), '') "
-            "FROM ({q}) AS b"
-        ).format(k=_key(built), q=_batch(built, cursor)),
-    ).fetchone()
-    return Window(rows=rows, hash=digest, max=newest)
 
 
 def probe(conn: psycopg.Connection[Any], built: TableSql, state: TableState) -> ProbeResult:
@@ -98,7 +65,7 @@ def probe(conn: psycopg.Connection[Any], built: TableSql, state: TableState) -> 
         rows, newest = execute(
             conn,
             sql.SQL("SELECT count(*), max(b.{k})::text FROM ({q}) AS b").format(
-                k=_key(built), q=_batch(built, state.cursor)
+                k=sql_key(built), q=rows_past(built, state.cursor)
             ),
         ).fetchone()
         stored = state.window

@@ -9,8 +9,8 @@ from ..errors import UsageError
 from ..postgres.catalog import describe_table
 from ..postgres.database import connect, execute
 from ..project.config import TableConfig
+from .context import KeyBounds
 from .cursor import canonical_value
-from .incremental import KeyBounds
 
 
 def resync_bounds(

@@ -7,91 +7,40 @@ from __future__ import annotations
 
 import logging
 import time
-import uuid
 from traceback import format_exception
 
 import psycopg
 
-from ..commands.adopt import adopt_legacy
-from ..errors import ConfigError, LockHeld, ReplicatorError, StateError
-from ..interrupts import Interrupted, raise_if_requested
+from ..errors import (
+    Interrupted,
+    LockHeld,
+    ReplicatorError,
+    StateError,
+    TableLocked,
+    TableProblem,
+)
+from ..interrupts import raise_if_requested
 from ..plan.decide import Plan
 from ..plan.drift import plan_now
-from ..plan.table_sql import TableProblem
 from ..postgres.database import connect
-from ..postgres.table_lock import TableLocked, table_lock
+from ..postgres.ownership import adopt_legacy
+from ..postgres.table_lock import table_lock
 from ..project.config import TableConfig
 from ..project.project import Project
 from ..project.runlock import run_lock
 from ..project.settings import (
-    SPARK_MASTER,
-    SPARK_MIN_ROWS,
-    WEBHOOK_SECRET,
-    WEBHOOK_URL,
     Connections,
-    progress_interval,
 )
 from ..project.state import TableState
-from ..redact import redact, register_secret
+from ..redact import redact
 from ..report.output import SyncOutput
 from ..report.results import TableResult, utc_now
-from ..report.webhook import WebhookTarget, build_payload, post
-from ..transfer.spark_runner import SparkRunner
-from .full_load import Endpoints
-from .incremental import KeyBounds
+from ..report.webhook import build_payload, post
+from .context import Endpoints, RunContext, TableJob, outcome
 from .resync import resync_bounds
-from .table_actions import TableJob, carry_out, outcome
+from .table_actions import carry_out
 
 log = logging.getLogger("replicator.sync")
-
-
-class RunContext:
-    """What every table of one run shares."""
-
-    def __init__(
-        self,
-        project: Project,
-        full_refresh: bool,
-        verbose: int,
-        resync: KeyBounds | None = None,
-    ) -> None:
-        self.project = project
-        self.full_refresh = full_refresh
-        self.resync = resync
-        self.locked: set[str] = set()  # tables another replicator was syncing
-        self.results: list[TableResult] = []  # in config order, as the tables finish
-        self.verbose = verbose
-        self.run_id = uuid.uuid4().hex
-        self.started_at = utc_now()
-        config = project.config.spark
-        master = project.env.get(SPARK_MASTER) or config.master
-        self.webhook = webhook_target(project)
-        self.spark = SparkRunner(
-            master, config.conf, quiet=verbose == 0, min_rows=_min_rows(project)
-        )
-
-
-def webhook_target(project: Project) -> WebhookTarget | None:
-    """webhook.url / .secret, REPLICATOR_WEBHOOK_URL / _SECRET winning."""
-    configured = project.config.webhook
-    url = project.env.get(WEBHOOK_URL) or (configured.url if configured else None)
-    if not url:
-        return None
-    if not url.startswith(("http://", "https://")):
-        raise ConfigError([f"{WEBHOOK_URL} must be an http:// or https:// URL"])
-    secret = project.env.get(WEBHOOK_SECRET) or (configured.secret if configured else None)
-    register_secret(secret)
-    return WebhookTarget(url, secret)
-
-
-def _min_rows(project: Project) -> int:
-    """spark.min_rows, or REPLICATOR_SPARK_MIN_ROWS when set (a whole number, else exit 2)."""
-    value = project.env.get(SPARK_MIN_ROWS)
-    if value is None:
-        return project.config.spark.min_rows
-    if not value.isdigit():
-        raise ConfigError([f"{SPARK_MIN_ROWS} must be a whole number of rows, got {value!r}"])
-    return int(value)
 
 
 def run_sync(
@@ -112,7 +61,7 @@ def run_sync(
     connections = project.connections()
     resync = resync_bounds(tables, names, full_refresh, since, until, connections.source)
     run = RunContext(project, full_refresh, verbose, resync)
-    output = SyncOutput(always_summarize, progress_interval(project.env))
+    output = SyncOutput(always_summarize, project.settings.progress_interval)
     try:
         with run_lock(project.state_dir):
             _sync_all(run, tables, connections, output)

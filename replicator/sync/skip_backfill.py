@@ -14,16 +14,18 @@ from typing import Any
 
 import psycopg
 
+from ..errors import TableProblem
 from ..plan.schema_diff import describe, diff
 from ..plan.signature import Signature, destination_signature
-from ..plan.table_sql import TableProblem, TableSql
+from ..plan.table_sql import TableSql
 from ..postgres.catalog import TableInfo
 from ..postgres.database import execute
 from ..postgres.dest_schema import ensure_bookkeeping, ensure_schemas
 from ..postgres.dest_types import ensure_types
 from ..postgres.ownership import record_owned
 from ..project.state import Cursor, Pending, Window
-from .full_load import Endpoints, first_cursor
+from .context import Endpoints
+from .cursor import first_cursor
 
 
 @dataclass(frozen=True)

@@ -5,101 +5,21 @@ only after the destination committed."""
 from __future__ import annotations
 
 import logging
-import time
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 from psycopg import sql
 
 from ..failpoints import failpoint
-from ..plan.decide import Plan
-from ..plan.drift import Observed, Planned
-from ..plan.table_sql import TableSql, batch_query
-from ..postgres.catalog import TableInfo
+from ..plan.table_sql import batch_query
 from ..postgres.database import execute
-from ..project.config import TableConfig
-from ..project.state import Cursor, Pending, RunOutcome, TableState, Window
-from ..report.output import SyncOutput
+from ..project.state import Cursor, Pending, TableState, Window
 from ..report.results import TableResult, utc_now
-from .full_load import Endpoints, full_reload
+from .context import TableJob
+from .full_load import full_reload
 from .incremental import incremental_sync, probe
 from .skip_backfill import start_without_backfill
 
-if TYPE_CHECKING:
-    from .run import RunContext
-
 log = logging.getLogger("replicator.sync")
-
-
-@dataclass(frozen=True)
-class TableJob:
-    """One planned table of a run: what every action needs."""
-
-    run: RunContext
-    ends: Endpoints
-    table: TableConfig
-    planned: Planned
-    state: TableState | None
-    output: SyncOutput
-    started: float
-    started_at: str
-
-    @property
-    def name(self) -> str:
-        return self.table.written_name
-
-    @property
-    def built(self) -> TableSql:
-        return self.planned.built
-
-    @property
-    def source(self) -> TableInfo:
-        return self.planned.source
-
-    @property
-    def observed(self) -> Observed:
-        return self.planned.observed
-
-    @property
-    def plan(self) -> Plan:
-        return self.planned.plan
-
-    def success(
-        self,
-        action: str,
-        rows: int,
-        reason: str,
-        size: int,
-        cursor_from: str | None,
-        cursor_to: str | None,
-    ) -> TableResult:
-        elapsed = time.monotonic() - self.started
-        return TableResult(
-            self.name, "success", action, rows, reason, None, elapsed, size, cursor_from, cursor_to
-        )
-
-    def started_log(self, action: str, text: str) -> None:
-        """The line that says a table's load begins (event `table.started` in JSON)."""
-        log.info(
-            "%s: %s",
-            self.name,
-            text,
-            extra={
-                "fields": {
-                    "event": "table.started",
-                    "run_id": self.run.run_id,
-                    "name": self.name,
-                    "action": action,
-                    "reason": self.plan.reason,
-                }
-            },
-        )
-
-    def write_state(self, state: TableState) -> None:
-        self.run.project.store.write(state, self.table.name)
-
-    def outcome(self, result: TableResult, finished: str) -> RunOutcome:
-        return outcome(self.run, self.started_at, finished, result)
 
 
 def carry_out(job: TableJob) -> TableResult:
@@ -233,18 +153,4 @@ def _write_new_state(job: TableJob, position: _Position, result: TableResult) ->
             last_synced_at=finished,
             last_run=job.outcome(result, finished),
         )
-    )
-
-
-def outcome(run: RunContext, started_at: str, finished_at: str, result: TableResult) -> RunOutcome:
-    """A table's result as its state's `last_run`."""
-    return RunOutcome(
-        run_id=run.run_id,
-        started_at=started_at,
-        finished_at=finished_at,
-        status=result.status,
-        action=result.action,
-        rows=result.rows,
-        reason=result.reason,
-        error=result.error,
     )

@@ -24,7 +24,7 @@ from psycopg import sql
 from ..errors import ReplicatorError
 from ..identifiers import TableName
 from ..postgres.database import connect, fetch_all
-from .copy_stream import MARKER_TABLE
+from ..postgres.naming import MARKER_TABLE
 
 log = logging.getLogger(__name__)
 
@@ -32,7 +32,7 @@ POLL_SECONDS = 0.5
 
 _FINISHED = sql.SQL(
     "SELECT count(*), coalesce(sum(rows), 0), coalesce(sum(bytes), 0) FROM {} WHERE load_id = %s"
-).format(sql.Identifier(*MARKER_TABLE))
+).format(MARKER_TABLE.identifier())
 _RUNNING = (
     "SELECT coalesce(sum(tuples_processed), 0), coalesce(sum(bytes_processed), 0) "
     "FROM pg_catalog.pg_stat_progress_copy WHERE relid = to_regclass(%s)"

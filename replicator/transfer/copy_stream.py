@@ -15,11 +15,11 @@ from dataclasses import dataclass
 import psycopg
 from psycopg import pq, sql
 
+from ..errors import TaskError
 from ..failpoints import failpoint
 from ..interrupts import track
 from ..postgres.pgsession import pin_session
 
-MARKER_TABLE = ("_replicator", "loaded_partitions")
 WRITE_BLOCK = 1 << 20
 
 
@@ -34,6 +34,7 @@ class CopyTask:
     snapshot: str
     copy_out: str
     copy_in: str
+    marker: tuple[str, str]  # the marker table (schema, name): one row per finished task
     # A load's only task may empty the table in its own transaction first: that lets its
     # COPY FREEZE (rows written frozen and all-visible: no hint bits to set and write back
     # when the key is built, nothing for vacuum to do later).
@@ -44,61 +45,12 @@ class CopyTask:
         return f"CopyTask({self.load_id!r}, {self.index})"
 
 
-class TaskError(Exception):
-    """A copy task's failure in one line that names the side (and, on the source, the
-    model): `source: division by zero (reading models/shop/orders.sql)`."""
-
-
 @dataclass(frozen=True)
 class CopyResult:
     index: int
     rows: int
     bytes: int
     seconds: float
-
-
-def copy_tasks(
-    load_id: str,
-    source_url: str,
-    dest_url: str,
-    snapshot: str,
-    queries: list[sql.Composable],
-    table: tuple[str, str],
-    columns: list[str],
-    *,
-    freeze: bool = False,
-    origin: str = "",
-) -> list[CopyTask]:
-    """One task per query: binary COPY of its rows into `table` (schema, name).
-
-    `freeze`: the table is this load's alone; a single task truncates it and copies frozen."""
-    freeze = freeze and len(queries) == 1
-    copy_in = (
-        sql.SQL("COPY {} ({}) FROM STDIN (FORMAT binary{})")
-        .format(
-            sql.Identifier(*table),
-            sql.SQL(", ").join(map(sql.Identifier, columns)),
-            sql.SQL(", FREEZE" if freeze else ""),
-        )
-        .as_string(None)
-    )
-    truncate = (
-        sql.SQL("TRUNCATE {}").format(sql.Identifier(*table)).as_string(None) if freeze else None
-    )
-    return [
-        CopyTask(
-            load_id,
-            index,
-            source_url,
-            dest_url,
-            snapshot,
-            sql.SQL("COPY ({}) TO STDOUT (FORMAT binary)").format(query).as_string(None),
-            copy_in,
-            truncate,
-            origin,
-        )
-        for index, query in enumerate(queries)
-    ]
 
 
 def run_copy_task(task: CopyTask) -> CopyResult:
@@ -123,7 +75,7 @@ def _first_line(exc: BaseException) -> str:
 
 def _copy_once(task: CopyTask) -> CopyResult:
     started = time.monotonic()
-    marker = sql.Identifier(*MARKER_TABLE)
+    marker = sql.Identifier(*task.marker)
     with psycopg.connect(task.dest_url, application_name="replicator-task") as dest:
         track(dest)
         pin_session(dest)

@@ -1,0 +1,34 @@
+"""The texts `replicator --help` teaches with: examples, the environment, the exit codes."""
+
+from __future__ import annotations
+
+ENVIRONMENT = """\b
+Environment (or the project's .env; the environment wins):
+  REPLICATOR_SOURCE_URL         the source database (libpq URI or key=value)
+  REPLICATOR_DEST_URL           the destination database
+  REPLICATOR_WEBHOOK_URL        overrides webhook.url
+  REPLICATOR_WEBHOOK_SECRET     overrides webhook.secret (HMAC signing key)
+  REPLICATOR_SPARK_MASTER       overrides spark.master
+  REPLICATOR_SPARK_MIN_ROWS     overrides spark.min_rows
+  REPLICATOR_PROGRESS_INTERVAL  seconds between progress log lines off a terminal (10)"""
+
+EXIT_CODES = """\b
+Exit codes:
+  0        success
+  1        one or more tables failed (the others were still handled)
+  2        bad usage or config; nothing was touched
+  75       another replicator holds the lock (run again later)
+  130/143  interrupted by SIGINT/SIGTERM (what it had started was rolled back)"""
+
+EXAMPLES = """\b
+Examples:
+  replicator init my-pipeline
+  replicator check --project-dir my-pipeline
+  replicator sync --project-dir my-pipeline
+  replicator --project-dir my-pipeline status
+  replicator sync -s public.orders -f       # reload one table now
+  replicator sync -q --log-format json      # for cron and log shippers"""
+
+
+def examples(*lines: str) -> str:
+    return "\b\nExamples:\n" + "\n".join(f"  {line}" for line in lines)

@@ -1,0 +1,156 @@
+"""What the tables of one sync run share, and what each planned table carries through its
+action: the run's context, the connections, the table's job, a re-sync's key range."""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+
+from ..plan.decide import Plan
+from ..plan.drift import Observed, Planned
+from ..plan.table_sql import TableSql
+from ..postgres.catalog import TableInfo
+from ..project.config import TableConfig
+from ..project.project import Project
+from ..project.state import RunOutcome, TableState
+from ..report.output import SyncOutput
+from ..report.results import TableResult, utc_now
+from ..transfer.spark_runner import SparkRunner
+
+log = logging.getLogger("replicator.sync")
+
+
+@dataclass(frozen=True)
+class KeyBounds:
+    """A replication-key range, both ends included (`until` None: no upper end)."""
+
+    since: str
+    until: str | None = None
+
+
+@dataclass(frozen=True)
+class Endpoints:
+    """The connections one table's load uses (URLs go to the Spark tasks)."""
+
+    source: psycopg.Connection[Any]
+    dest: psycopg.Connection[Any]
+    source_url: str
+    dest_url: str
+
+
+class RunContext:
+    """What every table of one run shares."""
+
+    def __init__(
+        self,
+        project: Project,
+        full_refresh: bool,
+        verbose: int,
+        resync: KeyBounds | None = None,
+    ) -> None:
+        settings = project.settings
+        self.project = project
+        self.full_refresh = full_refresh
+        self.resync = resync
+        self.locked: set[str] = set()  # tables another replicator was syncing
+        self.results: list[TableResult] = []  # in config order, as the tables finish
+        self.verbose = verbose
+        self.run_id = uuid.uuid4().hex
+        self.started_at = utc_now()
+        self.webhook = settings.webhook
+        self.spark = SparkRunner(
+            settings.spark_master,
+            settings.spark_conf,
+            quiet=verbose == 0,
+            min_rows=settings.min_rows,
+        )
+
+
+@dataclass(frozen=True)
+class TableJob:
+    """One planned table of a run: what every action needs."""
+
+    run: RunContext
+    ends: Endpoints
+    table: TableConfig
+    planned: Planned
+    state: TableState | None
+    output: SyncOutput
+    started: float
+    started_at: str
+
+    @property
+    def name(self) -> str:
+        return self.table.written_name
+
+    @property
+    def built(self) -> TableSql:
+        return self.planned.built
+
+    @property
+    def source(self) -> TableInfo:
+        return self.planned.source
+
+    @property
+    def observed(self) -> Observed:
+        return self.planned.observed
+
+    @property
+    def plan(self) -> Plan:
+        return self.planned.plan
+
+    def success(
+        self,
+        action: str,
+        rows: int,
+        reason: str,
+        size: int,
+        cursor_from: str | None,
+        cursor_to: str | None,
+    ) -> TableResult:
+        elapsed = time.monotonic() - self.started
+        return TableResult(
+            self.name, "success", action, rows, reason, None, elapsed, size, cursor_from, cursor_to
+        )
+
+    def started_log(self, action: str, text: str) -> None:
+        """The line that says a table's load begins (event `table.started` in JSON)."""
+        log.info(
+            "%s: %s",
+            self.name,
+            text,
+            extra={
+                "fields": {
+                    "event": "table.started",
+                    "run_id": self.run.run_id,
+                    "name": self.name,
+                    "action": action,
+                    "reason": self.plan.reason,
+                }
+            },
+        )
+
+    def write_state(self, state: TableState) -> None:
+        self.run.project.store.write(state, self.table.name)
+
+    def outcome(self, result: TableResult, finished: str) -> RunOutcome:
+        return outcome(self.run, self.started_at, finished, result)
+
+
+def outcome(run: RunContext, started_at: str, finished_at: str, result: TableResult) -> RunOutcome:
+    """A table's result as its state's `last_run`."""
+    return RunOutcome(
+        run_id=run.run_id,
+        started_at=started_at,
+        finished_at=finished_at,
+        status=result.status,
+        action=result.action,
+        rows=result.rows,
+        reason=result.reason,
+        error=result.error,
+    )

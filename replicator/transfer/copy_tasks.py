@@ -1,0 +1,54 @@
+"""The COPY tasks of a load, built on the driver: one per partition query (copy_stream.py
+runs them, in this process or in Spark's workers)."""
+
+from __future__ import annotations
+
+from psycopg import sql
+
+from ..postgres.naming import MARKER_TABLE
+from .copy_stream import CopyTask
+
+
+def copy_tasks(
+    load_id: str,
+    source_url: str,
+    dest_url: str,
+    snapshot: str,
+    queries: list[sql.Composable],
+    table: tuple[str, str],
+    columns: list[str],
+    *,
+    freeze: bool = False,
+    origin: str = "",
+) -> list[CopyTask]:
+    """One task per query: binary COPY of its rows into `table` (schema, name).
+
+    `freeze`: the table is this load's alone; a single task truncates it and copies frozen."""
+    freeze = freeze and len(queries) == 1
+    copy_in = (
+        sql.SQL("COPY {} ({}) FROM STDIN (FORMAT binary{})")
+        .format(
+            sql.Identifier(*table),
+            sql.SQL(", ").join(map(sql.Identifier, columns)),
+            sql.SQL(", FREEZE" if freeze else ""),
+        )
+        .as_string(None)
+    )
+    truncate = (
+        sql.SQL("TRUNCATE {}").format(sql.Identifier(*table)).as_string(None) if freeze else None
+    )
+    return [
+        CopyTask(
+            load_id,
+            index,
+            source_url,
+            dest_url,
+            snapshot,
+            sql.SQL("COPY ({}) TO STDOUT (FORMAT binary)").format(query).as_string(None),
+            copy_in,
+            (MARKER_TABLE.schema, MARKER_TABLE.name),
+            truncate,
+            origin,
+        )
+        for index, query in enumerate(queries)
+    ]

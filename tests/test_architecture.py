@@ -1,0 +1,124 @@
+"""The package's shape, read from its own files: imports only point down the layers, no
+import cycles, no module over 400 lines, and what an import scan cannot see (a module named
+in a string, package resources, package-data) still points at real files."""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+import tomllib
+from importlib import resources
+from pathlib import Path
+
+import pytest
+
+from replicator.transfer.spark_session import LOCAL_DAEMON_MODULE
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "replicator"
+# Lowest first; a module may import from its own layer and the ones before it.
+LAYERS = ["base", "project", "postgres", "plan", "transfer", "report", "sync", "commands", "cli"]
+BASE = {"__init__", "errors", "identifiers", "failpoints", "interrupts", "redact"}
+TOP = {"cli", "cli_help", "__main__"}
+MAX_LINES = 400
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def layer(module: str) -> int:
+    parts = module.split(".")
+    if (len(parts) == 2 and parts[1] in BASE) or module == "replicator":
+        return 0
+    if len(parts) == 2 and parts[1] in TOP:
+        return LAYERS.index("cli")
+    return LAYERS.index(parts[1])
+
+
+def imports(path: Path) -> set[str]:
+    """The replicator modules a file imports, module-level or not."""
+    module = module_name(path)
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*anchor, base] if base else anchor)
+            if not base.startswith("replicator"):
+                continue
+            for alias in node.names:  # `from ..postgres import ddl` imports a module
+                candidate = f"{base}.{alias.name}"
+                found.add(candidate if _exists(candidate) else base)
+        elif isinstance(node, ast.Import):
+            found |= {a.name for a in node.names if a.name.startswith("replicator")}
+    return found - {module}
+
+
+def _exists(module: str) -> bool:
+    relative = Path(*module.split("."))
+    return (ROOT / relative.with_suffix(".py")).is_file() or (ROOT / relative).is_dir()
+
+
+GRAPH = {module_name(p): imports(p) for p in PACKAGE.rglob("*.py")}
+
+
+def test_imports_only_point_down_the_layers():
+    upward = [
+        f"{src} ({LAYERS[layer(src)]}) imports {dst} ({LAYERS[layer(dst)]})"
+        for src, targets in sorted(GRAPH.items())
+        for dst in sorted(targets)
+        if layer(dst) > layer(src)
+    ]
+    assert upward == []
+
+
+def test_no_import_cycles():
+    state: dict[str, str] = {}
+    cycles: list[list[str]] = []
+
+    def visit(module: str, path: list[str]) -> None:
+        state[module] = "open"
+        for target in sorted(GRAPH.get(module, ())):
+            if state.get(target) == "open":
+                cycles.append([*path[path.index(target) :], target])
+            elif target not in state:
+                visit(target, [*path, target])
+        state[module] = "done"
+
+    for module in sorted(GRAPH):
+        if module not in state:
+            visit(module, [module])
+    assert cycles == []
+
+
+def test_no_module_is_over_400_lines():
+    long = {
+        str(p.relative_to(ROOT)): n
+        for p in PACKAGE.rglob("*.py")
+        if (n := len(p.read_text().splitlines())) > MAX_LINES
+    }
+    assert long == {}
+
+
+@pytest.mark.parametrize("package", sorted({m.split(".")[1] for m in GRAPH if m.count(".") >= 2}))
+def test_each_subpackage_says_what_lives_there_and_what_it_may_import(package):
+    doc = ast.get_docstring(ast.parse((PACKAGE / package / "__init__.py").read_text()))
+    assert doc and "May import" in doc
+
+
+def test_what_an_import_scan_does_not_see_is_there():
+    """The Spark daemon is named in a string; the built-in macros and the log4j settings
+    are package resources, installed through package-data."""
+    assert importlib.util.find_spec(LOCAL_DAEMON_MODULE) is not None
+    macros = resources.files("replicator.project") / "macros"
+    assert sorted(p.name for p in macros.iterdir() if p.name.endswith(".sql"))
+    assert (resources.files("replicator.transfer") / "log4j2.properties").is_file()
+    data = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    for package, patterns in data["package-data"].items():
+        folder = ROOT / Path(*package.split("."))
+        for pattern in patterns:
+            assert list(folder.glob(pattern)), f"{package}: {pattern} matches nothing"
