@@ -169,15 +169,24 @@ def init(project_dir: Path, directory: Path | None) -> int:
 )
 @select_option
 @json_option
+@click.option("--since", metavar="VALUE", help="Also show the re-sync of a key range (with -s).")
+@click.option("--until", metavar="VALUE", help="End of the --since range (included).")
 @_common
-def compile_command(project_dir: Path, names: tuple[str, ...], as_json: bool) -> int:
+def compile_command(
+    project_dir: Path,
+    names: tuple[str, ...],
+    as_json: bool,
+    since: str | None,
+    until: str | None,
+) -> int:
     """Print what each table's next sync would do and why (the same plan `sync` makes), the
-    schema changes since its last load, and its SQL. Catalogs are read; nothing is written.
-    Exit 1 when a table cannot be compiled."""
+    schema changes since its last load, and the statements each action runs, as it builds
+    them: full reload, incremental, a start without backfill, a --since re-sync. Catalogs
+    are read; nothing is written. Exit 1 when a table cannot be compiled."""
     from .commands.compile import compile_tables
 
     project = Project.load(project_dir)
-    return compile_tables(project, project.select(names), as_json or json_output())
+    return compile_tables(project, names, as_json or json_output(), since, until)
 
 
 @cli.command(

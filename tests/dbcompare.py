@@ -9,7 +9,7 @@ from psycopg import sql
 
 from replicator.identifiers import TableName
 from replicator.postgres.naming import MARKER_TABLE, retired_table, staging_table
-from replicator.sync.full_load import side_table
+from replicator.sync.scripts import side_table
 from replicator.transfer.markers import load_id_prefix
 
 

@@ -17,7 +17,7 @@ from psycopg import sql
 
 from replicator.identifiers import TableName, quote_ident
 from replicator.postgres.naming import derived_name, staging_table
-from replicator.sync.full_load import side_table
+from replicator.sync.scripts import side_table
 
 pytestmark = pytest.mark.spark
 

@@ -20,7 +20,7 @@ from ..identifiers import display_ident
 from ..plan.drift import plan_now
 from ..plan.inspect_table import inspect_table
 from ..postgres.catalog import describe_table, leading_index_columns
-from ..postgres.database import connect, fetch_all
+from ..postgres.database import connect, execute, fetch_all
 from ..postgres.dependent_views import reload_problem
 from ..postgres.dest_schema import missing_schemas
 from ..postgres.naming import INTERNAL_SCHEMA
@@ -190,7 +190,7 @@ def _connect(url: str, role: str, variable: str, findings: list[Finding]) -> Any
     except ReplicatorError as exc:
         findings.append(Finding("error", role, str(exc), f"check {variable}"))
         return None
-    (version,) = conn.execute("SHOW server_version").fetchone()
+    (version,) = execute(conn, "SHOW server_version").fetchone()
     findings.append(Finding("ok", role, f"connected (PostgreSQL {version})"))
     return conn
 
@@ -290,7 +290,9 @@ def _check_table(
             "create it, or fix the name in tables-config.json",
         )
         return
-    (can_select,) = conn.execute("SELECT has_table_privilege(%s, 'SELECT')", (info.oid,)).fetchone()
+    (can_select,) = execute(
+        conn, "SELECT has_table_privilege(%s, 'SELECT')", (info.oid,)
+    ).fetchone()
     if not can_select:
         yield Finding(
             "error",

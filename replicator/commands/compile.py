@@ -1,9 +1,11 @@
 """`replicator compile`: what each table's next sync would do and run, printed, nothing executed.
 
 Per table: the plan (incremental or a full reload, and why), the schema changes found against
-the last load (each with the ALTER that expresses it), and the statements: destination DDL,
-the full reload's side table, key and swap, the extracts, staging and merge. Catalogs are
-read; nothing is written anywhere. `--json` gives the same as one document.
+the last load (each with the ALTER that expresses it), and the statements of each action, as
+the action itself builds them (sync/action_scripts.py): the full reload, the incremental
+batch, a start without backfill, a re-sync with --since. Catalogs are read; nothing is
+written anywhere. `--json` gives the same as one document, with every statement's side and
+bound values under `script`.
 """
 
 from __future__ import annotations
@@ -18,36 +20,43 @@ import psycopg
 
 from ..errors import ReplicatorError
 from ..identifiers import display_ident
-from ..plan.decide import Plan
-from ..plan.drift import Observed, plan_now
-from ..plan.table_sql import TableSql
-from ..postgres import ddl
-from ..postgres.database import Statement, connect, render
-from ..postgres.naming import INTERNAL_SCHEMA, default_key_name
-from ..postgres.swap import move_statements, swap_statements
+from ..plan.drift import Planned, plan_now
+from ..postgres.database import Step, connect, display, render
 from ..project.config import TableConfig
 from ..project.project import Project
 from ..project.settings import DEST_URL, SOURCE_URL
 from ..project.state import TableState
 from ..redact import redact
 from ..report.logs import json_output
-from ..sync.full_load import side_key_name, side_key_statement, side_table, side_table_statements
+from ..sync.action_scripts import ActionScripts, Inputs, Item, Tasks, action_scripts
+from ..sync.context import KeyBounds
+from ..sync.resync import resync_bounds
 
 
-def compile_tables(project: Project, tables: tuple[TableConfig, ...], as_json: bool = False) -> int:
+def compile_tables(
+    project: Project,
+    names: tuple[str, ...],
+    as_json: bool = False,
+    since: str | None = None,
+    until: str | None = None,
+) -> int:
     """Print each table's plan and statements; a table that cannot be built is reported,
-    exit 1."""
+    exit 1. With `since` (and `until`), the one selected table's re-sync script too."""
+    tables = project.select(names)
+    source_url = project.env.connection(SOURCE_URL)
+    resync = resync_bounds(tables, names, False, since, until, source_url)
     failed = 0
     documents: list[dict[str, Any]] = []
     with (
-        connect(project.env.connection(SOURCE_URL), "source") as conn,
+        connect(source_url, "source") as conn,
         _destination(project) as (dest, dest_note),
     ):
         if dest_note and not as_json:
             click.echo(f"-- {dest_note}\n")
+        inputs = Inputs(conn, dest, (source_url, ""), project.settings)
         for table in tables:
             try:
-                compiled = _compile_table(project, conn, dest, table)
+                compiled = _compile_table(project, inputs, table, resync)
             except ReplicatorError as exc:
                 failed += 1
                 if as_json:
@@ -61,7 +70,7 @@ def compile_tables(project: Project, tables: tuple[TableConfig, ...], as_json: b
                 click.echo(compiled.text())
     if as_json:
         indent = None if json_output() else 2  # one line under --log-format json
-        click.echo(json.dumps(documents, indent=indent, ensure_ascii=False))
+        click.echo(json.dumps(documents, indent=indent, ensure_ascii=False, default=str))
     return 1 if failed else 0
 
 
@@ -82,38 +91,40 @@ def _destination(project: Project) -> Iterator[tuple[psycopg.Connection[Any] | N
 
 
 class CompiledTable:
-    """One table's plan, drift and statements."""
+    """One table's plan, drift, and the statements of each action (`action_scripts`)."""
 
     def __init__(
-        self, built: TableSql, observed: Observed, plan: Plan, cursor: str, destination_known: bool
+        self,
+        planned: Planned,
+        scripts: ActionScripts,
+        cursor: str,
+        conn: psycopg.Connection[Any],
     ) -> None:
-        self.built, self.observed, self.plan, self.cursor = built, observed, plan, cursor
-        self.destination_known = destination_known
+        self.built, self.observed, self.plan = planned.built, planned.observed, planned.plan
+        self.scripts, self.cursor, self.conn = scripts, cursor, conn
 
-    def full_reload_statements(self) -> list[str]:
-        """What a full reload runs on the destination, in order (COPY shown as a comment)."""
-        built = self.built
-        target, side = built.table.target, side_table(built.table.target)
-        statements: list[Statement] = [
-            ddl.create_schema(target.schema),
-            ddl.create_schema(INTERNAL_SCHEMA),
-            *side_table_statements(built),
-        ]
-        key = side_key_statement(built)
-        texts = ["-- enum, domain and composite types the columns use: created when missing"]
-        texts += [render(s) for s in statements]
-        texts.append(f"-- COPY ... FROM STDIN into {side.sql()}, one per partition")
-        if key is not None:
-            texts.append(render(key))
-        texts.append(f"ANALYZE {side.sql()}")
-        key_name = default_key_name(target)
-        swap = (
-            swap_statements(side, target, side_key_name(built), key_name)
-            if self.observed.destination is not None or not self.destination_known
-            else move_statements(side, target, side_key_name(built), key_name)
-        )
-        texts += [render(s) for s in swap]
-        return texts
+    def _lines(self, items: list[Item] | None) -> list[str]:
+        """The statements as they would run, values inlined; the copy tasks and anything on
+        the source as comments (they are not destination statements a person can rerun)."""
+        lines: list[str] = []
+        for item in items or []:
+            if isinstance(item, Tasks):
+                total = len(item.steps)
+                for number, steps in enumerate(item.steps, 1):
+                    lines.append(
+                        f"-- copy task {number} of {total}, a transaction on each side (its "
+                        "marker row claimed first, filled last; every statement: --json)"
+                    )
+                    lines += [
+                        _comment(f"--   {s.side}: {display(self.conn, s)}")
+                        for s in steps
+                        if s.text.startswith(("COPY", "TRUNCATE"))
+                    ]
+            elif item.side == "source":
+                lines.append(_comment(f"-- source: {display(self.conn, item)}"))
+            else:
+                lines.append(display(self.conn, item))
+        return lines
 
     def changes_json(self) -> dict[str, list[dict[str, Any]]]:
         target = self.built.table.target
@@ -126,6 +137,7 @@ class CompiledTable:
         built = self.built
         table = built.table
         incremental = built.incremental_extract
+        scripts = self.scripts
         return {
             "name": table.written_name,
             "destination": str(table.target),
@@ -135,25 +147,35 @@ class CompiledTable:
             "reason": self.plan.reason,
             "fix": self.plan.fix,
             "destination_note": dest_note,
+            "notes": scripts.notes,
             "changes": self.changes_json(),
             "cursor": self.cursor,
             "sql": {
                 "create_destination": render(built.create_destination),
-                "full_reload": self.full_reload_statements(),
+                "full_reload": self._lines(scripts.full_reload),
+                "incremental": self._lines(scripts.incremental) or None,
+                "start_without_backfill": self._lines(scripts.start) or None,
+                "resync": self._lines(scripts.resync) or None,
                 "extract_full": render(built.full_extract),
                 "extract_incremental": render(incremental) if incremental is not None else None,
-                "create_staging": (
-                    [render(built.create_internal_schema), render(built.create_staging)]
-                    if built.merge is not None
-                    else None
-                ),
                 "merge": built.merge,
+            },
+            # Every statement with its side and bound values, as the actions run them.
+            "script": {
+                name: _structured(items)
+                for name, items in (
+                    ("full_reload", scripts.full_reload),
+                    ("incremental", scripts.incremental),
+                    ("start_without_backfill", scripts.start),
+                    ("resync", scripts.resync),
+                )
+                if items is not None
             },
         }
 
     def text(self) -> str:
         """The readable compile output of one table."""
-        built = self.built
+        built, scripts = self.built, self.scripts
         table = built.table
         key = ", ".join(map(display_ident, built.primary_key)) or "none"
         plan = self.plan
@@ -166,6 +188,7 @@ class CompiledTable:
         ]
         if plan.fix:
             lines.append(f"-- fix: {plan.fix}")
+        lines += [f"-- note: {note}" for note in scripts.notes]
         for title, changes in (
             ("source schema changes since the last load", self.observed.schema_changes),
             ("destination table changes", self.observed.destination_changes),
@@ -178,47 +201,73 @@ class CompiledTable:
                 lines.append(f"--   {change.describe()}")
                 if expression is not None:
                     lines.append(f"--     {expression.sql(dialect='postgres')};")
-        lines += [
-            "",
-            "-- destination table",
-            render(built.create_destination) + ";",
-            "",
-            "-- full reload: side table, load, key, swap",
-            *[s if s.startswith("--") else s + ";" for s in self.full_reload_statements()],
-            "",
-            "-- extract (full load)",
-            render(built.full_extract) + ";",
-        ]
+        lines += ["", "-- destination table", render(built.create_destination) + ";"]
+        if scripts.start is not None:
+            lines += ["", "-- start without backfill (initial_load skip): what the next sync runs"]
+            lines += _terminated(self._lines(scripts.start))
+        lines += ["", "-- full reload: side table, load, key, swap"]
+        lines += _terminated(self._lines(scripts.full_reload))
+        lines += ["", "-- extract (full load)", render(built.full_extract) + ";"]
         if built.incremental_extract is not None:
             lines += [
                 "",
                 f"-- extract (incremental); cursor: {self.cursor}",
                 render(built.incremental_extract) + ";",
             ]
+        if scripts.incremental is not None:
+            lines += ["", "-- incremental: staging table, load, merge"]
+            lines += _terminated(self._lines(scripts.incremental))
+        if scripts.resync is not None:
+            lines += ["", "-- re-sync of --since .. --until: staging table, load, merge"]
+            lines += _terminated(self._lines(scripts.resync))
         if built.merge is not None:
-            lines += [
-                "",
-                "-- staging table",
-                render(built.create_internal_schema) + ";",
-                render(built.create_staging) + ";",
-                "",
-                "-- merge",
-                built.merge + ";",
-            ]
+            lines += ["", "-- staging table", *_terminated(self._lines(scripts.staging))]
+            lines += ["", "-- merge", built.merge + ";"]
         return "\n".join(lines) + "\n"
+
+
+def _comment(text: str) -> str:
+    """A statement shown as a comment, its later lines commented too."""
+    return text.replace("\n", "\n--     ")
+
+
+def _terminated(lines: list[str]) -> list[str]:
+    return [line if line.startswith("--") else line + ";" for line in lines]
+
+
+def _structured(items: list[Item]) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    for item in items:
+        if isinstance(item, Tasks):
+            for number, steps in enumerate(item.steps, 1):
+                out += [{"task": number, **_step_json(step)} for step in steps]
+        else:
+            out.append(_step_json(item))
+    return out
+
+
+def _step_json(step: Step) -> dict[str, Any]:
+    return {"side": step.side, "sql": step.text, "params": step.params}
 
 
 def _compile_table(
     project: Project,
-    conn: psycopg.Connection[Any],
-    dest: psycopg.Connection[Any] | None,
+    inputs: Inputs,
     table: TableConfig,
+    resync: KeyBounds | None,
 ) -> CompiledTable:
     state = project.store.read(table.name)
-    planned = plan_now(conn, dest, table, project.templates, state)
-    return CompiledTable(
-        planned.built, planned.observed, planned.plan, _cursor_note(state), dest is not None
+    planned = plan_now(inputs.source, inputs.dest, table, project.templates, state)
+    scripts = action_scripts(
+        inputs,
+        planned.built,
+        planned.source,
+        state,
+        planned.plan,
+        planned.observed.destination is not None,
+        resync,
     )
+    return CompiledTable(planned, scripts, _cursor_note(state), inputs.source)
 
 
 def _cursor_note(state: TableState | None) -> str:

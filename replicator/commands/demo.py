@@ -17,11 +17,10 @@ import tempfile
 import time
 from pathlib import Path
 
-import psycopg
 from psycopg import sql
 
 from ..plan.inspect_table import inspect_table
-from ..postgres.database import connect
+from ..postgres.database import connect, execute
 from ..postgres.pgcluster import PgCluster
 from ..project.config import CONFIG_FILE, load_config
 from ..project.project import Project
@@ -104,13 +103,13 @@ def run_demo(project_dir: Path, keep: bool, verbose: int) -> int:
         for cluster in clusters:
             cluster.start()
         source_url, dest_url = clusters[0].url(), clusters[1].url()
-        with psycopg.connect(source_url, autocommit=True) as conn:
-            conn.execute(SAMPLE_SCHEMA)
+        with connect(source_url, "source") as conn:
+            execute(conn, SAMPLE_SCHEMA)
         project = _demo_project(copy, source_url, dest_url)
         say("demo: sync 1 of 2 (first load of every table)", "demo")
         codes = [run_sync(project, (), False, verbose, always_summarize=True)]
-        with psycopg.connect(source_url, autocommit=True) as conn:
-            conn.execute(CHANGES)
+        with connect(source_url, "source") as conn:
+            execute(conn, CHANGES)
         say("demo: changed rows in the source (updates, inserts); sync 2 of 2", "demo")
         codes.append(run_sync(project, (), False, verbose, always_summarize=True))
         _verify(project, source_url, dest_url)
@@ -187,9 +186,9 @@ def _verify(project: Project, source_url: str, dest_url: str) -> None:
     with connect(source_url, "source") as source, connect(dest_url, "destination") as dest:
         for table in project.config.tables:
             model = inspect_table(source, table, project.templates).model.sql
-            left = source.execute(query.format(sql.SQL("({})").format(sql.SQL(model)))).fetchone()
+            left = execute(source, query.format(sql.SQL("({})").format(sql.SQL(model)))).fetchone()
             target = sql.Identifier(table.target.schema, table.target.name)
-            right = dest.execute(query.format(target)).fetchone()
+            right = execute(dest, query.format(target)).fetchone()
             verdict = "identical" if left == right else "DIFFERENT"
             say(
                 f"demo: {table.written_name}: {left[0]:,} rows read by its model in the "

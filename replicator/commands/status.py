@@ -25,7 +25,7 @@ from ..errors import DatabaseError, ReplicatorError, StateError
 from ..plan.decide import Plan, plan_table
 from ..plan.drift import Planned, plan_now
 from ..plan.table_sql import MODEL_ALIAS
-from ..postgres.database import connect, execute
+from ..postgres.database import connect, execute, transaction
 from ..project.config import TableConfig
 from ..project.project import Project
 from ..project.settings import DEST_URL, SOURCE_URL
@@ -226,7 +226,7 @@ def _position(
         model=sql.SQL(built.model.sql.replace("%", "%%")),
     )
     try:
-        with conn.transaction():
+        with transaction(conn):
             # The newest key comes from the model: a slow model must not make status hang.
             execute(
                 conn,

@@ -17,7 +17,7 @@ from ..errors import DatabaseError, TableProblem
 from ..identifiers import display_ident, quote_ident
 from ..postgres import ddl
 from ..postgres.catalog import Column, TableInfo
-from ..postgres.naming import INTERNAL_SCHEMA, staging_table
+from ..postgres.naming import staging_table
 from ..project.config import TableConfig
 from ..project.templates import Model, Templates
 
@@ -33,8 +33,6 @@ class TableSql:
     columns: tuple[Column, ...]
     primary_key: tuple[str, ...]
     create_destination: exp.Create
-    create_internal_schema: exp.Create
-    create_staging: exp.Create
     full_extract: sql.Composable
     incremental_extract: sql.Composable | None
     merge: str | None
@@ -156,8 +154,6 @@ def build_table_sql(
         columns=columns,
         primary_key=primary_key,
         create_destination=ddl.create_table(target, columns, primary_key),
-        create_internal_schema=ddl.create_schema(INTERNAL_SCHEMA),
-        create_staging=ddl.create_table(staging, columns, unlogged=True, if_not_exists=True),
         full_extract=sql.SQL(model.sql),
         incremental_extract=incremental_extract(model.sql, table, columns),
         merge=merge,
@@ -168,18 +164,23 @@ def build_table_sql(
 
 
 def batch_query(
-    model_sql: str, key: str, key_type: str, cursor: str | None, until: str | None = None
+    model_sql: str,
+    key: str,
+    key_type: str,
+    cursor: str | sql.Composable | None,
+    until: str | None = None,
 ) -> sql.Composable:
     """The model's rows at or past the cursor (all of them without a cursor) and, with
     `until`, at or before it; values inlined as typed literals: for COPY, which takes no
-    parameters."""
+    parameters. A cursor given as a placeholder (`sql.Placeholder("cursor")`) leaves it to
+    be bound; the model's `%` must then be doubled."""
     model = sql.SQL(model_sql)
     bounds = [
         sql.SQL("{alias}.{key} {op} {value}::{type}").format(
             alias=sql.Identifier(MODEL_ALIAS),
             key=sql.Identifier(key),
             op=sql.SQL(op),
-            value=sql.Literal(value),
+            value=value if isinstance(value, sql.Composable) else sql.Literal(value),
             type=sql.SQL(key_type),
         )
         for op, value in ((">=", cursor), ("<=", until))
@@ -195,16 +196,11 @@ def batch_query(
 def incremental_extract(
     model_sql: str, table: TableConfig, columns: tuple[Column, ...]
 ) -> sql.Composable | None:
-    """The model wrapped with the cursor predicate `key >= %(cursor)s` (typed as the key)."""
+    """The batch query an incremental sync reads (`batch_query`), with the cursor as a bound
+    parameter `%(cursor)s` (typed as the key) instead of the value a sync inlines."""
     if table.mode == "full-refresh" or table.replication_key is None:
         return None
     key_type = next(c.type for c in columns if c.name == table.replication_key)
-    # The model text is the user's SQL: `%` must be doubled once parameters are bound.
-    return sql.SQL(
-        "SELECT * FROM ({model}) AS {alias} WHERE {alias}.{key} >= %(cursor)s::{type}"
-    ).format(
-        model=sql.SQL(model_sql.replace("%", "%%")),
-        alias=sql.Identifier(MODEL_ALIAS),
-        key=sql.Identifier(table.replication_key),
-        type=sql.SQL(key_type),
-    )
+    # The model text is the user's SQL: `%` must be doubled once a parameter is bound.
+    escaped = model_sql.replace("%", "%%")
+    return batch_query(escaped, table.replication_key, key_type, sql.Placeholder("cursor"))

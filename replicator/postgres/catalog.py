@@ -14,7 +14,7 @@ from psycopg import sql
 
 from ..errors import DatabaseError
 from ..identifiers import TableName
-from .database import execute, fetch_all
+from .database import execute, fetch_all, transaction
 
 
 @dataclass(frozen=True)
@@ -100,7 +100,7 @@ def describe_query(conn: psycopg.Connection[Any], query: str) -> tuple[Column, .
     nothing is left behind and no row is read.
     """
     view = sql.Identifier("replicator_describe")
-    with conn.transaction(force_rollback=True):
+    with transaction(conn, rollback=True):
         execute(conn, sql.SQL("CREATE TEMPORARY VIEW {} AS {}").format(view, sql.SQL(query)))
         (oid,) = execute(conn, "SELECT 'replicator_describe'::regclass::oid").fetchone()
         columns = _columns(conn, oid)
@@ -112,6 +112,6 @@ def describe_query(conn: psycopg.Connection[Any], query: str) -> tuple[Column, .
 def _columns(conn: psycopg.Connection[Any], oid: int) -> tuple[Column, ...]:
     """Columns in order. With only pg_catalog on the search_path, format_type() qualifies
     every other type, so the text means the same type in any database and session."""
-    with conn.transaction():
+    with transaction(conn):
         execute(conn, "SET LOCAL search_path = pg_catalog, pg_temp")
         return tuple(Column(*row) for row in fetch_all(conn, _COLUMNS, (oid,)))

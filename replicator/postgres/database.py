@@ -1,83 +1,212 @@
-"""The one place that opens connections and executes SQL.
+"""The one place that opens connections and executes SQL (docs/architecture.md: One executor).
 
 Every connection gets the same session settings, so values print the same way whatever the
-server's or the user's defaults are; every statement is logged (redacted) at debug level,
-and an error names the side it came from (`source: ...`, `destination: ...`).
+server's or the user's defaults are. Every statement goes through `execute`: logged (redacted)
+at debug level, recorded when a caller captures statements (compile's statements are
+checked against these), and an error names the side it came from (`source: ...`,
+`destination: ...`) with the fix where one is known. Transactions go through it too.
+
+Kept free of heavy imports (no sqlglot): the copy tasks in Spark's workers use it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import weakref
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Iterator, Mapping, Sequence
+from contextvars import ContextVar
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Union
 
 import psycopg
-from psycopg import sql
-from sqlglot import exp
+from psycopg import pq, sql
 
 from ..errors import DatabaseError
 from ..interrupts import track
 from ..redact import redact
-from .pgsession import pin_session
+from .pgsession import SESSION_SETTINGS
+
+if TYPE_CHECKING:
+    from sqlglot import exp
 
 log = logging.getLogger(__name__)
 
-Statement = str | sql.Composable | exp.Expression
+Statement = Union[str, sql.Composable, "exp.Expression"]
+
+# What the server's error code says to do, where the tool knows better than the message.
+FIXES: Mapping[str, str] = {
+    "42501": "`replicator check` names the privilege the role lacks, and the GRANT",
+    "53100": "the server's disk is full",
+    "55P03": "another session holds a lock on it; the next run tries again",
+    "57014": "a statement_timeout set for the role or database cancelled it; raise it",
+}
 
 _sides: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
 
 
-def connect(conninfo: str, role: str) -> psycopg.Connection[Any]:
-    """Open an autocommit connection to the `role` ("source"/"destination") database."""
+Params = Sequence[Any] | Mapping[str, Any] | None
+
+
+@dataclass(frozen=True)
+class Step:
+    """One statement of an action's script: what `compile` prints and `sync` executes.
+
+    `params` are bound when it runs; `compile` shows them inlined (`display`)."""
+
+    side: str  # "source" or "destination"
+    statement: Statement
+    params: Params = None
+
+    @property
+    def text(self) -> str:
+        return render(self.statement)
+
+
+def run_steps(conn: psycopg.Connection[Any], steps: Sequence[Step]) -> None:
+    """Execute a script's steps on the connection of their side, in order. A transaction the
+    script began (a BEGIN step) is rolled back when a later step fails."""
+    side = _sides.get(conn)
+    began = conn.info.transaction_status != pq.TransactionStatus.IDLE
+    try:
+        for step in steps:
+            assert side is None or step.side == side, (step.side, side)
+            execute(conn, step.statement, step.params)
+    except BaseException:
+        if not began and conn.info.transaction_status != pq.TransactionStatus.IDLE:
+            with contextlib.suppress(Exception):
+                execute(conn, "ROLLBACK")
+        raise
+
+
+def display(conn: psycopg.Connection[Any], step: Step) -> str:
+    """The statement as it would run, with its values inlined (for a person to read or to
+    paste into psql)."""
+    if step.params is None:
+        return step.text
+    query = step.statement if isinstance(step.statement, sql.Composable) else step.text
+    return psycopg.ClientCursor(conn).mogrify(query, step.params)
+
+
+@dataclass(frozen=True)
+class Executed:
+    """One statement a connection ran (or streamed), as `captured()` records it."""
+
+    side: str | None
+    text: str
+
+
+_capture: ContextVar[list[Executed] | None] = ContextVar("replicator_capture", default=None)
+
+
+def connect(
+    conninfo: str,
+    role: str,
+    *,
+    autocommit: bool = True,
+    application_name: str = "replicator",
+) -> psycopg.Connection[Any]:
+    """Open a connection to the `role` ("source"/"destination") database, session pinned."""
     try:
         conn = psycopg.connect(
-            conninfo, autocommit=True, application_name="replicator", connect_timeout=15
+            conninfo,
+            autocommit=autocommit,
+            application_name=application_name,
+            connect_timeout=15,
         )
     except psycopg.Error as exc:
         raise DatabaseError(f"cannot connect to the {role} database: {_message(exc)}") from None
-    try:
-        pin_session(conn)
-    except psycopg.Error as exc:
-        conn.close()
-        raise DatabaseError(f"cannot configure the {role} session: {_message(exc)}") from None
     _sides[conn] = role
-    return track(conn)
+    track(conn)
+    try:
+        execute(
+            conn,
+            "SELECT set_config(name, value, false) FROM unnest(%s::text[], %s::text[]) "
+            "AS s(name, value)",
+            (list(SESSION_SETTINGS), list(SESSION_SETTINGS.values())),
+        )
+        if not autocommit:
+            conn.commit()
+    except DatabaseError as exc:
+        conn.close()
+        message = str(exc).removeprefix(f"{role}: ")
+        raise DatabaseError(f"cannot configure the {role} session: {message}") from None
+    return conn
 
 
 def render(statement: Statement) -> str:
     """The SQL text of a statement, as it would be sent."""
-    if isinstance(statement, exp.Expression):
-        return statement.sql(dialect="postgres")
+    if isinstance(statement, str):
+        return statement
     if isinstance(statement, sql.Composable):
         return statement.as_string(None)
-    return statement
+    return statement.sql(dialect="postgres")  # a sqlglot expression
 
 
 def execute(
-    conn: psycopg.Connection[Any],
-    statement: Statement,
-    params: Sequence[Any] | Mapping[str, Any] | None = None,
+    conn: psycopg.Connection[Any], statement: Statement, params: Params = None
 ) -> psycopg.Cursor[Any]:
     """Run one statement; errors become DatabaseError with a redacted, one-line message."""
-    text = render(statement)
-    log.debug("sql: %s", redact(text))
+    text = note(conn, statement)
     query = statement if isinstance(statement, sql.Composable) else text
     try:
         return conn.execute(query, params)
     except psycopg.Error as exc:
         side = _sides.get(conn)
         message = f"{side}: {_message(exc)}" if side else _message(exc)
+        fix = FIXES.get(exc.sqlstate or "")
         log.debug("failed (%s): %s", exc.sqlstate, message)
-        raise DatabaseError(message, exc.sqlstate, exc.diag.message_detail) from None
+        raise DatabaseError(
+            f"{message} ({fix})" if fix else message, exc.sqlstate, exc.diag.message_detail
+        ) from None
+
+
+def note(conn: psycopg.Connection[Any], statement: Statement) -> str:
+    """Log (and capture) a statement about to run; for the COPY streams a task drives through
+    libpq itself, the only record they get. Returns its text."""
+    text = render(statement)
+    log.debug("sql: %s", redact(text))
+    captured_now = _capture.get()
+    if captured_now is not None:
+        captured_now.append(Executed(_sides.get(conn), text))
+    return text
 
 
 def fetch_all(
-    conn: psycopg.Connection[Any],
-    statement: Statement,
-    params: Sequence[Any] | Mapping[str, Any] | None = None,
+    conn: psycopg.Connection[Any], statement: Statement, params: Params = None
 ) -> list[tuple[Any, ...]]:
     return execute(conn, statement, params).fetchall()
+
+
+@contextlib.contextmanager
+def transaction(
+    conn: psycopg.Connection[Any], begin: str = "BEGIN", *, rollback: bool = False
+) -> Iterator[None]:
+    """BEGIN ... COMMIT through `execute` (a SAVEPOINT inside a transaction already open);
+    ROLLBACK when the block raises, or always with `rollback` (a read-only look)."""
+    nested = conn.info.transaction_status != pq.TransactionStatus.IDLE
+    execute(conn, "SAVEPOINT replicator" if nested else begin)
+    try:
+        yield
+    except BaseException:
+        with contextlib.suppress(Exception):  # the error that got here is the one to report
+            execute(conn, "ROLLBACK TO SAVEPOINT replicator" if nested else "ROLLBACK")
+        raise
+    if rollback:
+        execute(conn, "ROLLBACK TO SAVEPOINT replicator" if nested else "ROLLBACK")
+    else:
+        execute(conn, "RELEASE SAVEPOINT replicator" if nested else "COMMIT")
+
+
+@contextlib.contextmanager
+def captured() -> Iterator[list[Executed]]:
+    """Record every statement run (or streamed) in this thread during the block."""
+    statements: list[Executed] = []
+    token = _capture.set(statements)
+    try:
+        yield statements
+    finally:
+        _capture.reset(token)
 
 
 def _message(exc: psycopg.Error) -> str:

@@ -16,7 +16,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from .database import execute, fetch_all
+from .database import Step, fetch_all, run_steps
 from .ddl import create_schema
 from .naming import INTERNAL_SCHEMA, MARKER_TABLE, OWNED_TABLE
 
@@ -41,14 +41,26 @@ def missing_schemas(conn: psycopg.Connection[Any], schemas: Iterable[str]) -> li
     return [s for s in wanted if s not in existing]
 
 
+def schema_steps(missing: Iterable[str]) -> list[Step]:
+    """CREATE SCHEMA for each schema found missing (only those need CREATE on the database)."""
+    return [Step("destination", create_schema(schema)) for schema in missing]
+
+
+def bookkeeping_steps(missing: Iterable[str]) -> list[Step]:
+    """`_replicator` (when it is among the missing schemas) with its marker and ownership
+    tables."""
+    return [
+        *schema_steps(s for s in missing if s == INTERNAL_SCHEMA),
+        Step("destination", MARKER_DDL),
+        Step("destination", OWNED_DDL),
+    ]
+
+
 def ensure_schemas(conn: psycopg.Connection[Any], schemas: Iterable[str]) -> None:
-    """Create the schemas that are missing (only those need CREATE on the database)."""
-    for schema in missing_schemas(conn, schemas):
-        execute(conn, create_schema(schema))
+    """Create the schemas that are missing."""
+    run_steps(conn, schema_steps(missing_schemas(conn, schemas)))
 
 
 def ensure_bookkeeping(conn: psycopg.Connection[Any]) -> None:
     """`_replicator` with its marker and ownership tables."""
-    ensure_schemas(conn, [INTERNAL_SCHEMA])
-    execute(conn, MARKER_DDL)
-    execute(conn, OWNED_DDL)
+    run_steps(conn, bookkeeping_steps(missing_schemas(conn, [INTERNAL_SCHEMA])))

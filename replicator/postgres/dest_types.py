@@ -12,14 +12,15 @@ difference fails the table with the fix.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any
 
 import psycopg
 from psycopg import sql
 
 from ..errors import TableProblem
-from .database import execute, fetch_all
-from .dest_schema import ensure_schemas
+from .database import Step, execute, fetch_all, run_steps, transaction
+from .dest_schema import missing_schemas, schema_steps
 
 _CLOSURE = """
 WITH RECURSIVE used(oid, depth) AS (
@@ -76,52 +77,67 @@ WHERE n.nspname = %s AND t.typname = %s
 """
 
 
+@dataclass(frozen=True)
+class TypeWork:
+    """What the destination needs for a table's user-defined types: the schemas they live
+    in (created first, with the table's own), and the statements, deepest type first."""
+
+    schemas: list[str]
+    steps: list[Step]
+
+
 def ensure_types(
     source: psycopg.Connection[Any], dest: psycopg.Connection[Any], type_oids: Iterable[int]
-) -> list[str]:
-    """Create the user-defined types behind these columns in the destination; return names."""
-    created = []
-    with source.transaction():
+) -> None:
+    """Create the user-defined types behind these columns in the destination, or bring
+    them in line."""
+    work = type_work(source, dest, type_oids)
+    run_steps(dest, [*schema_steps(missing_schemas(dest, work.schemas)), *work.steps])
+
+
+def type_work(
+    source: psycopg.Connection[Any], dest: psycopg.Connection[Any], type_oids: Iterable[int]
+) -> TypeWork:
+    """Reads both catalogs, writes nothing. TableProblem when a type cannot be aligned in
+    place."""
+    steps: list[Step] = []
+    with transaction(source):
         execute(source, "SET LOCAL search_path = pg_catalog, pg_temp")
         types = fetch_all(source, _CLOSURE, (sorted(set(type_oids)),))
         for oid, schema, name, kind, _ in types:
             qualified = sql.Identifier(schema, name)
             existing = fetch_all(dest, _EXISTS, (schema, name))
-            ensure_schemas(dest, [schema])
             if kind == "e":
-                _ensure_enum(source, dest, oid, qualified, existing)
+                statements = _enum(source, dest, oid, qualified, existing)
             elif kind == "d" and existing:
-                _align_domain(source, dest, oid, existing[0][0], qualified)
+                statements = _align_domain(source, dest, oid, existing[0][0], qualified)
             elif existing:
-                _check_composite(source, dest, oid, existing[0][0], qualified)
+                statements = _check_composite(source, dest, oid, existing[0][0], qualified)
+            elif kind == "d":
+                statements = [_domain(source, oid, qualified)]
             else:
-                ddl = (
-                    _domain(source, oid, qualified)
-                    if kind == "d"
-                    else _composite(source, oid, qualified)
-                )
-                execute(dest, ddl)
-            created.append(f"{schema}.{name}")
-    return created
+                statements = [_composite(source, oid, qualified)]
+            steps += [Step("destination", statement) for statement in statements]
+    return TypeWork(list(dict.fromkeys(row[1] for row in types)), steps)
 
 
-def _ensure_enum(
+def _enum(
     source: psycopg.Connection[Any],
     dest: psycopg.Connection[Any],
     oid: int,
     qualified: sql.Identifier,
     existing: list[tuple[Any, ...]],
-) -> None:
+) -> list[sql.Composable]:
+    """CREATE TYPE, or the labels an existing enum lacks, each in the source's place."""
     labels = [row[0] for row in fetch_all(source, _ENUM_LABELS, (oid,))]
     if not existing:
-        execute(
-            dest,
+        return [
             sql.SQL("CREATE TYPE {} AS ENUM ({})").format(
                 qualified, sql.SQL(", ").join(map(sql.Literal, labels))
-            ),
-        )
-        return
+            )
+        ]
     have = [row[0] for row in fetch_all(dest, _ENUM_LABELS, (existing[0][0],))]
+    statements: list[sql.Composable] = []
     previous: str | None = None
     for label in labels:
         if label not in have:
@@ -131,14 +147,14 @@ def _ensure_enum(
                 position = sql.SQL(" BEFORE {}").format(sql.Literal(have[0]))
             else:
                 position = sql.SQL("")
-            execute(
-                dest,
+            statements.append(
                 sql.SQL("ALTER TYPE {} ADD VALUE IF NOT EXISTS {}{}").format(
                     qualified, sql.Literal(label), position
-                ),
+                )
             )
             have.insert(0 if previous is None else len(have), label)
         previous = label
+    return statements
 
 
 def _domain(source: psycopg.Connection[Any], oid: int, qualified: sql.Identifier) -> sql.Composed:
@@ -160,7 +176,7 @@ def _align_domain(
     oid: int,
     dest_oid: int,
     qualified: sql.Identifier,
-) -> None:
+) -> list[sql.Composable]:
     """Give an existing destination domain the source's default, NOT NULL and checks.
 
     New checks are added NOT VALID: the live table's rows are about to be replaced by the
@@ -178,26 +194,28 @@ def _align_domain(
             name,
         )
     alter = sql.SQL("ALTER DOMAIN {} ").format(qualified)
+    statements: list[sql.Composable] = []
     if default != have_default:
         action = sql.SQL("DROP DEFAULT" if default is None else "SET DEFAULT {}")
-        execute(dest, alter + action.format(sql.SQL(default or "")))
+        statements.append(alter + action.format(sql.SQL(default or "")))
     if not_null != have_not_null:
-        execute(dest, alter + sql.SQL("SET NOT NULL" if not_null else "DROP NOT NULL"))
+        statements.append(alter + sql.SQL("SET NOT NULL" if not_null else "DROP NOT NULL"))
     wanted = {_check_text(d) for _, d in fetch_all(source, _DOMAIN_CHECKS, (oid,))}
     have = {}
     for name, definition in _catalog_rows(dest, _DOMAIN_CHECKS, dest_oid):
         have.setdefault(_check_text(definition), name)
     for definition, name in have.items():
         if definition not in wanted:
-            execute(dest, alter + sql.SQL("DROP CONSTRAINT {}").format(sql.Identifier(name)))
+            statements.append(alter + sql.SQL("DROP CONSTRAINT {}").format(sql.Identifier(name)))
     for definition in sorted(wanted - have.keys()):
-        execute(dest, alter + sql.SQL("ADD {} NOT VALID").format(sql.SQL(definition)))
+        statements.append(alter + sql.SQL("ADD {} NOT VALID").format(sql.SQL(definition)))
+    return statements
 
 
 def _catalog_rows(conn: psycopg.Connection[Any], query: str, oid: int) -> list[tuple[Any, ...]]:
     """A catalog query about one type, with type names printed schema-qualified (as on the
     source side), whatever the connection's search_path."""
-    with conn.transaction():
+    with transaction(conn):
         execute(conn, "SET LOCAL search_path = pg_catalog, pg_temp")
         return fetch_all(conn, query, (oid,))
 
@@ -213,21 +231,19 @@ def _check_composite(
     oid: int,
     dest_oid: int,
     qualified: sql.Identifier,
-) -> None:
+) -> list[sql.Composable]:
     """An existing destination composite gains the attributes the source added at its end
     (the live table's values read them as NULL until the swap). Any other difference would
     change or drop values readers still see: the table fails with the fix."""
     wanted = fetch_all(source, _COMPOSITE, (oid,))
     have = _catalog_rows(dest, _COMPOSITE, dest_oid)
     if wanted[: len(have)] == have:
-        for attribute, type_text in wanted[len(have) :]:
-            execute(
-                dest,
-                sql.SQL("ALTER TYPE {} ADD ATTRIBUTE {} {}").format(
-                    qualified, sql.Identifier(attribute), sql.SQL(type_text)
-                ),
+        return [
+            sql.SQL("ALTER TYPE {} ADD ATTRIBUTE {} {}").format(
+                qualified, sql.Identifier(attribute), sql.SQL(type_text)
             )
-        return
+            for attribute, type_text in wanted[len(have) :]
+        ]
     name = qualified.as_string(dest)
     raise _drop_by_hand(
         f"composite type {name} is ({_attributes(wanted)}) in the source but "
@@ -264,7 +280,7 @@ def describe_types(conn: psycopg.Connection[Any], type_oids: Iterable[int]) -> d
     """The user-defined types behind these columns, by qualified name, as comparable JSON:
     enum labels in order, a domain's definition, a composite's attributes."""
     out: dict[str, Any] = {}
-    with conn.transaction():
+    with transaction(conn):
         execute(conn, "SET LOCAL search_path = pg_catalog, pg_temp")
         for oid, schema, name, kind, _ in fetch_all(conn, _CLOSURE, (sorted(set(type_oids)),)):
             qualified = f"{schema}.{name}"

@@ -24,7 +24,7 @@ from psycopg import sql
 from ..identifiers import TableName
 from ..project.config import TableConfig
 from ..project.state import TableState
-from .database import execute, fetch_all
+from .database import Step, execute, fetch_all, run_steps, transaction
 from .dest_schema import ensure_bookkeeping
 from .naming import OWNED_TABLE
 
@@ -72,28 +72,34 @@ def read_records(dest: psycopg.Connection[Any], target: TableName, oid: int | No
 
 
 def record_owned(dest: psycopg.Connection[Any], target: TableName) -> None:
-    """Record the table now at `target` as the tool's, forgetting earlier tables of that name
-    and records of tables that no longer exist. Run it in the transaction that put the table
-    there (or adopted it), after `dest_schema.ensure_bookkeeping`."""
+    """Record the table now at `target` as the tool's (see `record_owned_steps`)."""
+    run_steps(dest, record_owned_steps(target))
+
+
+def record_owned_steps(target: TableName) -> list[Step]:
+    """Record the table at `target` as the tool's, forgetting earlier tables of that name and
+    records of tables that no longer exist. They belong in the transaction that put the table
+    there (or adopted it), after `dest_schema.bookkeeping_steps`."""
     registry = OWNED_TABLE.identifier()
-    execute(
-        dest,
-        sql.SQL(
-            "DELETE FROM {r} AS o WHERE (o.schema_name = %(schema)s AND o.table_name = %(name)s) "
-            "OR NOT EXISTS (SELECT FROM pg_catalog.pg_class c WHERE c.oid = o.table_oid)"
-        ).format(r=registry),
-        {"schema": target.schema, "name": target.name},
-    )
-    execute(
-        dest,
-        sql.SQL(
-            "INSERT INTO {r} (table_oid, schema_name, table_name) VALUES (%(table)s::regclass, "
-            "%(schema)s, %(name)s) ON CONFLICT (table_oid) DO UPDATE SET "
-            "schema_name = EXCLUDED.schema_name, table_name = EXCLUDED.table_name, "
-            "recorded_at = now()"
-        ).format(r=registry),
-        {"table": target.sql(), "schema": target.schema, "name": target.name},
-    )
+    return [
+        Step(
+            "destination",
+            sql.SQL(
+                "DELETE FROM {r} AS o WHERE (o.schema_name = %(schema)s AND "
+                "o.table_name = %(name)s) OR o.table_oid = %(table)s::regclass OR NOT EXISTS "
+                "(SELECT FROM pg_catalog.pg_class c WHERE c.oid = o.table_oid)"
+            ).format(r=registry),
+            {"table": target.sql(), "schema": target.schema, "name": target.name},
+        ),
+        Step(
+            "destination",
+            sql.SQL(
+                "INSERT INTO {r} (table_oid, schema_name, table_name) VALUES "
+                "(%(table)s::regclass, %(schema)s, %(name)s)"
+            ).format(r=registry),
+            {"table": target.sql(), "schema": target.schema, "name": target.name},
+        ),
+    ]
 
 
 def not_owned_fix(target: TableName, written_name: str) -> str:
@@ -109,7 +115,7 @@ def not_owned_fix(target: TableName, written_name: str) -> str:
 def take_ownership(dest: psycopg.Connection[Any], table: TableConfig) -> None:
     """Record the destination table as the tool's (bookkeeping tables created if missing)."""
     ensure_bookkeeping(dest)
-    with dest.transaction():
+    with transaction(dest):
         record_owned(dest, table.target)
 
 

@@ -6,7 +6,6 @@ Kept free of heavy imports: Spark's Python workers import it for each COPY task.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
 
 # Settings that change how values are printed as text: pinned on both sides, so the
 # text hashed and compared (md5 of every row, cursors) is the same whatever the servers say.
@@ -18,12 +17,3 @@ SESSION_SETTINGS: Mapping[str, str] = {
     "bytea_output": "hex",
     "lc_monetary": "C",
 }
-
-
-def pin_session(conn: Any) -> None:
-    """Apply SESSION_SETTINGS to a psycopg connection (outside any transaction block)."""
-    conn.execute(
-        "SELECT set_config(name, value, false) FROM unnest(%s::text[], %s::text[]) "
-        "AS s(name, value)",
-        (list(SESSION_SETTINGS), list(SESSION_SETTINGS.values())),
-    )

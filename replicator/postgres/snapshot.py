@@ -6,11 +6,13 @@ inside it, so they describe exactly the rows the tasks copy.
 
 from __future__ import annotations
 
+import contextlib
 from types import TracebackType
 from typing import Any
 
 import psycopg
 
+from ..errors import DatabaseError
 from ..failpoints import failpoint
 from .database import connect, execute
 
@@ -38,6 +40,7 @@ class ExportedSnapshot:
     ) -> None:
         if self.conn is not None:
             try:
-                self.conn.execute("ROLLBACK")
+                with contextlib.suppress(DatabaseError):  # a dead connection ends it anyway
+                    execute(self.conn, "ROLLBACK")
             finally:
                 self.conn.close()

@@ -7,6 +7,10 @@ owners, grants, options and comments; the table keeps its grants, owner and comm
 Anything else that depends on the live table (a materialized view, a foreign key) makes the
 swap fail, leaving the old table untouched. The old table is renamed aside in the transaction
 and dropped after the commit: freeing a big table's files takes time readers should not wait.
+
+The statements come from one pure function of what the destination looks like (`SwapFacts`),
+which `compile` prints and the swap runs; the facts are read before the swap and again under
+its lock, and the swap starts over if they changed in between.
 """
 
 from __future__ import annotations
@@ -22,10 +26,10 @@ from tenacity import retry, retry_if_exception, stop_after_attempt, wait_exponen
 from ..errors import DatabaseError
 from ..failpoints import failpoint
 from ..identifiers import TableName
-from .database import execute, fetch_all
+from .database import Step, execute, fetch_all, run_steps, transaction
 from .dependent_views import dependents
 from .naming import default_key_name, retired_key_name, retired_table
-from .ownership import read_records, record_owned
+from .ownership import read_records, record_owned_steps
 
 LOCK_TIMEOUT = "5s"
 LOCK_NOT_AVAILABLE = psycopg.errors.LockNotAvailable.sqlstate
@@ -66,67 +70,240 @@ class SavedObject:
 
     name: TableName
     owner: str
-    options: list[str]
+    options: tuple[str, ...]
     definition: str | None
-    grants: list[list[str]]
-    comments: list[list[str]]
+    grants: tuple[tuple[str, ...], ...]
+    comments: tuple[tuple[str, ...], ...]
 
 
-def swap_in(dest: psycopg.Connection[Any], side: TableName, target: TableName) -> float:
+@dataclass(frozen=True)
+class SwapFacts:
+    """What the swap of one table depends on in the destination."""
+
+    table_oid: int | None  # the live table; None while the target does not exist
+    table: SavedObject | None
+    views: tuple[SavedObject, ...]  # shallowest first, as they are recreated
+    old_key: str | None  # the live table's primary-key name, kept by the new table
+    free_key: str  # the name PostgreSQL would give a new key
+    current_user: str
+
+
+@dataclass(frozen=True)
+class SwapScript:
+    """The swap's statements: `prologue` (settings, the lock), then `body` inside the same
+    transaction, then `after` the commit."""
+
+    prologue: list[Step]
+    body: list[tuple[Step, str | None]]  # with what a failure of the step means, if special
+    after: list[Step]
+
+    def steps(self) -> list[Step]:
+        """Everything in order, as `compile` prints it and `sync` runs it."""
+        return [
+            Step("destination", "BEGIN"),
+            *self.prologue,
+            *(step for step, _ in self.body),
+            Step("destination", "COMMIT"),
+            *self.after,
+        ]
+
+
+class _FactsChanged(Exception):
+    """The table or its views changed between reading the facts and taking the lock."""
+
+
+def swap_in(
+    dest: psycopg.Connection[Any],
+    side: TableName,
+    target: TableName,
+    side_key: str | None = None,
+) -> float:
     """Replace `target` with `side` atomically; return how long the table lock was held.
     The key keeps the old table's key name, else gets the one PostgreSQL would choose."""
-    return _swap_with_retries(dest, side, target)
+    return _swap_with_retries(dest, side, target, side_key)
 
 
-def _lock_not_available(exc: BaseException) -> bool:
-    return isinstance(exc, DatabaseError) and exc.sqlstate == LOCK_NOT_AVAILABLE
+def _retryable(exc: BaseException) -> bool:
+    return isinstance(exc, _FactsChanged) or (
+        isinstance(exc, DatabaseError) and exc.sqlstate == LOCK_NOT_AVAILABLE
+    )
 
 
 @retry(
-    retry=retry_if_exception(_lock_not_available),
+    retry=retry_if_exception(_retryable),
     stop=stop_after_attempt(5),
     wait=wait_exponential(multiplier=0.5, max=5),
     reraise=True,
 )
-def _swap_with_retries(dest: psycopg.Connection[Any], side: TableName, target: TableName) -> float:
-    with dest.transaction():
-        execute(dest, sql.SQL("SET LOCAL lock_timeout = {}").format(sql.Literal(LOCK_TIMEOUT)))
-        # Definitions are read and re-run with only pg_catalog on the path: fully qualified.
-        execute(dest, "SET LOCAL search_path = pg_catalog, pg_temp")
-        existing = fetch_all(dest, _RELATION_OID, (target.schema, target.name))
+def _swap_with_retries(
+    dest: psycopg.Connection[Any], side: TableName, target: TableName, side_key: str | None
+) -> float:
+    facts = read_facts(dest, target)
+    script = swap_script(facts, side, target, side_key)
+    with transaction(dest):
+        run_steps(dest, script.prologue)
         locked_at = time.monotonic()
-        views: list[SavedObject] = []
-        table: SavedObject | None = None
-        old_key: list[tuple[Any, ...]] = []
-        retired: TableName | None = None
-        if existing:
-            oid = existing[0][0]
-            execute(dest, sql.SQL("LOCK TABLE {} IN ACCESS EXCLUSIVE MODE").format(_ident(target)))
-            locked_at = time.monotonic()
-            if not read_records(dest, target, oid).this_oid:  # replaced while we loaded
-                raise DatabaseError(
+        if facts.table_oid is not None:
+            if not read_records(dest, target, facts.table_oid).this_oid:
+                raise DatabaseError(  # replaced by someone else while the load ran
                     f"destination: {target} is not a table replicator created (it was "
                     "replaced while the load ran); it is left as it is"
                 )
-            table = _save(dest, oid, target)
-            views = _dependent_views(dest, oid)
-            old_key = fetch_all(dest, _PRIMARY_KEY_NAME, (oid,))
-            for view in reversed(views):
-                execute(dest, sql.SQL("DROP VIEW {}").format(_ident(view.name)))
-            retired = _retire(dest, target, old_key[0][0] if old_key else None)
-        primary_key_name = old_key[0][0] if old_key else _free_key_name(dest, target)
-        _move(dest, side, target, primary_key_name)
-        record_owned(dest, target)
-        if table is not None:
-            _restore(dest, table, "TABLE")
-        for view in views:
-            _recreate_view(dest, view)
+            if read_facts(dest, target) != facts:
+                raise _FactsChanged
+        _run_body(dest, script, target)
         failpoint("before-swap-commit")
     lock_seconds = time.monotonic() - locked_at
     failpoint("after-swap-commit")
-    if retired is not None:
-        execute(dest, sql.SQL("DROP TABLE IF EXISTS {}").format(_ident(retired)))
+    run_steps(dest, script.after)
     return lock_seconds
+
+
+def _run_body(dest: psycopg.Connection[Any], script: SwapScript, target: TableName) -> None:
+    for step, meaning in script.body:
+        try:
+            execute(dest, step.statement, step.params)
+        except DatabaseError as exc:
+            if meaning == "drop-check" and exc.sqlstate == DEPENDENT_OBJECTS:
+                detail = (exc.detail or "").replace("\n", "; ")
+                raise DatabaseError(
+                    f"destination: cannot replace {target}: other objects depend on it "
+                    f"({detail}); the old table is unchanged"
+                ) from None
+            if meaning is not None and meaning.startswith("view "):
+                raise DatabaseError(
+                    f"destination: cannot recreate dependent {meaning} on the new table: "
+                    f"{str(exc).removeprefix('destination: ')}; the old table is unchanged"
+                ) from None
+            raise
+
+
+def read_facts(dest: psycopg.Connection[Any], target: TableName) -> SwapFacts:
+    """The live table, its views, keys and owner (reads only). Definitions are read with
+    only pg_catalog on the search path, so they come back fully qualified."""
+    with transaction(dest, rollback=True):
+        execute(dest, "SET LOCAL search_path = pg_catalog, pg_temp")
+        (current_user,) = execute(dest, "SELECT current_user").fetchone()
+        existing = fetch_all(dest, _RELATION_OID, (target.schema, target.name))
+        free_key = _free_key_name(dest, target)
+        if not existing:
+            return SwapFacts(None, None, (), None, free_key, current_user)
+        oid = existing[0][0]
+        old_key = fetch_all(dest, _PRIMARY_KEY_NAME, (oid,))
+        return SwapFacts(
+            table_oid=oid,
+            table=_save(dest, oid, target),
+            views=tuple(_dependent_views(dest, oid)),
+            old_key=old_key[0][0] if old_key else None,
+            free_key=free_key,
+            current_user=current_user,
+        )
+
+
+def swap_script(
+    facts: SwapFacts, side: TableName, target: TableName, side_key: str | None
+) -> SwapScript:
+    """Pure: the statements that put `side` in place of `target`, given the facts."""
+    prologue = [
+        Step(
+            "destination",
+            sql.SQL("SET LOCAL lock_timeout = {}").format(sql.Literal(LOCK_TIMEOUT)),
+        ),
+        # Definitions are re-run with only pg_catalog on the path: they are fully qualified.
+        Step("destination", "SET LOCAL search_path = pg_catalog, pg_temp"),
+    ]
+    body: list[tuple[Step, str | None]] = []
+    after: list[Step] = []
+    key_name = facts.old_key or facts.free_key
+    if facts.table_oid is not None:
+        prologue.append(
+            Step(
+                "destination",
+                sql.SQL("LOCK TABLE {} IN ACCESS EXCLUSIVE MODE").format(target.identifier()),
+            )
+        )
+        body += [
+            (Step("destination", sql.SQL("DROP VIEW {}").format(v.name.identifier())), None)
+            for v in reversed(facts.views)
+        ]
+        body += _retire(target, facts.old_key)
+        after.append(
+            Step(
+                "destination",
+                sql.SQL("DROP TABLE IF EXISTS {}").format(retired_table(target).identifier()),
+            )
+        )
+    body += [(s, None) for s in move_steps(side, target, side_key, key_name)]
+    body += [(s, None) for s in record_owned_steps(target)]
+    if facts.table is not None:
+        body += [(s, None) for s in _restore(facts.table, "TABLE", facts.current_user)]
+    for view in facts.views:
+        body.append((_create_view(view), f"view {view.name}"))
+        body += [(s, None) for s in _restore(view, "VIEW", facts.current_user)]
+    return SwapScript(prologue, body, after)
+
+
+def _retire(target: TableName, key_name: str | None) -> list[tuple[Step, str | None]]:
+    """Rename the old table (and its key) aside; it is dropped after the commit. It must be
+    droppable now, though: a foreign key or materialized view that depends on it fails the
+    swap here (a DROP in a savepoint, rolled back), with the old table untouched."""
+    retired = retired_table(target)
+    steps: list[tuple[Step, str | None]] = [
+        (Step("destination", "SAVEPOINT replicator_drop_check"), None),
+        (Step("destination", sql.SQL("DROP TABLE {}").format(target.identifier())), "drop-check"),
+        (Step("destination", "ROLLBACK TO SAVEPOINT replicator_drop_check"), None),
+        (
+            Step(
+                "destination",
+                sql.SQL("ALTER TABLE {} RENAME TO {}").format(
+                    target.identifier(), sql.Identifier(retired.name)
+                ),
+            ),
+            None,
+        ),
+    ]
+    if key_name is not None:
+        rename = sql.SQL("ALTER TABLE {} RENAME CONSTRAINT {} TO {}").format(
+            retired.identifier(), sql.Identifier(key_name), sql.Identifier(retired_key_name(target))
+        )
+        steps.append((Step("destination", rename), None))
+    return steps
+
+
+def move_steps(
+    side: TableName, target: TableName, side_key: str | None, primary_key_name: str
+) -> list[Step]:
+    """The side table becomes `target` (the old one already aside), with the old table's
+    primary-key name."""
+    steps: list[Step] = []
+    if side.schema != target.schema:
+        steps.append(
+            Step(
+                "destination",
+                sql.SQL("ALTER TABLE {} SET SCHEMA {}").format(
+                    side.identifier(), sql.Identifier(target.schema)
+                ),
+            )
+        )
+    moved = TableName(target.schema, side.name)
+    steps.append(
+        Step(
+            "destination",
+            sql.SQL("ALTER TABLE {} RENAME TO {}").format(
+                moved.identifier(), sql.Identifier(target.name)
+            ),
+        )
+    )
+    if side_key is not None and side_key != primary_key_name:
+        steps.append(
+            Step(
+                "destination",
+                sql.SQL("ALTER TABLE {} RENAME CONSTRAINT {} TO {}").format(
+                    target.identifier(), sql.Identifier(side_key), sql.Identifier(primary_key_name)
+                ),
+            )
+        )
+    return steps
 
 
 def _free_key_name(dest: psycopg.Connection[Any], target: TableName) -> str:
@@ -137,13 +314,16 @@ def _free_key_name(dest: psycopg.Connection[Any], target: TableName) -> str:
     return next(name for name in candidates if name not in taken)
 
 
-def _ident(name: TableName) -> sql.Identifier:
-    return sql.Identifier(name.schema, name.name)
-
-
 def _save(dest: psycopg.Connection[Any], oid: int, name: TableName) -> SavedObject:
     owner, options, definition, grants, comments = fetch_all(dest, _OBJECT, (oid,))[0]
-    return SavedObject(name, owner, options or [], definition, grants, comments)
+    return SavedObject(
+        name,
+        owner,
+        tuple(options or ()),
+        definition,
+        tuple(map(tuple, grants)),
+        tuple(map(tuple, comments)),
+    )
 
 
 def _dependent_views(dest: psycopg.Connection[Any], oid: int) -> list[SavedObject]:
@@ -159,152 +339,44 @@ def _dependent_views(dest: psycopg.Connection[Any], oid: int) -> list[SavedObjec
     return views
 
 
-def _retire(dest: psycopg.Connection[Any], target: TableName, key_name: str | None) -> TableName:
-    """Rename the old table (and its key) aside; the caller drops it after the commit. It
-    must be droppable now, though: a foreign key or materialized view that depends on it
-    fails the swap here, with the old table untouched."""
-    execute(dest, "SAVEPOINT replicator_drop_check")
-    _drop_table(dest, target)
-    execute(dest, "ROLLBACK TO SAVEPOINT replicator_drop_check")
-    retired = retired_table(target)
-    execute(
-        dest,
-        sql.SQL("ALTER TABLE {} RENAME TO {}").format(_ident(target), sql.Identifier(retired.name)),
-    )
-    if key_name is not None:
-        execute(
-            dest,
-            sql.SQL("ALTER TABLE {} RENAME CONSTRAINT {} TO {}").format(
-                _ident(retired), sql.Identifier(key_name), sql.Identifier(retired_key_name(target))
-            ),
-        )
-    return retired
-
-
-def _drop_table(dest: psycopg.Connection[Any], target: TableName) -> None:
-    try:
-        execute(dest, sql.SQL("DROP TABLE {}").format(_ident(target)))
-    except DatabaseError as exc:
-        if exc.sqlstate != DEPENDENT_OBJECTS:
-            raise
-        detail = (exc.detail or "").replace("\n", "; ")
-        raise DatabaseError(
-            f"destination: cannot replace {target}: other objects depend on it ({detail}); "
-            "the old table is unchanged"
-        ) from None
-
-
-def move_statements(
-    side: TableName, target: TableName, side_key: str | None, primary_key_name: str
-) -> list[sql.Composable]:
-    """The side table becomes `target` (the old one already dropped), keeping the old
-    table's primary-key name. Pure: `compile` prints the same statements."""
-    statements: list[sql.Composable] = []
-    if side.schema != target.schema:
-        statements.append(
-            sql.SQL("ALTER TABLE {} SET SCHEMA {}").format(
-                _ident(side), sql.Identifier(target.schema)
-            )
-        )
-    moved = TableName(target.schema, side.name)
-    statements.append(
-        sql.SQL("ALTER TABLE {} RENAME TO {}").format(_ident(moved), sql.Identifier(target.name))
-    )
-    if side_key is not None and side_key != primary_key_name:
-        statements.append(
-            sql.SQL("ALTER TABLE {} RENAME CONSTRAINT {} TO {}").format(
-                _ident(target), sql.Identifier(side_key), sql.Identifier(primary_key_name)
-            )
-        )
-    return statements
-
-
-def swap_statements(
-    side: TableName, target: TableName, side_key: str | None, primary_key_name: str
-) -> list[sql.Composable]:
-    """The swap as `compile` shows it, for a target that exists (views that depend on it are
-    dropped before the rename and recreated after, as they are): the old table is renamed
-    aside in the transaction and dropped after the commit, outside the lock."""
-    retired = retired_table(target)
-    statements = [
-        sql.SQL("BEGIN"),
-        sql.SQL("SET LOCAL lock_timeout = {}").format(sql.Literal(LOCK_TIMEOUT)),
-        sql.SQL("LOCK TABLE {} IN ACCESS EXCLUSIVE MODE").format(_ident(target)),
-        sql.SQL("ALTER TABLE {} RENAME TO {}").format(_ident(target), sql.Identifier(retired.name)),
-    ]
-    if side_key is not None:
-        statements.append(
-            sql.SQL("ALTER TABLE {} RENAME CONSTRAINT {} TO {}").format(
-                _ident(retired),
-                sql.Identifier(primary_key_name),
-                sql.Identifier(retired_key_name(target)),
-            )
-        )
-    return [
-        *statements,
-        *move_statements(side, target, side_key, primary_key_name),
-        sql.SQL("COMMIT"),
-        sql.SQL("DROP TABLE IF EXISTS {}").format(_ident(retired)),
-    ]
-
-
-def _move(
-    dest: psycopg.Connection[Any], side: TableName, target: TableName, primary_key_name: str
-) -> None:
-    key = fetch_all(
-        dest, _PRIMARY_KEY_NAME, (fetch_all(dest, _RELATION_OID, (side.schema, side.name))[0][0],)
-    )
-    for statement in move_statements(side, target, key[0][0] if key else None, primary_key_name):
-        execute(dest, statement)
-
-
-def _recreate_view(dest: psycopg.Connection[Any], view: SavedObject) -> None:
+def _create_view(view: SavedObject) -> Step:
     options = (
         sql.SQL(" WITH ({})").format(sql.SQL(", ").join(map(sql.SQL, view.options)))
         if view.options
         else sql.SQL("")
     )
-    try:
-        execute(
-            dest,
-            sql.SQL("CREATE VIEW {}{} AS {}").format(
-                _ident(view.name), options, sql.SQL(view.definition.rstrip().rstrip(";"))
-            ),
-        )
-    except DatabaseError as exc:
-        raise DatabaseError(
-            f"destination: cannot recreate dependent view {view.name} on the new table: "
-            f"{str(exc).removeprefix('destination: ')}; "
-            "the old table is unchanged"
-        ) from None
-    _restore(dest, view, "VIEW")
+    definition = (view.definition or "").rstrip().rstrip(";")
+    return Step(
+        "destination",
+        sql.SQL("CREATE VIEW {}{} AS {}").format(
+            view.name.identifier(), options, sql.SQL(definition)
+        ),
+    )
 
 
-def _restore(dest: psycopg.Connection[Any], saved: SavedObject, kind: str) -> None:
-    ident, keyword = _ident(saved.name), sql.SQL(kind)
-    (current,) = execute(dest, "SELECT current_user").fetchone()
-    if saved.owner != current:
-        execute(
-            dest,
-            sql.SQL("ALTER {} {} OWNER TO {}").format(keyword, ident, sql.Identifier(saved.owner)),
+def _restore(saved: SavedObject, kind: str, current_user: str) -> list[Step]:
+    ident, keyword = saved.name.identifier(), sql.SQL(kind)
+    statements: list[sql.Composable] = []
+    if saved.owner != current_user:
+        statements.append(
+            sql.SQL("ALTER {} {} OWNER TO {}").format(keyword, ident, sql.Identifier(saved.owner))
         )
     for grantee, privilege, grantable in saved.grants:
-        execute(
-            dest,
+        statements.append(
             sql.SQL("GRANT {} ON {} TO {}{}").format(
                 sql.SQL(privilege),
                 ident,
                 sql.SQL("PUBLIC") if grantee == "" else sql.Identifier(grantee),
                 sql.SQL(" WITH GRANT OPTION") if grantable == "true" else sql.SQL(""),
-            ),
+            )
         )
     for column, text in saved.comments:
         target = (
             ident if column == "" else sql.Identifier(saved.name.schema, saved.name.name, column)
         )
-        execute(
-            dest,
+        statements.append(
             sql.SQL("COMMENT ON {} {} IS {}").format(
                 sql.SQL("COLUMN") if column else keyword, target, sql.Literal(text)
-            ),
+            )
         )
+    return [Step("destination", statement) for statement in statements]

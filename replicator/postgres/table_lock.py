@@ -15,7 +15,7 @@ from collections.abc import Iterator
 
 from ..errors import TableLocked
 from ..identifiers import TableName
-from .database import connect, execute
+from .database import connect, execute, transaction
 
 
 def lock_key(target: TableName) -> int:
@@ -27,9 +27,7 @@ def lock_key(target: TableName) -> int:
 @contextlib.contextmanager
 def table_lock(dest_url: str, target: TableName, subject: str) -> Iterator[None]:
     """Hold the table's destination lock for the block; TableLocked when another has it."""
-    conn = connect(dest_url, "destination")
-    try:
-        execute(conn, "BEGIN")
+    with connect(dest_url, "destination") as conn, transaction(conn, rollback=True):
         execute(conn, "SET LOCAL idle_in_transaction_session_timeout = 0")
         (held,) = execute(
             conn, "SELECT pg_try_advisory_xact_lock(%s::bigint)", (lock_key(target),)
@@ -40,7 +38,3 @@ def table_lock(dest_url: str, target: TableName, subject: str) -> Iterator[None]
                 f"is syncing destination table {target}; skipped, the next run retries"
             )
         yield
-    finally:
-        with contextlib.suppress(Exception):
-            conn.execute("ROLLBACK")
-        conn.close()

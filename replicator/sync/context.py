@@ -113,9 +113,17 @@ class TableJob:
         cursor_from: str | None,
         cursor_to: str | None,
     ) -> TableResult:
-        elapsed = time.monotonic() - self.started
         return TableResult(
-            self.name, "success", action, rows, reason, None, elapsed, size, cursor_from, cursor_to
+            name=self.name,
+            status="success",
+            action=action,
+            rows=rows,
+            reason=reason,
+            error=None,
+            seconds=time.monotonic() - self.started,
+            bytes=size,
+            cursor_from=cursor_from,
+            cursor_to=cursor_to,
         )
 
     def started_log(self, action: str, text: str) -> None:

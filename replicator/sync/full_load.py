@@ -17,19 +17,14 @@ from typing import Any
 
 import psycopg
 from psycopg import sql
-from sqlglot import exp
 
 from ..errors import DatabaseError, TableProblem
 from ..failpoints import failpoint
 from ..identifiers import TableName
 from ..plan.table_sql import MODEL_ALIAS, TableSql
-from ..postgres import ddl
 from ..postgres.catalog import TableInfo
-from ..postgres.database import execute
+from ..postgres.database import execute, render, run_steps
 from ..postgres.dependent_views import reload_problem
-from ..postgres.dest_schema import ensure_bookkeeping, ensure_schemas
-from ..postgres.dest_types import ensure_types
-from ..postgres.naming import INTERNAL_SCHEMA, derived_name, retired_table
 from ..postgres.snapshot import ExportedSnapshot
 from ..postgres.swap import swap_in
 from ..project.state import Cursor, Pending, Window
@@ -41,6 +36,14 @@ from ..transfer.partitions import page_predicate, plan_key_ranges, plan_page_ran
 from ..transfer.spark_runner import SparkRunner
 from .context import Endpoints
 from .cursor import first_cursor
+from .scripts import (
+    DestinationFacts,
+    key_statement,
+    key_steps,
+    prepare_steps,
+    side_key_name,
+    side_table,
+)
 
 log = logging.getLogger(__name__)
 
@@ -58,53 +61,6 @@ class LoadResult:
     lock_seconds: float
 
 
-def side_table(target: TableName) -> TableName:
-    """Where a full reload of `target` is loaded before the swap."""
-    return TableName(INTERNAL_SCHEMA, derived_name("new", target))
-
-
-def prepare_destination(ends: Endpoints, built: TableSql) -> TableName:
-    """Schemas, types and an empty side table (a stale one from a crash is dropped)."""
-    dest, target = ends.dest, built.table.target
-    ensure_schemas(dest, [target.schema])
-    ensure_bookkeeping(dest)
-    ensure_types(ends.source, dest, [c.type_oid for c in built.columns])
-    side = side_table(target)
-    for statement in side_table_statements(built):
-        execute(dest, statement)
-    return side
-
-
-def side_table_statements(built: TableSql) -> list[exp.Expression]:
-    """A fresh side table, without its key (building the key after the load measured faster
-    than maintaining it: bench/RESULTS.md). What a killed run left is dropped first: a stale
-    side table, and a replaced table the swap renamed aside but did not drop yet."""
-    side, target = side_table(built.table.target), built.table.target
-    return [
-        ddl.drop_table(retired_table(target)),
-        ddl.drop_table(side),
-        ddl.create_table(side, built.columns),
-    ]
-
-
-def side_key_name(built: TableSql) -> str | None:
-    """The side table's primary-key name while it is built; the swap renames it."""
-    return derived_name("pk", built.table.target) if built.primary_key else None
-
-
-def side_key_statement(built: TableSql) -> sql.Composable | None:
-    """The primary key, built on the loaded side table."""
-    name = side_key_name(built)
-    if name is None:
-        return None
-    side = side_table(built.table.target)
-    return sql.SQL("ALTER TABLE {} ADD CONSTRAINT {} PRIMARY KEY ({})").format(
-        sql.Identifier(side.schema, side.name),
-        sql.Identifier(name),
-        sql.SQL(", ").join(map(sql.Identifier, built.primary_key)),
-    )
-
-
 def full_reload(
     ends: Endpoints,
     built: TableSql,
@@ -118,7 +74,7 @@ def full_reload(
     if blocked is not None:  # found before anything is copied, not by the swap at the end
         problem, fix = blocked
         raise TableProblem(f"{built.table.written_name}: {problem}; fix: {fix}")
-    estimate = _estimated_rows(ends.source, source)
+    estimate = estimated_rows(ends.source, source)
     in_process = not spark.needed_for(estimate)
     if not in_process:
         spark.warm_up()  # the JVM starts while types and the side table are created
@@ -127,6 +83,13 @@ def full_reload(
     except BaseException:
         discard(ends.dest, built.table.target, [side_table(built.table.target)])
         raise
+
+
+def prepare_destination(ends: Endpoints, built: TableSql) -> TableName:
+    """Schemas, bookkeeping, types and an empty side table (scripts.prepare_steps)."""
+    facts = DestinationFacts.read(ends.source, ends.dest, built)
+    run_steps(ends.dest, prepare_steps(built, facts))
+    return side_table(built.table.target)
 
 
 def _load_and_swap(
@@ -150,7 +113,8 @@ def _load_and_swap(
         progress.phase("planning partitions" + ("" if in_process else ", starting Spark"))
         parallelism = 1 if in_process else spark.parallelism()
         phases.mark("snapshot exported" + ("" if in_process else ", Spark ready"))
-        tasks = _copy_tasks(snap, ends, built, source, side, load_id, parallelism)
+        urls = (ends.source_url, ends.dest_url)
+        tasks = load_tasks(snap.conn, snap.snapshot_id, urls, built, source, load_id, parallelism)
         progress.phase("copying")
         with watch_copy(ends.dest_url, side, load_id, len(tasks), estimate, progress):
             results = spark.run_copy_tasks(tasks, in_process=in_process)
@@ -164,7 +128,7 @@ def _load_and_swap(
     phases.mark("primary key built, analyzed")
     target = built.table.target
     progress.phase("swapping the new table in")
-    lock_seconds = swap_in(ends.dest, side, target)
+    lock_seconds = swap_in(ends.dest, side, target, side_key_name(built))
     phases.mark(f"swapped (table lock held {lock_seconds * 1000:.0f} ms)")
     forget_markers(ends.dest, load_id)
     return LoadResult(
@@ -190,7 +154,7 @@ class _Phases:
         self.last = now
 
 
-def _estimated_rows(conn: psycopg.Connection[Any], source: TableInfo) -> int:
+def estimated_rows(conn: psycopg.Connection[Any], source: TableInfo) -> int:
     """pg_class's row estimate; from the size when the table was never analyzed."""
     (estimate,) = execute(
         conn,
@@ -201,21 +165,23 @@ def _estimated_rows(conn: psycopg.Connection[Any], source: TableInfo) -> int:
     return int(estimate)
 
 
-def _copy_tasks(
-    snap: ExportedSnapshot,
-    ends: Endpoints,
+def load_tasks(
+    conn: psycopg.Connection[Any],
+    snapshot: str,
+    urls: tuple[str, str],
     built: TableSql,
     source: TableInfo,
-    side: TableName,
     load_id: str,
     parallelism: int,
 ) -> list[CopyTask]:
+    """The load's COPY tasks, one per partition, partitions read through `conn` (inside the
+    snapshot, for a load; outside it, for `compile`)."""
+    side = side_table(built.table.target)
     return copy_tasks(
         load_id,
-        ends.source_url,
-        ends.dest_url,
-        snap.snapshot_id,
-        _partition_queries(snap, built, source, parallelism),
+        *urls,
+        snapshot,
+        _partition_queries(conn, built, source, parallelism),
         (side.schema, side.name),
         [c.name for c in built.columns],
         freeze=True,
@@ -224,19 +190,18 @@ def _copy_tasks(
 
 
 def _partition_queries(
-    snap: ExportedSnapshot, built: TableSql, source: TableInfo, parallelism: int
+    conn: psycopg.Connection[Any], built: TableSql, source: TableInfo, parallelism: int
 ) -> list[sql.Composable]:
     """One SELECT per partition: page ranges of the table, else key ranges of the model."""
-    assert snap.conn is not None
     model, requested = sql.SQL(built.model.sql), built.table.partitions
     if built.model.reads_table_as_is and source.kind == "table":
-        pages = plan_page_ranges(snap.conn, source, parallelism, requested)
+        pages = plan_page_ranges(conn, source, parallelism, requested)
         predicates = [page_predicate(p) for p in pages]
         # The built-in model is `SELECT <columns> FROM <table>`: the bounds go straight on.
         return [model if p is None else sql.SQL("{} WHERE {}").format(model, p) for p in predicates]
     key = built.primary_key[0] if built.primary_key else None
     key_type = built.type_of(key or "")
-    ranges = plan_key_ranges(snap.conn, source, key, key_type, parallelism, requested)
+    ranges = plan_key_ranges(conn, source, key, key_type, parallelism, requested)
     queries: list[sql.Composable] = []
     for key_range in ranges:
         predicate = range_predicate(key, key_type, key_range) if key else None
@@ -279,18 +244,15 @@ def _keep_newest_version_per_key(
 
 
 def _finish_side_table(dest: psycopg.Connection[Any], side: TableName, built: TableSql) -> None:
-    """Build the primary key after the load, then analyze, before readers see the table."""
-    table = sql.Identifier(side.schema, side.name)
-    # A bigger sort budget lets PostgreSQL build the key in memory, with parallel workers.
-    execute(dest, "SET maintenance_work_mem = '512MB'")
-    key = side_key_statement(built)
-    if key is not None:
+    """Build the primary key after the load, then analyze, before readers see the table
+    (scripts.key_steps). A model that returned a key twice fails the key build once."""
+    key = key_statement(built)
+    key_text = render(key) if key is not None else None
+    for step in key_steps(built):
         try:
-            execute(dest, key)
+            execute(dest, step.statement, step.params)
         except DatabaseError as exc:
-            if exc.sqlstate != UNIQUE_VIOLATION:
+            if step.text != key_text or exc.sqlstate != UNIQUE_VIOLATION:
                 raise
             _keep_newest_version_per_key(dest, side, built)
-            execute(dest, key)
-    execute(dest, sql.SQL("ANALYZE {}").format(table))
-    execute(dest, "RESET maintenance_work_mem")
+            execute(dest, step.statement, step.params)

@@ -17,22 +17,20 @@ from psycopg import sql
 
 from ..errors import DatabaseError
 from ..failpoints import failpoint
-from ..identifiers import TableName
 from ..plan.table_sql import TableSql, batch_query
-from ..postgres import ddl
-from ..postgres.database import execute
-from ..postgres.dest_schema import ensure_bookkeeping
-from ..postgres.naming import retired_table, staging_table
+from ..postgres.database import execute, run_steps, transaction
+from ..postgres.naming import staging_table
 from ..postgres.snapshot import ExportedSnapshot
 from ..project.state import Cursor, Pending, TableState, Window
 from ..transfer.copy_progress import NO_PROGRESS, Sink, watch_copy
-from ..transfer.copy_stream import CopyResult
+from ..transfer.copy_stream import CopyResult, CopyTask
 from ..transfer.copy_tasks import copy_tasks
 from ..transfer.markers import discard, forget_markers, new_load_id
 from ..transfer.partitions import KeyRange, range_predicate
 from ..transfer.spark_runner import SparkRunner
 from .context import Endpoints, KeyBounds
 from .cursor import advance, fingerprint, in_progress_xids, newest_key, rows_past, sql_key
+from .scripts import DestinationFacts, drop_staging_step, staging_steps
 
 log = logging.getLogger(__name__)
 PART_ALIAS = "_replicator_part"
@@ -79,6 +77,42 @@ def probe(conn: psycopg.Connection[Any], built: TableSql, state: TableState) -> 
     return ProbeResult(changed, pending, rows)
 
 
+@dataclass(frozen=True)
+class Batch:
+    """One incremental read: the model's rows at or past the cursor (or a re-sync's key
+    range), how many the probe counted, and whether this process copies them."""
+
+    query: sql.Composable
+    key: str
+    key_type: str
+    rows: int
+    in_process: bool
+
+
+@dataclass(frozen=True)
+class BatchRead:
+    """What reading a batch copied, and where the cursor goes after it."""
+
+    copied: CopyResult
+    cursor: Cursor | None
+    pending: Pending | None
+    window: Window | None
+
+
+def batch_for(
+    built: TableSql, state: TableState, rows: int, in_process: bool, resync: KeyBounds | None
+) -> Batch:
+    key, key_type = built.table.replication_key, built.replication_key_type
+    assert key is not None
+    since, until = (
+        (resync.since, resync.until)
+        if resync is not None
+        else (state.cursor.value if state.cursor else None, None)
+    )
+    query = batch_query(built.model.sql, key, key_type, since, until)
+    return Batch(query, key, key_type, rows, in_process)
+
+
 def incremental_sync(
     ends: Endpoints,
     built: TableSql,
@@ -92,35 +126,50 @@ def incremental_sync(
 
     With `resync`, read that key range instead and leave cursor, pending and window as the
     state has them (a bounded re-sync never moves the cursor)."""
-    key = built.table.replication_key
-    assert key is not None and built.merge is not None
-    key_type = built.replication_key_type
-    in_process = not spark.needed_for(batch_rows)
-    if not in_process:
+    assert built.merge is not None
+    batch = batch_for(built, state, batch_rows, not spark.needed_for(batch_rows), resync)
+    if not batch.in_process:
         spark.warm_up()  # the JVM starts while the staging table is prepared
-    staging = _prepare_staging(ends.dest, built)
+    facts = DestinationFacts.read(ends.source, ends.dest, built, types=False)
+    run_steps(ends.dest, staging_steps(built, facts))
+    staging = staging_table(built.table.target)
     try:
-        copied, cursor, pending, window = _read_batch(
-            ends,
-            built,
-            state,
-            spark,
-            staging,
-            key,
-            key_type,
-            progress,
-            in_process,
-            batch_rows,
-            resync,
-        )
+        read = _read_batch(ends, built, state, spark, batch, progress, resync)
         failpoint("after-staging-copy")
         progress.phase("merging")
         merged = _merge(ends.dest, built)
     except BaseException:
         discard(ends.dest, built.table.target, [staging])
         raise
-    execute(ends.dest, ddl.drop_table(staging))
-    return IncrementalResult(copied.rows, merged, copied.bytes, cursor, pending, window)
+    run_steps(ends.dest, [drop_staging_step(built)])
+    copied = read.copied
+    return IncrementalResult(
+        copied.rows, merged, copied.bytes, read.cursor, read.pending, read.window
+    )
+
+
+def batch_tasks(
+    conn: psycopg.Connection[Any],
+    snapshot: str,
+    urls: tuple[str, str],
+    built: TableSql,
+    batch: Batch,
+    load_id: str,
+    parallelism: int,
+) -> list[CopyTask]:
+    """The batch's COPY tasks into staging, split by key range when it is big (ranges read
+    through `conn`: inside the snapshot for a sync, outside it for `compile`)."""
+    staging = staging_table(built.table.target)
+    parts = 1 if batch.in_process else _batch_partitions(built, batch.rows, parallelism)
+    return copy_tasks(
+        load_id,
+        *urls,
+        snapshot,
+        _split_batch(conn, batch.query, batch.key, batch.key_type, parts),
+        (staging.schema, staging.name),
+        [c.name for c in built.columns],
+        origin=built.model.origin,
+    )
 
 
 def _read_batch(
@@ -128,57 +177,40 @@ def _read_batch(
     built: TableSql,
     state: TableState,
     spark: SparkRunner,
-    staging: TableName,
-    key: str,
-    key_type: str,
+    batch: Batch,
     progress: Sink,
-    in_process: bool,
-    batch_rows: int,
     resync: KeyBounds | None,
-) -> tuple[CopyResult, Cursor | None, Pending | None, Window | None]:
+) -> BatchRead:
     """Copy the batch into staging inside one exported snapshot; compute the new cursor."""
+    staging = staging_table(built.table.target)
     with ExportedSnapshot(ends.source_url) as snap:
         assert snap.conn is not None
         xids = in_progress_xids(snap.conn)
-        if resync is not None:
-            query = batch_query(built.model.sql, key, key_type, resync.since, resync.until)
-        else:
-            query = batch_query(
-                built.model.sql, key, key_type, state.cursor.value if state.cursor else None
-            )
         progress.phase("reading the batch's newest key from the model")
-        hwm = newest_key(snap.conn, query, key)
+        hwm = newest_key(snap.conn, batch.query, batch.key)
         load_id = new_load_id(ends.dest, built.table.target)
-        parts = 1 if in_process else _batch_partitions(built, batch_rows, spark.parallelism())
-        tasks = copy_tasks(
-            load_id,
-            ends.source_url,
-            ends.dest_url,
-            snap.snapshot_id,
-            _split_batch(snap.conn, query, key, key_type, parts),
-            (staging.schema, staging.name),
-            [c.name for c in built.columns],
-            origin=built.model.origin,
-        )
+        parallelism = 1 if batch.in_process else spark.parallelism()
+        urls = (ends.source_url, ends.dest_url)
+        tasks = batch_tasks(snap.conn, snap.snapshot_id, urls, built, batch, load_id, parallelism)
         progress.phase("copying")
-        with watch_copy(ends.dest_url, staging, load_id, len(tasks), batch_rows, progress):
-            copied = _combined(spark.run_copy_tasks(tasks, in_process=in_process))
+        with watch_copy(ends.dest_url, staging, load_id, len(tasks), batch.rows, progress):
+            copied = _combined(spark.run_copy_tasks(tasks, in_process=batch.in_process))
         log.debug(
             "%s: batch of %d row(s) read in %d partition(s)%s",
             built.table.written_name,
             copied.rows,
             len(tasks),
-            " in-process" if in_process else " on Spark",
+            " in-process" if batch.in_process else " on Spark",
         )
         forget_markers(ends.dest, load_id)
         if resync is not None:
-            return copied, state.cursor, state.pending, state.window
+            return BatchRead(copied, state.cursor, state.pending, state.window)
         progress.phase("computing the new cursor")
         cursor, pending = advance(
-            snap.conn, key_type, state.cursor, state.pending, hwm, xids, built.table.lookback
+            snap.conn, batch.key_type, state.cursor, state.pending, hwm, xids, built.table.lookback
         )
         window = fingerprint(snap.conn, built, cursor)
-    return copied, cursor, pending, window
+    return BatchRead(copied, cursor, pending, window)
 
 
 ROWS_PER_PARTITION = 250_000
@@ -236,20 +268,11 @@ def _combined(results: list[CopyResult]) -> CopyResult:
     )
 
 
-def _prepare_staging(dest: psycopg.Connection[Any], built: TableSql) -> TableName:
-    staging = staging_table(built.table.target)
-    ensure_bookkeeping(dest)
-    execute(dest, ddl.drop_table(retired_table(built.table.target)))  # left by a killed swap
-    execute(dest, ddl.drop_table(staging))
-    execute(dest, ddl.create_table(staging, built.columns, unlogged=True))
-    return staging
-
-
 def _merge(dest: psycopg.Connection[Any], built: TableSql) -> int:
     """The merge macro in one destination transaction; rows inserted or changed."""
     assert built.merge is not None
     try:
-        with dest.transaction():
+        with transaction(dest):
             cursor = execute(dest, built.merge)
             failpoint("mid-merge")
     except DatabaseError as exc:

@@ -19,13 +19,11 @@ from ..plan.schema_diff import describe, diff
 from ..plan.signature import Signature, destination_signature
 from ..plan.table_sql import TableSql
 from ..postgres.catalog import TableInfo
-from ..postgres.database import execute
-from ..postgres.dest_schema import ensure_bookkeeping, ensure_schemas
-from ..postgres.dest_types import ensure_types
-from ..postgres.ownership import record_owned
+from ..postgres.database import execute, run_steps
 from ..project.state import Cursor, Pending, Window
 from .context import Endpoints
 from .cursor import first_cursor
+from .scripts import DestinationFacts, start_steps
 
 
 @dataclass(frozen=True)
@@ -49,13 +47,8 @@ def start_without_backfill(
                 f"{built.table.target}, but it differs from the source ({describe(changes)}); "
                 "drop it (the sync then creates it) or make it match"
             )
-    ensure_bookkeeping(ends.dest)
-    with ends.dest.transaction():
-        if destination is None:
-            ensure_schemas(ends.dest, [built.table.target.schema])
-            ensure_types(ends.source, ends.dest, [c.type_oid for c in built.columns])
-            execute(ends.dest, built.create_destination)
-        record_owned(ends.dest, built.table.target)  # created, or adopted as it matches
+    facts = DestinationFacts.read(ends.source, ends.dest, built, types=destination is None)
+    run_steps(ends.dest, start_steps(built, facts, exists=destination is not None))
     cursor, pending, window = _start_cursor(ends.source, built)
     return StartResult(destination is None, cursor, pending, window)
 

@@ -3,22 +3,25 @@
 The bytes go from `COPY (...) TO STDOUT` straight into `COPY ... FROM STDIN` without being
 parsed, inside a source transaction that imported the run's exported snapshot. The
 destination transaction also records the partition in a marker table, so a task that Spark
-runs twice loads its rows once. Imports stay light: this runs in Spark's Python workers.
+runs twice loads its rows once. Its statements go through the executor like the driver's
+(postgres/database.py); the COPY streams are driven through libpq, and noted there. Imports
+stay light: this runs in Spark's Python workers.
 """
 
 from __future__ import annotations
 
+import contextlib
 import select
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import psycopg
 from psycopg import pq, sql
 
-from ..errors import TaskError
+from ..errors import DatabaseError, TaskError
 from ..failpoints import failpoint
-from ..interrupts import track
-from ..postgres.pgsession import pin_session
+from ..postgres.database import Step, connect, execute, note, transaction
 
 WRITE_BLOCK = 1 << 20
 
@@ -53,22 +56,76 @@ class CopyResult:
     seconds: float
 
 
+SOURCE_BEGIN = "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"
+# A task killed mid-query (its Spark job cancelled, its worker gone) is noticed by the server
+# within seconds, instead of when the query next sends a row (PostgreSQL 14 and later).
+CHECK_CLIENT = "SET client_connection_check_interval = '2s'"
+
+
+def claim_step(task: CopyTask) -> Step:
+    """The task's marker, inserted first: a retried task that finds it committed stops."""
+    return Step(
+        "destination",
+        sql.SQL(
+            "INSERT INTO {} (load_id, part) VALUES (%s, %s) ON CONFLICT DO NOTHING RETURNING part"
+        ).format(sql.Identifier(*task.marker)),
+        (task.load_id, task.index),
+    )
+
+
+def record_step(task: CopyTask, rows: int | str, size: int | str) -> Step:
+    """The rows and bytes the task copied, on its marker, before its commit."""
+    return Step(
+        "destination",
+        sql.SQL("UPDATE {} SET rows = %s, bytes = %s WHERE load_id = %s AND part = %s").format(
+            sql.Identifier(*task.marker)
+        ),
+        (rows, size, task.load_id, task.index),
+    )
+
+
+def snapshot_step(task: CopyTask) -> Step:
+    return Step("source", sql.SQL("SET TRANSACTION SNAPSHOT {}").format(sql.Literal(task.snapshot)))
+
+
+def task_steps(task: CopyTask, source_version: int) -> list[Step]:
+    """Every statement a task runs, in order, as `compile` prints it (its rows and bytes,
+    known only once it ran, as placeholders)."""
+    check = [Step("source", CHECK_CLIENT)] if source_version >= 140000 else []
+    return [
+        Step("destination", "BEGIN"),
+        claim_step(task),
+        *([Step("destination", task.truncate)] if task.truncate else []),
+        *check,
+        Step("source", SOURCE_BEGIN),
+        snapshot_step(task),
+        Step("destination", task.copy_in),
+        Step("source", task.copy_out),
+        Step("source", "ROLLBACK"),
+        record_step(task, "<rows>", "<bytes>"),
+        Step("destination", "COMMIT"),
+    ]
+
+
 def run_copy_task(task: CopyTask) -> CopyResult:
     """Copy one partition exactly once (a repeated attempt finds the marker and stops)."""
+    where = f" (reading {task.origin})" if task.origin else ""
     try:
         return _copy_once(task)
     except _SourceFailure as exc:
-        where = f" (reading {task.origin})" if task.origin else ""
         raise TaskError(f"source: {exc}{where}") from None
-    except psycopg.Error as exc:  # everything else happens on the destination
+    except DatabaseError as exc:  # from the executor: it names the side already
+        text = str(exc)
+        raise TaskError(text + where if text.startswith("source: ") else text) from None
+    except psycopg.Error as exc:  # the COPY into the destination
         raise TaskError(f"destination: {_first_line(exc)}") from None
 
 
 class _SourceFailure(Exception):
-    """A psycopg error on the source connection, told apart from the destination's."""
+    """A libpq error while streaming from the source, told apart from the destination's."""
 
 
-def _first_line(exc: BaseException) -> str:
+def _first_line(exc: BaseException | str) -> str:
     lines = str(exc).strip().splitlines()
     return lines[0].removeprefix("ERROR:").strip() if lines else type(exc).__name__
 
@@ -76,58 +133,40 @@ def _first_line(exc: BaseException) -> str:
 def _copy_once(task: CopyTask) -> CopyResult:
     started = time.monotonic()
     marker = sql.Identifier(*task.marker)
-    with psycopg.connect(task.dest_url, application_name="replicator-task") as dest:
-        track(dest)
-        pin_session(dest)
-        dest.commit()
-        claimed = dest.execute(
-            sql.SQL(
-                "INSERT INTO {} (load_id, part) VALUES (%s, %s) ON CONFLICT DO NOTHING "
-                "RETURNING part"
-            ).format(marker),
-            (task.load_id, task.index),
-        ).fetchone()
+    with (
+        connect(task.dest_url, "destination", application_name="replicator-task") as dest,
+        transaction(dest),
+    ):
+        claim = claim_step(task)
+        claimed = execute(dest, claim.statement, claim.params).fetchone()
         if claimed is None:  # an earlier attempt of this task committed already
-            dest.rollback()
-            row = dest.execute(
+            rows, size = execute(
+                dest,
                 sql.SQL("SELECT rows, bytes FROM {} WHERE load_id = %s AND part = %s").format(
                     marker
                 ),
                 (task.load_id, task.index),
             ).fetchone()
-            return CopyResult(task.index, row[0], row[1], time.monotonic() - started)
+            return CopyResult(task.index, rows, size, time.monotonic() - started)
         if task.truncate:
-            dest.execute(task.truncate)
+            execute(dest, task.truncate)
         rows, size = _stream(task, dest)
-        dest.execute(
-            sql.SQL("UPDATE {} SET rows = %s, bytes = %s WHERE load_id = %s AND part = %s").format(
-                marker
-            ),
-            (rows, size, task.load_id, task.index),
-        )
-        failpoint("task-before-commit")
-        dest.commit()
+        record = record_step(task, rows, size)
+        execute(dest, record.statement, record.params)
+        failpoint("task-before-commit")  # the COMMIT follows, as the block ends
     return CopyResult(task.index, rows, size, time.monotonic() - started)
 
 
-def _open_source(task: CopyTask) -> psycopg.Connection:
+@contextlib.contextmanager
+def _source_snapshot(task: CopyTask) -> Iterator[psycopg.Connection]:
     """A source session inside the run's exported snapshot."""
-    try:
-        # autocommit + explicit BEGIN: SET TRANSACTION SNAPSHOT must be the first statement.
-        source = psycopg.connect(
-            task.source_url, application_name="replicator-task", autocommit=True
-        )
-        track(source)
-        pin_session(source)
+    with connect(task.source_url, "source", application_name="replicator-task") as source:
         if source.info.server_version >= 140000:
-            # A task killed mid-query (its Spark job cancelled, its worker gone) is noticed
-            # by the server within seconds, instead of when the query next sends a row.
-            source.execute("SET client_connection_check_interval = '2s'")
-        source.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
-        source.execute(sql.SQL("SET TRANSACTION SNAPSHOT {}").format(sql.Literal(task.snapshot)))
-    except psycopg.Error as exc:
-        raise _SourceFailure(_first_line(exc)) from None
-    return source
+            execute(source, CHECK_CLIENT)
+        # SET TRANSACTION SNAPSHOT must be the transaction's first statement.
+        with transaction(source, SOURCE_BEGIN, rollback=True):
+            execute(source, snapshot_step(task).statement)
+            yield source
 
 
 def _stream(task: CopyTask, dest: psycopg.Connection) -> tuple[int, int]:
@@ -135,14 +174,16 @@ def _stream(task: CopyTask, dest: psycopg.Connection) -> tuple[int, int]:
 
     psycopg's Copy iterator costs Python work per row; raw get_copy_data() plus large
     writes halves the CPU a task spends, which is what limits a load on a small machine.
-    Errors of the source's calls become _SourceFailure; the rest are the destination's.
+    Errors of the source's libpq calls become _SourceFailure; the rest are the destination's.
     """
     size = 0
-    with _open_source(task) as source:
+    with _source_snapshot(task) as source:
         in_cursor = dest.cursor()
+        note(dest, task.copy_in)
         with in_cursor.copy(task.copy_in) as into:
             pgconn = source.pgconn
             try:
+                note(source, task.copy_out)
                 pgconn.send_query(task.copy_out.encode())
                 _expect(_next_result(pgconn), pq.ExecStatus.COPY_OUT)
             except psycopg.Error as exc:
@@ -174,7 +215,6 @@ def _stream(task: CopyTask, dest: psycopg.Connection) -> tuple[int, int]:
                     pass
             except psycopg.Error as exc:
                 raise _SourceFailure(_first_line(exc)) from None
-        source.execute("ROLLBACK")
     return in_cursor.rowcount, size
 
 

@@ -19,7 +19,7 @@ from psycopg import sql
 
 from ..identifiers import TableName
 from ..postgres import ddl
-from ..postgres.database import execute, fetch_all
+from ..postgres.database import Step, execute, fetch_all, run_steps, transaction
 from ..postgres.naming import MARKER_TABLE
 
 
@@ -36,8 +36,12 @@ def new_load_id(dest: psycopg.Connection[Any], target: TableName) -> str:
 
 def forget_loads(dest: psycopg.Connection[Any], target: TableName) -> None:
     """Drop the partition markers of every load of `target` (its table lock is held)."""
-    execute(
-        dest,
+    run_steps(dest, [forget_loads_step(target)])
+
+
+def forget_loads_step(target: TableName) -> Step:
+    return Step(
+        "destination",
         sql.SQL(
             "DELETE FROM {} WHERE starts_with(load_id, %(prefix)s) "
             "AND length(load_id) = length(%(prefix)s) + 32"
@@ -48,8 +52,12 @@ def forget_loads(dest: psycopg.Connection[Any], target: TableName) -> None:
 
 def forget_markers(dest: psycopg.Connection[Any], load_id: str) -> None:
     """A finished load's partition markers are no longer needed."""
-    execute(
-        dest,
+    run_steps(dest, [forget_markers_step(load_id)])
+
+
+def forget_markers_step(load_id: str) -> Step:
+    return Step(
+        "destination",
         sql.SQL("DELETE FROM {} WHERE load_id = %s").format(MARKER_TABLE.identifier()),
         (load_id,),
     )
@@ -59,7 +67,7 @@ def discard(dest: psycopg.Connection[Any], target: TableName, tables: list[Table
     """After a failed or interrupted load: drop the tables it created and its markers. Best
     effort, a few seconds at most (a killed Spark task may still hold a lock); whatever is
     left, the table's next load drops first."""
-    with contextlib.suppress(Exception), dest.transaction():
+    with contextlib.suppress(Exception), transaction(dest):
         execute(dest, "SET LOCAL lock_timeout = '10s'")
         for table in tables:
             execute(dest, ddl.drop_table(table))

@@ -1,0 +1,196 @@
+"""Each action's complete list of statements for one table, as `compile` prints it.
+
+Assembled from the builders the actions run (scripts.py, the swap's, the copy tasks'), fed
+with the same reads the actions make before they write: missing schemas and types, the
+partition plan, the swap's facts. Values a run makes up as it goes are placeholders here:
+`<load id>`, `<snapshot>`, a task's `<rows>`. tests/test_compile_equals_sync.py runs each
+action with statement capture on and compares.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+from ..plan.decide import Plan
+from ..plan.table_sql import TableSql
+from ..postgres.catalog import TableInfo
+from ..postgres.database import Step, execute
+from ..postgres.naming import default_key_name
+from ..postgres.swap import SwapFacts, read_facts, swap_script
+from ..project.settings import Settings
+from ..project.state import TableState
+from ..transfer.copy_stream import task_steps
+from .context import KeyBounds
+from .full_load import estimated_rows, load_tasks
+from .incremental import batch_for, batch_tasks
+from .scripts import (
+    DestinationFacts,
+    end_load_steps,
+    key_steps,
+    merge_steps,
+    prepare_steps,
+    side_key_name,
+    side_table,
+    staging_steps,
+    start_load_steps,
+    start_steps,
+)
+
+LOAD_ID = "<load id>"
+SNAPSHOT = "<snapshot>"
+
+
+@dataclass(frozen=True)
+class Tasks:
+    """A load's copy tasks, each running its statements (one transaction on each side)."""
+
+    steps: list[list[Step]]
+
+
+Item = Step | Tasks
+
+
+@dataclass
+class ActionScripts:
+    """What each action would run for the table now."""
+
+    full_reload: list[Item]
+    incremental: list[Item] | None = None
+    staging: list[Step] | None = None  # the incremental's first statements, on their own
+    start: list[Item] | None = None  # initial_load skip, when it is the next action
+    resync: list[Item] | None = None  # with --since
+    notes: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Inputs:
+    """Where to look, and what a sync would decide from its settings."""
+
+    source: psycopg.Connection[Any]
+    dest: psycopg.Connection[Any] | None
+    urls: tuple[str, str]
+    settings: Settings
+
+
+def action_scripts(
+    inputs: Inputs,
+    built: TableSql,
+    source: TableInfo,
+    state: TableState | None,
+    plan: Plan,
+    destination_exists: bool,
+    resync: KeyBounds | None = None,
+) -> ActionScripts:
+    """Read what the actions read, and build what they would run."""
+    scripts = ActionScripts(full_reload=[])
+    version = inputs.source.info.server_version
+    facts = _facts(inputs, built, scripts)
+    scripts.full_reload = _full_reload(inputs, built, source, facts, version, scripts)
+    if built.merge is not None:
+        state = state or TableState(table=str(built.table.name))
+        batch_facts = _incremental_facts(inputs, built)
+        scripts.staging = staging_steps(built, batch_facts)
+        scripts.incremental = _incremental(inputs, built, state, batch_facts, None, version)
+        if resync is not None:
+            scripts.resync = _incremental(inputs, built, state, batch_facts, resync, version)
+    if plan.action == "skip_backfill":
+        scripts.start = list(start_steps(built, facts, exists=destination_exists))
+    return scripts
+
+
+def _facts(inputs: Inputs, built: TableSql, scripts: ActionScripts) -> DestinationFacts:
+    if inputs.dest is None:
+        scripts.notes.append(
+            "without the destination, missing schemas and user-defined types are not shown"
+        )
+        return DestinationFacts((), ())
+    return DestinationFacts.read(inputs.source, inputs.dest, built)
+
+
+def _full_reload(
+    inputs: Inputs,
+    built: TableSql,
+    source: TableInfo,
+    facts: DestinationFacts,
+    version: int,
+    scripts: ActionScripts,
+) -> list[Item]:
+    target = built.table.target
+    in_process = estimated_rows(inputs.source, source) < inputs.settings.min_rows
+    parallelism = 1 if in_process else _spark_cores(inputs.settings, scripts)
+    tasks = load_tasks(inputs.source, SNAPSHOT, inputs.urls, built, source, LOAD_ID, parallelism)
+    swap = (
+        read_facts(inputs.dest, target)
+        if inputs.dest is not None
+        else SwapFacts(0, None, (), default_key_name(target), default_key_name(target), "")
+    )
+    return [
+        *prepare_steps(built, facts),
+        *start_load_steps(target),
+        Tasks([task_steps(task, version) for task in tasks]),
+        *key_steps(built),
+        *swap_script(swap, side_table(target), target, side_key_name(built)).steps(),
+        *end_load_steps(LOAD_ID),
+    ]
+
+
+def _incremental(
+    inputs: Inputs,
+    built: TableSql,
+    state: TableState,
+    facts: DestinationFacts,
+    resync: KeyBounds | None,
+    version: int,
+) -> list[Item]:
+    rows = _batch_rows(inputs.source, built, state, resync)
+    in_process = rows < inputs.settings.min_rows
+    batch = batch_for(built, state, rows, in_process, resync)
+    parallelism = 1 if in_process else _spark_cores(inputs.settings, ActionScripts([]))
+    tasks = batch_tasks(inputs.source, SNAPSHOT, inputs.urls, built, batch, LOAD_ID, parallelism)
+    return [
+        *staging_steps(built, facts),
+        *start_load_steps(built.table.target),
+        Tasks([task_steps(task, version) for task in tasks]),
+        *end_load_steps(LOAD_ID),
+        *merge_steps(built),
+    ]
+
+
+def _incremental_facts(inputs: Inputs, built: TableSql) -> DestinationFacts:
+    if inputs.dest is None:
+        return DestinationFacts((), ())
+    return DestinationFacts.read(inputs.source, inputs.dest, built, types=False)
+
+
+def _batch_rows(
+    conn: psycopg.Connection[Any], built: TableSql, state: TableState, resync: KeyBounds | None
+) -> int:
+    """How many rows the batch holds now (the probe's count, which decides where they are
+    copied), or none when the table was never loaded."""
+    if state.last_synced_at is None and resync is None:
+        return 0
+    batch = batch_for(built, state, 0, True, resync)
+    (rows,) = execute(
+        conn, sql.SQL("SELECT count(*) FROM ({}) AS b").format(batch.query)
+    ).fetchone()
+    return int(rows)
+
+
+_LOCAL = re.compile(r"local(?:\[(?P<threads>[^,\]]+)(?:,\d+)?\])?")
+
+
+def _spark_cores(settings: Settings, scripts: ActionScripts) -> int:
+    """The task slots a local master gives (what `spark.parallelism()` reports); a cluster's
+    are known only once Spark starts."""
+    match = _LOCAL.fullmatch(settings.spark_master or "local[*]")
+    if match is None:
+        scripts.notes.append("partitions on a cluster depend on its cores: one shown")
+        return 1
+    threads = match["threads"] or "1"
+    return (os.cpu_count() or 1) if threads == "*" else int(threads)

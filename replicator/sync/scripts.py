@@ -1,0 +1,184 @@
+"""The statements each action runs, built from what the databases look like: one builder per
+part of an action, which `sync` runs and `compile` prints (docs/architecture.md).
+
+A builder is pure: the reads it depends on (which schemas are missing, the types to create or
+align) are gathered first, into `DestinationFacts`; values known only while a run goes on
+(the load id, the snapshot, a task's row count) are bound parameters or placeholders.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+from ..identifiers import INTERNAL_SCHEMA, TableName
+from ..plan.table_sql import TableSql
+from ..postgres import ddl
+from ..postgres.database import Step
+from ..postgres.dest_schema import bookkeeping_steps, missing_schemas, schema_steps
+from ..postgres.dest_types import type_work
+from ..postgres.naming import derived_name, retired_table, staging_table
+from ..postgres.ownership import record_owned_steps
+from ..transfer.markers import forget_loads_step, forget_markers_step
+
+MAINTENANCE_WORK_MEM = "512MB"
+
+
+@dataclass(frozen=True)
+class DestinationFacts:
+    """What an action's statements depend on in the destination."""
+
+    missing: tuple[str, ...]  # schemas to create: the table's, its types', `_replicator`
+    types: tuple[Step, ...]  # the table's user-defined types, created or aligned
+
+    @classmethod
+    def read(
+        cls,
+        source: psycopg.Connection[Any],
+        dest: psycopg.Connection[Any],
+        built: TableSql,
+        *,
+        types: bool = True,
+    ) -> DestinationFacts:
+        """Reads both catalogs, writes nothing (TableProblem when a type cannot be aligned).
+        Without `types` (an incremental batch, which creates no type), only `_replicator`
+        is looked for."""
+        if not types:
+            return cls(tuple(missing_schemas(dest, [INTERNAL_SCHEMA])), ())
+        work = type_work(source, dest, [c.type_oid for c in built.columns])
+        wanted = [built.table.target.schema, *work.schemas, INTERNAL_SCHEMA]
+        return cls(tuple(missing_schemas(dest, wanted)), tuple(work.steps))
+
+    @property
+    def user_schemas(self) -> list[str]:
+        return [s for s in self.missing if s != INTERNAL_SCHEMA]
+
+
+def side_table(target: TableName) -> TableName:
+    """Where a full reload of `target` is loaded before the swap."""
+    return TableName(INTERNAL_SCHEMA, derived_name("new", target))
+
+
+def side_key_name(built: TableSql) -> str | None:
+    """The side table's primary-key name while it is built; the swap renames it."""
+    return derived_name("pk", built.table.target) if built.primary_key else None
+
+
+def _destination(statement: Any, params: Any = None) -> Step:
+    return Step("destination", statement, params)
+
+
+# ---------------------------------------------------------------- full reload
+
+
+def prepare_steps(built: TableSql, facts: DestinationFacts) -> list[Step]:
+    """Schemas, bookkeeping, types, and a fresh side table without its key (building the key
+    after the load measured faster than maintaining it: bench/RESULTS.md). What a killed run
+    left is dropped first: a stale side table, and a replaced table the swap renamed aside
+    but did not drop yet."""
+    target = built.table.target
+    side = side_table(target)
+    return [
+        *schema_steps(facts.user_schemas),
+        *bookkeeping_steps(facts.missing),
+        *facts.types,
+        _destination(ddl.drop_table(retired_table(target))),
+        _destination(ddl.drop_table(side)),
+        _destination(ddl.create_table(side, built.columns)),
+    ]
+
+
+def key_steps(built: TableSql) -> list[Step]:
+    """The loaded side table's primary key and statistics, before readers see it. A bigger
+    sort budget lets PostgreSQL build the key in memory, with parallel workers."""
+    side = side_table(built.table.target)
+    budget = sql.SQL("SET maintenance_work_mem = {}").format(sql.Literal(MAINTENANCE_WORK_MEM))
+    steps = [_destination(budget)]
+    key = key_statement(built)
+    if key is not None:
+        steps.append(_destination(key))
+    return [
+        *steps,
+        _destination(sql.SQL("ANALYZE {}").format(side.identifier())),
+        _destination("RESET maintenance_work_mem"),
+    ]
+
+
+def key_statement(built: TableSql) -> sql.Composable | None:
+    """The primary key, built on the loaded side table."""
+    name = side_key_name(built)
+    if name is None:
+        return None
+    return sql.SQL("ALTER TABLE {} ADD CONSTRAINT {} PRIMARY KEY ({})").format(
+        side_table(built.table.target).identifier(),
+        sql.Identifier(name),
+        sql.SQL(", ").join(map(sql.Identifier, built.primary_key)),
+    )
+
+
+def start_load_steps(target: TableName) -> list[Step]:
+    """Before a load's tasks: the markers earlier loads of the table left are dropped."""
+    return [forget_loads_step(target)]
+
+
+def end_load_steps(load_id: str) -> list[Step]:
+    """After a load committed: its own markers are no longer needed."""
+    return [forget_markers_step(load_id)]
+
+
+# ---------------------------------------------------------------- incremental
+
+
+def staging_steps(built: TableSql, facts: DestinationFacts) -> list[Step]:
+    """An empty UNLOGGED staging table for the batch (a killed run's is dropped first, with
+    a replaced table a killed swap left aside)."""
+    target = built.table.target
+    staging = staging_table(target)
+    return [
+        *bookkeeping_steps(facts.missing),
+        _destination(ddl.drop_table(retired_table(target))),
+        _destination(ddl.drop_table(staging)),
+        _destination(ddl.create_table(staging, built.columns, unlogged=True)),
+    ]
+
+
+def merge_steps(built: TableSql) -> list[Step]:
+    """The merge macro in one destination transaction, then the staging table dropped."""
+    assert built.merge is not None
+    return [
+        _destination("BEGIN"),
+        _destination(built.merge),
+        _destination("COMMIT"),
+        drop_staging_step(built),
+    ]
+
+
+def drop_staging_step(built: TableSql) -> Step:
+    return _destination(ddl.drop_table(staging_table(built.table.target)))
+
+
+# ---------------------------------------------------------------- start without backfill
+
+
+def start_steps(built: TableSql, facts: DestinationFacts, exists: bool) -> list[Step]:
+    """initial_load skip: create the destination table (schema and types first) unless it
+    exists, and record it as the tool's, in one transaction."""
+    create = (
+        []
+        if exists
+        else [
+            *schema_steps(facts.user_schemas),
+            *facts.types,
+            _destination(built.create_destination),
+        ]
+    )
+    return [
+        *bookkeeping_steps(facts.missing),
+        _destination("BEGIN"),
+        *create,
+        *record_owned_steps(built.table.target),
+        _destination("COMMIT"),
+    ]
