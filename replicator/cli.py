@@ -327,13 +327,15 @@ def state_reset(project_dir: Path, tables: tuple[str, ...]) -> int:
 )
 @click.argument("table")
 @click.argument("value")
+@click.option("--force", is_flag=True, help="Set it even past the source's newest key.")
 @_common
-def state_set_cursor(project_dir: Path, table: str, value: str) -> int:
+def state_set_cursor(project_dir: Path, table: str, value: str, force: bool) -> int:
     """Set TABLE's cursor to VALUE, cast by the source to the replication key's type and
-    stored as PostgreSQL prints it (exit 2 when it is not of that type)."""
+    stored as PostgreSQL prints it (exit 2 when it is not of that type, or when it is past
+    the source's newest key, unless --force)."""
     from .commands.state_commands import set_cursor
 
-    return set_cursor(Project.load(project_dir), table, value)
+    return set_cursor(Project.load(project_dir), table, value, force)
 
 
 @cli.command(

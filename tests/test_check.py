@@ -11,12 +11,13 @@ def tables(source_conn, schema):
     def create(name: str, ddl: str) -> None:
         source_conn.execute(sql.SQL("CREATE TABLE {} " + ddl).format(sql.Identifier(schema, name)))
 
-    create("good", "(id int PRIMARY KEY, updated_at timestamptz)")
+    # A NOT NULL key: a nullable one is a warning of its own (test_cursor_limits.py).
+    create("good", "(id int PRIMARY KEY, updated_at timestamptz NOT NULL)")
     source_conn.execute(
         sql.SQL("CREATE INDEX ON {} (updated_at)").format(sql.Identifier(schema, "good"))
     )
     create("no_pk", "(id int, updated_at timestamptz)")
-    create("no_index", "(id int PRIMARY KEY, updated_at timestamptz)")
+    create("no_index", "(id int PRIMARY KEY, updated_at timestamptz NOT NULL)")
     return schema
 
 

@@ -17,6 +17,7 @@ from psycopg import sql
 
 from ..errors import ReplicatorError
 from ..identifiers import display_ident
+from ..plan.cursor_limits import cursor_limits
 from ..plan.drift import plan_now
 from ..plan.inspect_table import inspect_table
 from ..postgres.catalog import describe_table, leading_index_columns
@@ -310,6 +311,11 @@ def _check_table(
     yield Finding("ok", subject, f"{info.kind}, {len(info.columns)} columns, primary key ({key})")
     if table.replication_key is None:
         return
+    (zone,) = execute(
+        conn, "SELECT reset_val FROM pg_catalog.pg_settings WHERE name = 'TimeZone'"
+    ).fetchone()
+    for limit in cursor_limits(built, zone):
+        yield Finding("warn", subject, limit.message, limit.fix)
     if table.replication_key in leading_index_columns(conn, info.oid):
         yield Finding(
             "ok", subject, f"replication key {display_ident(table.replication_key)} is indexed"

@@ -3,19 +3,24 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import click
+import psycopg
+from psycopg import sql
 
-from ..errors import ReplicatorError, StateError
+from ..errors import ReplicatorError, StateError, UsageError
 from ..identifiers import display_ident
+from ..plan.inspect_table import inspect_table
 from ..postgres.catalog import describe_table
-from ..postgres.database import connect
+from ..postgres.database import connect, execute
+from ..project.config import TableConfig
 from ..project.project import Project
 from ..project.runlock import run_lock
 from ..project.settings import SOURCE_URL
 from ..project.state import Cursor, TableState
 from ..report.logs import json_output, say
-from ..sync.cursor import canonical_value
+from ..sync.cursor import canonical_value, newest_key
 
 
 def mark_for_refresh(project: Project, names: tuple[str, ...]) -> int:
@@ -68,8 +73,10 @@ def reset_state(project: Project, names: tuple[str, ...]) -> int:
     return 0
 
 
-def set_cursor(project: Project, name: str, value: str) -> int:
-    """Set a table's cursor, cast by the source to the replication key's type and reprinted."""
+def set_cursor(project: Project, name: str, value: str, force: bool = False) -> int:
+    """Set a table's cursor, cast by the source to the replication key's type and reprinted.
+    A cursor past the source's newest key (a typo in the year) needs `force`: until the
+    source caught up, no sync would read a row."""
     table = project.config.find(name)
     if table.replication_key is None:
         raise ReplicatorError(f"{table.written_name}: mode full-refresh has no cursor")
@@ -82,6 +89,13 @@ def set_cursor(project: Project, name: str, value: str) -> int:
                 f"{display_ident(table.replication_key)} not found in the source table"
             )
         canonical = canonical_value(conn, value, column.type, table.written_name)
+        newest = _newest_key(conn, project, table)
+        if not force and newest is not None and _after(conn, canonical, newest, column.type):
+            raise UsageError(
+                f"{table.written_name}: {canonical} is past the source's newest "
+                f"{display_ident(table.replication_key)} ({newest}): no sync would read a row "
+                "until the source passes it (a typo?); to set it anyway, add --force"
+            )
     with run_lock(project.state_dir):
         state = project.store.read(table.name)
         if state is None or state.last_synced_at is None:
@@ -107,3 +121,16 @@ def set_cursor(project: Project, name: str, value: str) -> int:
         cursor=canonical,
     )
     return 0
+
+
+def _newest_key(conn: psycopg.Connection[Any], project: Project, table: TableConfig) -> str | None:
+    """The newest replication key the table's model reads now."""
+    built = inspect_table(conn, table, project.templates)
+    return newest_key(conn, sql.SQL(built.model.sql), table.replication_key or "")
+
+
+def _after(conn: psycopg.Connection[Any], value: str, newest: str, key_type: str) -> bool:
+    (after,) = execute(
+        conn, sql.SQL("SELECT %s::{t} > %s::{t}").format(t=sql.SQL(key_type)), (value, newest)
+    ).fetchone()
+    return bool(after)

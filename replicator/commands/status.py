@@ -43,8 +43,12 @@ class _SlowModel(Exception):
     """The newest-key query of a table's model took longer than status waits."""
 
 
+class _CursorAhead(Exception):
+    """The stored cursor is past the source's newest key (args: that key, the note)."""
+
+
 _POSITION = """
-SELECT max_key::text, {lag}
+SELECT max_key::text, {lag}, max_key < %(cursor)s::{type}
 FROM (SELECT max({alias}.{key}) AS max_key FROM ({model}) AS {alias}) AS m
 """
 _LAG = "(max_key - greatest(%(cursor)s::{type}, %(read)s::{type}, %(pending)s::{type}))::text"
@@ -80,6 +84,7 @@ def table_status(project: Project, table: TableConfig) -> tuple[dict[str, Any], 
         "next_action": None,
         "source_max": None,
         "lag": None,
+        "cursor_ahead": None,
     }
     try:
         state = project.store.read(table.name)
@@ -174,8 +179,12 @@ def _observe_live(
                 _set_plan(row, planned.plan)
                 try:
                     row["source_max"], row["lag"] = _position(source, planned, state)
+                    row["cursor_ahead"] = False if row["cursor"] is not None else None
                 except _SlowModel as slow:
                     notes.append(str(slow))
+                except _CursorAhead as ahead:
+                    row.update(source_max=ahead.args[0], lag=None, cursor_ahead=True)
+                    notes.append(ahead.args[1])
                 if dest is not None and planned.observed.destination is not None:
                     row["rows"] = _count(dest, table)
             except ReplicatorError as exc:
@@ -220,6 +229,7 @@ def _position(
     )
     query = sql.SQL(_POSITION).format(
         lag=lag,
+        type=sql.SQL(key_type),
         alias=sql.Identifier(MODEL_ALIAS),
         key=sql.Identifier(key),
         # The model is the user's SQL: `%` doubled since parameters are bound.
@@ -234,7 +244,7 @@ def _position(
                     sql.Literal(f"{POSITION_TIMEOUT_SECONDS}s")
                 ),
             )
-            newest, behind = execute(conn, query, copied).fetchone()
+            newest, behind, ahead = execute(conn, query, copied).fetchone()
     except DatabaseError as exc:
         if exc.sqlstate != QUERY_CANCELED:
             raise
@@ -242,6 +252,13 @@ def _position(
             f"{built.table.written_name}: lag not computed: its model ({built.model.origin}) "
             f"took over {POSITION_TIMEOUT_SECONDS} s to return the newest key"
         ) from None
+    if ahead:  # nothing is read until the source passes the cursor: not a negative lag
+        raise _CursorAhead(
+            newest,
+            f"{built.table.written_name}: the cursor ({copied['cursor']}) is past the source's "
+            f"newest key ({newest}): no sync reads a row until the source passes it; "
+            f"`replicator state set-cursor {built.table.written_name} {newest}` moves it back",
+        )
     return newest, behind
 
 

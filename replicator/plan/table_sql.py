@@ -60,6 +60,12 @@ class TableSql:
     def replication_key_type(self) -> str:
         return self.type_of(self.table.replication_key or "")
 
+    @property
+    def key_can_be_null(self) -> bool:
+        """Whether the model's replication key may be NULL (no NOT NULL to rely on)."""
+        key = self.table.replication_key
+        return any(c.name == key and not c.not_null for c in self.columns)
+
 
 def resolve_primary_key(table: TableConfig, source: TableInfo) -> tuple[str, ...]:
     """The configured primary key, else the source's; checked against the source columns."""
@@ -169,11 +175,17 @@ def batch_query(
     key_type: str,
     cursor: str | sql.Composable | None,
     until: str | None = None,
+    *,
+    with_nulls: bool = False,
 ) -> sql.Composable:
     """The model's rows at or past the cursor (all of them without a cursor) and, with
     `until`, at or before it; values inlined as typed literals: for COPY, which takes no
     parameters. A cursor given as a placeholder (`sql.Placeholder("cursor")`) leaves it to
-    be bound; the model's `%` must then be doubled."""
+    be bound; the model's `%` must then be doubled.
+
+    `with_nulls`: rows whose key is NULL too. No cursor can order them, so every sync of a
+    table whose key can be NULL reads them all again (the merge keeps it idempotent), and a
+    row inserted with, or updated to, a NULL key is not lost."""
     model = sql.SQL(model_sql)
     bounds = [
         sql.SQL("{alias}.{key} {op} {value}::{type}").format(
@@ -188,8 +200,13 @@ def batch_query(
     ]
     if not bounds:
         return model
-    return sql.SQL("SELECT * FROM ({model}) AS {alias} WHERE {bounds}").format(
-        model=model, alias=sql.Identifier(MODEL_ALIAS), bounds=sql.SQL(" AND ").join(bounds)
+    where = sql.SQL(" AND ").join(bounds)
+    if with_nulls:
+        where = sql.SQL("({} OR {}.{} IS NULL)").format(
+            where, sql.Identifier(MODEL_ALIAS), sql.Identifier(key)
+        )
+    return sql.SQL("SELECT * FROM ({model}) AS {alias} WHERE {where}").format(
+        model=model, alias=sql.Identifier(MODEL_ALIAS), where=where
     )
 
 
@@ -200,7 +217,13 @@ def incremental_extract(
     parameter `%(cursor)s` (typed as the key) instead of the value a sync inlines."""
     if table.mode == "full-refresh" or table.replication_key is None:
         return None
-    key_type = next(c.type for c in columns if c.name == table.replication_key)
+    column = next(c for c in columns if c.name == table.replication_key)
     # The model text is the user's SQL: `%` must be doubled once a parameter is bound.
     escaped = model_sql.replace("%", "%%")
-    return batch_query(escaped, table.replication_key, key_type, sql.Placeholder("cursor"))
+    return batch_query(
+        escaped,
+        table.replication_key,
+        column.type,
+        sql.Placeholder("cursor"),
+        with_nulls=not column.not_null,
+    )

@@ -145,6 +145,7 @@ def rows_past(built: TableSql, cursor: Cursor | None) -> sql.Composable:
         built.table.replication_key,
         built.replication_key_type,
         cursor.value if cursor else None,
+        with_nulls=built.key_can_be_null,
     )
 
 

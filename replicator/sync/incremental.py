@@ -109,7 +109,9 @@ def batch_for(
         if resync is not None
         else (state.cursor.value if state.cursor else None, None)
     )
-    query = batch_query(built.model.sql, key, key_type, since, until)
+    # A re-sync reads a key range; a sync also the rows no cursor can order (NULL keys).
+    with_nulls = resync is None and built.key_can_be_null
+    query = batch_query(built.model.sql, key, key_type, since, until, with_nulls=with_nulls)
     return Batch(query, key, key_type, rows, in_process)
 
 
@@ -253,7 +255,8 @@ def _split_batch(
         sql.SQL("SELECT * FROM ({}) AS {} WHERE {}").format(
             query,
             sql.Identifier(PART_ALIAS),
-            range_predicate(key, key_type, KeyRange(edges[i], edges[i + 1])) or sql.SQL("true"),
+            range_predicate(key, key_type, KeyRange(edges[i], edges[i + 1], nulls=i == 0))
+            or sql.SQL("true"),
         )
         for i in range(len(edges) - 1)
     ]

@@ -52,6 +52,7 @@ def _incremental(job: TableJob) -> TableResult:
     before = state.cursor.value if state.cursor else None
     signature = job.observed.signature.as_json()
     probed = probe(job.ends.source, job.built, state)
+    _warn_of_vanished_rows(job, state, probed.rows)
     if not probed.changed:
         finished = utc_now()
         result = job.success("noop", 0, job.plan.reason, 0, before, before)
@@ -87,6 +88,48 @@ def _incremental(job: TableJob) -> TableResult:
         )
     )
     return result
+
+
+def _warn_of_vanished_rows(job: TableJob, state: TableState, rows: int) -> None:
+    """Fewer rows at or past the cursor than the last sync read there: some were deleted in
+    the source (or their key moved back), which no cursor can see. And a source that became
+    empty (a TRUNCATE) while the destination still has rows."""
+    if rows == 0 and _emptied(job):
+        log.warning(
+            "%s: the source returns no rows, but the destination table still has rows (a "
+            "TRUNCATE or DELETE in the source): deletes are not propagated for this table; "
+            "`replicator sync -f -s %s` reloads it",
+            job.name,
+            job.name,
+            extra={"fields": {"event": "table.source_empty", "name": job.name}},
+        )
+        return
+    read = state.window.rows if state.window else None
+    if read is None or rows >= read:
+        return
+    log.warning(
+        "%s: %d row(s) the last sync read at or past the cursor are gone from the source "
+        "(deleted, or their replication key moved back): deletes are not propagated for "
+        "this table; `replicator sync -f -s %s` reloads it",
+        job.name,
+        read - rows,
+        job.name,
+        extra={"fields": {"event": "table.vanished_rows", "name": job.name, "rows": read - rows}},
+    )
+
+
+def _emptied(job: TableJob) -> bool:
+    """The model returns no row at all, and the destination table still has some."""
+    (source_rows,) = execute(
+        job.ends.source, sql.SQL("SELECT EXISTS ({})").format(sql.SQL(job.built.model.sql))
+    ).fetchone()
+    if source_rows:
+        return False
+    (dest_rows,) = execute(
+        job.ends.dest,
+        sql.SQL("SELECT EXISTS (SELECT FROM {})").format(job.table.target.identifier()),
+    ).fetchone()
+    return bool(dest_rows)
 
 
 def _skip_backfill(job: TableJob) -> TableResult:
