@@ -6,131 +6,25 @@ before the command name as well as after it, as dbt accepts them.
 
 from __future__ import annotations
 
-import contextlib
-import functools
-import logging
-import os
 import sys
-import traceback
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import click
-from click.core import ParameterSource
 
-from . import __version__, interrupts
+from . import __version__
 from .cli_help import ENVIRONMENT, EXAMPLES, EXIT_CODES, examples
-from .errors import ConfigError, ReplicatorError, UsageError
+from .cli_options import common, json_option, quiet_broken_pipe, select_option, shared_options
+from .errors import UsageError
 from .project.project import Project
-from .redact import redact
 from .report.logs import configure_logging, error_line, json_output, say
-
-log = logging.getLogger("replicator.cli")
-
-_SHARED = ("project_dir", "verbose", "quiet", "log_format")
-
-
-def _shared_options(command: Callable[..., Any]) -> Callable[..., Any]:
-    """--project-dir, -v, -q, --log-format: on the group (before the command name) and on
-    each command (after it)."""
-    options = [
-        click.option(
-            "--project-dir",
-            type=click.Path(file_okay=False, path_type=Path),
-            default=None,
-            help="The project directory (default: the current directory).",
-        ),
-        click.option("-v", "--verbose", count=True, help="More detail: SQL, tracebacks."),
-        click.option("-q", "--quiet", is_flag=True, help="Only warnings and errors."),
-        click.option(
-            "--log-format",
-            type=click.Choice(["text", "json"]),
-            default=None,
-            help="text (default), or one JSON object per line for everything printed.",
-        ),
-    ]
-    for option in reversed(options):
-        command = option(command)
-    return command
-
-
-def _effective(ctx: click.Context, name: str) -> Any:
-    """A shared option's value: given after the command name, else before it (on `state`
-    or on `replicator` itself); -v counts add up."""
-    chain = []
-    while ctx is not None:
-        chain.append(ctx)
-        ctx = ctx.parent
-    if name == "verbose":
-        return sum(c.params.get(name) or 0 for c in chain)
-    for level in chain:  # the innermost given wins
-        if level.get_parameter_source(name) not in (ParameterSource.DEFAULT, None):
-            return level.params.get(name)
-    return None
-
-
-def _common(command: Callable[..., Any]) -> Callable[..., Any]:
-    """The shared options; errors and interruptions become exit codes."""
-
-    @_shared_options
-    @functools.wraps(command)
-    def wrapper(**kwargs: Any) -> None:
-        ctx = click.get_current_context()
-        for name in _SHARED:
-            kwargs.pop(name)
-        shared = {name: _effective(ctx, name) for name in _SHARED}
-        verbose = shared["verbose"]
-        configure_logging(verbose, bool(shared["quiet"]), shared["log_format"] or "text")
-        ctx.meta["replicator.verbose"] = verbose
-        project_dir = shared["project_dir"] or Path(".")
-        try:
-            with interrupts.handled():
-                code = command(project_dir=project_dir, **kwargs)
-        except interrupts.Interrupted as exc:  # cleaned up on the way here
-            if not exc.reported:
-                log.error("%s", exc.describe())
-            sys.exit(exc.exit_code)
-        except ReplicatorError as exc:
-            _report(exc, verbose)
-            sys.exit(exc.exit_code)
-        except BrokenPipeError:
-            _quiet_broken_pipe()
-        except Exception as exc:  # a bug: one readable line, the traceback under -v
-            _report(exc, verbose, prefix="internal error: ")
-            sys.exit(1)
-        sys.exit(code or 0)
-
-    return wrapper
-
-
-def _report(exc: BaseException, verbose: int, prefix: str = "") -> None:
-    if verbose and not isinstance(exc, UsageError):  # a usage error's place is its message
-        click.echo(redact("".join(traceback.format_exception(exc))), err=True)
-    problems = exc.problems if isinstance(exc, ConfigError) else [str(exc)]
-    code = exc.exit_code if isinstance(exc, ReplicatorError) else 1
-    for problem in problems:
-        click.echo(error_line(f"{prefix}{problem}", code), err=True)
-
-
-select_option = click.option(
-    "-s",
-    "--select",
-    "names",
-    multiple=True,
-    metavar="TABLE",
-    help="Only these tables (repeatable; the schema may be left out when the name is unique).",
-)
-json_option = click.option(
-    "--json", "as_json", is_flag=True, help="Machine-readable output (also with --log-format json)."
-)
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
 
 @click.group(context_settings=CONTEXT, epilog=f"{EXAMPLES}\n\n{ENVIRONMENT}\n\n{EXIT_CODES}")
 @click.version_option(__version__, prog_name="replicator")
-@_shared_options
+@shared_options
 def cli(**_: Any) -> None:
     """Keep copies of PostgreSQL tables in another PostgreSQL database, incrementally.
 
@@ -144,7 +38,7 @@ def cli(**_: Any) -> None:
     epilog=examples("replicator init my-pipeline", "cd my-pipeline && replicator check"),
 )
 @click.argument("directory", required=False, type=click.Path(file_okay=False, path_type=Path))
-@_common
+@common
 def init(project_dir: Path, directory: Path | None) -> int:
     """Write a new project into DIRECTORY (default: --project-dir): tables-config.json with
     commented examples, .env.example, a model, macros/README.md and sync-state/. An
@@ -171,7 +65,7 @@ def init(project_dir: Path, directory: Path | None) -> int:
 @json_option
 @click.option("--since", metavar="VALUE", help="Also show the re-sync of a key range (with -s).")
 @click.option("--until", metavar="VALUE", help="End of the --since range (included).")
-@_common
+@common
 def compile_command(
     project_dir: Path,
     names: tuple[str, ...],
@@ -207,22 +101,76 @@ def compile_command(
     help="Re-sync one table's replication-key range from VALUE (with -s); the cursor stays.",
 )
 @click.option("--until", metavar="VALUE", help="End of the --since range (included).")
-@_common
+@click.option(
+    "--deletes",
+    "check_deletes",
+    is_flag=True,
+    help="Check tables with `deletes` set for rows deleted in the source now.",
+)
+@click.option(
+    "--force",
+    is_flag=True,
+    help="With --deletes: delete even more than half of a table's rows.",
+)
+@common
 def sync(
     project_dir: Path,
     names: tuple[str, ...],
     full_refresh: bool,
     since: str | None,
     until: str | None,
+    check_deletes: bool,
+    force: bool,
 ) -> int:
     """Sync the tables (or only -s ones), one at a time, in config order: a full reload
     where needed (no state, schema change, missing destination, refresh), else the rows
     past each cursor. One webhook after the run; the exit code says how it went."""
     from .sync.run import run_sync
 
+    if force and not check_deletes:
+        raise UsageError("--force goes with --deletes: `replicator sync --deletes --force`")
     verbose = click.get_current_context().meta["replicator.verbose"]
     project = Project.load(project_dir)
-    return run_sync(project, names, full_refresh, verbose, since=since, until=until)
+    return run_sync(
+        project,
+        names,
+        full_refresh,
+        verbose,
+        since=since,
+        until=until,
+        check_deletes=check_deletes,
+        force_deletes=force,
+    )
+
+
+@cli.command(
+    short_help="Prove each copy row by row; --repair fixes what differs.",
+    epilog=examples(
+        "replicator verify",
+        "replicator verify -s public.orders --repair",
+        "replicator verify --json | jq '.[] | select(.status != \"equal\")'",
+    ),
+)
+@select_option
+@click.option(
+    "--repair",
+    is_flag=True,
+    help="Fix exactly the rows that differ (no reload; cursors stay where they are).",
+)
+@json_option
+@common
+def verify(project_dir: Path, names: tuple[str, ...], repair: bool, as_json: bool) -> int:
+    """Compare each table's destination with what its model reads from the source, one
+    snapshot per side: rows hashed per primary-key range, differing ranges narrowed down
+    and compared row by row. Rows the source changed after the table's last sync are
+    reported as not yet synced, never as differences. Exit 0 when every table is equal
+    (with --repair: when every difference was repaired), 1 when rows differ or a table
+    could not be compared. One `verify.finished` webhook after the run."""
+    from .commands.verify import run_verify
+
+    verbose = click.get_current_context().meta["replicator.verbose"]
+    project = Project.load(project_dir)
+    return run_verify(project, names, repair, as_json or json_output(), verbose)
 
 
 @cli.command(
@@ -230,7 +178,7 @@ def sync(
     epilog=examples("replicator demo", "replicator demo --keep"),
 )
 @click.option("--keep", is_flag=True, help="Leave the clusters running to explore them.")
-@_common
+@common
 def demo(project_dir: Path, keep: bool) -> int:
     """Start a throwaway source and destination PostgreSQL, fill the source with sample
     tables, sync twice and check every row. Works in a temporary copy of the project's
@@ -247,7 +195,7 @@ def demo(project_dir: Path, keep: bool) -> int:
     epilog=examples("replicator status", "replicator status --json"),
 )
 @json_option
-@_common
+@common
 def status(project_dir: Path, as_json: bool) -> int:
     """Per table: mode, cursor, lag behind the source's newest key, when the last run ended
     and how, rows in the destination, and the next action as `sync` will decide it. Exit 1
@@ -262,7 +210,7 @@ def status(project_dir: Path, as_json: bool) -> int:
     epilog=examples("replicator refresh public.orders"),
 )
 @click.argument("tables", nargs=-1, required=True)
-@_common
+@common
 def refresh(project_dir: Path, tables: tuple[str, ...]) -> int:
     """Mark TABLES for a full reload at the next sync; the mark clears once the reload
     committed."""
@@ -276,7 +224,7 @@ def refresh(project_dir: Path, tables: tuple[str, ...]) -> int:
     epilog=examples("replicator adopt public.orders"),
 )
 @click.argument("tables", nargs=-1, required=True)
-@_common
+@common
 def adopt(project_dir: Path, tables: tuple[str, ...]) -> int:
     """Let replicator replace and update the existing destination tables of TABLES, which
     it did not create (it never touches such a table otherwise). The next sync reloads
@@ -287,7 +235,7 @@ def adopt(project_dir: Path, tables: tuple[str, ...]) -> int:
 
 
 @cli.group(context_settings=CONTEXT, short_help="Inspect or edit sync-state.")
-@_shared_options
+@shared_options
 def state(**_: Any) -> None:
     """Inspect or edit sync-state (one JSON file per table in sync-state/)."""
 
@@ -298,7 +246,7 @@ def state(**_: Any) -> None:
     epilog=examples("replicator state show public.orders"),
 )
 @click.argument("tables", nargs=-1)
-@_common
+@common
 def state_show(project_dir: Path, tables: tuple[str, ...]) -> int:
     """Print the sync-state of TABLES (default: all) as one JSON object (null: no state)."""
     from .commands.state_commands import show_state
@@ -312,7 +260,7 @@ def state_show(project_dir: Path, tables: tuple[str, ...]) -> int:
     epilog=examples("replicator state reset public.orders"),
 )
 @click.argument("tables", nargs=-1, required=True)
-@_common
+@common
 def state_reset(project_dir: Path, tables: tuple[str, ...]) -> int:
     """Forget TABLES' state: their next sync is a full reload."""
     from .commands.state_commands import reset_state
@@ -328,7 +276,7 @@ def state_reset(project_dir: Path, tables: tuple[str, ...]) -> int:
 @click.argument("table")
 @click.argument("value")
 @click.option("--force", is_flag=True, help="Set it even past the source's newest key.")
-@_common
+@common
 def state_set_cursor(project_dir: Path, table: str, value: str, force: bool) -> int:
     """Set TABLE's cursor to VALUE, cast by the source to the replication key's type and
     stored as PostgreSQL prints it (exit 2 when it is not of that type, or when it is past
@@ -343,7 +291,7 @@ def state_set_cursor(project_dir: Path, table: str, value: str, force: bool) -> 
     epilog=examples("replicator check", "replicator check --ping"),
 )
 @click.option("--ping", is_flag=True, help="Also send the webhook a test payload.")
-@_common
+@common
 def check(project_dir: Path, ping: bool) -> int:
     """Check the config, both connections and the privileges a sync needs, each table (its
     source, keys, indexes, model and destination, and the next sync's plan), Java and the
@@ -371,7 +319,7 @@ def main() -> None:
     except click.exceptions.Abort:  # Ctrl-C before a command took over
         sys.exit(130)
     except BrokenPipeError:
-        _quiet_broken_pipe()
+        quiet_broken_pipe()
 
 
 def _log_format_in(args: list[str]) -> str:
@@ -382,10 +330,3 @@ def _log_format_in(args: list[str]) -> str:
         if arg == "--log-format" and index + 1 < len(args):
             return args[index + 1]
     return "text"
-
-
-def _quiet_broken_pipe() -> None:
-    """The reader went away (`| head`): what it wanted was printed; exit 0 without a word."""
-    with contextlib.suppress(OSError):
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-    sys.exit(0)

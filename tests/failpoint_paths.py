@@ -19,6 +19,8 @@ INCREMENTAL_POINTS = (
     "after-merge-before-state",
     "state-before-rename",
 )
+# A cursor table with `deletes: delete`, after its incremental merge.
+DELETE_POINTS = ("deletes-before-commit",)
 # On the Spark path these run in a Python worker: the kill takes the task, and the run fails
 # the table (exit 1, "Spark task failed: Python worker exited unexpectedly").
 EXECUTOR_POINTS = ("mid-extract", "task-before-commit")

@@ -1,8 +1,9 @@
 """The soak test's moving parts: an application writing to the source, a cron killing syncs.
 
-Writers behave like a busy application: 70% updates, 20% inserts, 10% soft deletes or
-delete-then-reinsert of the same key (hard deletes are out of scope: the tool has no delete
-capture, so a hard-deleted row would rightly stay in the destination). `updated_at` is set by
+Writers behave like a busy application: 70% updates, 20% inserts, 10% deletes: soft
+deletes, delete-then-reinsert of the same key, and hard deletes (the accounts table is
+synced with `deletes: delete`, so a hard-deleted row must leave the destination too).
+`updated_at` is set by
 a trigger to `now()`, the transaction's start, so a transaction held open for seconds commits
 rows older than rows already synced: the late-commit case that loses rows in cursor tools.
 Every transaction also appends to an event log keyed by an identity column (the integer-key
@@ -136,7 +137,11 @@ class Writer(threading.Thread):
 
     def _write_delete(self, conn: psycopg.Connection[Any]) -> int:
         account = self._random_id(conn)
-        if self.rng.random() < 0.5:
+        roll = self.rng.random()
+        if roll < 1 / 3:
+            conn.execute(sql.SQL("DELETE FROM {} WHERE id = %s").format(self.accounts), (account,))
+            return account
+        if roll < 2 / 3:
             conn.execute(
                 sql.SQL("UPDATE {} SET deleted = true WHERE id = %s").format(self.accounts),
                 (account,),

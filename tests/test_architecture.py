@@ -17,9 +17,20 @@ from replicator.transfer.spark_session import LOCAL_DAEMON_MODULE
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "replicator"
 # Lowest first; a module may import from its own layer and the ones before it.
-LAYERS = ["base", "project", "postgres", "plan", "transfer", "report", "sync", "commands", "cli"]
+LAYERS = [
+    "base",
+    "project",
+    "postgres",
+    "plan",
+    "transfer",
+    "compare",
+    "report",
+    "sync",
+    "commands",
+    "cli",
+]
 BASE = {"__init__", "errors", "identifiers", "failpoints", "interrupts", "redact"}
-TOP = {"cli", "cli_help", "__main__"}
+TOP = {"cli", "cli_help", "cli_options", "__main__"}
 MAX_LINES = 400
 
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 from dbcompare import leftovers
-from failpoint_paths import EXECUTOR_POINTS, FULL_RELOAD_POINTS, INCREMENTAL_POINTS
+from failpoint_paths import DELETE_POINTS, EXECUTOR_POINTS, FULL_RELOAD_POINTS, INCREMENTAL_POINTS
 from soak_workload import (
     SyncLog,
     Writer,
@@ -59,7 +59,7 @@ def _one_sync(project: Path, env: dict[str, str], rng: random.Random, log: SyncL
     if roll < 0.25:
         kill_after = rng.uniform(0.1, 0.95) * log.typical_seconds[spark]
     elif roll < 0.42:
-        point = rng.choice(FULL_RELOAD_POINTS if refresh else INCREMENTAL_POINTS)
+        point = rng.choice(FULL_RELOAD_POINTS if refresh else INCREMENTAL_POINTS + DELETE_POINTS)
         run_env["REPLICATOR_FAILPOINT"] = point
     started = time.monotonic()
     done = run_killable_sync(sync_command(project, "sync"), run_env, kill_after)
@@ -91,7 +91,11 @@ def test_soak_converges_with_nothing_lost_duplicated_or_stale(
     db_project.write_config(
         {
             "tables": [
-                {"name": f"{schema}.accounts", "replication_key": "updated_at"},
+                {
+                    "name": f"{schema}.accounts",
+                    "replication_key": "updated_at",
+                    "deletes": "delete",
+                },
                 {"name": f"{schema}.events", "replication_key": "id", "mode": "incremental-append"},
             ]
         }

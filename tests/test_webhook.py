@@ -69,6 +69,7 @@ def test_success_payload_is_signed(db_project, table, httpserver):
         "duration_seconds": 0,
         "cursor_from": None,
         "cursor_to": None,
+        "deleted": 0,
     }
     assert payload["text"].startswith("replicator sync success: 1 of 1 table(s) ok")
     assert request.headers["Content-Type"] == "application/json"

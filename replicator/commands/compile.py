@@ -223,6 +223,16 @@ class CompiledTable:
         if built.merge is not None:
             lines += ["", "-- staging table", *_terminated(self._lines(scripts.staging))]
             lines += ["", "-- merge", built.merge + ";"]
+        if table.deletes != "ignore":
+            when = f"every {table.deletes_interval} s" if table.deletes_interval else "every sync"
+            verb = "deleted" if table.deletes == "delete" else "marked (_replicator_deleted_at)"
+            lines += [
+                "",
+                f"-- delete check (deletes: {table.deletes}, {when}, or `sync --deletes`): after",
+                "--   the merge, the model's keys and the destination's are hashed per key range",
+                "--   in one snapshot each; rows whose key the source no longer has are",
+                f"--   {verb} in one transaction (more than half of the table: only with --force)",
+            ]
         return "\n".join(lines) + "\n"
 
 

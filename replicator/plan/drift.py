@@ -11,6 +11,7 @@ from typing import Any
 import psycopg
 
 from ..postgres.catalog import TableInfo, describe_table
+from ..postgres.naming import MARK_COLUMN, MARK_TYPE
 from ..postgres.ownership import Ownership, classify, not_owned_fix, read_records
 from ..project.config import TableConfig
 from ..project.state import TableState
@@ -64,7 +65,10 @@ def observe(
         before = Signature.from_json(stored)
         schema_changes = diff(before, signature)
         if destination is not None:
-            destination_changes = diff(before.as_created(), destination_signature(destination))
+            expected = before.as_created()
+            if table.deletes == "mark":  # the mark column, last (added or dropped: a reload)
+                expected = expected.with_column(MARK_COLUMN, MARK_TYPE)
+            destination_changes = diff(expected, destination_signature(destination))
     return Observed(
         signature, destination, tuple(schema_changes), tuple(destination_changes), ownership
     )

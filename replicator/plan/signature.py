@@ -83,6 +83,10 @@ class Signature:
         )
         return replace(self, table_oid=None, columns=columns, replication_key=None, types={})
 
+    def with_column(self, name: str, type_: str) -> Signature:
+        """The same, with a nullable column added last."""
+        return replace(self, columns=(*self.columns, SignedColumn(name, type_, False)))
+
 
 def read_signature(conn: psycopg.Connection[Any], source: TableInfo, built: TableSql) -> Signature:
     """The signature of the table as the source describes it now."""

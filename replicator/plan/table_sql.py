@@ -17,7 +17,7 @@ from ..errors import DatabaseError, TableProblem
 from ..identifiers import display_ident, quote_ident
 from ..postgres import ddl
 from ..postgres.catalog import Column, TableInfo
-from ..postgres.naming import staging_table
+from ..postgres.naming import MARK_COLUMN, MARK_TYPE, staging_table
 from ..project.config import TableConfig
 from ..project.templates import Model, Templates
 
@@ -51,6 +51,13 @@ class TableSql:
             raise DatabaseError(
                 f"{text} (reading {self.model.origin})", exc.sqlstate, exc.detail
             ) from None
+
+    @property
+    def destination_columns(self) -> tuple[Column, ...]:
+        """The model's columns, and for `deletes: "mark"` the mark column last."""
+        if self.table.deletes != "mark":
+            return self.columns
+        return (*self.columns, Column(MARK_COLUMN, MARK_TYPE))
 
     def type_of(self, column: str) -> str:
         """The exact type of one of the model's columns ("" when it has no such column)."""
@@ -140,9 +147,12 @@ def build_table_sql(
             staging=staging.sql(),
             columns=quoted,
             key_columns=quoted_key,
+            # a marked row that comes back is updated: its mark is cleared (EXCLUDED's is
+            # the column default, NULL, as the staging table has no such column)
             update_columns=[
                 q for q, c in zip(quoted, columns, strict=True) if c.name not in primary_key
-            ],
+            ]
+            + ([quote_ident(MARK_COLUMN)] if table.deletes == "mark" else []),
             replication_key=quote_ident(table.replication_key or primary_key[0]),
         )
     elif table.mode == "incremental-append":
@@ -159,7 +169,11 @@ def build_table_sql(
         model=model,
         columns=columns,
         primary_key=primary_key,
-        create_destination=ddl.create_table(target, columns, primary_key),
+        create_destination=ddl.create_table(
+            target,
+            (*columns, Column(MARK_COLUMN, MARK_TYPE)) if table.deletes == "mark" else columns,
+            primary_key,
+        ),
         full_extract=sql.SQL(model.sql),
         incremental_extract=incremental_extract(model.sql, table, columns),
         merge=merge,

@@ -14,6 +14,9 @@ from ..identifiers import INTERNAL_SCHEMA, MAX_IDENTIFIER_BYTES, TableName
 # loads its rows once), and the destination tables replicator owns.
 MARKER_TABLE = TableName(INTERNAL_SCHEMA, "loaded_partitions")
 OWNED_TABLE = TableName(INTERNAL_SCHEMA, "owned_tables")
+# The one metadata column, last in a `deletes: "mark"` table: when the source row vanished.
+MARK_COLUMN = "_replicator_deleted_at"
+MARK_TYPE = "timestamp with time zone"
 
 
 def _truncate_bytes(text: str, limit: int) -> str:

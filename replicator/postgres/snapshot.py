@@ -1,4 +1,4 @@
-"""An exported source snapshot: one REPEATABLE READ transaction that Spark tasks import.
+"""An exported snapshot: one REPEATABLE READ transaction that Spark tasks import.
 
 It stays open until every task has imported it; the cursor and partition bounds are read
 inside it, so they describe exactly the rows the tasks copy.
@@ -20,13 +20,14 @@ from .database import connect, execute
 class ExportedSnapshot:
     """`with ExportedSnapshot(url) as snap:` holds the snapshot open for the block."""
 
-    def __init__(self, source_url: str) -> None:
+    def __init__(self, source_url: str, side: str = "source") -> None:
         self.source_url = source_url
+        self.side = side  # a comparison holds one on the destination too
         self.conn: psycopg.Connection[Any] | None = None
         self.snapshot_id = ""
 
     def __enter__(self) -> ExportedSnapshot:
-        self.conn = connect(self.source_url, "source")
+        self.conn = connect(self.source_url, self.side)
         execute(self.conn, "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
         (self.snapshot_id,) = execute(self.conn, "SELECT pg_export_snapshot()").fetchone()
         failpoint("after-snapshot-export")

@@ -31,6 +31,8 @@ Mode = Literal["incremental-deduped", "incremental-append", "full-refresh"]
 SchemaPolicy = Literal["full_reload", "fail"]
 # "skip": the first sync copies no existing row; it starts at the source's newest key.
 InitialLoad = Literal["full", "skip"]
+# What a cursor table does with rows deleted in the source.
+Deletes = Literal["ignore", "delete", "mark"]
 
 
 def _table_name(value: Any) -> TableName:
@@ -125,6 +127,8 @@ class TableConfig(_Frozen):
     # None: the top-level `on_schema_change` (resolved when the project config is read).
     on_schema_change: SchemaPolicy | None = None
     initial_load: InitialLoad = "full"
+    deletes: Deletes = "ignore"
+    deletes_interval: Annotated[int, Field(ge=0, le=31_536_000)] = 0  # seconds; 0: every sync
     # The name exactly as written in the config: the webhook and logs use it.
     written_name: str = Field(default="", exclude=True)
 
@@ -143,6 +147,16 @@ class TableConfig(_Frozen):
             raise ValueError(
                 '"initial_load": "skip" needs an incremental mode (full-refresh copies '
                 "every row every run)"
+            )
+        if self.deletes != "ignore" and self.mode == "full-refresh":
+            raise ValueError(
+                '"deletes" applies to incremental modes (a full-refresh table is exact after '
+                "every run)"
+            )
+        if self.deletes == "mark" and self.mode != "incremental-deduped":
+            raise ValueError(
+                '"deletes": "mark" needs mode incremental-deduped (a row that comes back '
+                'is updated, and its mark cleared); use "delete" for an append table'
             )
         if self.destination is None:
             object.__setattr__(self, "destination", self.name)
@@ -337,6 +351,7 @@ _CHOICES: dict[str, tuple[str, ...]] = {
     "mode": MODES,
     "on_schema_change": get_args(SchemaPolicy),
     "initial_load": get_args(InitialLoad),
+    "deletes": get_args(Deletes),
 }
 _EXPECTED = {
     "string_type": "expected a string",

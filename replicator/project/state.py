@@ -82,6 +82,7 @@ class TableState(_Record):
     pending_reason: str | None = None
     last_synced_at: str | None = None
     last_run: RunOutcome | None = None
+    deletes_checked_at: str | None = None  # the last delete check (`deletes_interval`)
 
 
 def state_file_stem(name: TableName) -> str:

@@ -25,6 +25,7 @@ class TableResult:
     bytes: int | None = None
     cursor_from: str | None = None
     cursor_to: str | None = None
+    deleted: int = 0  # rows deleted here because the source no longer has them
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -38,6 +39,8 @@ class TableResult:
             text += f", {self.rows:,} rows"
         if self.bytes:
             text += f", {self.bytes / 1e6:,.1f} MB"
+        if self.deleted:
+            text += f", {self.deleted:,} deleted"
         text += f" in {self.seconds:.1f} s"
         if self.rows and self.seconds > 0:
             text += f" ({self.rows / self.seconds:,.0f} rows/s)"

@@ -25,6 +25,7 @@ from tenacity import (
 )
 
 from .. import __version__
+from ..compare.verdict import Verdict
 from ..project.settings import WebhookTarget
 from .results import TableResult
 
@@ -68,6 +69,7 @@ def build_payload(
             "duration_seconds": round(r.seconds, 3),
             "cursor_from": r.cursor_from,
             "cursor_to": r.cursor_to,
+            "deleted": r.deleted,
         }
         for r in results
     ]
@@ -153,3 +155,35 @@ def _describe(exc: BaseException | None) -> str:
         return "unknown error"
     text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
     return f"{type(exc).__name__}: {text}"[:300]
+
+
+def build_verify_payload(
+    run_id: str,
+    started_at: str,
+    finished_at: str,
+    verdicts: list[Verdict],
+    repair: bool,
+) -> dict[str, Any]:
+    """`verify.finished`: the per-table objects `verify --json` prints. `status` is success
+    when every table is equal (or, with --repair, was repaired), else failure."""
+    bad = [v for v in verdicts if not v.fixed]
+    overall = "failure" if bad else "success"
+    text = f"replicator verify{' --repair' if repair else ''} {overall}: "
+    text += f"{len(verdicts) - len(bad)} of {len(verdicts)} table(s) equal"
+    if bad:
+        text += "; " + ", ".join(
+            f"{v.name} ({v.error})"
+            if v.status == "failed"
+            else f"{v.name} ({v.differences} rows differ)"
+            for v in bad
+        )
+    return {
+        "event": "verify.finished",
+        "status": overall,
+        "run_id": run_id,
+        "started_at": started_at,
+        "finished_at": finished_at,
+        "repair": repair,
+        "tables": [v.as_dict() for v in verdicts],
+        "text": text,
+    }

@@ -7,14 +7,12 @@ import logging
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Any
-
-import psycopg
 
 from ..plan.decide import Plan
 from ..plan.drift import Observed, Planned
 from ..plan.table_sql import TableSql
 from ..postgres.catalog import TableInfo
+from ..postgres.endpoints import Endpoints
 from ..project.config import TableConfig
 from ..project.project import Project
 from ..project.state import RunOutcome, TableState
@@ -33,16 +31,6 @@ class KeyBounds:
     until: str | None = None
 
 
-@dataclass(frozen=True)
-class Endpoints:
-    """The connections one table's load uses (URLs go to the Spark tasks)."""
-
-    source: psycopg.Connection[Any]
-    dest: psycopg.Connection[Any]
-    source_url: str
-    dest_url: str
-
-
 class RunContext:
     """What every table of one run shares."""
 
@@ -52,11 +40,16 @@ class RunContext:
         full_refresh: bool,
         verbose: int,
         resync: KeyBounds | None = None,
+        *,
+        check_deletes: bool = False,
+        force_deletes: bool = False,
     ) -> None:
         settings = project.settings
         self.project = project
         self.full_refresh = full_refresh
         self.resync = resync
+        self.check_deletes = check_deletes  # `sync --deletes`: check now, whatever the interval
+        self.force_deletes = force_deletes  # `--force`: past the more-than-half guard
         self.locked: set[str] = set()  # tables another replicator was syncing
         self.results: list[TableResult] = []  # in config order, as the tables finish
         self.verbose = verbose

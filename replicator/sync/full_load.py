@@ -25,6 +25,7 @@ from ..plan.table_sql import MODEL_ALIAS, TableSql
 from ..postgres.catalog import TableInfo
 from ..postgres.database import execute, render, run_steps
 from ..postgres.dependent_views import reload_problem
+from ..postgres.endpoints import Endpoints
 from ..postgres.snapshot import ExportedSnapshot
 from ..postgres.swap import swap_in
 from ..project.state import Cursor, Pending, Window
@@ -34,7 +35,6 @@ from ..transfer.copy_tasks import copy_tasks
 from ..transfer.markers import discard, forget_markers, new_load_id
 from ..transfer.partitions import page_predicate, plan_key_ranges, plan_page_ranges, range_predicate
 from ..transfer.spark_runner import SparkRunner
-from .context import Endpoints
 from .cursor import first_cursor
 from .scripts import (
     DestinationFacts,

@@ -19,6 +19,7 @@ from ..errors import DatabaseError
 from ..failpoints import failpoint
 from ..plan.table_sql import TableSql, batch_query
 from ..postgres.database import execute, run_steps, transaction
+from ..postgres.endpoints import Endpoints
 from ..postgres.naming import staging_table
 from ..postgres.snapshot import ExportedSnapshot
 from ..project.state import Cursor, Pending, TableState, Window
@@ -28,7 +29,7 @@ from ..transfer.copy_tasks import copy_tasks
 from ..transfer.markers import discard, forget_markers, new_load_id
 from ..transfer.partitions import KeyRange, range_predicate
 from ..transfer.spark_runner import SparkRunner
-from .context import Endpoints, KeyBounds
+from .context import KeyBounds
 from .cursor import advance, fingerprint, in_progress_xids, newest_key, rows_past, sql_key
 from .scripts import DestinationFacts, drop_staging_step, staging_steps
 

@@ -23,6 +23,7 @@ from ..interrupts import raise_if_requested
 from ..plan.decide import Plan
 from ..plan.drift import plan_now
 from ..postgres.database import connect
+from ..postgres.endpoints import Endpoints
 from ..postgres.ownership import adopt_legacy
 from ..postgres.table_lock import table_lock
 from ..project.config import TableConfig
@@ -36,7 +37,7 @@ from ..redact import redact
 from ..report.output import SyncOutput
 from ..report.results import TableResult, utc_now
 from ..report.webhook import build_payload, post
-from .context import Endpoints, RunContext, TableJob, outcome
+from .context import RunContext, TableJob, outcome
 from .resync import resync_bounds
 from .table_actions import carry_out
 
@@ -52,6 +53,8 @@ def run_sync(
     since: str | None = None,
     until: str | None = None,
     always_summarize: bool = False,
+    check_deletes: bool = False,
+    force_deletes: bool = False,
 ) -> int:
     """Sync the tables; exit code 0 when every table succeeded, else 1.
 
@@ -60,7 +63,14 @@ def run_sync(
     tables = project.select(names)
     connections = project.connections()
     resync = resync_bounds(tables, names, full_refresh, since, until, connections.source)
-    run = RunContext(project, full_refresh, verbose, resync)
+    run = RunContext(
+        project,
+        full_refresh,
+        verbose,
+        resync,
+        check_deletes=check_deletes,
+        force_deletes=force_deletes,
+    )
     output = SyncOutput(always_summarize, project.settings.progress_interval)
     try:
         with run_lock(project.state_dir):

@@ -87,7 +87,7 @@ def prepare_steps(built: TableSql, facts: DestinationFacts) -> list[Step]:
         *facts.types,
         _destination(ddl.drop_table(retired_table(target))),
         _destination(ddl.drop_table(side)),
-        _destination(ddl.create_table(side, built.columns)),
+        _destination(ddl.create_table(side, built.destination_columns)),
     ]
 
 

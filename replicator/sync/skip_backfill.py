@@ -20,8 +20,8 @@ from ..plan.signature import Signature, destination_signature
 from ..plan.table_sql import TableSql
 from ..postgres.catalog import TableInfo
 from ..postgres.database import execute, run_steps
+from ..postgres.endpoints import Endpoints
 from ..project.state import Cursor, Pending, Window
-from .context import Endpoints
 from .cursor import first_cursor
 from .scripts import DestinationFacts, start_steps
 

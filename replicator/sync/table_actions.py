@@ -15,6 +15,7 @@ from ..postgres.database import execute
 from ..project.state import Cursor, Pending, TableState, Window
 from ..report.results import TableResult, utc_now
 from .context import TableJob
+from .deletes import propagate_deletes
 from .full_load import full_reload
 from .incremental import incremental_sync, probe
 from .skip_backfill import start_without_backfill
@@ -26,7 +27,9 @@ def carry_out(job: TableJob) -> TableResult:
     """Run the job's plan (full_reload, incremental or skip_backfill)."""
     with job.built.reading_model():
         if job.plan.action == "incremental":
-            return _resync(job) if job.run.resync is not None else _incremental(job)
+            if job.run.resync is not None:
+                return _resync(job)
+            return propagate_deletes(job, _incremental(job))
         if job.plan.action == "skip_backfill":
             return _skip_backfill(job)
         return _full_reload(job)
@@ -93,12 +96,15 @@ def _incremental(job: TableJob) -> TableResult:
 def _warn_of_vanished_rows(job: TableJob, state: TableState, rows: int) -> None:
     """Fewer rows at or past the cursor than the last sync read there: some were deleted in
     the source (or their key moved back), which no cursor can see. And a source that became
-    empty (a TRUNCATE) while the destination still has rows."""
+    empty (a TRUNCATE) while the destination still has rows. Not said of a table whose
+    `deletes` setting propagates them."""
+    if job.table.deletes != "ignore":
+        return
     if rows == 0 and _emptied(job):
         log.warning(
             "%s: the source returns no rows, but the destination table still has rows (a "
-            "TRUNCATE or DELETE in the source): deletes are not propagated for this table; "
-            "`replicator sync -f -s %s` reloads it",
+            "TRUNCATE or DELETE in the source): deletes are not propagated for this table: "
+            "run `replicator verify --repair -s %s`, or `replicator sync -f -s` it",
             job.name,
             job.name,
             extra={"fields": {"event": "table.source_empty", "name": job.name}},
@@ -110,7 +116,7 @@ def _warn_of_vanished_rows(job: TableJob, state: TableState, rows: int) -> None:
     log.warning(
         "%s: %d row(s) the last sync read at or past the cursor are gone from the source "
         "(deleted, or their replication key moved back): deletes are not propagated for "
-        "this table; `replicator sync -f -s %s` reloads it",
+        "this table: run `replicator verify --repair -s %s`",
         job.name,
         read - rows,
         job.name,

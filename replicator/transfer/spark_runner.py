@@ -10,8 +10,8 @@ from __future__ import annotations
 import re
 import threading
 import uuid
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
 
 from ..errors import ReplicatorError
 from ..interrupts import on_interrupt, raise_if_requested, requested
@@ -21,6 +21,8 @@ from .jvm_archive import ArchivePlan, plan_archive, stop_jvm_and_keep_archive
 from .spark_session import jdbc_jar
 
 _DRIVER_OPTIONS = "spark.driver.extraJavaOptions"
+T = TypeVar("T")
+R = TypeVar("R")
 
 
 class SparkRunner:
@@ -97,12 +99,17 @@ class SparkRunner:
             except TaskError as exc:
                 raise_if_requested()  # a query cancelled by the interruption
                 raise ReplicatorError(str(exc)) from None
+        return self.map_tasks(run_copy_task, tasks, "replicator copy")
+
+    def map_tasks(self, function: Callable[[T], R], tasks: list[T], description: str) -> list[R]:
+        """Run `function` over the tasks as one Spark job, one partition per task; a SIGTERM
+        or SIGINT cancels the job."""
         context = self.context()
         group = f"replicator-{uuid.uuid4().hex}"
-        context.setJobGroup(group, "replicator copy", interruptOnCancel=True)
+        context.setJobGroup(group, description, interruptOnCancel=True)
         stop_cancelling = on_interrupt(lambda: context.cancelJobGroup(group))
         try:
-            return context.parallelize(tasks, len(tasks)).map(run_copy_task).collect()
+            return context.parallelize(tasks, len(tasks)).map(function).collect()
         except Exception as exc:
             raise_if_requested()  # the job failed because the run was interrupted
             raise ReplicatorError(spark_error_message(exc)) from None

@@ -1,0 +1,44 @@
+"""One read of a comparison inside an exported snapshot: run by Spark's Python workers for
+the first, whole-table pass of a large table, so it stays light (no sqlglot)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from decimal import Decimal
+from typing import Any
+
+from psycopg import sql
+
+from ..errors import DatabaseError, TaskError
+from ..postgres.database import connect, execute, transaction
+
+BEGIN = "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"
+
+
+@dataclass(frozen=True)
+class QueryTask:
+    """A query and its parameters, read on one side inside that side's snapshot."""
+
+    side: str  # "source" or "destination"
+    url: str
+    snapshot: str
+    query: str
+    params: list[Any] = field(default_factory=list)
+
+    def __repr__(self) -> str:  # never print connection strings
+        return f"QueryTask({self.side!r})"
+
+
+def run_query_task(task: QueryTask) -> list[tuple[Any, ...]]:
+    """The query's rows, with sums (numeric) as ints so they compare exactly."""
+    try:
+        with (
+            connect(task.url, task.side, application_name="replicator-verify") as conn,
+            transaction(conn, BEGIN, rollback=True),
+        ):
+            # SET TRANSACTION SNAPSHOT must be the transaction's first statement.
+            execute(conn, sql.SQL("SET TRANSACTION SNAPSHOT {}").format(sql.Literal(task.snapshot)))
+            rows = execute(conn, task.query, task.params).fetchall()
+    except DatabaseError as exc:
+        raise TaskError(str(exc)) from None
+    return [tuple(int(v) if isinstance(v, Decimal) else v for v in row) for row in rows]

@@ -1,0 +1,69 @@
+"""What `verify` says of one table: the object `verify --json` prints and the
+`verify.finished` webhook carries (README: Verify)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+MAX_EXAMPLES = 10
+
+VerdictStatus = Literal["equal", "different", "failed"]
+
+
+@dataclass(frozen=True)
+class Verdict:
+    name: str
+    status: VerdictStatus
+    rows_compared: int = 0
+    missing: int = 0  # in the source, not in the destination
+    extra: int = 0  # in the destination, not in the source
+    different: int = 0  # same key, other values
+    not_yet_synced: int = 0  # changed in the source after the last sync: not a difference
+    repaired: int = 0
+    examples: list[dict[str, Any]] = field(default_factory=list)  # {"key": {...}, "kind": ...}
+    error: str | None = None
+    seconds: float = 0.0
+
+    @property
+    def differences(self) -> int:
+        return self.missing + self.extra + self.different
+
+    @property
+    def fixed(self) -> bool:
+        """Equal, or every difference repaired."""
+        return self.status == "equal" or (
+            self.status == "different"
+            and self.differences > 0
+            and self.repaired >= self.differences
+        )
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "status": self.status,
+            "rows_compared": self.rows_compared,
+            "missing": self.missing,
+            "extra": self.extra,
+            "different": self.different,
+            "not_yet_synced": self.not_yet_synced,
+            "repaired": self.repaired,
+            "examples": self.examples,
+            "error": self.error,
+            "duration_seconds": round(self.seconds, 3),
+        }
+
+    def line(self) -> str:
+        """One log line: the verdict, the counts, and what was repaired."""
+        if self.status == "failed":
+            return f"{self.name}: verify failed after {self.seconds:.1f} s: {self.error}"
+        text = f"{self.name}: {self.status}, {self.rows_compared:,} rows compared"
+        if self.status == "different":
+            text += (
+                f": {self.missing:,} missing, {self.extra:,} extra, {self.different:,} different"
+            )
+            if self.repaired:
+                text += f", {self.repaired:,} repaired"
+        if self.not_yet_synced:
+            text += f"; {self.not_yet_synced:,} not yet synced (the next sync copies them)"
+        return f"{text} in {self.seconds:.1f} s"

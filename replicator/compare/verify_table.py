@@ -1,0 +1,168 @@
+"""One table's verification: is the destination what the model reads from the source?
+
+Each side is read in one snapshot. Rows the cursor has yet to reach (replication key at or
+past the cursor in sync-state, or NULL) are counted as not yet synced, never as differences:
+the next sync copies them. With `repair`, the table's destination lock is held from before
+the snapshots until the last fix commits, so no sync of the table runs in between (a repair
+must never write an older row over one a sync has just merged).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+from ..errors import ReplicatorError, TableProblem
+from ..plan.drift import Planned, plan_now
+from ..postgres.endpoints import Endpoints
+from ..postgres.table_lock import table_lock
+from ..project.config import TableConfig
+from ..project.state import TableState
+from ..project.templates import Templates
+from ..transfer.spark_runner import SparkRunner
+from . import range_sql as q
+from .bisect import Found, Key
+from .comparison import compared, sides_of
+from .repair import MARK_COLUMN, repair
+from .thresholds import INTEGER_TYPES
+from .verdict import MAX_EXAMPLES, Verdict
+
+
+def verify_table(
+    ends: Endpoints,
+    table: TableConfig,
+    templates: Templates,
+    state: TableState | None,
+    spark: SparkRunner,
+    *,
+    fix: bool = False,
+) -> Verdict:
+    """Compare (and with `fix`, repair) one table; a problem is a `failed` verdict."""
+    started = time.monotonic()
+    try:
+        planned = plan_now(ends.source, ends.dest, table, templates, state)
+        _comparable(table, planned)
+        lock = (
+            table_lock(ends.dest_url, table.target, table.written_name)
+            if fix
+            else contextlib.nullcontext()
+        )
+        with lock:
+            found, repaired, shape = _compare(ends, table, planned, state, spark, fix)
+    except (ReplicatorError, psycopg.Error) as exc:
+        return Verdict(
+            table.written_name, "failed", error=_one_line(exc), seconds=time.monotonic() - started
+        )
+    return Verdict(
+        table.written_name,
+        "different" if found.differences else "equal",
+        rows_compared=found.rows_compared,
+        missing=len(found.missing),
+        extra=len(found.extra),
+        different=len(found.different),
+        not_yet_synced=len(found.not_yet_synced),
+        repaired=repaired,
+        examples=_examples(shape, found),
+        seconds=time.monotonic() - started,
+    )
+
+
+def _comparable(table: TableConfig, planned: Planned) -> None:
+    """What must hold before two sides can be compared row by row."""
+    name = table.written_name
+    if planned.plan.action == "fail":
+        raise TableProblem(f"{name}: {planned.plan.reason}; {planned.plan.fix}")
+    if planned.observed.destination is None:
+        raise TableProblem(
+            f"{name}: destination table {table.target} does not exist yet: "
+            f"run `replicator sync -s {name}` first"
+        )
+    if not planned.built.primary_key:
+        raise TableProblem(
+            f"{name}: verify matches rows by primary key, and the table has none: set "
+            '"primary_key" in tables-config.json'
+        )
+    if planned.observed.schema_change:
+        raise TableProblem(
+            f"{name}: the source schema changed since the last load "
+            f"({planned.observed.schema_change}): the next sync reloads the table; "
+            f"run `replicator sync -s {name}` first"
+        )
+    model = [(c.name, c.type) for c in planned.built.columns]
+    there = [
+        (c.name, c.type) for c in planned.observed.destination.columns if c.name != MARK_COLUMN
+    ]
+    if model != there:
+        raise TableProblem(
+            f"{name}: the destination table's columns are not the model's; "
+            f"run `replicator sync -f -s {name}` to reload it"
+        )
+
+
+def _compare(
+    ends: Endpoints,
+    table: TableConfig,
+    planned: Planned,
+    state: TableState | None,
+    spark: SparkRunner,
+    fix: bool,
+) -> tuple[Found, int, q.Shape]:
+    built = planned.built
+    assert planned.observed.destination is not None
+    # An append table keeps each key's first version by design: only its keys can differ.
+    sides = sides_of(
+        ends,
+        table,
+        built,
+        planned.observed.destination.columns,
+        keys_only=table.mode == "incremental-append",
+    )
+    with (
+        built.reading_model(),
+        compared(ends, table, sides, spark, _fresh(table, built.columns, state)) as (found, reader),
+    ):
+        repaired = 0
+        if fix and found.differences:
+            repaired = repair(ends.dest, reader, sides.shape, sides.source, sides.target, found)
+    return found, repaired, sides.shape
+
+
+def _fresh(
+    table: TableConfig, columns: tuple[Any, ...], state: TableState | None
+) -> tuple[sql.Composable, list[Any]] | None:
+    """`the cursor has yet to reach this source row`, when the table has a cursor."""
+    key = table.replication_key
+    if key is None or table.mode == "full-refresh" or state is None or state.cursor is None:
+        return None
+    column = next(c for c in columns if c.name == key)
+    ref = sql.SQL("{}.{}").format(q.ident(q.ALIAS), q.ident(key))
+    test = sql.SQL("{} >= %s::{}").format(ref, sql.SQL(column.type))
+    if not column.not_null:
+        test = sql.SQL("({} OR {} IS NULL)").format(test, ref)
+    return test, [state.cursor.value]
+
+
+def _examples(shape: q.Shape, found: Found) -> list[dict[str, Any]]:
+    kinds = (("missing", found.missing), ("extra", found.extra), ("different", found.different))
+    out: list[dict[str, Any]] = []
+    for kind, keys in kinds:
+        for key in keys[: MAX_EXAMPLES - len(out)]:
+            out.append({"key": _key_values(shape, key), "kind": kind})
+    return out
+
+
+def _key_values(shape: q.Shape, key: Key) -> dict[str, Any]:
+    """A key as JSON: integers as numbers, everything else as PostgreSQL prints it."""
+    return {
+        k.name: int(v) if v is not None and k.type in INTEGER_TYPES else v
+        for k, v in zip(shape.key, key, strict=True)
+    }
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__

@@ -1,0 +1,312 @@
+"""`replicator verify`: a copy proven equal, or exactly its differing rows found, and with
+--repair fixed (only those rows written; cursors untouched). Both real servers, and Spark
+for the first pass (the suite's REPLICATOR_SPARK_MIN_ROWS=0)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from dbcompare import assert_same_table
+from psycopg import sql
+
+from replicator.identifiers import TableName, quote_ident
+from replicator.project.templates import Templates
+
+pytestmark = pytest.mark.spark
+
+
+def _orders(conn, schema, rows=10_000, table="orders"):
+    """Orders with distinct, increasing update times, all in the past."""
+    target = sql.Identifier(schema, table)
+    conn.execute(
+        sql.SQL(
+            "CREATE TABLE {} (id bigint PRIMARY KEY, note text, amount numeric(10,2), "
+            "updated_at timestamptz NOT NULL)"
+        ).format(target)
+    )
+    conn.execute(
+        sql.SQL(
+            "INSERT INTO {} SELECT g, 'note ' || g, g / 100.0, "
+            "now() - interval '30 days' + g * interval '1 second' FROM generate_series(1, %s) g"
+        ).format(target),
+        (rows,),
+    )
+
+
+def _verify(project, *args, env=None):
+    result = project.run("verify", "--json", *args, env=env)
+    return result, {v["name"]: v for v in json.loads(result.stdout)}
+
+
+def _xmins(conn, schema, table="orders"):
+    return dict(
+        conn.execute(
+            sql.SQL("SELECT id, xmin::text FROM {}").format(sql.Identifier(schema, table))
+        ).fetchall()
+    )
+
+
+def _tamper(dest_conn, schema):
+    """Two rows changed, two deleted, two added, in the destination."""
+    dest_conn.execute(
+        sql.SQL(
+            "UPDATE {t} SET note = 'tampered' WHERE id IN (17, 5003); "
+            "DELETE FROM {t} WHERE id IN (2, 8000); "
+            "INSERT INTO {t} VALUES (2000000, 'extra', 1, now() - interval '40 days'), "
+            "(-5, 'extra', 1, now() - interval '40 days')"
+        ).format(t=sql.Identifier(schema, "orders"))
+    )
+
+
+def test_a_synced_copy_is_equal(db_project, schema, source_conn):
+    _orders(source_conn, schema)
+    db_project.write_config(
+        {"tables": [{"name": f"{schema}.orders", "replication_key": "updated_at"}]}
+    )
+    assert db_project.run("sync").exit_code == 0
+    result, verdicts = _verify(db_project)
+    assert result.exit_code == 0, result.output
+    verdict = verdicts[f"{schema}.orders"]
+    assert verdict["status"] == "equal"
+    assert verdict["rows_compared"] == 10_000
+    assert (verdict["missing"], verdict["extra"], verdict["different"]) == (0, 0, 0)
+    assert verdict["examples"] == []
+
+
+def test_a_tampered_destination_is_found_and_repaired_row_by_row(
+    db_project, schema, source_conn, dest_conn, httpserver
+):
+    _orders(source_conn, schema)
+    db_project.write_config(
+        {"tables": [{"name": f"{schema}.orders", "replication_key": "updated_at"}]}
+    )
+    assert db_project.run("sync").exit_code == 0
+    state_before = (db_project.path / "sync-state").glob("*.json")
+    cursors = {p.name: json.loads(p.read_text())["cursor"] for p in state_before}
+    _tamper(dest_conn, schema)
+    before = _xmins(dest_conn, schema)
+    httpserver.expect_request("/hook", method="POST").respond_with_data("ok")
+    hook = {"REPLICATOR_WEBHOOK_URL": httpserver.url_for("/hook")}
+
+    result, verdicts = _verify(db_project, env=hook)
+    assert result.exit_code == 1, result.output
+    verdict = verdicts[f"{schema}.orders"]
+    assert verdict["status"] == "different"
+    assert (verdict["missing"], verdict["extra"], verdict["different"]) == (2, 2, 2)
+    assert verdict["not_yet_synced"] == 0
+    assert sorted((e["kind"], e["key"]["id"]) for e in verdict["examples"]) == [
+        ("different", 17),
+        ("different", 5003),
+        ("extra", -5),
+        ("extra", 2000000),
+        ("missing", 2),
+        ("missing", 8000),
+    ]
+    ((request, _),) = httpserver.log
+    payload = request.get_json()
+    assert payload["event"] == "verify.finished"
+    assert payload["status"] == "failure"
+    assert payload["tables"][0]["different"] == 2
+    assert _xmins(dest_conn, schema) == before, "verify alone writes nothing"
+
+    repaired, verdicts = _verify(db_project, "--repair")
+    assert repaired.exit_code == 0, repaired.output
+    assert verdicts[f"{schema}.orders"]["repaired"] == 6
+    assert assert_same_table(source_conn, dest_conn, schema, "orders") == 10_000
+    after = _xmins(dest_conn, schema)
+    rewritten = {k for k in after if after[k] != before.get(k)}
+    assert rewritten == {2, 17, 5003, 8000}, "only the differing rows are written"
+    cursors_after = {
+        p.name: json.loads(p.read_text())["cursor"]
+        for p in (db_project.path / "sync-state").glob("*.json")
+    }
+    assert cursors_after == cursors
+    again, verdicts = _verify(db_project)
+    assert again.exit_code == 0 and verdicts[f"{schema}.orders"]["status"] == "equal"
+
+
+def test_rows_changed_after_the_last_sync_are_not_yet_synced(
+    db_project, schema, source_conn, dest_conn
+):
+    _orders(source_conn, schema)
+    db_project.write_config(
+        {"tables": [{"name": f"{schema}.orders", "replication_key": "updated_at"}]}
+    )
+    assert db_project.run("sync").exit_code == 0
+    source_conn.execute(
+        sql.SQL(
+            "UPDATE {t} SET note = 'changed', updated_at = now() WHERE id = 10; "
+            "INSERT INTO {t} VALUES (10001, 'new', 1, now())"
+        ).format(t=sql.Identifier(schema, "orders"))
+    )
+    result, verdicts = _verify(db_project)
+    assert result.exit_code == 0, result.output
+    verdict = verdicts[f"{schema}.orders"]
+    assert verdict["status"] == "equal"
+    assert verdict["not_yet_synced"] == 2
+    assert db_project.run("sync").exit_code == 0
+    _, verdicts = _verify(db_project)
+    assert verdicts[f"{schema}.orders"]["not_yet_synced"] == 0
+
+
+def test_a_key_written_behind_the_cursor_is_found_and_repaired(
+    db_project, schema, source_conn, dest_conn
+):
+    """A `timestamp` key written in local time after the source's TimeZone changed lands
+    behind the cursor: the sync skips the row, verify names it, --repair fixes it."""
+    source_conn.execute(
+        sql.SQL(
+            "CREATE TABLE {t} (id int PRIMARY KEY, note text, at timestamp NOT NULL); "
+            "INSERT INTO {t} SELECT g, 'n', timestamp '2026-11-01 00:00' + g * interval '1 minute' "
+            "FROM generate_series(1, 500) g"
+        ).format(t=sql.Identifier(schema, "events"))
+    )
+    db_project.write_config({"tables": [{"name": f"{schema}.events", "replication_key": "at"}]})
+    assert db_project.run("sync").exit_code == 0
+    source_conn.execute(
+        sql.SQL(
+            "UPDATE {t} SET note = 'an hour behind', at = at - interval '1 hour' WHERE id = 400"
+        ).format(t=sql.Identifier(schema, "events"))
+    )
+    assert db_project.run("sync").exit_code == 0
+    result, verdicts = _verify(db_project)
+    assert result.exit_code == 1
+    assert verdicts[f"{schema}.events"]["examples"] == [{"key": {"id": 400}, "kind": "different"}]
+    assert _verify(db_project, "--repair")[0].exit_code == 0
+    assert assert_same_table(source_conn, dest_conn, schema, "events") == 500
+
+
+def test_composite_text_keys_compare_across_collations(db_project, schema, source_conn, dest_conn):
+    """The destination orders the text key otherwise (ICU, upper case after lower): key
+    ranges still select the same rows on both sides."""
+    source_conn.execute(
+        sql.SQL(
+            "CREATE TABLE {t} (shop int, code text, qty int, PRIMARY KEY (shop, code)); "
+            "INSERT INTO {t} SELECT g % 3, (ARRAY['a', 'B', 'c', 'D', 'é', 'Z'])[g % 6 + 1] "
+            "|| g, g FROM generate_series(1, 9000) g"
+        ).format(t=sql.Identifier(schema, "stock"))
+    )
+    db_project.write_config({"tables": [{"name": f"{schema}.stock", "mode": "full-refresh"}]})
+    assert db_project.run("sync").exit_code == 0
+    stock = sql.Identifier(schema, "stock")
+    dest_conn.execute(
+        sql.SQL('ALTER TABLE {} ALTER COLUMN code TYPE text COLLATE "und-x-icu"').format(stock)
+    )
+    result, verdicts = _verify(db_project)
+    assert result.exit_code == 0, result.output
+    assert verdicts[f"{schema}.stock"]["rows_compared"] == 9000
+    dest_conn.execute(
+        sql.SQL("UPDATE {} SET qty = -1 WHERE shop = 1 AND code = 'B1'").format(stock)
+    )
+    dest_conn.execute(sql.SQL("DELETE FROM {} WHERE shop = 2 AND code = 'Z5'").format(stock))
+    result, verdicts = _verify(db_project)
+    assert result.exit_code == 1, verdicts
+    assert sorted(
+        (e["kind"], e["key"]["shop"], e["key"]["code"])
+        for e in verdicts[f"{schema}.stock"]["examples"]
+    ) == [
+        ("different", 1, "B1"),
+        ("missing", 2, "Z5"),
+    ]
+    assert _verify(db_project, "--repair")[0].exit_code == 0
+    assert _verify(db_project)[0].exit_code == 0
+
+
+def test_hostile_names_and_a_model_with_a_filter(db_project, schema, source_conn, dest_conn):
+    """Quotes, spaces, capitals and `%` everywhere; rows that leave the model's filter are
+    extra in the destination (the model says they are not there)."""
+    table = 'Order "Lines".😀 %s'
+    key, when = '"Id" 😀', "Updated At"
+    source_conn.execute(
+        sql.SQL(
+            "CREATE TABLE {t} ({k} bigint PRIMARY KEY, {s} text, {w} timestamptz NOT NULL); "
+            "INSERT INTO {t} SELECT g, CASE WHEN g % 10 = 0 THEN 'void' ELSE '100%' END, "
+            "now() - interval '1 day' + g * interval '1 second' FROM generate_series(1, 3000) g"
+        ).format(
+            t=sql.Identifier(schema, table),
+            k=sql.Identifier(key),
+            s=sql.Identifier("select"),
+            w=sql.Identifier(when),
+        )
+    )
+    full = f"{quote_ident(schema)}.{quote_ident(table)}"
+    model = Templates(db_project.path).model_path(TableName(schema, table))
+    model.parent.mkdir(parents=True)
+    model.write_text(f"SELECT * FROM {full} WHERE \"select\" <> 'void' AND \"select\" LIKE '%'")
+    db_project.write_config({"tables": [{"name": full, "replication_key": quote_ident(when)}]})
+    synced = db_project.run("sync")
+    assert synced.exit_code == 0, synced.output
+    source_conn.execute(
+        sql.SQL("UPDATE {t} SET {s} = 'void' WHERE {k} = 7").format(
+            t=sql.Identifier(schema, table), s=sql.Identifier("select"), k=sql.Identifier(key)
+        )
+    )
+    result, verdicts = _verify(db_project)
+    assert result.exit_code == 1, result.output
+    (verdict,) = verdicts.values()
+    assert verdict["examples"] == [{"key": {key: 7}, "kind": "extra"}], verdict["error"]
+    assert _verify(db_project, "--repair")[0].exit_code == 0
+    (count,) = dest_conn.execute(
+        sql.SQL("SELECT count(*) FROM {}").format(sql.Identifier(schema, table))
+    ).fetchone()
+    assert count == 3000 - 300 - 1
+
+
+def test_tables_that_cannot_be_compared_fail_with_the_fix(db_project, schema, source_conn):
+    source_conn.execute(
+        sql.SQL(
+            "CREATE TABLE {s}.nokey (a int, b text); INSERT INTO {s}.nokey VALUES (1, 'x');"
+            "CREATE TABLE {s}.later (id int PRIMARY KEY)"
+        ).format(s=sql.Identifier(schema))
+    )
+    db_project.write_config(
+        {
+            "tables": [
+                {"name": f"{schema}.nokey", "mode": "full-refresh"},
+                {"name": f"{schema}.later", "mode": "full-refresh"},
+            ]
+        }
+    )
+    assert db_project.run("sync", "-s", f"{schema}.nokey").exit_code == 0
+    result, verdicts = _verify(db_project)
+    assert result.exit_code == 1
+    assert verdicts[f"{schema}.nokey"]["status"] == "failed"
+    assert '"primary_key"' in verdicts[f"{schema}.nokey"]["error"]
+    assert "replicator sync -s" in verdicts[f"{schema}.later"]["error"]
+    unknown = db_project.run("verify", "-s", f"{schema}.nowhere")
+    assert unknown.exit_code == 2
+
+
+def test_a_repair_killed_before_it_commits_converges(db_project, schema, source_conn, dest_conn):
+    _orders(source_conn, schema)
+    db_project.write_config(
+        {"tables": [{"name": f"{schema}.orders", "replication_key": "updated_at"}]}
+    )
+    assert db_project.run("sync").exit_code == 0
+    _tamper(dest_conn, schema)
+    killed = db_project.run_process(
+        "verify", "--repair", env={"REPLICATOR_FAILPOINT": "repair-before-commit"}
+    )
+    assert killed.returncode == -9
+    result, verdicts = _verify(db_project, "--repair")
+    assert result.exit_code == 0, result.output
+    assert verdicts[f"{schema}.orders"]["repaired"] == 6
+    assert assert_same_table(source_conn, dest_conn, schema, "orders") == 10_000
+
+
+def test_a_million_rows_through_spark(db_project, schema, source_conn, dest_conn):
+    _orders(source_conn, schema, rows=1_000_000)
+    db_project.write_config(
+        {"tables": [{"name": f"{schema}.orders", "replication_key": "updated_at"}]}
+    )
+    assert db_project.run("sync").exit_code == 0
+    dest_conn.execute(sql.SQL("ANALYZE {}").format(sql.Identifier(schema, "orders")))
+    _tamper(dest_conn, schema)
+    result, verdicts = _verify(db_project)
+    assert result.exit_code == 1, result.output
+    verdict = verdicts[f"{schema}.orders"]
+    assert verdict["rows_compared"] == 1_000_000
+    assert (verdict["missing"], verdict["extra"], verdict["different"]) == (2, 2, 2)
+    assert _verify(db_project, "--repair")[0].exit_code == 0
+    assert _verify(db_project)[0].exit_code == 0
