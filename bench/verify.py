@@ -152,9 +152,8 @@ def main() -> None:
         deletes: dict[str, list[Measured]] = {
             "baseline: md5 of every key, both sides at once": [],
             "replicator sync --deletes (no-op + key-only delete check)": [],
-            "replicator sync (no-op alone, for reference)": [],
         }
-        commands = [keys, f"{cli} sync --deletes -q {where}", f"{cli} sync -q {where}"]
+        commands = [keys, f"{cli} sync --deletes -q {where}"]
         for _ in range(args.repeat + 1):
             for name, command in zip(deletes, commands, strict=True):
                 measured = run_measured(command, env)

@@ -71,9 +71,9 @@ def find_differences(
     fresh: tuple[sql.Composable, list[Any]] | None = None,
     chunks: int = 1,
 ) -> Found:
-    """Compare the two sides. `chunks` > 1: the first pass runs as that many Spark tasks
-    per side (the reader must have Spark). `fresh`: a boolean expression over the source
-    row that is true when the cursor has yet to reach it."""
+    """Compare the two sides. With a reader on Spark, the first pass runs as `chunks` tasks
+    per side (key ranges). `fresh`: a boolean expression over the source row that is true
+    when the cursor has yet to reach it."""
     found = Found()
     first = Pass(None, None, tuple(thresholds))
     sums = _first_pass(reader, shape, source, destination, first, chunks)
@@ -130,7 +130,7 @@ def _sums(rows: Iterable[tuple[Any, ...]]) -> Sums:
 def _first_pass(
     reader: RangeReader, shape: Shape, source: Side, destination: Side, first: Pass, chunks: int
 ) -> tuple[Sums, Sums]:
-    if chunks <= 1 or not first.thresholds:
+    if reader.spark is None or not first.thresholds:
         ours, theirs = reader.both(
             q.checksums(shape, source, first.thresholds, None, None),
             q.checksums(shape, destination, first.thresholds, None, None),

@@ -101,7 +101,8 @@ def compared(
             sides.destination,
             cuts,
             fresh=fresh,
-            chunks=spark.parallelism() * 2 if on_spark else 1,
+            # one range per two cores and side: the servers, not Spark, do the hashing
+            chunks=max(spark.parallelism() // 2, 1) if on_spark else 1,
         )
         yield found, reader
 

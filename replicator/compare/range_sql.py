@@ -255,17 +255,27 @@ def row_hashes(
     fresh_params: Sequence[Any] = (),
 ) -> tuple[sql.Composable, list[Any]]:
     """Every row of the ranges: its key (text), its hash and, on the source, whether the
-    cursor has yet to reach it (`fresh`)."""
-    params: list[Any] = list(fresh_params)
-    where = _where(side, any_of(shape, ranges, params))
-    query = sql.SQL("SELECT {keys}, {hash}, {fresh} FROM {src} WHERE {where}").format(
-        keys=shape.key_text(),
-        hash=shape.row_hash,
-        fresh=fresh if fresh is not None else sql.SQL("false"),
-        src=side.from_clause(),
-        where=where,
-    )
-    return query, params
+    cursor has yet to reach it (`fresh`).
+
+    A key whose columns compare as themselves gets one SELECT per range, joined by UNION
+    ALL: each is an index range scan (a single scan testing hundreds of ORed ranges per row
+    would cost more than hashing the table). A text-like key column has no index in byte
+    order to use: one scan tests the ranges."""
+    params: list[Any] = []
+
+    def select(spans: Sequence[tuple[Bound | None, Bound | None]]) -> sql.Composable:
+        params.extend(fresh_params)  # the SELECT list's, before the WHERE clause's
+        return sql.SQL("SELECT {keys}, {hash}, {fresh} FROM {src} WHERE {where}").format(
+            keys=shape.key_text(),
+            hash=shape.row_hash,
+            fresh=fresh if fresh is not None else sql.SQL("false"),
+            src=side.from_clause(),
+            where=_where(side, any_of(shape, spans, params)),
+        )
+
+    if any(k.collatable for k in shape.key):
+        return select(ranges), params
+    return sql.SQL(" UNION ALL ").join(select([span]) for span in ranges), params
 
 
 def keys_in(shape: Shape, keys: Sequence[tuple[str, ...]], params: list[Any]) -> sql.Composable:

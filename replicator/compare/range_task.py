@@ -13,6 +13,9 @@ from ..errors import DatabaseError, TaskError
 from ..postgres.database import connect, execute, transaction
 
 BEGIN = "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"
+# A checksum scan is one long, simple expression per row: JIT compilation costs more than it
+# saves, and when Spark runs the ranges in parallel, parallel workers only oversubscribe.
+TUNING = ("SET LOCAL jit = off", "SET LOCAL max_parallel_workers_per_gather = 0")
 
 
 @dataclass(frozen=True)
@@ -38,6 +41,8 @@ def run_query_task(task: QueryTask) -> list[tuple[Any, ...]]:
         ):
             # SET TRANSACTION SNAPSHOT must be the transaction's first statement.
             execute(conn, sql.SQL("SET TRANSACTION SNAPSHOT {}").format(sql.Literal(task.snapshot)))
+            for setting in TUNING:
+                execute(conn, setting)
             rows = execute(conn, task.query, task.params).fetchall()
     except DatabaseError as exc:
         raise TaskError(str(exc)) from None

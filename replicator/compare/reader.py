@@ -34,6 +34,9 @@ class RangeReader:
         self.snapshots = {"source": source, "destination": destination}
         self.spark = spark  # None: every read runs in this process
         self.statements = 0
+        for snapshot in self.snapshots.values():
+            assert snapshot.conn is not None
+            execute(snapshot.conn, "SET LOCAL jit = off")  # see range_task.TUNING
 
     def one(self, side: str, query: Query) -> Rows:
         conn = self.snapshots[side].conn
