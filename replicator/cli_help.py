@@ -27,6 +27,7 @@ Examples:
   replicator sync --project-dir my-pipeline
   replicator --project-dir my-pipeline status
   replicator sync -s public.orders -f       # reload one table now
+  replicator verify --repair                # prove every copy; fix the rows that differ
   replicator sync -q --log-format json      # for cron and log shippers"""
 
 

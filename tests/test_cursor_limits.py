@@ -90,7 +90,7 @@ def test_rows_that_vanish_at_the_cursor_are_reported(db_project, orders, source_
         f"{orders}.orders: 2 row(s) the last sync read at or past the cursor are gone from the "
         "source" in synced.stderr
     ), synced.stderr
-    assert "deletes are not propagated for this table" in synced.stderr
+    assert "deletes are not propagated for this table: set `deletes`, or run" in synced.stderr
     source_conn.execute(sql.SQL("TRUNCATE {}.orders").format(sql.Identifier(orders)))
     truncated = db_project.run("sync")
     assert (

@@ -204,3 +204,19 @@ def test_mark_keeps_deleted_rows_with_the_time_they_went(
     reloaded = db_project.run("sync")
     assert reloaded.exit_code == 0 and "destination table altered" in reloaded.stderr
     assert assert_same_table(source_conn, dest_conn, schema, "orders") == 1999
+
+
+def test_no_delete_check_follows_a_failed_read(db_project, schema, source_conn, dest_conn):
+    """A model that fails returns no keys: that must not look like every row deleted."""
+    _orders(source_conn, schema)
+    _config(db_project, schema, deletes="delete")
+    assert db_project.run("sync").exit_code == 0
+    _source(source_conn, schema, "DELETE FROM {t} WHERE id <= 10")
+    _source(source_conn, schema, "UPDATE {t} SET updated_at = now() WHERE id = 500")
+    db_project.write(
+        f"models/{schema}/orders.sql", f"SELECT * FROM {schema}.orders WHERE 1 / (id - 500) > -1"
+    )
+    failed = db_project.run("sync")
+    assert failed.exit_code == 1 and "division by zero" in failed.stderr
+    assert "delete check" not in failed.stderr, "the read failed: no check follows"
+    assert _count(dest_conn, schema) == 2000

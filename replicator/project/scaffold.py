@@ -17,7 +17,8 @@ EXAMPLE_CONFIG = """\
       "replication_key": "updated_at",
       "mode": "incremental-deduped",
       "//on_schema_change": "full_reload (default: a changed source reloads this table) or fail",
-      "//initial_load": "skip: the first sync copies no existing row, starts at the newest key"
+      "//initial_load": "skip: the first sync copies no existing row, starts at the newest key",
+      "//deletes": "delete: rows deleted in the source go here too (mark: kept, stamped)"
     },
     {
       "//": "Reloaded in full every run (small lookup tables).",

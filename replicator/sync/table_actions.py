@@ -104,7 +104,7 @@ def _warn_of_vanished_rows(job: TableJob, state: TableState, rows: int) -> None:
         log.warning(
             "%s: the source returns no rows, but the destination table still has rows (a "
             "TRUNCATE or DELETE in the source): deletes are not propagated for this table: "
-            "run `replicator verify --repair -s %s`, or `replicator sync -f -s` it",
+            "set `deletes`, or run `replicator verify --repair -s %s`",
             job.name,
             job.name,
             extra={"fields": {"event": "table.source_empty", "name": job.name}},
@@ -116,7 +116,7 @@ def _warn_of_vanished_rows(job: TableJob, state: TableState, rows: int) -> None:
     log.warning(
         "%s: %d row(s) the last sync read at or past the cursor are gone from the source "
         "(deleted, or their replication key moved back): deletes are not propagated for "
-        "this table: run `replicator verify --repair -s %s`",
+        "this table: set `deletes`, or run `replicator verify --repair -s %s`",
         job.name,
         read - rows,
         job.name,
