@@ -54,8 +54,9 @@ def verify_table(
         with lock:
             found, repaired, shape = _compare(ends, table, planned, state, spark, fix)
     except (ReplicatorError, psycopg.Error) as exc:
+        error = _one_line(exc).removeprefix(f"{table.written_name}: ")  # the verdict names it
         return Verdict(
-            table.written_name, "failed", error=_one_line(exc), seconds=time.monotonic() - started
+            table.written_name, "failed", error=error, seconds=time.monotonic() - started
         )
     return Verdict(
         table.written_name,

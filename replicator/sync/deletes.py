@@ -44,11 +44,10 @@ def propagate_deletes(job: TableJob, result: TableResult) -> TableResult:
     except (ReplicatorError, psycopg.Error) as exc:
         raise_if_requested()
         log.debug("%s: traceback:\n%s", job.name, "".join(format_exception(exc)))
-        text = str(exc).strip().splitlines()
+        lines = str(exc).strip().splitlines()
+        text = (lines[0] if lines else type(exc).__name__).removeprefix(f"{job.name}: ")
         failure = dataclasses.replace(
-            result,
-            status="failure",
-            error=redact(f"delete check: {text[0] if text else type(exc).__name__}"),
+            result, status="failure", error=redact(f"delete check: {text}")
         )
         _record(job, failure, checked=False)
         return failure
@@ -86,7 +85,7 @@ def _delete_gone_rows(job: TableJob) -> int:
             return 0
         if 2 * len(gone) > found.destination_rows and not job.run.force_deletes:
             raise TableProblem(
-                f"{job.name}: the delete check would delete {len(gone):,} of "
+                f"{job.name}: it would delete {len(gone):,} of "
                 f"{found.destination_rows:,} rows, more than half: nothing was deleted. If "
                 f"the source really lost them, run `replicator sync --deletes --force -s "
                 f"{job.name}`"
