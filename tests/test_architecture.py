@@ -24,6 +24,7 @@ LAYERS = [
     "plan",
     "transfer",
     "compare",
+    "capture",
     "report",
     "sync",
     "commands",

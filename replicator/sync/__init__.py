@@ -2,5 +2,5 @@
 (context), what each planned table goes through (full load, incremental, start without
 backfill, re-sync of a key range) and the cursor rules.
 
-May import: base, project, postgres, plan, transfer, report.
+May import: base, project, postgres, plan, transfer, compare, capture, report.
 """
