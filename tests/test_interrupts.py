@@ -154,3 +154,36 @@ class source_lock:
     def __exit__(self, *exc):
         self.conn.rollback()
         self.conn.close()
+
+
+def test_sigterm_during_verify_cancels_and_stops_the_run(db_project, table, source_conn):
+    """The slow source query is cancelled, the run stops (the next table is not started),
+    and the exit code says SIGTERM."""
+    source_conn.execute(
+        sql.SQL("CREATE TABLE {} (id int PRIMARY KEY)").format(sql.Identifier(table, "u"))
+    )
+    db_project.write_config(
+        {
+            "tables": [
+                {"name": f"{table}.t", "mode": "full-refresh"},
+                {"name": f"{table}.u", "mode": "full-refresh"},
+            ]
+        }
+    )
+    assert db_project.run("sync").exit_code == 0
+    db_project.write(f"models/{table}/t.sql", SLOW_MODEL)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "replicator", "verify", "--project-dir", str(db_project.path)],
+        env={**os.environ, **db_project.env, "REPLICATOR_SPARK_MIN_ROWS": "1000000000"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+        text=True,
+    )
+    _wait_for(lambda: _sleeping(source_conn, table), 30, "the slow verify query")
+    os.kill(process.pid, signal.SIGTERM)
+    _, stderr = process.communicate(timeout=30)
+    assert process.returncode == 143, stderr
+    assert "interrupted by SIGTERM" in stderr
+    assert f"{table}.u: verifying" not in stderr, "the run stopped at the signal"
+    _wait_for(lambda: not _sleeping(source_conn, table), 10, "the query to be cancelled")

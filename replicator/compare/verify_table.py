@@ -17,6 +17,7 @@ import psycopg
 from psycopg import sql
 
 from ..errors import ReplicatorError, TableProblem
+from ..interrupts import raise_if_requested
 from ..plan.drift import Planned, plan_now
 from ..postgres.endpoints import Endpoints
 from ..postgres.table_lock import table_lock
@@ -54,6 +55,7 @@ def verify_table(
         with lock:
             found, repaired, shape = _compare(ends, table, planned, state, spark, fix)
     except (ReplicatorError, psycopg.Error) as exc:
+        raise_if_requested()  # a query cancelled by SIGTERM/SIGINT: the run stops, not the table
         error = _one_line(exc).removeprefix(f"{table.written_name}: ")  # the verdict names it
         return Verdict(
             table.written_name, "failed", error=error, seconds=time.monotonic() - started
