@@ -157,20 +157,30 @@ def sync(
     is_flag=True,
     help="Fix exactly the rows that differ (no reload; cursors stay where they are).",
 )
+@click.option(
+    "--force",
+    is_flag=True,
+    help="With --repair: delete even more than half of a table's rows.",
+)
 @json_option
 @common
-def verify(project_dir: Path, names: tuple[str, ...], repair: bool, as_json: bool) -> int:
+def verify(
+    project_dir: Path, names: tuple[str, ...], repair: bool, force: bool, as_json: bool
+) -> int:
     """Compare each table's destination with what its model reads from the source, one
     snapshot per side: rows hashed per primary-key range, differing ranges narrowed down
     and compared row by row. Rows the source changed after the table's last sync are
     reported as not yet synced, never as differences. Exit 0 when every table is equal
     (with --repair: when every difference was repaired), 1 when rows differ or a table
-    could not be compared. One `verify.finished` webhook after the run."""
+    could not be compared. One `verify.finished` webhook after the run. A repair that would
+    delete more than half of a table's rows is refused unless --force."""
     from .commands.verify import run_verify
 
+    if force and not repair:
+        raise UsageError("--force goes with --repair: `replicator verify --repair --force`")
     verbose = click.get_current_context().meta["replicator.verbose"]
     project = Project.load(project_dir)
-    return run_verify(project, names, repair, as_json or json_output(), verbose)
+    return run_verify(project, names, repair, as_json or json_output(), verbose, force)
 
 
 @cli.command(

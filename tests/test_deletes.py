@@ -55,7 +55,9 @@ def test_rows_deleted_in_the_source_are_deleted_here(
     httpserver.expect_request("/hook", method="POST").respond_with_data("ok")
     synced = db_project.run("sync", env={"REPLICATOR_WEBHOOK_URL": httpserver.url_for("/hook")})
     assert synced.exit_code == 0, synced.output
-    assert "3 row(s) deleted in the source deleted here too" in synced.stderr
+    assert "3 row(s) no longer in the source (deleted, or out of the model) deleted here" in (
+        synced.stderr
+    )
     assert assert_same_table(source_conn, dest_conn, schema, "orders") == 1997
     ((request, _),) = httpserver.log
     (entry,) = request.get_json()["tables"]
@@ -184,7 +186,9 @@ def test_mark_keeps_deleted_rows_with_the_time_they_went(
     httpserver.expect_request("/hook", method="POST").respond_with_data("ok")
     synced = db_project.run("sync", env={"REPLICATOR_WEBHOOK_URL": httpserver.url_for("/hook")})
     assert synced.exit_code == 0, synced.output
-    assert "2 row(s) deleted in the source marked deleted here too" in synced.stderr
+    assert "2 row(s) no longer in the source (deleted, or out of the model) marked deleted" in (
+        synced.stderr
+    )
     ((request, _),) = httpserver.log
     assert request.get_json()["tables"][0]["deleted"] == 2
     marks = _marks(dest_conn, schema)
@@ -201,8 +205,13 @@ def test_mark_keeps_deleted_rows_with_the_time_they_went(
     assert '"_replicator_deleted_at" = EXCLUDED."_replicator_deleted_at"' in compiled.stdout
     assert "-- delete check (deletes: mark, every sync" in compiled.stdout
     _config(db_project, schema, deletes="ignore")
+    compiled = db_project.run("compile")
+    assert "deletes changed: _replicator_deleted_at to drop (deletes is no longer mark)" in (
+        compiled.stdout
+    )
+    assert 'DROP COLUMN "_replicator_deleted_at"' in compiled.stdout
     reloaded = db_project.run("sync")
-    assert reloaded.exit_code == 0 and "destination table altered" in reloaded.stderr
+    assert reloaded.exit_code == 0 and "deletes changed" in reloaded.stderr
     assert assert_same_table(source_conn, dest_conn, schema, "orders") == 1999
 
 

@@ -310,3 +310,21 @@ def test_a_million_rows_through_spark(db_project, schema, source_conn, dest_conn
     assert (verdict["missing"], verdict["extra"], verdict["different"]) == (2, 2, 2)
     assert _verify(db_project, "--repair")[0].exit_code == 0
     assert _verify(db_project)[0].exit_code == 0
+
+
+def test_a_repair_that_would_empty_the_copy_needs_force(db_project, schema, source_conn, dest_conn):
+    _orders(source_conn, schema, rows=1000)
+    db_project.write_config({"tables": [{"name": f"{schema}.orders", "mode": "full-refresh"}]})
+    assert db_project.run("sync").exit_code == 0
+    source_conn.execute(sql.SQL("TRUNCATE {}").format(sql.Identifier(schema, "orders")))
+    refused, verdicts = _verify(db_project, "--repair")
+    assert refused.exit_code == 1
+    verdict = verdicts[f"{schema}.orders"]
+    assert (verdict["extra"], verdict["repaired"]) == (1000, 0)
+    assert "repair refused: it would delete 1,000 of 1,000 rows" in verdict["error"]
+    assert "--repair --force" in verdict["error"]
+    assert len(_xmins(dest_conn, schema)) == 1000
+    assert db_project.run("verify", "--force").exit_code == 2
+    forced, verdicts = _verify(db_project, "--repair", "--force")
+    assert forced.exit_code == 0 and verdicts[f"{schema}.orders"]["repaired"] == 1000
+    assert _xmins(dest_conn, schema) == {}

@@ -30,7 +30,12 @@ log = logging.getLogger("replicator.verify")
 
 
 def run_verify(
-    project: Project, names: tuple[str, ...], repair: bool, as_json: bool, verbose: int
+    project: Project,
+    names: tuple[str, ...],
+    repair: bool,
+    as_json: bool,
+    verbose: int,
+    force: bool = False,
 ) -> int:
     """Verify the tables; exit 0 when every one is equal (or was repaired), else 1."""
     tables = project.select(names)
@@ -48,7 +53,7 @@ def run_verify(
         ):
             ends = Endpoints(source, dest, connections.source, connections.destination)
             for table in tables:
-                verdicts.append(_verify_one(project, ends, table, spark, repair))
+                verdicts.append(_verify_one(project, ends, table, spark, repair, force))
     except ReplicatorError as exc:  # a database could not be reached: every table not done
         done = {v.name for v in verdicts}
         for table in tables:
@@ -65,7 +70,12 @@ def run_verify(
 
 
 def _verify_one(
-    project: Project, ends: Endpoints, table: TableConfig, spark: SparkRunner, repair: bool
+    project: Project,
+    ends: Endpoints,
+    table: TableConfig,
+    spark: SparkRunner,
+    repair: bool,
+    force: bool,
 ) -> Verdict:
     try:
         state = project.store.read(table.name)
@@ -73,7 +83,9 @@ def _verify_one(
         verdict = _failed(table, str(exc))
     else:
         log.info("%s: verifying%s", table.written_name, " and repairing" if repair else "")
-        verdict = verify_table(ends, table, project.templates, state, spark, fix=repair)
+        verdict = verify_table(
+            ends, table, project.templates, state, spark, fix=repair, force=force
+        )
     level = logging.ERROR if verdict.status == "failed" else logging.INFO
     if verdict.status == "different" and not verdict.fixed:
         level = logging.WARNING
@@ -117,7 +129,10 @@ def _print(verdicts: list[Verdict], as_json: bool, repair: bool) -> None:
         grid.add_row(*row, *([f"{v.repaired:,}"] if repair else []))
     console.print(grid)
     for v in verdicts:
-        if v.status == "failed":
+        if v.error:
             console.print(f"{v.name}: {v.error}", markup=False)
         for example in v.examples:
             console.print(f"{v.name}: {example['kind']} {json.dumps(example['key'])}", markup=False)
+        more = v.differences - len(v.examples)
+        if v.examples and more > 0:
+            console.print(f"{v.name}: ... and {more:,} more (all of them with --repair)")

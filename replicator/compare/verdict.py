@@ -66,4 +66,5 @@ class Verdict:
                 text += f", {self.repaired:,} repaired"
         if self.not_yet_synced:
             text += f"; {self.not_yet_synced:,} not yet synced (the next sync copies them)"
-        return f"{text} in {self.seconds:.1f} s"
+        text += f" in {self.seconds:.1f} s"
+        return f"{text}; {self.error}" if self.error else text

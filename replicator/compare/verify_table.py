@@ -41,8 +41,11 @@ def verify_table(
     spark: SparkRunner,
     *,
     fix: bool = False,
+    force: bool = False,
 ) -> Verdict:
-    """Compare (and with `fix`, repair) one table; a problem is a `failed` verdict."""
+    """Compare (and with `fix`, repair) one table; a problem is a `failed` verdict. A repair
+    that would delete more than half of the destination's rows is refused (the verdict says
+    so) unless `force`: a broken or emptied model must not empty the copy."""
     started = time.monotonic()
     try:
         planned = plan_now(ends.source, ends.dest, table, templates, state)
@@ -53,7 +56,7 @@ def verify_table(
             else contextlib.nullcontext()
         )
         with lock:
-            found, repaired, shape = _compare(ends, table, planned, state, spark, fix)
+            found, repaired, shape = _compare(ends, table, planned, state, spark, fix, force)
     except (ReplicatorError, psycopg.Error) as exc:
         raise_if_requested()  # a query cancelled by SIGTERM/SIGINT: the run stops, not the table
         error = _one_line(exc).removeprefix(f"{table.written_name}: ")  # the verdict names it
@@ -70,7 +73,22 @@ def verify_table(
         not_yet_synced=len(found.not_yet_synced),
         repaired=repaired,
         examples=_examples(shape, found),
+        error=_refusal(table, found) if fix and not force and repaired == 0 else None,
         seconds=time.monotonic() - started,
+    )
+
+
+def _too_many(found: Found) -> bool:
+    return 2 * len(found.extra) > found.destination_rows
+
+
+def _refusal(table: TableConfig, found: Found) -> str | None:
+    if not (found.differences and _too_many(found)):
+        return None
+    return (
+        f"repair refused: it would delete {len(found.extra):,} of {found.destination_rows:,} "
+        f"rows, more than half; if the source really lost them, run `replicator verify "
+        f"--repair --force -s {table.written_name}`"
     )
 
 
@@ -100,9 +118,10 @@ def _comparable(table: TableConfig, planned: Planned) -> None:
         (c.name, c.type) for c in planned.observed.destination.columns if c.name != MARK_COLUMN
     ]
     if model != there:
+        reload = "" if table.mode == "full-refresh" else " -f"
         raise TableProblem(
             f"{name}: the destination table's columns are not the model's; "
-            f"run `replicator sync -f -s {name}` to reload it"
+            f"run `replicator sync{reload} -s {name}` to reload it"
         )
 
 
@@ -113,6 +132,7 @@ def _compare(
     state: TableState | None,
     spark: SparkRunner,
     fix: bool,
+    force: bool,
 ) -> tuple[Found, int, q.Shape]:
     built = planned.built
     assert planned.observed.destination is not None
@@ -129,7 +149,7 @@ def _compare(
         compared(ends, table, sides, spark, _fresh(table, built.columns, state)) as (found, reader),
     ):
         repaired = 0
-        if fix and found.differences:
+        if fix and found.differences and (force or not _too_many(found)):
             repaired = repair(ends.dest, reader, sides.shape, sides.source, sides.target, found)
     return found, repaired, sides.shape
 

@@ -11,14 +11,14 @@ from typing import Any
 import psycopg
 
 from ..postgres.catalog import TableInfo, describe_table
-from ..postgres.naming import MARK_COLUMN, MARK_TYPE
+from ..postgres.naming import MARK_COLUMN
 from ..postgres.ownership import Ownership, classify, not_owned_fix, read_records
 from ..project.config import TableConfig
 from ..project.state import TableState
 from ..project.templates import Templates
 from .decide import Plan, plan_table
 from .inspect_table import inspect_source
-from .schema_diff import Change, describe, diff
+from .schema_diff import Change, MarkColumnChanged, describe, diff
 from .signature import Signature, destination_signature, read_signature
 from .table_sql import TableSql
 
@@ -65,10 +65,13 @@ def observe(
         before = Signature.from_json(stored)
         schema_changes = diff(before, signature)
         if destination is not None:
-            expected = before.as_created()
-            if table.deletes == "mark":  # the mark column, last (added or dropped: a reload)
-                expected = expected.with_column(MARK_COLUMN, MARK_TYPE)
-            destination_changes = diff(expected, destination_signature(destination))
+            has_mark = destination.column(MARK_COLUMN) is not None
+            actual = destination_signature(destination)
+            if has_mark:  # the metadata column is compared with the config, not the source
+                actual = actual.without_column(MARK_COLUMN)
+            destination_changes = diff(before.as_created(), actual)
+            if has_mark != (table.deletes == "mark"):
+                destination_changes.append(MarkColumnChanged(wanted=not has_mark))
     return Observed(
         signature, destination, tuple(schema_changes), tuple(destination_changes), ownership
     )

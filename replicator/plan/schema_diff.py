@@ -17,7 +17,7 @@ from sqlglot import exp
 from ..identifiers import TableName, display_ident
 from ..postgres.catalog import Column
 from ..postgres.ddl import column_def
-from ..postgres.naming import default_key_name
+from ..postgres.naming import MARK_COLUMN, MARK_TYPE, default_key_name
 from .signature import Signature, SignedColumn
 
 
@@ -80,6 +80,25 @@ class ColumnAdded(Change):
     def expression(self, target: TableName) -> exp.Expression:
         c = self.column
         return _alter(target, column_def(Column(c.name, c.type, c.not_null)))
+
+
+@dataclass(frozen=True)
+class MarkColumnChanged(Change):
+    """`deletes` switched to or from "mark": the destination gains or loses its metadata
+    column (a sync reloads the table, as for any change of its columns)."""
+
+    kind: ClassVar[str] = "deletes changed"
+    wanted: bool  # True: the column is to be added
+
+    def detail(self) -> str:
+        if self.wanted:
+            return f"{display_ident(MARK_COLUMN)} to add (deletes is mark)"
+        return f"{display_ident(MARK_COLUMN)} to drop (deletes is no longer mark)"
+
+    def expression(self, target: TableName) -> exp.Expression:
+        if self.wanted:
+            return _alter(target, column_def(Column(MARK_COLUMN, MARK_TYPE)))
+        return ColumnDropped(MARK_COLUMN).expression(target)
 
 
 @dataclass(frozen=True)

@@ -83,9 +83,8 @@ class Signature:
         )
         return replace(self, table_oid=None, columns=columns, replication_key=None, types={})
 
-    def with_column(self, name: str, type_: str) -> Signature:
-        """The same, with a nullable column added last."""
-        return replace(self, columns=(*self.columns, SignedColumn(name, type_, False)))
+    def without_column(self, name: str) -> Signature:
+        return replace(self, columns=tuple(c for c in self.columns if c.name != name))
 
 
 def read_signature(conn: psycopg.Connection[Any], source: TableInfo, built: TableSql) -> Signature:

@@ -343,6 +343,8 @@ def _describe(err: dict[str, Any], filename: str) -> str:
         whole = isinstance(value, dict | list)  # a whole object or list: the message says
         got = "" if "got " in msg or whole else f", got {_short(value)}"
         return f"{filename}: {path}: {msg}{got}"
+    if kind == "greater_than_equal":  # the bound pydantic checked: 0 for some keys, 1 for others
+        return f"{filename}: {path}: expected a number >= {err['ctx']['ge']}, got {_short(value)}"
     expected = _EXPECTED.get(kind, str(err["msg"]))
     return f"{filename}: {path}: {expected}, got {_short(value)}"
 
@@ -362,7 +364,6 @@ _EXPECTED = {
     "model_attributes_type": "expected an object",
     "bool_type": "expected true or false",
     "int_type": "expected a whole number",
-    "greater_than_equal": "expected a number >= 1",
     "less_than_equal": "expected a smaller number",
 }
 

@@ -98,9 +98,9 @@ def _delete_gone_rows(job: TableJob) -> int:
                 execute(job.ends.dest, statement, params)
             failpoint("deletes-before-commit")
     log.info(
-        "%s: %d row(s) deleted in the source %s here too",
+        "%s: %s row(s) no longer in the source (deleted, or out of the model) %s here",
         job.name,
-        len(gone),
+        f"{len(gone):,}",
         "marked deleted" if sides.target.mark else "deleted",
         extra={"fields": {"event": "table.deleted", "name": job.name, "rows": len(gone)}},
     )

@@ -61,6 +61,8 @@ def run_sync(
     With `since` (and `until`), re-read that replication-key range of the one selected table
     and merge it, leaving its cursor where it is."""
     tables = project.select(names)
+    if check_deletes and all(t.deletes == "ignore" for t in tables):
+        log.warning("--deletes: no selected table has `deletes` set: there is nothing to check")
     connections = project.connections()
     resync = resync_bounds(tables, names, full_refresh, since, until, connections.source)
     run = RunContext(
