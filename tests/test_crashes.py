@@ -97,6 +97,25 @@ def test_a_kill_at_the_point_converges(db_project, source_conn, dest_conn, schem
     assert json.loads(shown.stdout)[f"{schema}.t"]["last_run"]["status"] == "success"
 
 
+def test_a_reload_after_a_killed_batch_leaves_no_staging_table(
+    db_project, source_conn, dest_conn, schema
+):
+    """An incremental run killed with its staging table in place, then a full reload and
+    no-ops (the soak found this order): nothing is left behind."""
+    _create(source_conn, schema)
+    db_project.write_config({"tables": [{"name": f"{schema}.t", "replication_key": "updated_at"}]})
+    assert db_project.run_process("sync", env=IN_PROCESS).returncode == 0
+    _change(source_conn, schema, "incremental-deduped")
+    killed = db_project.run_process(
+        "sync", env={**IN_PROCESS, "REPLICATOR_FAILPOINT": "after-staging-copy"}
+    )
+    assert killed.returncode == -9 and _leftovers(dest_conn, schema)
+    assert db_project.run_process("sync", "-f", env=IN_PROCESS).returncode == 0
+    assert db_project.run_process("sync", env=IN_PROCESS).returncode == 0
+    assert _leftovers(dest_conn, schema) == []
+    assert assert_same_table(source_conn, dest_conn, schema, "t") == 3400
+
+
 def test_a_killed_spark_task_is_retried(db_project, source_conn, dest_conn, schema, tmp_path):
     """A Python worker killed mid-copy (its connection lost with it) is retried by local
     Spark too, and the retried task loads its partition exactly once."""

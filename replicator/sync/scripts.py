@@ -86,6 +86,9 @@ def prepare_steps(built: TableSql, facts: DestinationFacts) -> list[Step]:
         *bookkeeping_steps(facts.missing),
         *facts.types,
         _destination(ddl.drop_table(retired_table(target))),
+        # an incremental run killed after creating its staging table, whose next actions
+        # were this reload and no-ops, would leave it behind for good
+        _destination(ddl.drop_table(staging_table(target))),
         _destination(ddl.drop_table(side)),
         _destination(ddl.create_table(side, built.destination_columns)),
     ]
