@@ -11,6 +11,12 @@ from __future__ import annotations
 import signal
 
 
+def one_line(exc: BaseException) -> str:
+    """An error's first line, for a table's result or verdict (its class name when empty)."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
 class ReplicatorError(Exception):
     """A failure with a message meant for the user; subclasses fix the exit code."""
 

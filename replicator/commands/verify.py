@@ -41,9 +41,7 @@ def run_verify(
     tables = project.select(names)
     connections = project.connections()
     settings = project.settings
-    spark = SparkRunner(
-        settings.spark_master, settings.spark_conf, quiet=verbose == 0, min_rows=settings.min_rows
-    )
+    spark = SparkRunner.for_run(settings, verbose)
     run_id, started_at = uuid.uuid4().hex, utc_now()
     verdicts: list[Verdict] = []
     try:

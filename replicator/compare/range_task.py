@@ -46,4 +46,9 @@ def run_query_task(task: QueryTask) -> list[tuple[Any, ...]]:
             rows = execute(conn, task.query, task.params).fetchall()
     except DatabaseError as exc:
         raise TaskError(str(exc)) from None
-    return [tuple(int(v) if isinstance(v, Decimal) else v for v in row) for row in rows]
+    return [exact(row) for row in rows]
+
+
+def exact(row: tuple[Any, ...]) -> tuple[Any, ...]:
+    """Sums come back as numeric: as ints they compare exactly (and pickle small)."""
+    return tuple(int(v) if isinstance(v, Decimal) else v for v in row)

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from decimal import Decimal
 from typing import Any
 
 from psycopg import sql
@@ -16,7 +15,7 @@ from ..interrupts import raise_if_requested
 from ..postgres.database import execute
 from ..postgres.snapshot import ExportedSnapshot
 from ..transfer.spark_runner import SparkRunner
-from .range_task import QueryTask, run_query_task
+from .range_task import QueryTask, exact, run_query_task
 
 Query = tuple[sql.Composable, list[Any]]
 Rows = list[tuple[Any, ...]]
@@ -43,7 +42,7 @@ class RangeReader:
         assert conn is not None
         self.statements += 1
         statement, params = query
-        return [_exact(row) for row in execute(conn, statement, params).fetchall()]
+        return [exact(row) for row in execute(conn, statement, params).fetchall()]
 
     def both(self, source: Query, destination: Query) -> tuple[Rows, Rows]:
         """The two queries at once, each on its side's snapshot connection."""
@@ -71,8 +70,3 @@ class RangeReader:
         ours = [r for r, task in zip(results, tasks, strict=True) if task.side == "source"]
         theirs = [r for r, task in zip(results, tasks, strict=True) if task.side != "source"]
         return [row for rows in ours for row in rows], [row for rows in theirs for row in rows]
-
-
-def _exact(row: tuple[Any, ...]) -> tuple[Any, ...]:
-    """Sums come back as numeric: ints compare exactly."""
-    return tuple(int(v) if isinstance(v, Decimal) else v for v in row)

@@ -16,7 +16,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from ..errors import ReplicatorError, TableProblem
+from ..errors import ReplicatorError, TableProblem, one_line
 from ..interrupts import raise_if_requested
 from ..plan.drift import Planned, plan_now
 from ..postgres.endpoints import Endpoints
@@ -59,7 +59,7 @@ def verify_table(
             found, repaired, shape = _compare(ends, table, planned, state, spark, fix, force)
     except (ReplicatorError, psycopg.Error) as exc:
         raise_if_requested()  # a query cancelled by SIGTERM/SIGINT: the run stops, not the table
-        error = _one_line(exc).removeprefix(f"{table.written_name}: ")  # the verdict names it
+        error = one_line(exc).removeprefix(f"{table.written_name}: ")  # the verdict names it
         return Verdict(
             table.written_name, "failed", error=error, seconds=time.monotonic() - started
         )
@@ -184,8 +184,3 @@ def _key_values(shape: q.Shape, key: Key) -> dict[str, Any]:
         k.name: int(v) if v is not None and k.type in INTEGER_TYPES else v
         for k, v in zip(shape.key, key, strict=True)
     }
-
-
-def _one_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__

@@ -54,10 +54,7 @@ class TableSql:
 
     @property
     def destination_columns(self) -> tuple[Column, ...]:
-        """The model's columns, and for `deletes: "mark"` the mark column last."""
-        if self.table.deletes != "mark":
-            return self.columns
-        return (*self.columns, Column(MARK_COLUMN, MARK_TYPE))
+        return destination_columns(self.table, self.columns)
 
     def type_of(self, column: str) -> str:
         """The exact type of one of the model's columns ("" when it has no such column)."""
@@ -72,6 +69,13 @@ class TableSql:
         """Whether the model's replication key may be NULL (no NOT NULL to rely on)."""
         key = self.table.replication_key
         return any(c.name == key and not c.not_null for c in self.columns)
+
+
+def destination_columns(table: TableConfig, columns: tuple[Column, ...]) -> tuple[Column, ...]:
+    """The model's columns, and for `deletes: "mark"` the mark column last."""
+    if table.deletes != "mark":
+        return columns
+    return (*columns, Column(MARK_COLUMN, MARK_TYPE))
 
 
 def resolve_primary_key(table: TableConfig, source: TableInfo) -> tuple[str, ...]:
@@ -170,9 +174,7 @@ def build_table_sql(
         columns=columns,
         primary_key=primary_key,
         create_destination=ddl.create_table(
-            target,
-            (*columns, Column(MARK_COLUMN, MARK_TYPE)) if table.deletes == "mark" else columns,
-            primary_key,
+            target, destination_columns(table, columns), primary_key
         ),
         full_extract=sql.SQL(model.sql),
         incremental_extract=incremental_extract(model.sql, table, columns),

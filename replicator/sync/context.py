@@ -56,12 +56,7 @@ class RunContext:
         self.run_id = uuid.uuid4().hex
         self.started_at = utc_now()
         self.webhook = settings.webhook
-        self.spark = SparkRunner(
-            settings.spark_master,
-            settings.spark_conf,
-            quiet=verbose == 0,
-            min_rows=settings.min_rows,
-        )
+        self.spark = SparkRunner.for_run(settings, verbose)
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ import psycopg
 
 from ..compare.comparison import compared, sides_of
 from ..compare.repair import remove
-from ..errors import ReplicatorError, StateError, TableProblem
+from ..errors import ReplicatorError, StateError, TableProblem, one_line
 from ..failpoints import failpoint
 from ..interrupts import raise_if_requested
 from ..postgres.catalog import describe_table
@@ -44,8 +44,7 @@ def propagate_deletes(job: TableJob, result: TableResult) -> TableResult:
     except (ReplicatorError, psycopg.Error) as exc:
         raise_if_requested()
         log.debug("%s: traceback:\n%s", job.name, "".join(format_exception(exc)))
-        lines = str(exc).strip().splitlines()
-        text = (lines[0] if lines else type(exc).__name__).removeprefix(f"{job.name}: ")
+        text = one_line(exc).removeprefix(f"{job.name}: ")
         failure = dataclasses.replace(
             result, status="failure", error=redact(f"delete check: {text}")
         )

@@ -18,6 +18,7 @@ from ..errors import (
     StateError,
     TableLocked,
     TableProblem,
+    one_line,
 )
 from ..interrupts import raise_if_requested
 from ..plan.decide import Plan
@@ -229,7 +230,7 @@ def _sync_table(
         run.locked.add(table.written_name)
         result = _failure(table, str(exc), time.monotonic() - started)
     except ReplicatorError as exc:  # the lock's own connection
-        result = _failure(table, _one_line(exc), time.monotonic() - started)
+        result = _failure(table, one_line(exc), time.monotonic() - started)
         _record_failure(run, table, state, started_at, result)
     (log.info if result.status == "success" else log.error)(
         result.line(),
@@ -271,7 +272,7 @@ def _sync_locked_table(
         log.debug("%s: traceback:\n%s", table.written_name, "".join(format_exception(exc)))
         result = _failure(
             table,
-            _one_line(exc),
+            one_line(exc),
             time.monotonic() - started,
             plan.action if plan and plan.action in ("full_reload", "incremental") else None,
             plan.reason if plan else None,
@@ -280,7 +281,7 @@ def _sync_locked_table(
     except Exception as exc:  # a bug: keep going with the next table
         raise_if_requested()
         log.debug("%s: traceback:\n%s", table.written_name, "".join(format_exception(exc)))
-        result = _failure(table, f"internal error: {_one_line(exc)}", time.monotonic() - started)
+        result = _failure(table, f"internal error: {one_line(exc)}", time.monotonic() - started)
         _record_failure(run, table, state, started_at, result)
     return result
 
@@ -293,11 +294,6 @@ def _record_unreachable(run: RunContext, table: TableConfig, result: TableResult
     except StateError:
         return
     _record_failure(run, table, state, run.started_at, result)
-
-
-def _one_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def _record_failure(

@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 
 from ..errors import ReplicatorError
 from ..interrupts import on_interrupt, raise_if_requested, requested
+from ..project.settings import Settings
 from ..redact import redact
 from .copy_stream import CopyResult, CopyTask, TaskError, run_copy_task
 from .jvm_archive import ArchivePlan, plan_archive, stop_jvm_and_keep_archive
@@ -42,6 +43,17 @@ class SparkRunner:
         self._context: Any = None
         self._error: BaseException | None = None
         self._archive: ArchivePlan | None = None
+
+    @classmethod
+    def for_run(cls, settings: Settings, verbose: int) -> SparkRunner:
+        """A command's runner, from the project's resolved settings (Spark's own chatter
+        only under -v)."""
+        return cls(
+            settings.spark_master,
+            settings.spark_conf,
+            quiet=verbose == 0,
+            min_rows=settings.min_rows,
+        )
 
     @property
     def started(self) -> bool:
