@@ -101,8 +101,25 @@ def _errors(project, document) -> tuple[int, str]:
         pytest.param(
             {"tables": [{"name": "a.b", "mode": "incremental"}]},
             "tables[0].mode: expected one of incremental-deduped, incremental-append, "
-            "full-refresh, got 'incremental'; did you mean",
+            "full-refresh, cdc, got 'incremental'; did you mean",
             id="bad-mode",
+        ),
+        pytest.param(
+            {"tables": [{"name": "a.b", "mode": "cdc", "replication_key": "u"}]},
+            'tables[0]: "replication_key" does not apply to mode "cdc" (every insert, update, '
+            "delete and truncate comes from the log)",
+            id="cdc-with-a-replication-key",
+        ),
+        pytest.param(
+            {"tables": [{"name": "a.b", "mode": "cdc"}], "cdc": {"create": False}},
+            'cdc: "create": false uses a slot and a publication a DBA made: name both',
+            id="cdc-not-created-needs-names",
+        ),
+        pytest.param(
+            {"tables": [{"name": "a.b", "mode": "cdc"}], "cdc": {"slot": "My-Slot"}},
+            "cdc.slot: a replication slot name is 1 to 63 lower-case letters, digits or "
+            'underscores, got "My-Slot"',
+            id="cdc-bad-slot-name",
         ),
         pytest.param(
             {"tables": [{"name": "a.b", "replication_key": "u", "mode": "incremental"}]},

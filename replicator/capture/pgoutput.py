@@ -38,7 +38,7 @@ class Unchanged:
 
 UNCHANGED = Unchanged()
 
-Value = str | None | Unchanged
+Value = str | bytes | None | Unchanged
 Row = tuple[Value, ...]
 
 
@@ -127,8 +127,8 @@ class DecodeError(ReplicatorError):
 class _Reader:
     """A cursor over one message's bytes."""
 
-    def __init__(self, data: bytes) -> None:
-        self.data, self.at = data, 0
+    def __init__(self, data: bytes, raw: bool = False) -> None:
+        self.data, self.at, self.raw = data, 0, raw
 
     def take(self, size: int) -> bytes:
         end = self.at + size
@@ -177,15 +177,17 @@ class _Reader:
             elif kind == "u":
                 values.append(UNCHANGED)
             elif kind == "t":
-                values.append(self.take(self.int32()).decode())
+                value = self.take(self.int32())
+                values.append(value if self.raw else value.decode())
             else:
                 raise DecodeError(f"pgoutput column kind {kind!r} (binary values were not asked)")
         return tuple(values)
 
 
-def decode(data: bytes) -> Message:
-    """One pgoutput message."""
-    read = _Reader(bytes(data))
+def decode(data: bytes, raw: bool = False) -> Message:
+    """One pgoutput message; with `raw`, column values stay bytes (in the source's encoding,
+    as COPY will read them)."""
+    read = _Reader(bytes(data), raw)
     kind = read.byte()
     if kind == "B":
         return Begin(read.lsn(), read.time(), read.uint32())

@@ -16,6 +16,7 @@ its lock, and the swap starts over if they changed in between.
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -117,10 +118,12 @@ def swap_in(
     side: TableName,
     target: TableName,
     side_key: str | None = None,
+    also: Sequence[Step] = (),
 ) -> float:
     """Replace `target` with `side` atomically; return how long the table lock was held.
-    The key keeps the old table's key name, else gets the one PostgreSQL would choose."""
-    return _swap_with_retries(dest, side, target, side_key)
+    The key keeps the old table's key name, else gets the one PostgreSQL would choose.
+    `also` runs in the same transaction (a `cdc` table's log position)."""
+    return _swap_with_retries(dest, side, target, side_key, also)
 
 
 def _retryable(exc: BaseException) -> bool:
@@ -136,7 +139,11 @@ def _retryable(exc: BaseException) -> bool:
     reraise=True,
 )
 def _swap_with_retries(
-    dest: psycopg.Connection[Any], side: TableName, target: TableName, side_key: str | None
+    dest: psycopg.Connection[Any],
+    side: TableName,
+    target: TableName,
+    side_key: str | None,
+    also: Sequence[Step],
 ) -> float:
     facts = read_facts(dest, target)
     script = swap_script(facts, side, target, side_key)
@@ -152,6 +159,7 @@ def _swap_with_retries(
             if read_facts(dest, target) != facts:
                 raise _FactsChanged
         _run_body(dest, script, target)
+        run_steps(dest, also)
         failpoint("before-swap-commit")
     lock_seconds = time.monotonic() - locked_at
     failpoint("after-swap-commit")

@@ -23,10 +23,11 @@ from pydantic import (
 
 from ..errors import ConfigError
 from ..identifiers import INTERNAL_SCHEMA, TableName, parse_column, split_name
+from .capture_config import CdcConfig, check_cdc_table
 
 CONFIG_FILE = "tables-config.json"
-MODES = ("incremental-deduped", "incremental-append", "full-refresh")
-Mode = Literal["incremental-deduped", "incremental-append", "full-refresh"]
+MODES = ("incremental-deduped", "incremental-append", "full-refresh", "cdc")
+Mode = Literal["incremental-deduped", "incremental-append", "full-refresh", "cdc"]
 # What a table whose source schema changed does: reload alone (default), or fail alone.
 SchemaPolicy = Literal["full_reload", "fail"]
 # "skip": the first sync copies no existing row; it starts at the source's newest key.
@@ -141,6 +142,8 @@ class TableConfig(_Frozen):
                     'or "mode": "full-refresh" to reload it every run'
                 )
             object.__setattr__(self, "mode", "incremental-deduped")
+        elif self.mode == "cdc":
+            check_cdc_table(self)
         elif self.mode != "full-refresh" and self.replication_key is None:
             raise ValueError(f'mode "{self.mode}" needs a "replication_key"')
         if self.initial_load == "skip" and self.mode == "full-refresh":
@@ -192,6 +195,7 @@ class ProjectConfig(_Frozen):
     webhook: WebhookConfig | None = None
     spark: SparkConfig = Field(default_factory=SparkConfig)
     on_schema_change: SchemaPolicy = "full_reload"
+    cdc: CdcConfig | None = None
 
     @model_validator(mode="after")
     def _inherit_schema_policy(self) -> ProjectConfig:
@@ -235,6 +239,7 @@ _MODELS: dict[str, type[BaseModel]] = {
     "tables": TableConfig,
     "webhook": WebhookConfig,
     "spark": SparkConfig,
+    "cdc": CdcConfig,
 }
 
 

@@ -124,19 +124,9 @@ class StateStore:
 
     def write(self, state: TableState, name: TableName) -> Path:
         """Replace the table's state atomically: temp file, fsync, rename, fsync the folder."""
-        self.directory.mkdir(parents=True, exist_ok=True)
         path = self.path_for(name)
         data = json.dumps(state.model_dump(mode="json"), indent=2, ensure_ascii=False) + "\n"
-        tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-        with open(tmp, "w", encoding="utf-8") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        failpoint("state-before-rename")
-        os.replace(tmp, path)
-        _fsync_dir(self.directory)
-        self._remove_stale_temps(path)
-        return path
+        return write_atomically(self.directory, path, data)
 
     def delete(self, name: TableName) -> bool:
         """Forget the table's state (its next sync is a full reload); False if it had none."""
@@ -148,10 +138,22 @@ class StateStore:
         _fsync_dir(self.directory)
         return True
 
-    def _remove_stale_temps(self, path: Path) -> None:
-        for stale in self.directory.glob(f".{path.name}.tmp-*"):
-            with contextlib.suppress(OSError):
-                stale.unlink()
+
+def write_atomically(directory: Path, path: Path, data: str) -> Path:
+    """Temp file, fsync, rename, fsync the folder: a crash leaves the old file or the new."""
+    directory.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    with open(tmp, "w", encoding="utf-8") as handle:
+        handle.write(data)
+        handle.flush()
+        os.fsync(handle.fileno())
+    failpoint("state-before-rename")
+    os.replace(tmp, path)
+    _fsync_dir(directory)
+    for stale in directory.glob(f".{path.name}.tmp-*"):
+        with contextlib.suppress(OSError):
+            stale.unlink()
+    return path
 
 
 def _parse(raw: bytes, path: Path, name: TableName) -> TableState:

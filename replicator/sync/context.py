@@ -16,6 +16,7 @@ from ..postgres.endpoints import Endpoints
 from ..project.config import TableConfig
 from ..project.project import Project
 from ..project.state import RunOutcome, TableState
+from ..redact import redact
 from ..report.output import SyncOutput
 from ..report.results import TableResult, utc_now
 from ..transfer.spark_runner import SparkRunner
@@ -150,3 +151,39 @@ def outcome(run: RunContext, started_at: str, finished_at: str, result: TableRes
         reason=result.reason,
         error=result.error,
     )
+
+
+def failure(
+    table: TableConfig,
+    error: str,
+    seconds: float,
+    action: str | None = None,
+    reason: str | None = None,
+) -> TableResult:
+    return TableResult(
+        name=table.written_name,
+        status="failure",
+        action=action,
+        rows=None,
+        reason=reason,
+        error=redact(error),
+        seconds=seconds,
+    )
+
+
+def record_failure(
+    run: RunContext,
+    table: TableConfig,
+    state: TableState | None,
+    started_at: str,
+    result: TableResult,
+) -> None:
+    """Keep the table's cursor and flags; note the failure as its last run."""
+    base = state or TableState(table=str(table.name))
+    try:
+        run.project.store.write(
+            base.model_copy(update={"last_run": outcome(run, started_at, utc_now(), result)}),
+            table.name,
+        )
+    except OSError as exc:
+        log.error("%s: could not record the failure in sync-state: %s", table.written_name, exc)

@@ -18,6 +18,8 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
+from ..capture.applied import ensure_applied_table, record_applied_step
+from ..capture.slot_snapshot import SlotSnapshot
 from ..errors import DatabaseError, TableProblem
 from ..failpoints import failpoint
 from ..identifiers import TableName
@@ -59,6 +61,7 @@ class LoadResult:
     window: Window | None
     partitions: int
     lock_seconds: float
+    lsn: int | None = None  # a `cdc` table: the log position its snapshot holds
 
 
 def full_reload(
@@ -67,8 +70,12 @@ def full_reload(
     source: TableInfo,
     spark: SparkRunner,
     progress: Sink = NO_PROGRESS,
+    *,
+    capture: bool = False,
 ) -> LoadResult:
-    """Reload the table from one consistent snapshot; return what was copied."""
+    """Reload the table from one consistent snapshot; return what was copied. With
+    `capture` (a `cdc` table), the snapshot comes with its log position, which the swap
+    records as the table's applied position (capture/slot_snapshot.py)."""
     phases = _Phases(built.table.written_name)
     blocked = reload_problem(ends.dest, built.table.target)
     if blocked is not None:  # found before anything is copied, not by the swap at the end
@@ -79,7 +86,9 @@ def full_reload(
     if not in_process:
         spark.warm_up()  # the JVM starts while types and the side table are created
     try:
-        return _load_and_swap(ends, built, source, spark, progress, estimate, in_process, phases)
+        return _load_and_swap(
+            ends, built, source, spark, progress, estimate, in_process, phases, capture
+        )
     except BaseException:
         discard(ends.dest, built.table.target, [side_table(built.table.target)])
         raise
@@ -101,12 +110,16 @@ def _load_and_swap(
     estimate: int,
     in_process: bool,
     phases: _Phases,
+    capture: bool,
 ) -> LoadResult:
     progress.phase("preparing the destination")
     side = prepare_destination(ends, built)
     phases.mark("destination prepared")
     load_id = new_load_id(ends.dest, built.table.target)
-    with ExportedSnapshot(ends.source_url) as snap:
+    lsn: int | None = None
+    if capture:
+        ensure_applied_table(ends.dest)
+    with SlotSnapshot(ends.source_url) if capture else ExportedSnapshot(ends.source_url) as snap:
         assert snap.conn is not None
         progress.phase("reading the first cursor from the model, in the load's snapshot")
         cursor, pending, window = first_cursor(snap.conn, built)
@@ -122,13 +135,16 @@ def _load_and_swap(
             f"copied {len(tasks)} partition(s) (task seconds: "
             f"{', '.join(f'{r.seconds:.1f}' for r in results)})"
         )
+        if isinstance(snap, SlotSnapshot):
+            lsn = snap.lsn
     failpoint("after-load-before-swap")
     progress.phase("building the primary key, analyzing")
     _finish_side_table(ends.dest, side, built)
     phases.mark("primary key built, analyzed")
     target = built.table.target
     progress.phase("swapping the new table in")
-    lock_seconds = swap_in(ends.dest, side, target, side_key_name(built))
+    also = [record_applied_step(target, lsn)] if lsn is not None else []
+    lock_seconds = swap_in(ends.dest, side, target, side_key_name(built), also)
     phases.mark(f"swapped (table lock held {lock_seconds * 1000:.0f} ms)")
     forget_markers(ends.dest, load_id)
     return LoadResult(
@@ -139,6 +155,7 @@ def _load_and_swap(
         window=window,
         partitions=len(tasks),
         lock_seconds=lock_seconds,
+        lsn=lsn,
     )
 
 

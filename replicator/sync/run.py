@@ -38,7 +38,8 @@ from ..redact import redact
 from ..report.output import SyncOutput
 from ..report.results import TableResult, utc_now
 from ..report.webhook import build_payload, post
-from .context import RunContext, TableJob, outcome
+from .capture_run import CaptureRun
+from .context import RunContext, TableJob, failure, record_failure
 from .resync import resync_bounds
 from .table_actions import carry_out
 
@@ -134,14 +135,30 @@ def _sync_all(
             connect(connections.destination, "destination") as dest,
         ):
             ends = Endpoints(source, dest, connections.source, connections.destination)
+            capture = CaptureRun(run) if any(t.mode == "cdc" for t in tables) else None
+            if capture is not None:
+                capture.set_up(ends, tables)
             for table in tables:
-                results.append(_sync_table(run, ends, table, output))
+                result = _sync_table(run, ends, table, output, capture)
+                if result is not None:  # None: a `cdc` table the drain below syncs
+                    results.append(result)
+            if capture is not None:
+                drained, drifted = capture.drain_deferred(ends)
+                for result in drained:
+                    _log_result(run, result)
+                results.extend(drained)
+                for table in drifted:  # reloaded now: it is no longer deferred
+                    result = _sync_table(run, ends, table, output, capture)
+                    if result is not None:
+                        results.append(result)
+                order = {t.written_name: i for i, t in enumerate(tables)}
+                results.sort(key=lambda r: order.get(r.name, 0))
     except ReplicatorError as exc:  # a database could not be reached: every table not done
         done = {r.name for r in results}
         for table in tables:
             if table.written_name in done:
                 continue
-            result = _failure(table, str(exc), 0.0)
+            result = failure(table, str(exc), 0.0)
             _record_unreachable(run, table, result)
             log.error(result.line())
             results.append(result)
@@ -189,54 +206,48 @@ def _report_interrupted(
     exc.reported = True
 
 
-def _failure(
-    table: TableConfig,
-    error: str,
-    seconds: float,
-    action: str | None = None,
-    reason: str | None = None,
-) -> TableResult:
-    return TableResult(
-        name=table.written_name,
-        status="failure",
-        action=action,
-        rows=None,
-        reason=reason,
-        error=redact(error),
-        seconds=seconds,
-    )
-
-
 def _sync_table(
-    run: RunContext, ends: Endpoints, table: TableConfig, output: SyncOutput
-) -> TableResult:
+    run: RunContext,
+    ends: Endpoints,
+    table: TableConfig,
+    output: SyncOutput,
+    capture: CaptureRun | None = None,
+) -> TableResult | None:
     started, started_at = time.monotonic(), utc_now()
     store = run.project.store
     try:
         state = store.read(table.name)
     except StateError as exc:
-        result = _failure(table, str(exc), time.monotonic() - started)
+        result = failure(table, str(exc), time.monotonic() - started)
         log.error(result.line())
         return result  # an untrusted state file is never overwritten
     try:
         with table_lock(ends.dest_url, table.target, table.written_name):
-            result = _sync_locked_table(run, ends, table, state, started, started_at, output)
+            result = _sync_locked_table(
+                run, ends, table, state, started, started_at, output, capture
+            )
+        if result is None:
+            return None
     except Interrupted as exc:  # what the table's load created is gone; its state stays
-        result = _failure(table, f"{exc.describe()} before it finished", time.monotonic() - started)
-        _record_failure(run, table, state, started_at, result)
+        result = failure(table, f"{exc.describe()} before it finished", time.monotonic() - started)
+        record_failure(run, table, state, started_at, result)
         run.results.append(result)
         raise
     except TableLocked as exc:  # another host's run: its state is not ours to touch
         run.locked.add(table.written_name)
-        result = _failure(table, str(exc), time.monotonic() - started)
+        result = failure(table, str(exc), time.monotonic() - started)
     except ReplicatorError as exc:  # the lock's own connection
-        result = _failure(table, one_line(exc), time.monotonic() - started)
-        _record_failure(run, table, state, started_at, result)
+        result = failure(table, one_line(exc), time.monotonic() - started)
+        record_failure(run, table, state, started_at, result)
+    _log_result(run, result)
+    return result
+
+
+def _log_result(run: RunContext, result: TableResult) -> None:
     (log.info if result.status == "success" else log.error)(
         result.line(),
         extra={"fields": {"event": "table.finished", "run_id": run.run_id, **result.as_dict()}},
     )
-    return result
 
 
 def _sync_locked_table(
@@ -247,9 +258,11 @@ def _sync_locked_table(
     started: float,
     started_at: str,
     output: SyncOutput,
-) -> TableResult:
+    capture: CaptureRun | None,
+) -> TableResult | None:
     """Plan the table and carry the plan out (its destination lock held); a failure is
-    recorded in its state and returned as the result."""
+    recorded in its state and returned as the result. None: a `cdc` table that goes on from
+    the log, deferred to the run's drain (capture_run.py)."""
     plan: Plan | None = None
     try:
         planned = plan_now(
@@ -263,26 +276,32 @@ def _sync_locked_table(
                 f"{table.written_name}: cannot re-sync a key range: the table needs a full "
                 f"reload first ({plan.reason}); run `replicator sync -s {table.written_name}`"
             )
+        if table.mode == "cdc" and capture is not None:
+            planned = capture.adjust(ends, planned, state)
+            plan = planned.plan
         if planned.observed.ownership == "legacy":
             adopt_legacy(ends.dest, table)
         job = TableJob(run, ends, table, planned, state, output, started, started_at)
+        if plan.action == "incremental" and table.mode == "cdc" and capture is not None:
+            capture.defer(job)
+            return None
         result = carry_out(job)
     except (ReplicatorError, psycopg.Error) as exc:
         raise_if_requested()  # a query cancelled by SIGTERM/SIGINT: not the table's failure
         log.debug("%s: traceback:\n%s", table.written_name, "".join(format_exception(exc)))
-        result = _failure(
+        result = failure(
             table,
             one_line(exc),
             time.monotonic() - started,
             plan.action if plan and plan.action in ("full_reload", "incremental") else None,
             plan.reason if plan else None,
         )
-        _record_failure(run, table, state, started_at, result)
+        record_failure(run, table, state, started_at, result)
     except Exception as exc:  # a bug: keep going with the next table
         raise_if_requested()
         log.debug("%s: traceback:\n%s", table.written_name, "".join(format_exception(exc)))
-        result = _failure(table, f"internal error: {one_line(exc)}", time.monotonic() - started)
-        _record_failure(run, table, state, started_at, result)
+        result = failure(table, f"internal error: {one_line(exc)}", time.monotonic() - started)
+        record_failure(run, table, state, started_at, result)
     return result
 
 
@@ -293,22 +312,4 @@ def _record_unreachable(run: RunContext, table: TableConfig, result: TableResult
         state = run.project.store.read(table.name)
     except StateError:
         return
-    _record_failure(run, table, state, run.started_at, result)
-
-
-def _record_failure(
-    run: RunContext,
-    table: TableConfig,
-    state: TableState | None,
-    started_at: str,
-    result: TableResult,
-) -> None:
-    """Keep the table's cursor and flags; note the failure as its last run."""
-    base = state or TableState(table=str(table.name))
-    try:
-        run.project.store.write(
-            base.model_copy(update={"last_run": outcome(run, started_at, utc_now(), result)}),
-            table.name,
-        )
-    except OSError as exc:
-        log.error("%s: could not record the failure in sync-state: %s", table.written_name, exc)
+    record_failure(run, table, state, run.started_at, result)

@@ -5,10 +5,12 @@ only after the destination committed."""
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 from typing import Protocol
 
 from psycopg import sql
 
+from ..capture.lsn import lsn_text
 from ..failpoints import failpoint
 from ..plan.table_sql import batch_query
 from ..postgres.database import execute
@@ -39,7 +41,16 @@ def _full_reload(job: TableJob) -> TableResult:
     """Load the table in full through a side table and a swap; record the new state."""
     job.started_log("full_reload", f"full_reload ({job.plan.reason})")
     with job.output.progress(job.name) as progress:
-        loaded = full_reload(job.ends, job.built, job.source, job.run.spark, progress)
+        loaded = full_reload(
+            job.ends,
+            job.built,
+            job.source,
+            job.run.spark,
+            progress,
+            capture=job.table.mode == "cdc",
+        )
+    if loaded.lsn is not None:  # a `cdc` table: its cursor is its position in the log
+        loaded = replace(loaded, cursor=Cursor(value=lsn_text(loaded.lsn), type="pg_lsn"))
     failpoint("after-swap-before-state")
     old = job.state.cursor.value if job.state and job.state.cursor else None
     new = loaded.cursor.value if loaded.cursor else None

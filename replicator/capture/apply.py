@@ -1,0 +1,222 @@
+"""One table's staged changes into its destination table, in one transaction with the log
+position they reach (so a crash leaves both old or both new).
+
+The rules (README: How cdc applies changes):
+- a TRUNCATE in the batch empties the table; only changes after the last one count;
+- per key, the last change wins: a delete deletes, an insert or update upserts; the rows are
+  written only where they differ, so re-applying a batch changes nothing;
+- a column whose TOASTed value the change left as it was (pgoutput sends no value for it)
+  takes the value of the row's previous version: from an earlier change in the batch, else
+  from the destination. An update that moved a row to a new key takes it from the old key.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+from ..errors import TableProblem
+from ..postgres.database import execute, transaction
+from .applied import record_applied_step
+from .stage import OP, SEQ, UNCHANGED_COLUMNS, TableStage
+
+_LAST = sql.Identifier("replicator_last")
+
+
+@dataclass(frozen=True)
+class Applied:
+    upserted: int
+    deleted: int
+    truncated: bool
+
+
+def apply_stage(
+    dest: psycopg.Connection[Any],
+    stage: TableStage,
+    key: tuple[str, ...],
+    lsn: int,
+    name: str,
+) -> Applied:
+    """Apply the staged changes and record `lsn` as the table's applied position."""
+    seq, op = sql.Identifier(SEQ), sql.Identifier(OP)
+    target = stage.target.identifier()
+    keys = [sql.Identifier(k) for k in key]
+    after = sql.SQL("{} > {}").format(seq, sql.Literal(stage.truncated_at or 0))
+    with transaction(dest):
+        if stage.truncated_at is not None:
+            execute(dest, sql.SQL("TRUNCATE {}").format(target))
+        for move_seq, old_key in stage.moves:
+            _resolve_move(dest, stage, key, move_seq, old_key)
+        execute(
+            dest,
+            sql.SQL(
+                "CREATE TEMP TABLE {last} ON COMMIT DROP AS SELECT DISTINCT ON ({keys}) * "
+                "FROM {stage} WHERE {after} ORDER BY {keys}, {seq} DESC"
+            ).format(
+                last=_LAST,
+                keys=sql.SQL(", ").join(keys),
+                stage=stage.name,
+                after=after,
+                seq=seq,
+            ),
+        )
+        _fill_unchanged(dest, stage, keys, after, name)
+        deleted = execute(
+            dest,
+            sql.SQL(
+                "DELETE FROM {target} AS d USING {last} AS l WHERE l.{op} = 'D' AND {match}"
+            ).format(target=target, last=_LAST, op=op, match=_match("d", "l", keys)),
+        ).rowcount
+        upserted = execute(dest, _upsert(stage, key, target)).rowcount
+        record = record_applied_step(stage.target, lsn)
+        execute(dest, record.statement, record.params)
+    return Applied(max(upserted, 0), max(deleted, 0), stage.truncated_at is not None)
+
+
+def _match(left: str, right: str, keys: list[sql.Identifier]) -> sql.Composable:
+    return sql.SQL(" AND ").join(
+        sql.SQL("{}.{} = {}.{}").format(sql.Identifier(left), k, sql.Identifier(right), k)
+        for k in keys
+    )
+
+
+def _upsert(stage: TableStage, key: tuple[str, ...], target: sql.Composable) -> sql.Composable:
+    columns = [sql.Identifier(c) for c in stage.columns]
+    others = [sql.Identifier(c) for c in stage.columns if c not in key]
+    conflict = (
+        sql.SQL("DO UPDATE SET {sets} WHERE ({current}) IS DISTINCT FROM ({new})").format(
+            sets=sql.SQL(", ").join(sql.SQL("{0} = EXCLUDED.{0}").format(c) for c in others),
+            current=sql.SQL(", ").join(sql.SQL("d.{}").format(c) for c in others),
+            new=sql.SQL(", ").join(sql.SQL("EXCLUDED.{}").format(c) for c in others),
+        )
+        if others
+        else sql.SQL("DO NOTHING")
+    )
+    return sql.SQL(
+        "INSERT INTO {target} AS d ({columns}) SELECT {columns} FROM {last} "
+        "WHERE {op} <> 'D' ON CONFLICT ({keys}) {conflict}"
+    ).format(
+        target=target,
+        columns=sql.SQL(", ").join(columns),
+        last=_LAST,
+        op=sql.Identifier(OP),
+        keys=sql.SQL(", ").join(sql.Identifier(k) for k in key),
+        conflict=conflict,
+    )
+
+
+def _fill_unchanged(
+    dest: psycopg.Connection[Any],
+    stage: TableStage,
+    keys: list[sql.Identifier],
+    after: sql.Composable,
+    name: str,
+) -> None:
+    """Unchanged TOASTed values of the last version of each key: from the newest earlier
+    change in the batch that carried the column (every version of a row starts with an
+    insert or a resolved move, which carry all), else from the destination row."""
+    unchanged = sql.Identifier(UNCHANGED_COLUMNS)
+    (positions,) = execute(
+        dest,
+        sql.SQL(
+            "SELECT coalesce(array_agg(DISTINCT p), '{{}}') FROM {last}, unnest({u}) AS p "
+            "WHERE {op} <> 'D'"
+        ).format(last=_LAST, u=unchanged, op=sql.Identifier(OP)),
+    ).fetchone()
+    for position in positions:
+        column = sql.Identifier(stage.columns[position - 1])
+        place = sql.Literal(position)
+        execute(
+            dest,
+            sql.SQL(
+                "UPDATE {last} AS l SET {c} = s.{c}, {u} = array_remove(l.{u}, {p}::int2) "
+                "FROM (SELECT DISTINCT ON ({keys}) * FROM {stage} WHERE {after} AND {op} <> 'D' "
+                "AND NOT {p} = ANY({u}) ORDER BY {keys}, {seq} DESC) AS s "
+                "WHERE {p} = ANY(l.{u}) AND {match}"
+            ).format(
+                last=_LAST,
+                c=column,
+                u=unchanged,
+                p=place,
+                keys=sql.SQL(", ").join(keys),
+                stage=stage.name,
+                after=after,
+                op=sql.Identifier(OP),
+                seq=sql.Identifier(SEQ),
+                match=_match("l", "s", keys),
+            ),
+        )
+        execute(
+            dest,
+            sql.SQL(
+                "UPDATE {last} AS l SET {c} = d.{c}, {u} = array_remove(l.{u}, {p}::int2) "
+                "FROM {target} AS d WHERE {p} = ANY(l.{u}) AND {match}"
+            ).format(
+                last=_LAST,
+                c=column,
+                u=unchanged,
+                p=place,
+                target=stage.target.identifier(),
+                match=_match("l", "d", keys),
+            ),
+        )
+    if positions:
+        (missing,) = execute(
+            dest,
+            sql.SQL(
+                "SELECT count(*) FROM {last} WHERE {op} <> 'D' AND cardinality({u}) > 0"
+            ).format(last=_LAST, op=sql.Identifier(OP), u=unchanged),
+        ).fetchone()
+        if missing:
+            raise TableProblem(
+                f"{missing} updated row(s) kept a TOASTed value the destination does not have "
+                "(the copy is not what the source was): reload the table with "
+                f"`replicator sync -f -s {name}`"
+            )
+
+
+def _resolve_move(
+    dest: psycopg.Connection[Any],
+    stage: TableStage,
+    key: tuple[str, ...],
+    move_seq: int,
+    old_key: tuple[bytes | None, ...],
+) -> None:
+    """An update that changed the key and left TOASTed values as they were: the values are
+    the old key's, from the newest earlier change of it in the batch, else the destination.
+    Moves are resolved in commit order, so a move of a moved row finds its values."""
+    unchanged, seq = sql.Identifier(UNCHANGED_COLUMNS), sql.Identifier(SEQ)
+    (positions,) = execute(
+        dest,
+        sql.SQL("SELECT {u} FROM {stage} WHERE {seq} = %s").format(
+            u=unchanged, stage=stage.name, seq=seq
+        ),
+        (move_seq,),
+    ).fetchone()
+    old = sql.SQL(" AND ").join(
+        sql.SQL("x.{} = {}").format(sql.Identifier(k), sql.Placeholder()) for k in key
+    )
+    params = [v.decode() if v is not None else None for v in old_key]
+    for position in positions:
+        column = sql.Identifier(stage.columns[position - 1])
+        execute(
+            dest,
+            sql.SQL(
+                "UPDATE {stage} SET {c} = coalesce((SELECT x.{c} FROM {stage} AS x WHERE {old} "
+                "AND x.{seq} < %s AND x.{op} <> 'D' AND NOT %s = ANY(x.{u}) ORDER BY x.{seq} DESC "
+                "LIMIT 1), (SELECT x.{c} FROM {target} AS x WHERE {old})), "
+                "{u} = array_remove({u}, %s::int2) WHERE {seq} = %s"
+            ).format(
+                stage=stage.name,
+                c=column,
+                old=old,
+                seq=seq,
+                op=sql.Identifier(OP),
+                u=unchanged,
+                target=stage.target.identifier(),
+            ),
+            [*params, move_seq, position, *params, position, move_seq],
+        )

@@ -1,0 +1,80 @@
+"""What a source table must be for `mode: "cdc"`, checked before it joins the publication
+(a table with no replica identity in a publication would make the source refuse its UPDATEs
+and DELETEs: that must never be the tool's doing).
+
+- the built-in model: the log carries the table's rows, and a model's SELECT cannot be
+  applied to a change;
+- a plain table, without generated columns (the log does not carry them);
+- a replica identity that names the rows by the table's key: the primary key (the default),
+  or REPLICA IDENTITY FULL with `primary_key` set.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psycopg
+
+from ..identifiers import display_ident
+from ..plan.table_sql import TableSql
+from ..postgres.catalog import TableInfo
+from ..postgres.database import fetch_all
+
+_IDENTITY = """
+SELECT c.relreplident::text,
+       (SELECT array_agg(a.attname::text ORDER BY a.attname)
+          FROM pg_catalog.pg_index i
+          JOIN pg_catalog.pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = ANY(i.indkey)
+         WHERE i.indrelid = c.oid
+           AND (CASE c.relreplident WHEN 'i' THEN i.indisreplident ELSE i.indisprimary END)),
+       (SELECT array_agg(a.attname::text ORDER BY a.attnum) FROM pg_catalog.pg_attribute a
+         WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped
+           AND a.attgenerated <> '')
+FROM pg_catalog.pg_class c WHERE c.oid = %s
+"""
+
+IDENTITY_NAMES = {"d": "default", "f": "full", "i": "index", "n": "nothing"}
+
+
+def replica_identity(source: psycopg.Connection[Any], info: TableInfo) -> tuple[str, list[str]]:
+    """The table's replica identity (d, f, i, n) and the key columns it names."""
+    identity, keys, _ = fetch_all(source, _IDENTITY, (info.oid,))[0]
+    return identity, keys or []
+
+
+def capture_problem(
+    source: psycopg.Connection[Any], info: TableInfo, built: TableSql
+) -> str | None:
+    """Why the table cannot be captured from the log, with the fix; None when it can."""
+    name = built.table.written_name
+    if not built.model.reads_table_as_is:
+        return (
+            f"{name}: mode cdc copies the table as the log carries it, and a model "
+            f"({built.model.origin}) cannot be applied to a change: remove the model file, "
+            "or use a cursor mode"
+        )
+    if info.kind != "table":
+        return f"{name}: mode cdc reads a table's changes from the log; this is a {info.kind}"
+    identity, keys, generated = fetch_all(source, _IDENTITY, (info.oid,))[0]
+    if generated:
+        columns = ", ".join(map(display_ident, generated))
+        return (
+            f"{name}: generated column(s) {columns} are not in the log (PostgreSQL 15): "
+            "mode cdc cannot copy them; use a cursor mode"
+        )
+    fix_full = f"ALTER TABLE {built.table.name} REPLICA IDENTITY FULL"
+    if identity == "f":
+        return None
+    if identity == "n":
+        return (
+            f"{name}: replica identity NOTHING: the log names no row of an update or delete; "
+            f"run `{fix_full}` in the source (and set primary_key)"
+        )
+    if sorted(keys or []) != sorted(built.primary_key):
+        wanted = ", ".join(map(display_ident, built.primary_key))
+        have = ", ".join(map(display_ident, keys or [])) or "none"
+        return (
+            f"{name}: the log names rows by ({have}), the copy by its primary key ({wanted}): "
+            f"run `{fix_full}` in the source, or set primary_key to the source's key"
+        )
+    return None

@@ -1,0 +1,183 @@
+"""The project's replication slot and publication on the source: created when missing (when
+the tool may), kept listing exactly the `cdc` tables, looked at, advanced and dropped.
+
+Order matters: pgoutput looks publications up as of each change's position in the log, so
+the publication is created before the slot (a slot older than its publication fails to
+decode), and a table is added to the publication before the snapshot of its load is taken
+(its changes are published only from the ALTER PUBLICATION on).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+from ..errors import TableProblem
+from ..identifiers import TableName
+from ..postgres.database import execute, fetch_all
+from ..project.capture_state import CaptureState
+from .lsn import lsn_text
+
+log = logging.getLogger("replicator.capture")
+
+PLUGIN = "pgoutput"
+
+
+@dataclass(frozen=True)
+class SlotInfo:
+    """A slot as pg_replication_slots shows it (LSNs as integers)."""
+
+    name: str
+    plugin: str | None
+    confirmed: int | None  # confirmed_flush_lsn: changes before it were consumed
+    wal_status: str | None  # reserved, extended, unreserved, lost
+    retained_bytes: int  # WAL the server keeps for it (from restart_lsn)
+    lag_bytes: int  # flushed WAL not yet consumed (from confirmed_flush_lsn)
+    active_pid: int | None
+
+    @property
+    def lost(self) -> bool:
+        return self.wal_status == "lost"
+
+
+def slot_info(source: psycopg.Connection[Any], slot: str) -> SlotInfo | None:
+    rows = fetch_all(
+        source,
+        "SELECT slot_name, plugin, confirmed_flush_lsn - '0/0'::pg_lsn, wal_status, "
+        "coalesce(pg_current_wal_lsn() - restart_lsn, 0), "
+        "coalesce(pg_current_wal_flush_lsn() - confirmed_flush_lsn, 0), active_pid "
+        "FROM pg_catalog.pg_replication_slots WHERE slot_name = %s",
+        (slot,),
+    )
+    if not rows:
+        return None
+    name, plugin, confirmed, status, retained, lag, pid = rows[0]
+    return SlotInfo(
+        name,
+        plugin,
+        int(confirmed) if confirmed is not None else None,
+        status,
+        max(int(retained), 0),
+        max(int(lag), 0),
+        pid,
+    )
+
+
+def flushed_lsn(source: psycopg.Connection[Any]) -> int:
+    """The WAL position flushed now: logical decoding reads only flushed WAL, so a run reads
+    up to here (a later commit is the next run's)."""
+    (lsn,) = execute(source, "SELECT pg_current_wal_flush_lsn() - '0/0'::pg_lsn").fetchone()
+    return int(lsn)
+
+
+def publication_exists(source: psycopg.Connection[Any], publication: str) -> bool:
+    rows = fetch_all(
+        source, "SELECT 1 FROM pg_catalog.pg_publication WHERE pubname = %s", (publication,)
+    )
+    return bool(rows)
+
+
+def published_tables(source: psycopg.Connection[Any], publication: str) -> set[TableName]:
+    rows = fetch_all(
+        source,
+        "SELECT schemaname, tablename FROM pg_catalog.pg_publication_tables WHERE pubname = %s",
+        (publication,),
+    )
+    return {TableName(schema, name) for schema, name in rows}
+
+
+def ensure_publication(
+    source: psycopg.Connection[Any],
+    names: CaptureState,
+    tables: Sequence[TableName],
+    keep: set[TableName],
+) -> bool:
+    """The publication lists `tables` (the `cdc` tables ready to be captured), and no table
+    outside `keep` (every `cdc` table of the config). Returns True when it was created now
+    (the slot must then be made after it). A publication the tool did not create is only
+    checked (that it exists)."""
+    ident = sql.Identifier(names.publication)
+    if not publication_exists(source, names.publication):
+        if not tables:
+            raise TableProblem("no cdc table can be captured (the tables' errors say why)")
+        if not names.created:
+            raise TableProblem(
+                f"publication {names.publication} (named in tables-config.json `cdc`) does not "
+                f"exist in the source: create it (CREATE PUBLICATION {ident.as_string(None)} "
+                'FOR TABLE ...), or remove "create": false to let replicator make one'
+            )
+        execute(
+            source,
+            sql.SQL("CREATE PUBLICATION {} FOR TABLE {}").format(
+                ident, sql.SQL(", ").join(t.identifier() for t in tables)
+            ),
+        )
+        log.info("source: created publication %s for %d table(s)", names.publication, len(tables))
+        return True
+    if not names.created:
+        return False
+    current = published_tables(source, names.publication)
+    added = [t for t in tables if t not in current]
+    removed = sorted(current - keep, key=str)
+    if added:
+        execute(
+            source,
+            sql.SQL("ALTER PUBLICATION {} ADD TABLE {}").format(
+                ident, sql.SQL(", ").join(t.identifier() for t in added)
+            ),
+        )
+        log.info("source: publication %s: added %s", names.publication, ", ".join(map(str, added)))
+    if removed:
+        execute(
+            source,
+            sql.SQL("ALTER PUBLICATION {} DROP TABLE {}").format(
+                ident, sql.SQL(", ").join(t.identifier() for t in removed)
+            ),
+        )
+        log.info(
+            "source: publication %s: removed %s (no longer cdc tables in the config)",
+            names.publication,
+            ", ".join(map(str, removed)),
+        )
+    return False
+
+
+def create_slot(source: psycopg.Connection[Any], slot: str) -> int:
+    """A new logical slot; its position (changes committed after it are kept for us)."""
+    (lsn,) = execute(
+        source,
+        "SELECT lsn - '0/0'::pg_lsn FROM pg_catalog.pg_create_logical_replication_slot(%s, %s)",
+        (slot, PLUGIN),
+    ).fetchone()
+    log.info("source: created replication slot %s at %s", slot, lsn_text(int(lsn)))
+    return int(lsn)
+
+
+def drop_slot(source: psycopg.Connection[Any], slot: str) -> bool:
+    if slot_info(source, slot) is None:
+        return False
+    execute(source, "SELECT pg_catalog.pg_drop_replication_slot(%s)", (slot,))
+    return True
+
+
+def drop_publication(source: psycopg.Connection[Any], publication: str) -> bool:
+    if not publication_exists(source, publication):
+        return False
+    execute(source, sql.SQL("DROP PUBLICATION {}").format(sql.Identifier(publication)))
+    return True
+
+
+def advance_slot(source: psycopg.Connection[Any], slot: str, lsn: int) -> None:
+    """Let the server forget the changes before `lsn`: only once they are committed in the
+    destination (a crash between the two re-reads them, and the applied positions skip
+    them)."""
+    execute(
+        source,
+        "SELECT pg_catalog.pg_replication_slot_advance(%s, %s::pg_lsn)",
+        (slot, lsn_text(lsn)),
+    )

@@ -1,0 +1,97 @@
+"""The snapshot a `cdc` table is loaded from, with its exact position in the log.
+
+A temporary logical slot created with `(SNAPSHOT 'export')` on a replication connection
+returns its consistent point and a snapshot holding exactly the transactions that committed
+before it: decoding outputs a transaction when its commit record starts at or after that
+point, and the snapshot is built from the same log. So a table loaded from the snapshot and
+then given every change whose commit starts at or after the point has each change once. A
+plain `pg_export_snapshot()` has no such position (a commit can be in the log before the
+snapshot yet invisible to it).
+
+psycopg has no replication-stream API, but the slot command is a simple query on a
+`replication=database` connection (`pgconn.exec_`). The snapshot lives while that connection
+is open and idle; the load imports it on ordinary connections (the same interface as
+postgres/snapshot.ExportedSnapshot). The temporary slot vanishes when the connection closes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import secrets
+from types import TracebackType
+from typing import Any
+
+import psycopg
+from psycopg import pq, sql
+
+from ..errors import DatabaseError
+from ..failpoints import failpoint
+from ..postgres.database import connect, execute
+from ..redact import redact
+from .lsn import parse_lsn
+from .slot import PLUGIN
+
+
+class SlotSnapshot:
+    """`with SlotSnapshot(url) as snap:`: `snap.snapshot_id` for the copy tasks, `snap.conn`
+    a transaction in the snapshot, `snap.lsn` its position in the log."""
+
+    def __init__(self, source_url: str) -> None:
+        self.source_url = source_url
+        self.conn: psycopg.Connection[Any] | None = None
+        self.snapshot_id = ""
+        self.lsn = 0
+        self._replication: psycopg.Connection[Any] | None = None
+
+    def __enter__(self) -> SlotSnapshot:
+        try:
+            self._replication = psycopg.connect(
+                self.source_url,
+                autocommit=True,
+                replication="database",
+                application_name="replicator",
+                connect_timeout=15,
+            )
+        except psycopg.Error as exc:
+            raise DatabaseError(
+                f"source: cannot open a replication connection: {redact(str(exc).strip())} "
+                "(the role needs the REPLICATION attribute, and pg_hba.conf must allow it: "
+                "`replicator check` says which)"
+            ) from None
+        try:
+            self._create_slot()
+            self.conn = connect(self.source_url, "source")
+            execute(self.conn, "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+            snapshot = sql.Literal(self.snapshot_id)
+            execute(self.conn, sql.SQL("SET TRANSACTION SNAPSHOT {}").format(snapshot))
+        except BaseException:
+            self.__exit__(None, None, None)
+            raise
+        failpoint("after-snapshot-export")
+        return self
+
+    def _create_slot(self) -> None:
+        assert self._replication is not None
+        name = f"replicator_load_{secrets.token_hex(6)}"
+        command = f"CREATE_REPLICATION_SLOT {name} TEMPORARY LOGICAL {PLUGIN} (SNAPSHOT 'export')"
+        result = self._replication.pgconn.exec_(command.encode())
+        if result.status != pq.ExecStatus.TUPLES_OK:
+            message = (result.error_message or b"").decode(errors="replace").strip()
+            raise DatabaseError(f"source: cannot create a slot for the load's snapshot: {message}")
+        self.lsn = parse_lsn(result.get_value(0, 1).decode())
+        self.snapshot_id = result.get_value(0, 2).decode()
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        value: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        try:
+            if self.conn is not None:
+                with contextlib.suppress(DatabaseError):
+                    execute(self.conn, "ROLLBACK")
+                self.conn.close()
+        finally:
+            if self._replication is not None:
+                self._replication.close()  # the temporary slot goes with it

@@ -1,0 +1,136 @@
+"""Decoded changes into per-table staging tables in the destination, with COPY.
+
+Each `cdc` table gets a temporary table shaped like its destination table, plus the change's
+place in the batch (`_replicator_seq`, commit order), its kind (`_replicator_op`: I insert,
+U update, D delete, M an update that moved the row to a new key) and the columns whose
+TOASTed value the change left as it was (`_replicator_unchanged`, 1-based positions; the
+value is then NULL here and comes from the row's previous version when applied).
+
+pgoutput sends values in the type's text output, which is what COPY's text format reads, so
+values are never parsed here: bytes are escaped and passed on. Rows are buffered per table and
+flushed with one COPY per table whenever the buffers pass FLUSH_BYTES: memory stays bounded
+whatever the size of a transaction. Temporary tables write no WAL and vanish with the session,
+so a crash leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+from ..identifiers import TableName
+from ..postgres.database import execute, note
+from .pgoutput import UNCHANGED
+
+FLUSH_BYTES = 8 << 20
+SEQ, OP, UNCHANGED_COLUMNS = "_replicator_seq", "_replicator_op", "_replicator_unchanged"
+NULL = b"\\N"
+
+
+def escape(value: bytes) -> bytes:
+    """A value for COPY's text format."""
+    if b"\\" in value:
+        value = value.replace(b"\\", b"\\\\")
+    if b"\n" in value:
+        value = value.replace(b"\n", b"\\n")
+    if b"\r" in value:
+        value = value.replace(b"\r", b"\\r")
+    if b"\t" in value:
+        value = value.replace(b"\t", b"\\t")
+    return value
+
+
+@dataclass
+class TableStage:
+    """One table's staging table, its unflushed rows and what was staged this batch."""
+
+    target: TableName
+    columns: tuple[str, ...]
+    name: sql.Identifier
+    buffer: list[bytes] = field(default_factory=list)
+    size: int = 0
+    changes: int = 0
+    truncated_at: int | None = None  # seq of the last TRUNCATE of the table in the batch
+    moves: list[tuple[int, tuple[bytes | None, ...]]] = field(default_factory=list)
+
+
+class Stager:
+    """Stages changes for the tables of one drain, on the drain's own destination session."""
+
+    def __init__(self, dest: psycopg.Connection[Any]) -> None:
+        self.dest = dest
+        self.stages: dict[TableName, TableStage] = {}
+        self.buffered = 0
+
+    def stage_for(self, target: TableName, columns: tuple[str, ...]) -> TableStage:
+        stage = self.stages.get(target)
+        if stage is None:
+            name = sql.Identifier(f"replicator_stage_{len(self.stages)}")
+            execute(
+                self.dest,
+                sql.SQL(
+                    "CREATE TEMP TABLE {stage} AS SELECT 0::bigint AS {seq}, "
+                    "'x'::\"char\" AS {op}, '{{}}'::int2[] AS {unchanged}, t.* "
+                    "FROM {target} AS t WITH NO DATA"
+                ).format(
+                    stage=name,
+                    seq=sql.Identifier(SEQ),
+                    op=sql.Identifier(OP),
+                    unchanged=sql.Identifier(UNCHANGED_COLUMNS),
+                    target=target.identifier(),
+                ),
+            )
+            stage = TableStage(target, columns, name)
+            self.stages[target] = stage
+        return stage
+
+    def add(self, stage: TableStage, seq: int, op: str, values: tuple[Any, ...]) -> None:
+        """One change; `values` bytes, None (NULL) or UNCHANGED."""
+        unchanged = [str(i + 1) for i, v in enumerate(values) if v is UNCHANGED]
+        fields = [
+            str(seq).encode(),
+            op.encode(),
+            f"{{{','.join(unchanged)}}}".encode(),
+            *(NULL if v is None or v is UNCHANGED else escape(v) for v in values),
+        ]
+        line = b"\t".join(fields) + b"\n"
+        stage.buffer.append(line)
+        stage.size += len(line)
+        stage.changes += 1
+        self.buffered += len(line)
+        if self.buffered >= FLUSH_BYTES:
+            self.flush()
+
+    def truncate(self, stage: TableStage, seq: int) -> None:
+        stage.truncated_at = seq
+        stage.changes += 1
+
+    def flush(self) -> None:
+        for stage in self.stages.values():
+            if not stage.buffer:
+                continue
+            statement = sql.SQL("COPY {} ({}) FROM STDIN").format(
+                stage.name,
+                sql.SQL(", ").join(
+                    sql.Identifier(c) for c in (SEQ, OP, UNCHANGED_COLUMNS, *stage.columns)
+                ),
+            )
+            note(self.dest, statement)
+            with self.dest.cursor().copy(statement) as copy:
+                copy.write(b"".join(stage.buffer))
+            stage.buffer.clear()
+            stage.size = 0
+        self.buffered = 0
+
+    def reset(self) -> None:
+        """Empty every staging table for the next batch."""
+        for stage in self.stages.values():
+            stage.buffer.clear()
+            stage.size = stage.changes = 0
+            stage.truncated_at = None
+            stage.moves.clear()
+            execute(self.dest, sql.SQL("TRUNCATE {}").format(stage.name))
+        self.buffered = 0

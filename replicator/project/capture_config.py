@@ -1,0 +1,61 @@
+"""The config of `mode: "cdc"` tables: what a table may not set with it, and the top-level
+`cdc` object (slot and publication names)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, model_validator
+
+
+def check_cdc_table(table: Any) -> None:
+    """A `cdc` table reads every change from the log: a cursor, a start without backfill
+    or a delete check would have nothing to do."""
+    for key, wrong in (
+        ("replication_key", table.replication_key is not None),
+        ("initial_load", table.initial_load != "full"),
+        ("deletes", table.deletes != "ignore"),
+        ("deletes_interval", table.deletes_interval != 0),
+    ):
+        if wrong:
+            raise ValueError(
+                f'"{key}" does not apply to mode "cdc" (every insert, update, delete and '
+                f"truncate comes from the log): remove it, or choose another mode"
+            )
+
+
+def _slot_name(value: str) -> str:
+    """PostgreSQL's rule for replication slot names (lower-case letters, digits, `_`)."""
+    allowed = "abcdefghijklmnopqrstuvwxyz0123456789_"
+    if not value or len(value) > 63 or any(c not in allowed for c in value):
+        raise ValueError(
+            "a replication slot name is 1 to 63 lower-case letters, digits or underscores"
+        )
+    return value
+
+
+def _publication_name(value: str) -> str:
+    if not value or len(value.encode()) > 63:
+        raise ValueError("a publication name is 1 to 63 bytes")
+    return value
+
+
+class CdcConfig(BaseModel):
+    """The replication slot and publication of the project's `cdc` tables. Without names,
+    the tool picks them once and keeps them in sync-state; `create: false` uses ones a DBA
+    made (the tool then never creates, alters or drops them)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+    slot: Annotated[str, AfterValidator(_slot_name)] | None = None
+    publication: Annotated[str, AfterValidator(_publication_name)] | None = None
+    create: bool = True
+
+    @model_validator(mode="after")
+    def _named_when_not_created(self) -> CdcConfig:
+        if not self.create and (self.slot is None or self.publication is None):
+            raise ValueError(
+                '"create": false uses a slot and a publication a DBA made: name both '
+                '("slot" and "publication")'
+            )
+        return self

@@ -1,0 +1,82 @@
+"""The project's log-capture names in sync-state (`sync-state/cdc.json`): which replication
+slot and publication its `cdc` tables read, so a copy of the folder on another host continues
+from the same slot instead of making a new one (and leaving the old one to fill the disk).
+
+Written like a table's state (temp file, fsync, rename); a file that cannot be trusted is an
+error naming it. Table state files are always named `<schema>.<table>.json`, with a dot in
+the stem, so `cdc.json` never collides with one.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from ..errors import StateError
+from .config import CdcConfig
+from .state import FORMAT_VERSION, write_atomically
+
+FILE_NAME = "cdc.json"
+
+
+class CaptureState(BaseModel):
+    """Slot and publication names; `created`: the tool made them (and `cdc drop` may
+    remove them)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    format_version: int = FORMAT_VERSION
+    slot: str
+    publication: str
+    created: bool
+
+
+def capture_path(state_dir: Path) -> Path:
+    return state_dir / FILE_NAME
+
+
+def read_capture_state(state_dir: Path) -> CaptureState | None:
+    path = capture_path(state_dir)
+    fix = (
+        "restore it from a copy, or delete it (the next sync then creates a new slot and "
+        "reloads every cdc table; drop the old slot with `replicator cdc drop` first)"
+    )
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise StateError(f"{path}: cannot read sync-state: {exc}") from None
+    try:
+        return CaptureState.model_validate(json.loads(raw.decode("utf-8")))
+    except (UnicodeDecodeError, json.JSONDecodeError, ValidationError) as exc:
+        detail = str(exc).splitlines()[0]
+        raise StateError(f"{path}: corrupt sync-state file ({detail}); {fix}") from None
+
+
+def write_capture_state(state_dir: Path, state: CaptureState) -> None:
+    text = json.dumps(state.model_dump(mode="json"), indent=2) + "\n"
+    write_atomically(state_dir, capture_path(state_dir), text)
+
+
+def forget_capture_state(state_dir: Path) -> bool:
+    try:
+        capture_path(state_dir).unlink()
+    except FileNotFoundError:
+        return False
+    return True
+
+
+def resolve_names(config: CdcConfig | None, stored: CaptureState | None) -> CaptureState:
+    """The names to use: the config's when it names them, else the stored ones, else new
+    ones (`replicator_<random>`: a project copied to another directory keeps its file, so
+    two unrelated projects on one source never share a slot)."""
+    config = config or CdcConfig()
+    suffix = secrets.token_hex(4)
+    slot = config.slot or (stored.slot if stored else f"replicator_{suffix}")
+    publication = config.publication or (stored.publication if stored else f"replicator_{suffix}")
+    created = config.create if stored is None else (stored.created and config.create)
+    return CaptureState(slot=slot, publication=publication, created=created)

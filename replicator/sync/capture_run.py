@@ -1,0 +1,265 @@
+"""The `cdc` tables of one run (README: How cdc works).
+
+1. Set-up, once: the slot and publication names (sync-state/cdc.json), the publication
+   listing the `cdc` tables, the slot (created when missing; a lost one is made again and
+   every `cdc` table reloads with reason `slot lost`).
+2. Each selected table is planned like any other (run.py); a full reload loads it from a
+   snapshot with its log position (capture/slot_snapshot.py), one that goes on from the log
+   is deferred here.
+3. Once every table was planned: one drain of the slot for the deferred tables
+   (capture/drain.py); each gets its result and state; a table the log shows changed shape
+   is reloaded right after.
+"""
+
+from __future__ import annotations
+
+import logging
+from contextlib import ExitStack
+from dataclasses import replace
+
+import psycopg
+
+from ..capture.applied import applied_positions, ensure_applied_table
+from ..capture.drain import CaptureTable, drain
+from ..capture.lsn import lsn_text
+from ..capture.preflight import capture_problem
+from ..capture.slot import create_slot, drop_slot, ensure_publication, flushed_lsn, slot_info
+from ..errors import Interrupted, ReplicatorError, TableLocked, TableProblem, one_line
+from ..plan.decide import Plan
+from ..plan.drift import Planned
+from ..plan.inspect_table import inspect_source
+from ..postgres.endpoints import Endpoints
+from ..postgres.table_lock import table_lock
+from ..project.capture_state import (
+    CaptureState,
+    read_capture_state,
+    resolve_names,
+    write_capture_state,
+)
+from ..project.config import TableConfig
+from ..project.state import Cursor, TableState
+from ..report.results import TableResult, utc_now
+from .context import RunContext, TableJob, failure, record_failure
+
+log = logging.getLogger("replicator.sync")
+
+LSN_TYPE = "pg_lsn"
+SLOT_LOST = "slot lost"
+
+
+class CaptureRun:
+    """What a run's `cdc` tables share: the set-up, the deferred tables, the drain."""
+
+    def __init__(self, run: RunContext) -> None:
+        self.run = run
+        self.names: CaptureState | None = None
+        self.setup_error: str | None = None
+        self.slot_reset = False  # the slot was (re)created: every position before it is void
+        self.positions: dict = {}
+        self.deferred: list[TableJob] = []
+
+    # ------------------------------------------------------------ 1. set-up
+
+    def set_up(self, ends: Endpoints, selected: tuple[TableConfig, ...]) -> None:
+        """Names, publication and slot; an error here fails every selected `cdc` table."""
+        project = self.run.project
+        every = [t for t in project.config.tables if t.mode == "cdc"]
+        try:
+            stored = read_capture_state(project.state_dir)
+            names = resolve_names(project.config.cdc, stored)
+            if names != stored:
+                write_capture_state(project.state_dir, names)
+            ready = [t.name for t in selected if self._capturable(ends, t)]
+            keep = {t.name for t in every}
+            published_now = ensure_publication(ends.source, names, ready, keep)
+            self.slot_reset = self._ensure_slot(ends, names, published_now)
+            ensure_applied_table(ends.dest)
+            self.positions = applied_positions(ends.dest)
+            self.names = names
+        except (ReplicatorError, psycopg.Error) as exc:
+            self.setup_error = f"log capture set-up: {one_line(exc)}"
+            log.error("%s", self.setup_error)
+        if self.slot_reset:
+            self._mark_every_table_for_reload(every)
+
+    def _capturable(self, ends: Endpoints, table: TableConfig) -> bool:
+        """Whether the table may join the publication (run.py reports why not, later)."""
+        try:
+            info, built = inspect_source(ends.source, table, self.run.project.templates)
+        except (ReplicatorError, psycopg.Error):
+            return False
+        return capture_problem(ends.source, info, built) is None
+
+    def _ensure_slot(self, ends: Endpoints, names: CaptureState, published_now: bool) -> bool:
+        """The slot exists and is usable; True when it was (re)created now."""
+        info = slot_info(ends.source, names.slot)
+        if info is not None and not info.lost and not published_now:
+            return False
+        if not names.created:
+            problem = "does not exist" if info is None else "is lost (its WAL was removed)"
+            raise TableProblem(
+                f"replication slot {names.slot} (named in tables-config.json `cdc`) {problem}: "
+                f"create it (SELECT pg_create_logical_replication_slot('{names.slot}', "
+                "'pgoutput')), then run `replicator sync -f` for the cdc tables"
+            )
+        if info is not None:
+            why = "lost" if info.lost else "older than its publication"
+            log.warning("source: replication slot %s is %s: making it again", names.slot, why)
+            drop_slot(ends.source, names.slot)
+        create_slot(ends.source, names.slot)
+        return info is not None or any(
+            self.run.project.store.read(t.name) is not None
+            for t in self.run.project.config.tables
+            if t.mode == "cdc"
+        )
+
+    def _mark_every_table_for_reload(self, every: list[TableConfig]) -> None:
+        store = self.run.project.store
+        for table in every:
+            state = store.read(table.name)
+            if state is not None and state.last_synced_at is not None:
+                store.write(
+                    state.model_copy(
+                        update={"pending_full_reload": True, "pending_reason": SLOT_LOST}
+                    ),
+                    table.name,
+                )
+
+    # ------------------------------------------------------------ 2. planning
+
+    def adjust(self, ends: Endpoints, planned: Planned, state: TableState | None) -> Planned:
+        """A `cdc` table's plan: the set-up's failure, a table the log cannot carry, a
+        reload whose reason the log gives (`slot lost`, a shape change it showed), a copy
+        whose position is not in the destination."""
+        table = planned.built.table
+        if self.setup_error is not None:
+            raise TableProblem(f"{table.written_name}: {self.setup_error}")
+        problem = capture_problem(ends.source, planned.source, planned.built)
+        if problem is not None:
+            raise TableProblem(problem)
+        plan = planned.plan
+        if plan.action == "full_reload" and plan.reason == "refresh requested" and state:
+            if state.pending_reason and state.pending_reason != "refresh requested":
+                plan = Plan("full_reload", state.pending_reason)
+        elif plan.action == "incremental":
+            position = self.positions.get(table.target)
+            if position is None:
+                plan = Plan("full_reload", "no log position in the destination")
+            else:
+                plan = Plan("incremental", f"lsn {lsn_text(position)}")
+        return replace(planned, plan=plan)
+
+    def defer(self, job: TableJob) -> None:
+        self.deferred.append(job)
+
+    # ------------------------------------------------------------ 3. the drain
+
+    def drain_deferred(self, ends: Endpoints) -> tuple[list[TableResult], list[TableConfig]]:
+        """Apply the log to every deferred table: their results, and the tables the log
+        shows changed shape (to reload now)."""
+        if not self.deferred:
+            return [], []
+        assert self.names is not None
+        results: list[TableResult] = []
+        with ExitStack() as locks:
+            jobs = []
+            for job in self.deferred:
+                try:
+                    locks.enter_context(table_lock(ends.dest_url, job.table.target, job.name))
+                    jobs.append(job)
+                except TableLocked as exc:
+                    self.run.locked.add(job.name)
+                    results.append(failure(job.table, str(exc), 0.0))
+            drifted = self._drain(ends, jobs, results)
+        return results, drifted
+
+    def _drain(
+        self, ends: Endpoints, jobs: list[TableJob], results: list[TableResult]
+    ) -> list[TableConfig]:
+        assert self.names is not None
+        names = self.names
+        tables = [
+            CaptureTable(job.table.name, job.built, self.positions[job.table.target])
+            for job in jobs
+        ]
+        tables += self._watched(jobs)
+        for job in jobs:
+            job.started_log("incremental", f"applying the log ({job.plan.reason})")
+        try:
+            info = slot_info(ends.source, names.slot)
+            if info is None or info.confirmed is None:
+                raise TableProblem(f"replication slot {names.slot} disappeared during the run")
+            upto = flushed_lsn(ends.source)
+            drained = drain(
+                ends.source_url,
+                ends.dest_url,
+                names.slot,
+                names.publication,
+                tables,
+                info.confirmed,
+                upto,
+            )
+        except Interrupted:
+            raise
+        except (ReplicatorError, psycopg.Error) as exc:
+            for job in jobs:
+                result = failure(job.table, one_line(exc), 0.0, "incremental", job.plan.reason)
+                record_failure(self.run, job.table, job.state, job.started_at, result)
+                results.append(result)
+            return []
+        drifted = []
+        for job, table in zip(jobs, drained.tables, strict=False):
+            if table.drift is not None and table.error is None:
+                self._mark_drifted(job, table.drift)
+                drifted.append(job.table)
+            else:
+                results.append(self._finish(job, table))
+        return drifted
+
+    def _watched(self, jobs: list[TableJob]) -> list[CaptureTable]:
+        """`cdc` tables not selected this run, with a copy: the slot keeps their changes."""
+        selected = {job.table.name for job in jobs} | {job.table.name for job in self.deferred}
+        watched = []
+        for table in self.run.project.config.tables:
+            if table.mode != "cdc" or table.name in selected:
+                continue
+            position = self.positions.get(table.target)
+            if position is not None:
+                watched.append(CaptureTable(table.name, None, position, apply=False))
+        return watched
+
+    def _mark_drifted(self, job: TableJob, drift: str) -> None:
+        """The log shows the table changed shape: it is reloaded right after the drain (and
+        by the next run, if that reload cannot run now)."""
+        assert job.state is not None
+        log.info("%s: the log shows a schema change (%s): reloading it", job.name, drift)
+        job.write_state(
+            job.state.model_copy(
+                update={"pending_full_reload": True, "pending_reason": f"schema changed: {drift}"}
+            )
+        )
+
+    def _finish(self, job: TableJob, table: CaptureTable) -> TableResult:
+        """The table's result and state after the drain."""
+        run, state = self.run, job.state
+        assert state is not None
+        before = state.cursor.value if state.cursor else lsn_text(table.applied)
+        if table.error is not None:
+            result = failure(job.table, table.error, 0.0, "incremental", job.plan.reason)
+            record_failure(run, job.table, state, job.started_at, result)
+            return result
+        after = lsn_text(table.position)
+        finished = utc_now()
+        update: dict = {
+            "cursor": Cursor(value=after, type=LSN_TYPE),
+            "schema_signature": job.observed.signature.as_json(),
+            "last_synced_at": finished,
+        }
+        action = "incremental" if table.changes else "noop"
+        reason = f"lsn {before} -> {after}" if table.changes else f"lsn {after}"
+        result = job.success(action, table.changes, reason, 0, before, after)
+        result = replace(result, deleted=table.deleted)
+        job.write_state(
+            state.model_copy(update={**update, "last_run": job.outcome(result, finished)})
+        )
+        return result
