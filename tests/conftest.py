@@ -220,3 +220,32 @@ def db_project(project: ProjectDir, pg_servers: Servers) -> ProjectDir:
         REPLICATOR_SOURCE_URL=pg_servers.source_url, REPLICATOR_DEST_URL=pg_servers.dest_url
     )
     return project
+
+
+@pytest.fixture
+def writer(pg_servers):
+    """A source session whose commits are flushed at once: the test clusters run with
+    synchronous_commit off, and logical decoding reads only flushed WAL (a commit not yet
+    flushed is the next run's, which the tests would see as a miss)."""
+    import psycopg
+
+    with psycopg.connect(pg_servers.source_url, autocommit=True) as conn:
+        conn.execute("SET synchronous_commit = on")
+        yield conn
+
+
+@pytest.fixture
+def cdc_project(db_project, source_conn):
+    """A project whose slot and publication are dropped after the test."""
+    yield db_project
+    state = db_project.path / "sync-state" / "cdc.json"
+    if state.exists():
+        names = json.loads(state.read_text())
+        source_conn.execute(
+            "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots "
+            "WHERE slot_name = %s",
+            (names["slot"],),
+        )
+        source_conn.execute(
+            sql.SQL("DROP PUBLICATION IF EXISTS {}").format(sql.Identifier(names["publication"]))
+        )

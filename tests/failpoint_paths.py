@@ -19,6 +19,13 @@ INCREMENTAL_POINTS = (
     "after-merge-before-state",
     "state-before-rename",
 )
+# A `cdc` table's run, draining the slot (its loads pass FULL_RELOAD_POINTS).
+CAPTURE_POINTS = (
+    "cdc-after-stage",
+    "cdc-before-apply-commit",
+    "cdc-after-apply-before-advance",
+    "state-before-rename",
+)
 # A cursor table with `deletes: delete`, after its incremental merge.
 DELETE_POINTS = ("deletes-before-commit",)
 # On the Spark path these run in a Python worker: the kill takes the task, and the run fails

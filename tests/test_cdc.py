@@ -3,7 +3,6 @@ applied exactly once, against real servers."""
 
 from __future__ import annotations
 
-import json
 import uuid
 
 import pytest
@@ -11,35 +10,6 @@ from dbcompare import assert_same_table
 from psycopg import sql
 
 pytestmark = pytest.mark.spark
-
-
-@pytest.fixture
-def writer(pg_servers):
-    """A source session whose commits are flushed at once: the test clusters run with
-    synchronous_commit off, and logical decoding reads only flushed WAL (a commit not yet
-    flushed is the next run's, which the tests would see as a miss)."""
-    import psycopg
-
-    with psycopg.connect(pg_servers.source_url, autocommit=True) as conn:
-        conn.execute("SET synchronous_commit = on")
-        yield conn
-
-
-@pytest.fixture
-def cdc_project(db_project, source_conn):
-    """A project whose slot and publication are dropped after the test."""
-    yield db_project
-    state = db_project.path / "sync-state" / "cdc.json"
-    if state.exists():
-        names = json.loads(state.read_text())
-        source_conn.execute(
-            "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots "
-            "WHERE slot_name = %s",
-            (names["slot"],),
-        )
-        source_conn.execute(
-            sql.SQL("DROP PUBLICATION IF EXISTS {}").format(sql.Identifier(names["publication"]))
-        )
 
 
 def _create(conn, schema, table="orders", rows=100):
@@ -149,3 +119,65 @@ def test_a_transaction_across_two_tables_and_a_copied_project(
         "SELECT count(*) FROM pg_replication_slots WHERE slot_name LIKE 'replicator%%'"
     ).fetchone()[0]
     assert slots == 1
+
+
+def test_writers_during_the_first_load_are_neither_lost_nor_applied_twice(
+    cdc_project, schema, pg_servers, source_conn, dest_conn
+):
+    import threading
+
+    import psycopg
+
+    with psycopg.connect(pg_servers.source_url, autocommit=True) as setup:
+        _create(setup, schema, rows=20_000)
+    _config(cdc_project, schema, "orders")
+    stop = threading.Event()
+    written = []
+
+    def write() -> None:
+        with psycopg.connect(pg_servers.source_url, autocommit=True) as conn:
+            conn.execute("SET synchronous_commit = on")
+            n = 0
+            while not stop.is_set():
+                n += 1
+                with conn.transaction():
+                    _run(conn, schema, "INSERT INTO {t} VALUES (%s, 'w', %s, NULL)", 100_000 + n, n)
+                    _run(
+                        conn,
+                        schema,
+                        "UPDATE {t} SET amount = amount + 1 WHERE id = %s",
+                        n % 500 + 1,
+                    )
+                    _run(conn, schema, "DELETE FROM {t} WHERE id = %s", 19_000 + n)
+                written.append(n)
+
+    thread = threading.Thread(target=write)
+    thread.start()
+    try:
+        _sync(cdc_project)  # the first load, with Spark, while the writer runs
+        _sync(cdc_project)
+    finally:
+        stop.set()
+        thread.join()
+    assert len(written) > 10
+    _sync(cdc_project)
+    assert_same_table(source_conn, dest_conn, schema, "orders")
+
+
+def test_hostile_identifiers(cdc_project, schema, writer, source_conn, dest_conn):
+    table = 'Order "Lines" 😀'
+    target = sql.Identifier(schema, table)
+    writer.execute(
+        sql.SQL('CREATE TABLE {} ("Id %s" int PRIMARY KEY, "Note, ""x""" text)').format(target)
+    )
+    writer.execute(sql.SQL("INSERT INTO {} VALUES (1, 'a\tb\\c\nd'), (2, NULL)").format(target))
+    name = f'{schema}."Order ""Lines"" 😀"'
+    cdc_project.write_config({"tables": [{"name": name, "mode": "cdc"}]})
+    _sync(cdc_project)
+    writer.execute(
+        sql.SQL('UPDATE {} SET "Note, ""x""" = E\'\\\\N\' WHERE "Id %s" = 2').format(target)
+    )
+    writer.execute(sql.SQL("INSERT INTO {} VALUES (3, '')").format(target))
+    writer.execute(sql.SQL('DELETE FROM {} WHERE "Id %s" = 1').format(target))
+    assert ": incremental, 3 rows" in _sync(cdc_project).stderr
+    assert assert_same_table(source_conn, dest_conn, schema, table, key="Id %s") == 2

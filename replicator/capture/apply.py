@@ -19,6 +19,7 @@ import psycopg
 from psycopg import sql
 
 from ..errors import TableProblem
+from ..failpoints import failpoint
 from ..postgres.database import execute, transaction
 from .applied import record_applied_step
 from .stage import OP, SEQ, UNCHANGED_COLUMNS, TableStage
@@ -73,6 +74,7 @@ def apply_stage(
         upserted = execute(dest, _upsert(stage, key, target)).rowcount
         record = record_applied_step(stage.target, lsn)
         execute(dest, record.statement, record.params)
+        failpoint("cdc-before-apply-commit")
     return Applied(max(upserted, 0), max(deleted, 0), stage.truncated_at is not None)
 
 

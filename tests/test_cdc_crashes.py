@@ -1,0 +1,86 @@
+"""kill -9 at every point of a `cdc` table's load and drain: the next run converges to the
+source, applying no change twice and losing none (md5 of every row, by key)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from dbcompare import assert_same_table
+from failpoint_paths import CAPTURE_POINTS, FULL_RELOAD_POINTS
+from psycopg import sql
+
+pytestmark = pytest.mark.spark
+
+IN_PROCESS = {"REPLICATOR_SPARK_MIN_ROWS": "1000000000"}
+# Points the in-process load passes (the others are Spark's, or a cursor table's).
+LOAD_POINTS = tuple(p for p in FULL_RELOAD_POINTS if p not in ("mid-extract",))
+
+
+def _create(conn, schema):
+    table = sql.Identifier(schema, "t")
+    conn.execute(
+        sql.SQL("CREATE TABLE {} (id bigint PRIMARY KEY, v text, n numeric)").format(table)
+    )
+    conn.execute(
+        sql.SQL(
+            "INSERT INTO {} SELECT g, md5(g::text), g / 7.0 FROM generate_series(1, 3000) g"
+        ).format(table)
+    )
+
+
+def _change(conn, schema, round_):
+    table = sql.Identifier(schema, "t")
+    with conn.transaction():
+        conn.execute(
+            sql.SQL("INSERT INTO {} SELECT g, 'new', %s FROM generate_series(%s::bigint, %s::bigint) g").format(
+                table
+            ),
+            (round_, 3000 + round_ * 100, 3000 + round_ * 100 + 99),
+        )
+        conn.execute(
+            sql.SQL("UPDATE {} SET n = n + 1, v = 'changed' WHERE id %% 13 = %s").format(table),
+            (round_,),
+        )
+        conn.execute(sql.SQL("DELETE FROM {} WHERE id %% 17 = %s").format(table), (round_,))
+
+
+def _config(project, schema):
+    project.write_config({"tables": [{"name": f"{schema}.t", "mode": "cdc"}]})
+
+
+def _kill_then_converge(project, point):
+    killed = project.run_process("sync", env={**IN_PROCESS, "REPLICATOR_FAILPOINT": point})
+    assert killed.returncode == -9, (point, killed.returncode, killed.stderr[-2000:])
+    done = project.run_process("sync", env=IN_PROCESS)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done
+
+
+@pytest.mark.parametrize("point", CAPTURE_POINTS)
+def test_a_drain_killed_anywhere_converges(
+    cdc_project, schema, writer, source_conn, dest_conn, point
+):
+    _create(writer, schema)
+    _config(cdc_project, schema)
+    assert cdc_project.run_process("sync", env=IN_PROCESS).returncode == 0
+    _change(writer, schema, 1)
+    _kill_then_converge(cdc_project, point)
+    _change(writer, schema, 2)  # and the run after goes on from where that one ended
+    assert cdc_project.run_process("sync", env=IN_PROCESS).returncode == 0
+    assert_same_table(source_conn, dest_conn, schema, "t")
+
+
+@pytest.mark.parametrize("point", LOAD_POINTS)
+def test_a_first_load_killed_anywhere_converges(
+    cdc_project, schema, writer, source_conn, dest_conn, point
+):
+    _create(writer, schema)
+    _config(cdc_project, schema)
+    _change(writer, schema, 1)
+    _kill_then_converge(cdc_project, point)
+    _change(writer, schema, 2)
+    assert cdc_project.run_process("sync", env=IN_PROCESS).returncode == 0
+    assert_same_table(source_conn, dest_conn, schema, "t")
+    state = json.loads(next((cdc_project.path / "sync-state").glob("*.t.json")).read_text())
+    assert "/" in state["cursor"]["value"] and state["cursor"]["type"] == "pg_lsn"
