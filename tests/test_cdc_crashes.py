@@ -33,9 +33,9 @@ def _change(conn, schema, round_):
     table = sql.Identifier(schema, "t")
     with conn.transaction():
         conn.execute(
-            sql.SQL("INSERT INTO {} SELECT g, 'new', %s FROM generate_series(%s::bigint, %s::bigint) g").format(
-                table
-            ),
+            sql.SQL(
+                "INSERT INTO {} SELECT g, 'new', %s FROM generate_series(%s::bigint, %s::bigint) g"
+            ).format(table),
             (round_, 3000 + round_ * 100, 3000 + round_ * 100 + 99),
         )
         conn.execute(
