@@ -296,6 +296,27 @@ def state_set_cursor(project_dir: Path, table: str, value: str, force: bool) -> 
     return set_cursor(Project.load(project_dir), table, value, force)
 
 
+@cli.group(context_settings=CONTEXT, short_help="Manage the log capture of cdc tables.")
+@shared_options
+def cdc(**_: Any) -> None:
+    """The replication slot and publication the project's `mode: "cdc"` tables read."""
+
+
+@cdc.command(
+    "drop",
+    short_help="Drop the project's slot and publication.",
+    epilog=examples("replicator cdc drop"),
+)
+@common
+def cdc_drop(project_dir: Path) -> int:
+    """Drop the replication slot and publication replicator created for this project, so
+    the source stops keeping WAL for it (an abandoned slot keeps WAL until the disk fills).
+    The cdc tables reload in full at their next sync, from a new slot."""
+    from .commands.capture_commands import drop_capture
+
+    return drop_capture(Project.load(project_dir))
+
+
 @cli.command(
     short_help="Find what a sync would trip on; say how to fix it.",
     epilog=examples("replicator check", "replicator check --ping"),

@@ -3,6 +3,7 @@ applied exactly once, against real servers."""
 
 from __future__ import annotations
 
+import json
 import uuid
 
 import pytest
@@ -181,3 +182,80 @@ def test_hostile_identifiers(cdc_project, schema, writer, source_conn, dest_conn
     writer.execute(sql.SQL('DELETE FROM {} WHERE "Id %s" = 1').format(target))
     assert ": incremental, 3 rows" in _sync(cdc_project).stderr
     assert assert_same_table(source_conn, dest_conn, schema, table, key="Id %s") == 2
+
+
+def _slot(project):
+    return json.loads((project.path / "sync-state" / "cdc.json").read_text())["slot"]
+
+
+def test_check_status_and_cdc_drop(cdc_project, schema, writer, source_conn, dest_conn):
+    _create(writer, schema)
+    writer.execute(sql.SQL("CREATE TABLE {} (n int)").format(sql.Identifier(schema, "nokey")))
+    _config(cdc_project, schema, "orders", "nokey")
+    checked = cdc_project.run("check")
+    assert "ok    cdc: wal_level is logical" in checked.output
+    assert "warn  cdc: max_slot_wal_keep_size is unlimited" in checked.output
+    assert (
+        "ok    cdc: no slot yet: the first sync creates the slot and publication" in checked.output
+    )
+    assert f"ok    {schema}.orders: replica identity default: the log names its rows" in (
+        checked.output
+    )
+    assert f"error {schema}.nokey: the source table has no primary key" in checked.output
+    synced = cdc_project.run("sync")
+    assert synced.exit_code == 1  # nokey fails, and is never added to the publication
+    publication = json.loads((cdc_project.path / "sync-state" / "cdc.json").read_text())
+    published = source_conn.execute(
+        "SELECT tablename FROM pg_publication_tables WHERE pubname = %s",
+        (publication["publication"],),
+    ).fetchall()
+    assert published == [("orders",)]
+    writer.execute(sql.SQL("DELETE FROM {}").format(sql.Identifier(schema, "nokey")))  # allowed
+
+    _run(writer, schema, "UPDATE {t} SET note = repeat('x', 1000)")
+    status = cdc_project.run("status", "--json")
+    row = next(r for r in json.loads(status.stdout) if r["name"].endswith("orders"))
+    assert row["mode"] == "cdc" and row["cursor"].count("/") == 1
+    assert row["slot_lag_bytes"] > 100_000
+    grid = cdc_project.run("status").output
+    assert f"cdc: slot {_slot(cdc_project)} retains" in grid
+
+    dropped = cdc_project.run("cdc", "drop")
+    assert dropped.exit_code == 0, dropped.output
+    assert "dropped replication slot" in dropped.output
+    assert not source_conn.execute(
+        "SELECT 1 FROM pg_replication_slots WHERE slot_name = %s", (publication["slot"],)
+    ).fetchall()
+    _config(cdc_project, schema, "orders")
+    again = _sync(cdc_project)
+    assert "full_reload" in again.stderr and "reason: slot dropped" in again.stderr
+    assert assert_same_table(source_conn, dest_conn, schema, "orders") == 100
+
+
+def test_a_lost_slot_reloads_every_cdc_table(cdc_project, schema, writer, source_conn, dest_conn):
+    _create(writer, schema)
+    _config(cdc_project, schema, "orders")
+    _sync(cdc_project)
+    _run(writer, schema, "UPDATE {t} SET note = 'before the loss'")
+    try:
+        source_conn.execute("ALTER SYSTEM SET max_slot_wal_keep_size = '1MB'")
+        source_conn.execute("SELECT pg_reload_conf()")
+        for _ in range(3):
+            writer.execute("SELECT pg_switch_wal()")
+            _run(writer, schema, "UPDATE {t} SET amount = amount + 1 WHERE id = 1")
+            source_conn.execute("CHECKPOINT")
+        (status,) = source_conn.execute(
+            "SELECT wal_status FROM pg_replication_slots WHERE slot_name = %s",
+            (_slot(cdc_project),),
+        ).fetchone()
+        assert status == "lost"
+    finally:
+        source_conn.execute("ALTER SYSTEM RESET max_slot_wal_keep_size")
+        source_conn.execute("SELECT pg_reload_conf()")
+    synced = _sync(cdc_project)
+    assert "is lost: making it again" in synced.stderr
+    assert "reason: slot lost" in synced.stderr
+    assert_same_table(source_conn, dest_conn, schema, "orders")
+    _run(writer, schema, "DELETE FROM {t} WHERE id < 10")
+    _sync(cdc_project)
+    assert assert_same_table(source_conn, dest_conn, schema, "orders") == 91

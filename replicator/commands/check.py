@@ -7,8 +7,8 @@ import shutil
 import socket
 import subprocess
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass
-from typing import Any, Literal
+from dataclasses import asdict
+from typing import Any
 from urllib.parse import urlsplit
 
 import click
@@ -33,20 +33,8 @@ from ..report.logs import json_output, quiet
 from ..report.results import utc_now
 from ..report.webhook import build_payload, post
 from ..transfer.spark_session import JDBC_PACKAGE, jdbc_jar
-
-Level = Literal["ok", "warn", "error"]
-
-
-@dataclass(frozen=True)
-class Finding:
-    level: Level
-    subject: str
-    message: str
-    fix: str | None = None
-
-    def line(self) -> str:
-        text = f"{self.level:<5} {self.subject}: {self.message}"
-        return f"{text}; fix: {self.fix}" if self.fix else text
+from .check_capture import capture_findings
+from .findings import Finding
 
 
 def print_checks(project: Project, ping: bool = False) -> int:
@@ -81,6 +69,7 @@ def run_checks(project: Project, ping: bool = False) -> list[Finding]:
     try:
         if source is not None:
             findings.extend(_source_activity_visibility(source))
+            findings.extend(capture_findings(source, project))
         if dest is not None:
             findings.extend(_destination_privileges(dest, project))
         for table in project.config.tables:

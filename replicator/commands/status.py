@@ -32,6 +32,7 @@ from ..project.settings import DEST_URL, SOURCE_URL
 from ..project.state import TableState
 from ..redact import redact
 from ..report.logs import json_output
+from .capture_status import capture_notes
 
 log = logging.getLogger(__name__)
 
@@ -85,6 +86,7 @@ def table_status(project: Project, table: TableConfig) -> tuple[dict[str, Any], 
         "source_max": None,
         "lag": None,
         "cursor_ahead": None,
+        "slot_lag_bytes": None,  # a `cdc` table: log written since its copy's position
     }
     try:
         state = project.store.read(table.name)
@@ -189,6 +191,8 @@ def _observe_live(
                     row["rows"] = _count(dest, table)
             except ReplicatorError as exc:
                 row["next_action"] = f"fail: {redact(str(exc))}"
+        if any(t.mode == "cdc" for t in tables):
+            notes.extend(capture_notes(project, source, tables, [row for row, _ in read]))
     if dest is None:
         notes.append("rows (in the destination) not shown; the plan did not look at it")
     return notes

@@ -117,7 +117,7 @@ class CaptureRun:
         store = self.run.project.store
         for table in every:
             state = store.read(table.name)
-            if state is not None and state.last_synced_at is not None:
+            if state is not None and state.last_synced_at and not state.pending_full_reload:
                 store.write(
                     state.model_copy(
                         update={"pending_full_reload": True, "pending_reason": SLOT_LOST}

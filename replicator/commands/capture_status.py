@@ -1,0 +1,64 @@
+"""What `status` shows of log capture: each `cdc` table's distance from the log's end
+(`slot_lag_bytes`, and `lag` in the grid), and the slot's retained WAL, with a warning past
+RETAINED_WARN_BYTES (an abandoned slot keeps WAL until the source's disk fills)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psycopg
+
+from ..capture.lsn import parse_lsn
+from ..capture.slot import flushed_lsn, slot_info
+from ..errors import ReplicatorError
+from ..project.capture_state import read_capture_state
+from ..project.config import TableConfig
+from ..project.project import Project
+
+RETAINED_WARN_BYTES = 1 << 30
+
+
+def size_text(size: int) -> str:
+    for unit, scale in (("GB", 1 << 30), ("MB", 1 << 20), ("kB", 1 << 10)):
+        if size >= scale:
+            return f"{size / scale:,.1f} {unit}"
+    return f"{size} bytes"
+
+
+def capture_notes(
+    project: Project,
+    source: psycopg.Connection[Any],
+    tables: tuple[TableConfig, ...],
+    rows: list[dict[str, Any]],
+) -> list[str]:
+    """Fill the `cdc` rows' lag; the notes about the slot."""
+    try:
+        names = read_capture_state(project.state_dir)
+    except ReplicatorError as exc:
+        return [str(exc)]
+    if names is None:
+        return ["cdc: no replication slot yet (the first sync creates it)"]
+    info = slot_info(source, names.slot)
+    flushed = flushed_lsn(source)
+    for table, row in zip(tables, rows, strict=True):
+        if table.mode == "cdc" and row["cursor"]:
+            behind = max(flushed - parse_lsn(row["cursor"]), 0)
+            row["slot_lag_bytes"] = behind
+            row["lag"] = f"{size_text(behind)} of log"
+    if info is None:
+        return [
+            f"cdc: replication slot {names.slot} does not exist in the source: the next sync "
+            "makes it again and reloads every cdc table (slot lost)"
+        ]
+    note = (
+        f"cdc: slot {names.slot} retains {size_text(info.retained_bytes)} of WAL "
+        f"(wal_status {info.wal_status})"
+    )
+    if info.lost:
+        note += ": it is lost; the next sync reloads every cdc table (slot lost)"
+    elif info.retained_bytes >= RETAINED_WARN_BYTES:
+        note += (
+            ": warning: the source keeps this WAL until the slot is read; run `replicator "
+            "sync`, or drop an abandoned slot with `replicator cdc drop`"
+        )
+    return [note]

@@ -1,0 +1,137 @@
+"""`check` for `cdc` tables: what log capture needs from the source (wal_level, the
+REPLICATION attribute, a free slot, a bound on retained WAL), each table's replica identity,
+and the project's slot and publication as they are. Reads only."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import psycopg
+
+from ..capture.preflight import IDENTITY_NAMES, capture_problem, replica_identity
+from ..capture.slot import published_tables, slot_info
+from ..errors import ReplicatorError
+from ..plan.inspect_table import inspect_source
+from ..postgres.database import fetch_all
+from ..project.capture_state import read_capture_state, resolve_names
+from ..project.project import Project
+from .capture_status import size_text
+from .findings import Finding
+
+_SETTINGS = """
+SELECT current_setting('wal_level'), current_setting('max_replication_slots')::int,
+       (SELECT count(*) FROM pg_catalog.pg_replication_slots)::int,
+       current_setting('max_slot_wal_keep_size'),
+       (SELECT rolreplication OR rolsuper FROM pg_catalog.pg_roles WHERE rolname = current_user),
+       current_user
+"""
+
+
+def capture_findings(source: psycopg.Connection[Any], project: Project) -> Iterator[Finding]:
+    tables = [t for t in project.config.tables if t.mode == "cdc"]
+    if not tables:
+        return
+    level, slots, used, keep, replication, user = fetch_all(source, _SETTINGS)[0]
+    if level == "logical":
+        yield Finding("ok", "cdc", "wal_level is logical")
+    else:
+        yield Finding(
+            "error",
+            "cdc",
+            f"wal_level is {level}: log capture needs logical",
+            "ALTER SYSTEM SET wal_level = logical; then restart the source server",
+        )
+    if replication:
+        yield Finding("ok", "cdc", f"role {user} may replicate")
+    else:
+        yield Finding(
+            "error",
+            "cdc",
+            f"role {user} lacks the REPLICATION attribute (slots and load snapshots need it)",
+            f"ALTER ROLE {user} REPLICATION",
+        )
+    names = _names(project)
+    mine = names is not None and slot_info(source, names.slot) is not None
+    needed = (0 if mine else 1) + 1  # the project's slot, and one while a table loads
+    if slots - used >= needed:
+        yield Finding("ok", "cdc", f"{slots - used} of {slots} replication slots free")
+    else:
+        yield Finding(
+            "error",
+            "cdc",
+            f"{slots - used} of {slots} replication slots free; a sync needs {needed}",
+            "drop unused slots (SELECT slot_name, active FROM pg_replication_slots), or raise "
+            "max_replication_slots (restart)",
+        )
+    if keep == "-1":
+        yield Finding(
+            "warn",
+            "cdc",
+            "max_slot_wal_keep_size is unlimited: an abandoned slot keeps WAL until the disk fills",
+            "ALTER SYSTEM SET max_slot_wal_keep_size = '50GB' (sized for your disk); "
+            "SELECT pg_reload_conf()",
+        )
+    else:
+        yield Finding("ok", "cdc", f"max_slot_wal_keep_size is {keep}")
+    yield from _slot(source, names)
+    for table in tables:
+        yield from _table(source, project, table)
+
+
+def _names(project: Project) -> Any:
+    try:
+        stored = read_capture_state(project.state_dir)
+    except ReplicatorError:
+        return None
+    if stored is None and project.config.cdc is None:
+        return None
+    return resolve_names(project.config.cdc, stored)
+
+
+def _slot(source: psycopg.Connection[Any], names: Any) -> Iterator[Finding]:
+    if names is None:
+        yield Finding("ok", "cdc", "no slot yet: the first sync creates the slot and publication")
+        return
+    info = slot_info(source, names.slot)
+    if info is None:
+        fix = (
+            None
+            if names.created
+            else (f"SELECT pg_create_logical_replication_slot('{names.slot}', 'pgoutput')")
+        )
+        yield Finding(
+            "warn" if names.created else "error",
+            "cdc",
+            f"slot {names.slot} does not exist (the next sync "
+            + ("makes it and reloads the cdc tables)" if names.created else "cannot run)"),
+            fix,
+        )
+        return
+    level = "error" if info.lost else "ok"
+    yield Finding(
+        level,
+        "cdc",
+        f"slot {names.slot}: wal_status {info.wal_status}, retains "
+        f"{size_text(info.retained_bytes)} of WAL, {size_text(info.lag_bytes)} not yet read",
+        "the next sync reloads every cdc table" if info.lost else None,
+    )
+    published = published_tables(source, names.publication)
+    yield Finding("ok", "cdc", f"publication {names.publication}: {len(published)} table(s)")
+
+
+def _table(source: psycopg.Connection[Any], project: Project, table: Any) -> Iterator[Finding]:
+    try:
+        info, built = inspect_source(source, table, project.templates)
+    except ReplicatorError:
+        return  # the table's own checks said why
+    problem = capture_problem(source, info, built)
+    if problem is not None:
+        yield Finding("error", table.written_name, problem.removeprefix(f"{table.written_name}: "))
+        return
+    identity, _ = replica_identity(source, info)
+    yield Finding(
+        "ok",
+        table.written_name,
+        f"replica identity {IDENTITY_NAMES[identity]}: the log names its rows",
+    )
