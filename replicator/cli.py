@@ -91,6 +91,7 @@ def compile_command(
         "replicator sync -f -s public.orders          # full reload now",
         "replicator sync -s public.orders --since '2026-11-01' --until '2026-11-02'",
         "*/5 * * * * cd /srv/pipeline && .venv/bin/replicator sync -q >> sync.log 2>&1",
+        "replicator sync --follow --interval 2      # until SIGTERM/Ctrl-C",
     ),
 )
 @select_option
@@ -112,6 +113,19 @@ def compile_command(
     is_flag=True,
     help="With --deletes: delete even more than half of a table's rows.",
 )
+@click.option(
+    "--follow",
+    is_flag=True,
+    help="Keep syncing until SIGTERM/SIGINT (the current table finishes; exit 0).",
+)
+@click.option(
+    "--interval",
+    type=click.FloatRange(0, 86_400),
+    default=5.0,
+    show_default=True,
+    metavar="S",
+    help="With --follow: seconds between two runs.",
+)
 @common
 def sync(
     project_dir: Path,
@@ -121,6 +135,8 @@ def sync(
     until: str | None,
     check_deletes: bool,
     force: bool,
+    follow: bool,
+    interval: float,
 ) -> int:
     """Sync the tables (or only -s ones), one at a time, in config order: a full reload
     where needed (no state, schema change, missing destination, refresh), else the rows
@@ -131,6 +147,15 @@ def sync(
         raise UsageError("--force goes with --deletes: `replicator sync --deletes --force`")
     verbose = click.get_current_context().meta["replicator.verbose"]
     project = Project.load(project_dir)
+    if follow:
+        if full_refresh or since or until or check_deletes:
+            raise UsageError(
+                "--follow repeats plain runs: it does not go with -f, --since, --until or "
+                "--deletes (run those once, then follow)"
+            )
+        from .sync.follow import follow as follow_runs
+
+        return follow_runs(project, names, verbose, interval)
     return run_sync(
         project,
         names,

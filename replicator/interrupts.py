@@ -26,7 +26,8 @@ HANDLED = (signal.SIGINT, signal.SIGTERM)
 
 _connections: weakref.WeakSet[Any] = weakref.WeakSet()
 _hooks: dict[int, Callable[[], None]] = {}
-_state = {"signal": 0}
+_state = {"signal": 0, "graceful": 0, "stop": 0}
+_stopping = threading.Event()
 _lock = threading.Lock()
 
 
@@ -83,8 +84,34 @@ def _run_hooks(hooks: list[Callable[[], None]]) -> None:
             hook()
 
 
+def stop_requested() -> bool:
+    """Under `graceful()`: a signal asked the command to stop after what it is doing."""
+    return bool(_state["stop"])
+
+
+def wait_unless_stopped(seconds: float) -> None:
+    """Sleep, waking at once when a signal asks to stop (under `graceful()`)."""
+    _stopping.wait(seconds)
+
+
+@contextlib.contextmanager
+def graceful() -> Iterator[None]:
+    """For `sync --follow`: the first signal only asks to stop once the current table is done
+    (`stop_requested`); a second one interrupts as usual, a third ends the process."""
+    _state["graceful"], _state["stop"] = 1, 0
+    _stopping.clear()
+    try:
+        yield
+    finally:
+        _state["graceful"] = _state["stop"] = 0
+
+
 def _handle(signum: int, frame: Any) -> None:
     with _lock:
+        if _state["graceful"] and not _state["stop"]:
+            _state["stop"] = signum
+            _stopping.set()
+            return
         if _state["signal"]:  # a second signal: stop now
             os._exit(128 + signum)
         _state["signal"] = signum

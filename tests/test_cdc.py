@@ -4,6 +4,11 @@ applied exactly once, against real servers."""
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
 import uuid
 
 import pytest
@@ -259,3 +264,45 @@ def test_a_lost_slot_reloads_every_cdc_table(cdc_project, schema, writer, source
     _run(writer, schema, "DELETE FROM {t} WHERE id < 10")
     _sync(cdc_project)
     assert assert_same_table(source_conn, dest_conn, schema, "orders") == 91
+
+
+def test_follow_applies_changes_until_sigterm_and_sums_up_its_webhooks(
+    cdc_project, schema, writer, source_conn, dest_conn, httpserver
+):
+    _create(writer, schema)
+    hook = httpserver.url_for("/hook")
+    _config(cdc_project, schema, "orders", webhook={"url": hook, "summary_interval": 3600})
+    httpserver.expect_request("/hook", method="POST").respond_with_data("ok")
+    command = [sys.executable, "-m", "replicator", "sync", "--follow", "--interval", "0.2"]
+    process = subprocess.Popen(
+        [*command, "--project-dir", str(cdc_project.path)],
+        env={**os.environ, **cdc_project.env, "REPLICATOR_SPARK_MIN_ROWS": "10000000"},
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        _run(writer, schema, "DELETE FROM {t} WHERE id <= 50")
+        _run(writer, schema, "INSERT INTO {t} VALUES (500, 'followed', 1, NULL)")
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and _copied_rows(dest_conn, schema) != 51:
+            time.sleep(0.2)
+        assert_same_table(source_conn, dest_conn, schema, "orders")
+        time.sleep(1)  # a few more (no-op) runs
+    finally:
+        process.send_signal(signal.SIGTERM)
+        _, stderr = process.communicate(timeout=60)
+    assert process.returncode == 0, stderr[-3000:]
+    assert "follow: stopped by a signal after" in stderr
+    assert "cdc: slot" in stderr and "bytes of log written since" in stderr
+    posts = [request.get_json() for request, _ in httpserver.log]
+    assert len(posts) == 2, [p.get("runs") for p in posts]  # the first run, then a summary
+    assert posts[0]["runs"] == 1 and posts[1]["runs"] >= 2
+    assert all(p["event"] == "sync.finished" and p["status"] == "success" for p in posts)
+
+
+def _copied_rows(dest_conn, schema):
+    if dest_conn.execute("SELECT to_regclass(%s)", (f'"{schema}".orders',)).fetchone()[0] is None:
+        return 0
+    return dest_conn.execute(
+        sql.SQL("SELECT count(*) FROM {}").format(sql.Identifier(schema, "orders"))
+    ).fetchone()[0]

@@ -176,6 +176,8 @@ class TableConfig(_Frozen):
 class WebhookConfig(_Frozen):
     url: Annotated[str, AfterValidator(_http_url)]
     secret: str | None = None
+    # `sync --follow`: successful runs are summed up in one post at most this often
+    summary_interval: Annotated[int, Field(ge=1, le=86_400)] = 60
 
 
 class SparkConfig(_Frozen):

@@ -207,6 +207,21 @@ class CaptureRun:
                 record_failure(self.run, job.table, job.state, job.started_at, result)
                 results.append(result)
             return []
+        behind = max(flushed_lsn(ends.source) - drained.end, 0)
+        log.info(
+            "cdc: slot %s read up to %s in %d batch(es); %d bytes of log written since",
+            names.slot,
+            lsn_text(drained.end),
+            drained.batches,
+            behind,
+            extra={
+                "fields": {
+                    "event": "cdc.drained",
+                    "lsn": lsn_text(drained.end),
+                    "lag_bytes": behind,
+                }
+            },
+        )
         drifted = []
         for job, table in zip(jobs, drained.tables, strict=False):
             if table.drift is not None and table.error is None:

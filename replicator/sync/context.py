@@ -6,7 +6,9 @@ from __future__ import annotations
 import logging
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from ..plan.decide import Plan
 from ..plan.drift import Observed, Planned
@@ -58,6 +60,8 @@ class RunContext:
         self.started_at = utc_now()
         self.webhook = settings.webhook
         self.spark = SparkRunner.for_run(settings, verbose)
+        # `sync --follow`: decides whether a run's webhook is posted (follow.py)
+        self.notify: Callable[[dict[str, Any], bool], None] | None = None
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from traceback import format_exception
+from typing import Any
 
 import psycopg
 
@@ -20,7 +22,7 @@ from ..errors import (
     TableProblem,
     one_line,
 )
-from ..interrupts import raise_if_requested
+from ..interrupts import raise_if_requested, stop_requested
 from ..plan.decide import Plan
 from ..plan.drift import plan_now
 from ..postgres.database import connect
@@ -57,11 +59,13 @@ def run_sync(
     always_summarize: bool = False,
     check_deletes: bool = False,
     force_deletes: bool = False,
+    notify: Callable[[dict[str, Any], bool], None] | None = None,
 ) -> int:
     """Sync the tables; exit code 0 when every table succeeded, else 1.
 
     With `since` (and `until`), re-read that replication-key range of the one selected table
-    and merge it, leaving its cursor where it is."""
+    and merge it, leaving its cursor where it is. `notify` decides about the webhook instead
+    of posting every run (`sync --follow`): it gets the payload and whether the run failed."""
     tables = project.select(names)
     if check_deletes and all(t.deletes == "ignore" for t in tables):
         log.warning("--deletes: no selected table has `deletes` set: there is nothing to check")
@@ -75,6 +79,7 @@ def run_sync(
         check_deletes=check_deletes,
         force_deletes=force_deletes,
     )
+    run.notify = notify
     output = SyncOutput(always_summarize, project.settings.progress_interval)
     try:
         with run_lock(project.state_dir):
@@ -139,6 +144,8 @@ def _sync_all(
             if capture is not None:
                 capture.set_up(ends, tables)
             for table in tables:
+                if stop_requested():  # `sync --follow` asked to stop: finish here
+                    break
                 result = _sync_table(run, ends, table, output, capture)
                 if result is not None:  # None: a `cdc` table the drain below syncs
                     results.append(result)
@@ -179,6 +186,9 @@ def _notify(
     payload = build_payload(
         run.run_id, run.started_at, utc_now(), results, status, redact(error) if error else None
     )
+    if run.notify is not None:
+        run.notify(payload, payload["status"] != "success")
+        return
     post(run.webhook, payload, within=within)
 
 
