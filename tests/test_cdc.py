@@ -306,3 +306,30 @@ def _copied_rows(dest_conn, schema):
     return dest_conn.execute(
         sql.SQL("SELECT count(*) FROM {}").format(sql.Identifier(schema, "orders"))
     ).fetchone()[0]
+
+
+def test_a_reload_of_one_table_while_another_keeps_its_changes(
+    cdc_project, schema, writer, source_conn, dest_conn
+):
+    _create(writer, schema, "orders")
+    _create(writer, schema, "items")
+    _config(cdc_project, schema, "orders", "items")
+    _sync(cdc_project)
+    _run(writer, schema, "UPDATE {t} SET note = 'pending'", table="items")
+    _run(writer, schema, "UPDATE {t} SET note = 'reloaded'", table="orders")
+    compiled = cdc_project.run("compile")
+    assert compiled.exit_code == 0, compiled.output
+    reloaded = _sync(cdc_project, "-f", "-s", "orders")  # items is not selected: kept for later
+    assert "reason: --full-refresh" in reloaded.stderr
+    _run(writer, schema, "UPDATE {t} SET amount = 0 WHERE id = 1", table="orders")
+    writer.execute(
+        sql.SQL("ALTER TABLE {} ADD COLUMN extra int DEFAULT 7").format(
+            sql.Identifier(schema, "items")
+        )
+    )
+    _run(writer, schema, "DELETE FROM {t} WHERE id = 2", table="items")
+    synced = _sync(cdc_project)
+    assert "items: full_reload" in synced.stderr and "reason: schema changed" in synced.stderr
+    assert "orders: incremental, 1 rows" in synced.stderr
+    assert_same_table(source_conn, dest_conn, schema, "orders")
+    assert assert_same_table(source_conn, dest_conn, schema, "items") == 99

@@ -223,6 +223,18 @@ class CompiledTable:
         if built.merge is not None:
             lines += ["", "-- staging table", *_terminated(self._lines(scripts.staging))]
             lines += ["", "-- merge", built.merge + ";"]
+        if table.mode == "cdc":
+            lines += [
+                "",
+                "-- cdc: a full reload loads from the snapshot of a temporary logical slot and",
+                "--   records its log position in _replicator.cdc_applied in the swap's",
+                "--   transaction. Each later run reads the project's slot",
+                "--   (pg_logical_slot_peek_binary_changes, pgoutput) up to the WAL flushed when",
+                "--   it began, stages the changes with COPY in a temporary table, applies them",
+                "--   in one transaction (a TRUNCATE truncates; per key the last change wins:",
+                "--   DELETE, INSERT ... ON CONFLICT DO UPDATE where rows differ) that also",
+                "--   records the position, then advances the slot.",
+            ]
         if table.deletes != "ignore":
             when = f"every {table.deletes_interval} s" if table.deletes_interval else "every sync"
             verb = "deleted" if table.deletes == "delete" else "marked (_replicator_deleted_at)"
