@@ -20,7 +20,13 @@ from pathlib import Path
 
 import pytest
 from dbcompare import leftovers
-from failpoint_paths import DELETE_POINTS, EXECUTOR_POINTS, FULL_RELOAD_POINTS, INCREMENTAL_POINTS
+from failpoint_paths import (
+    CAPTURE_POINTS,
+    DELETE_POINTS,
+    EXECUTOR_POINTS,
+    FULL_RELOAD_POINTS,
+    INCREMENTAL_POINTS,
+)
 from soak_workload import (
     SyncLog,
     Writer,
@@ -38,7 +44,7 @@ pytestmark = pytest.mark.spark
 WRITERS = 4
 WORKER_KILLED = "Spark task failed: Python worker exited unexpectedly"
 ROWS = 10_000
-TABLES = ("accounts", "events")
+TABLES = ("accounts", "events", "wallets")
 
 
 def _one_sync(project: Path, env: dict[str, str], rng: random.Random, log: SyncLog) -> None:
@@ -59,7 +65,9 @@ def _one_sync(project: Path, env: dict[str, str], rng: random.Random, log: SyncL
     if roll < 0.25:
         kill_after = rng.uniform(0.1, 0.95) * log.typical_seconds[spark]
     elif roll < 0.42:
-        point = rng.choice(FULL_RELOAD_POINTS if refresh else INCREMENTAL_POINTS + DELETE_POINTS)
+        point = rng.choice(
+            FULL_RELOAD_POINTS if refresh else INCREMENTAL_POINTS + DELETE_POINTS + CAPTURE_POINTS
+        )
         run_env["REPLICATOR_FAILPOINT"] = point
     started = time.monotonic()
     done = run_killable_sync(sync_command(project, "sync"), run_env, kill_after)
@@ -81,8 +89,9 @@ def _one_sync(project: Path, env: dict[str, str], rng: random.Random, log: SyncL
 
 
 def test_soak_converges_with_nothing_lost_duplicated_or_stale(
-    db_project, pg_servers, source_conn, dest_conn, schema
+    cdc_project, pg_servers, source_conn, dest_conn, schema
 ):
+    db_project = cdc_project
     seconds = float(os.environ.get("REPLICATOR_SOAK_SECONDS", "60"))
     seed = int(os.environ.get("REPLICATOR_SOAK_SEED", str(random.randrange(1 << 30))))
     print(f"\nsoak: {seconds:.0f} s, seed {seed}")
@@ -97,6 +106,7 @@ def test_soak_converges_with_nothing_lost_duplicated_or_stale(
                     "deletes": "delete",
                 },
                 {"name": f"{schema}.events", "replication_key": "id", "mode": "incremental-append"},
+                {"name": f"{schema}.wallets", "mode": "cdc"},
             ]
         }
     )

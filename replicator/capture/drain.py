@@ -16,6 +16,7 @@ A crash between 2 and 3 re-reads the batch next run and applies nothing twice.
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections.abc import Sequence
@@ -31,8 +32,9 @@ from ..interrupts import raise_if_requested
 from ..plan.table_sql import TableSql
 from ..postgres.database import connect, execute, note
 from .apply import apply_stage
+from .copy_rows import DELETE, INSERT, UPDATE, Field, change, relation_of
 from .lsn import lsn_text
-from .pgoutput import UNCHANGED, Begin, Commit, Delete, Insert, Relation, Truncate, Update, decode
+from .pgoutput import UNCHANGED, Begin, Commit, Relation, Truncate, Update, decode
 from .slot import advance_slot
 from .stage import Stager, TableStage
 
@@ -66,7 +68,7 @@ class CaptureTable:
         self.key_positions = tuple(names.index(k) for k in key)
         self.position = self.applied
 
-    @property
+    @functools.cached_property
     def columns(self) -> tuple[str, ...]:
         return tuple(c.name for c in self.built.columns) if self.built else ()
 
@@ -197,34 +199,49 @@ def _read_batch(
 ) -> _Batch:
     batch = _Batch()
     relations: dict[int, tuple[CaptureTable, str | None]] = {}
-    begin: Begin | None = None
+    final_lsn = 0  # the commit position of the transaction being read
     seq = 0
     statement = (
         "SELECT data FROM pg_catalog.pg_logical_slot_peek_binary_changes(%s, %s::pg_lsn, %s, "
         "'proto_version', '1', 'publication_names', %s)"
     )
     note(source, statement)
-    with source.cursor(name="replicator_changes") as cursor:
+    with source.cursor(name="replicator_changes", binary=True) as cursor:
         cursor.itersize = FETCH_ROWS
         cursor.execute(statement, (slot, lsn_text(upto), limit, _quote_publication(publication)))
         for (data,) in cursor:
             batch.rows += 1
+            kind = data[0]
+            if kind in _ROW_CHANGES:  # the hot path: no message object
+                batch.changes += 1
+                known = relations.get(relation_of(data))
+                table = _taker(known, final_lsn, batch)
+                if table is not None:
+                    seq += 2
+                    _stage_change(stager, table, data, seq)
+                continue
             message = decode(data, raw=True)
             if isinstance(message, Begin):
-                begin = message
+                final_lsn = message.final_lsn
             elif isinstance(message, Commit):
                 batch.end = message.end_lsn
             elif isinstance(message, Relation):
                 table = tables.get(TableName(message.schema, message.name))
                 if table is not None:
                     relations[message.oid] = (table, _drift(table, message))
-            elif isinstance(message, Insert | Update | Delete | Truncate):
-                assert begin is not None
+            elif isinstance(message, Truncate):
                 batch.changes += 1
-                seq = _route(stager, relations, message, begin, batch, seq)
+                for oid in message.relations:
+                    table = _taker(relations.get(oid), final_lsn, batch)
+                    if table is not None:
+                        seq += 2
+                        stager.truncate(stager.stage_for(table.target, table.columns), seq)
     source.commit()
     stager.flush()
     return batch
+
+
+_ROW_CHANGES = frozenset((INSERT, UPDATE, DELETE))
 
 
 def _quote_publication(name: str) -> str:
@@ -254,61 +271,66 @@ def _describe_drift(logged: list[tuple[str, int]], copied: list[tuple[str, int]]
     return "in the log: " + (", ".join(parts) if parts else "columns reordered")
 
 
-def _route(
-    stager: Stager,
-    relations: dict[int, tuple[CaptureTable, str | None]],
-    message: Insert | Update | Delete | Truncate,
-    begin: Begin,
-    batch: _Batch,
-    seq: int,
-) -> int:
-    """Stage one change for the tables it belongs to; returns the next sequence number."""
-    oids = message.relations if isinstance(message, Truncate) else (message.relation,)
-    for oid in oids:
-        known = relations.get(oid)
-        if known is None or begin.final_lsn < known[0].applied:
-            continue  # not a cdc table, or a change its copy has already
-        table, drift = known
-        if not table.apply:  # not selected this run: it reads this again next time
-            batch.hold_at(begin.final_lsn)
-            continue
-        if drift is not None and table.drift is None:
-            table.drift = drift  # reloaded after the drain; its changes from here are moot
-        if not table.takes_changes:
-            continue
-        batch.first_seen.setdefault(table.name, begin.final_lsn)
-        stage = stager.stage_for(table.target, table.columns)
-        seq += 2
-        if isinstance(message, Truncate):
-            stager.truncate(stage, seq)
-        elif isinstance(message, Insert):
-            stager.add(stage, seq, "I", message.new)
-        elif isinstance(message, Delete):
-            stager.add(stage, seq, "D", message.old)
-        else:
-            _stage_update(stager, stage, table, message, seq)
-    return seq
+def _taker(
+    known: tuple[CaptureTable, str | None] | None, final_lsn: int, batch: _Batch
+) -> CaptureTable | None:
+    """The table that takes a change of this relation in the transaction committing at
+    `final_lsn`; None when none does (not a cdc table, a change its copy has, a table not
+    selected this run, which holds the slot there, or one already failed or drifted)."""
+    if known is None or final_lsn < known[0].applied:
+        return None
+    table, drift = known
+    if not table.apply:  # not selected this run: it reads this again next time
+        batch.hold_at(final_lsn)
+        return None
+    if drift is not None and table.drift is None:
+        table.drift = drift  # reloaded after the drain; its changes from here are moot
+    if not table.takes_changes:
+        return None
+    if table.name not in batch.first_seen:
+        batch.first_seen[table.name] = final_lsn
+    return table
+
+
+def _stage_change(stager: Stager, table: CaptureTable, data: bytes, seq: int) -> None:
+    stage = stager.stage_for(table.target, table.columns)
+    kind, old, old_is_key, new = change(data)
+    if kind == INSERT:
+        stager.add(stage, seq, b"I", new)
+    elif kind == DELETE:
+        stager.add(stage, seq, b"D", old)
+    elif old is None:
+        stager.add(stage, seq, b"U", new)
+    else:
+        _stage_update(stager, stage, table, data, seq, old, old_is_key, new)
 
 
 def _stage_update(
-    stager: Stager, stage: TableStage, table: CaptureTable, message: Update, seq: int
+    stager: Stager,
+    stage: TableStage,
+    table: CaptureTable,
+    data: bytes,
+    seq: int,
+    old: list[Field],
+    old_is_key: bool,
+    new: list[Field],
 ) -> None:
-    new, old = message.new, message.old
-    if old is not None and not message.old_is_key:  # REPLICA IDENTITY FULL: the whole old row
-        new = tuple(o if n is UNCHANGED else n for n, o in zip(new, old, strict=True))
-    if old is None:
-        stager.add(stage, seq, "U", new)
+    """An update that carries its old row: REPLICA IDENTITY FULL (unchanged values come from
+    it), or a key that changed (the row leaves its old key: a delete there)."""
+    if not old_is_key:
+        new = [o if n is UNCHANGED else n for n, o in zip(new, old, strict=True)]
+    positions = table.key_positions
+    if [old[i] for i in positions] == [new[i] for i in positions]:
+        stager.add(stage, seq, b"U", new)
         return
-    old_key = tuple(old[i] for i in table.key_positions)
-    if old_key == tuple(new[i] for i in table.key_positions):
-        stager.add(stage, seq, "U", new)
-        return
-    stager.add(stage, seq - 1, "D", old)  # the row left its old key
-    if any(v is UNCHANGED for v in new):
-        stage.moves.append((seq, old_key))
-        stager.add(stage, seq, "M", new)
+    stager.add(stage, seq - 1, b"D", old)
+    if UNCHANGED in new:  # values of the old key's row: resolved when applied
+        message = decode(data, raw=True)
+        assert isinstance(message, Update) and message.old is not None
+        stage.moves.append((seq, tuple(message.old[i] for i in positions)))  # type: ignore[misc]
+        stager.add(stage, seq, b"M", new)
     else:
-        stager.add(stage, seq, "U", new)
+        stager.add(stage, seq, b"U", new)
 
 
 def _apply(

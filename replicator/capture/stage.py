@@ -23,24 +23,11 @@ from psycopg import sql
 
 from ..identifiers import TableName
 from ..postgres.database import execute, note
+from .copy_rows import NULL, Field
 from .pgoutput import UNCHANGED
 
 FLUSH_BYTES = 8 << 20
 SEQ, OP, UNCHANGED_COLUMNS = "_replicator_seq", "_replicator_op", "_replicator_unchanged"
-NULL = b"\\N"
-
-
-def escape(value: bytes) -> bytes:
-    """A value for COPY's text format."""
-    if b"\\" in value:
-        value = value.replace(b"\\", b"\\\\")
-    if b"\n" in value:
-        value = value.replace(b"\n", b"\\n")
-    if b"\r" in value:
-        value = value.replace(b"\r", b"\\r")
-    if b"\t" in value:
-        value = value.replace(b"\t", b"\\t")
-    return value
 
 
 @dataclass
@@ -87,16 +74,14 @@ class Stager:
             self.stages[target] = stage
         return stage
 
-    def add(self, stage: TableStage, seq: int, op: str, values: tuple[Any, ...]) -> None:
-        """One change; `values` bytes, None (NULL) or UNCHANGED."""
-        unchanged = [str(i + 1) for i, v in enumerate(values) if v is UNCHANGED]
-        fields = [
-            str(seq).encode(),
-            op.encode(),
-            f"{{{','.join(unchanged)}}}".encode(),
-            *(NULL if v is None or v is UNCHANGED else escape(v) for v in values),
-        ]
-        line = b"\t".join(fields) + b"\n"
+    def add(self, stage: TableStage, seq: int, op: bytes, values: list[Field]) -> None:
+        """One change; `values` COPY text fields (copy_rows.fields), or UNCHANGED."""
+        if UNCHANGED in values:
+            unchanged = b",".join(b"%d" % (i + 1) for i, v in enumerate(values) if v is UNCHANGED)
+            values = [NULL if v is UNCHANGED else v for v in values]
+            line = b"\t".join([b"%d" % seq, op, b"{" + unchanged + b"}", *values]) + b"\n"
+        else:
+            line = b"\t".join([b"%d" % seq, op, b"{}", *values]) + b"\n"
         stage.buffer.append(line)
         stage.size += len(line)
         stage.changes += 1
