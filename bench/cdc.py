@@ -228,7 +228,8 @@ def main() -> None:
             f"{time.monotonic() - started:.1f} s",
             flush=True,
         )
-        ours = run_measured(os.environ.get("BENCH_CDC_CLI", cli) + f" sync -q {where}", env)
+        flags = os.environ.get("BENCH_CDC_FLAGS", "-q")  # "-v 2>file": the drain's timings
+        ours = run_measured(f"{cli} sync {flags} {where}", env)
         if ours.returncode != 0:
             raise SystemExit(f"replicator sync: exit {ours.returncode}")
         with psycopg.connect(dest.url("subscriber"), autocommit=True) as conn:

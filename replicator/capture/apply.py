@@ -51,27 +51,39 @@ def apply_stage(
             execute(dest, sql.SQL("TRUNCATE {}").format(target))
         for move_seq, old_key in stage.moves:
             _resolve_move(dest, stage, key, move_seq, old_key)
-        execute(
-            dest,
-            sql.SQL(
-                "CREATE TEMP TABLE {last} ON COMMIT DROP AS SELECT DISTINCT ON ({keys}) * "
-                "FROM {stage} WHERE {after} ORDER BY {keys}, {seq} DESC"
-            ).format(
-                last=_LAST,
-                keys=sql.SQL(", ").join(keys),
-                stage=stage.name,
-                after=after,
-                seq=seq,
-            ),
-        )
-        _fill_unchanged(dest, stage, keys, after, name)
+        # Every key once in the batch (the common case): applied from the staging table as
+        # it is; else reduced to each key's last change first.
+        rows: sql.Composable = stage.name
+        if not stage.simple:
+            execute(
+                dest,
+                sql.SQL(
+                    "CREATE TEMP TABLE {last} ON COMMIT DROP AS SELECT DISTINCT ON ({keys}) * "
+                    "FROM {stage} WHERE {after} ORDER BY {keys}, {seq} DESC"
+                ).format(
+                    last=_LAST,
+                    keys=sql.SQL(", ").join(keys),
+                    stage=stage.name,
+                    after=after,
+                    seq=seq,
+                ),
+            )
+            _fill_unchanged(dest, stage, keys, after, name)
+            rows = _LAST
         deleted = execute(
             dest,
             sql.SQL(
-                "DELETE FROM {target} AS d USING {last} AS l WHERE l.{op} = 'D' AND {match}"
-            ).format(target=target, last=_LAST, op=op, match=_match("d", "l", keys)),
+                "DELETE FROM {target} AS d USING {rows} AS l WHERE l.{op} = 'D' AND {after} "
+                "AND {match}"
+            ).format(
+                target=target,
+                rows=rows,
+                op=op,
+                after=sql.SQL("l.") + after,
+                match=_match("d", "l", keys),
+            ),
         ).rowcount
-        upserted = execute(dest, _upsert(stage, key, target)).rowcount
+        upserted = execute(dest, _upsert(stage, key, target, rows, after)).rowcount
         record = record_applied_step(stage.target, lsn)
         execute(dest, record.statement, record.params)
         failpoint("cdc-before-apply-commit")
@@ -85,7 +97,13 @@ def _match(left: str, right: str, keys: list[sql.Identifier]) -> sql.Composable:
     )
 
 
-def _upsert(stage: TableStage, key: tuple[str, ...], target: sql.Composable) -> sql.Composable:
+def _upsert(
+    stage: TableStage,
+    key: tuple[str, ...],
+    target: sql.Composable,
+    rows: sql.Composable,
+    after: sql.Composable,
+) -> sql.Composable:
     columns = [sql.Identifier(c) for c in stage.columns]
     others = [sql.Identifier(c) for c in stage.columns if c not in key]
     conflict = (
@@ -98,12 +116,13 @@ def _upsert(stage: TableStage, key: tuple[str, ...], target: sql.Composable) -> 
         else sql.SQL("DO NOTHING")
     )
     return sql.SQL(
-        "INSERT INTO {target} AS d ({columns}) SELECT {columns} FROM {last} "
-        "WHERE {op} <> 'D' ON CONFLICT ({keys}) {conflict}"
+        "INSERT INTO {target} AS d ({columns}) SELECT {columns} FROM {rows} "
+        "WHERE {op} <> 'D' AND {after} ON CONFLICT ({keys}) {conflict}"
     ).format(
         target=target,
         columns=sql.SQL(", ").join(columns),
-        last=_LAST,
+        rows=rows,
+        after=after,
         op=sql.Identifier(OP),
         keys=sql.SQL(", ").join(sql.Identifier(k) for k in key),
         conflict=conflict,

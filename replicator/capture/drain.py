@@ -235,7 +235,8 @@ def _read_batch(
                     table = _taker(relations.get(oid), final_lsn, batch)
                     if table is not None:
                         seq += 2
-                        stager.truncate(stager.stage_for(table.target, table.columns), seq)
+                        stage = stager.stage_for(table.target, table.columns, table.key_positions)
+                        stager.truncate(stage, seq)
     source.commit()
     stager.flush()
     return batch
@@ -293,7 +294,7 @@ def _taker(
 
 
 def _stage_change(stager: Stager, table: CaptureTable, data: bytes, seq: int) -> None:
-    stage = stager.stage_for(table.target, table.columns)
+    stage = stager.stage_for(table.target, table.columns, table.key_positions)
     kind, old, old_is_key, new = change(data)
     if kind == INSERT:
         stager.add(stage, seq, b"I", new)

@@ -42,6 +42,16 @@ class TableStage:
     changes: int = 0
     truncated_at: int | None = None  # seq of the last TRUNCATE of the table in the batch
     moves: list[tuple[int, tuple[bytes | None, ...]]] = field(default_factory=list)
+    key_positions: tuple[int, ...] = ()
+    keys: set[tuple[Field, ...]] = field(default_factory=set)  # the batch's keys so far
+    simple: bool = True  # every key once, no unchanged value: applied without dedup
+
+    def note_key(self, values: list[Field]) -> None:
+        key = tuple(values[i] for i in self.key_positions)
+        if key in self.keys:
+            self.simple = False
+        else:
+            self.keys.add(key)
 
 
 class Stager:
@@ -52,7 +62,9 @@ class Stager:
         self.stages: dict[TableName, TableStage] = {}
         self.buffered = 0
 
-    def stage_for(self, target: TableName, columns: tuple[str, ...]) -> TableStage:
+    def stage_for(
+        self, target: TableName, columns: tuple[str, ...], key_positions: tuple[int, ...]
+    ) -> TableStage:
         stage = self.stages.get(target)
         if stage is None:
             name = sql.Identifier(f"replicator_stage_{len(self.stages)}")
@@ -70,13 +82,16 @@ class Stager:
                     target=target.identifier(),
                 ),
             )
-            stage = TableStage(target, columns, name)
+            stage = TableStage(target, columns, name, key_positions=key_positions)
             self.stages[target] = stage
         return stage
 
     def add(self, stage: TableStage, seq: int, op: bytes, values: list[Field]) -> None:
         """One change; `values` COPY text fields (copy_rows.fields), or UNCHANGED."""
+        if stage.simple:
+            stage.note_key(values)
         if UNCHANGED in values:
+            stage.simple = False
             unchanged = b",".join(b"%d" % (i + 1) for i, v in enumerate(values) if v is UNCHANGED)
             values = [NULL if v is UNCHANGED else v for v in values]
             line = b"\t".join([b"%d" % seq, op, b"{" + unchanged + b"}", *values]) + b"\n"
@@ -117,5 +132,7 @@ class Stager:
             stage.size = stage.changes = 0
             stage.truncated_at = None
             stage.moves.clear()
+            stage.keys.clear()
+            stage.simple = True
             execute(self.dest, sql.SQL("TRUNCATE {}").format(stage.name))
         self.buffered = 0
