@@ -333,3 +333,50 @@ def test_a_reload_of_one_table_while_another_keeps_its_changes(
     assert "orders: incremental, 1 rows" in synced.stderr
     assert_same_table(source_conn, dest_conn, schema, "orders")
     assert assert_same_table(source_conn, dest_conn, schema, "items") == 99
+
+
+def test_a_table_loaded_in_the_run_that_drains_another_loses_nothing(
+    cdc_project, schema, pg_servers, source_conn, dest_conn
+):
+    """orders goes on from the log while items has its first load in the same run, with a
+    writer changing items throughout: the drain for orders must keep items' changes made
+    after items' snapshot in the slot (items applies them at its next run)."""
+    import threading
+
+    import psycopg
+
+    with psycopg.connect(pg_servers.source_url, autocommit=True) as setup:
+        _create(setup, schema, "orders")
+        _create(setup, schema, "items", rows=20_000)
+    _config(cdc_project, schema, "orders")
+    _sync(cdc_project)
+    _config(cdc_project, schema, "orders", "items")
+    stop = threading.Event()
+
+    def write() -> None:
+        with psycopg.connect(pg_servers.source_url, autocommit=True) as conn:
+            conn.execute("SET synchronous_commit = on")
+            n = 0
+            while not stop.is_set():
+                n += 1
+                _run(
+                    conn,
+                    schema,
+                    "UPDATE {t} SET amount = %s WHERE id = %s",
+                    n,
+                    n % 20_000 + 1,
+                    table="items",
+                )
+                _run(conn, schema, "UPDATE {t} SET amount = %s WHERE id = %s", n, n % 100 + 1)
+
+    thread = threading.Thread(target=write)
+    thread.start()
+    try:
+        both = _sync(cdc_project)  # items: first load; orders: the drain
+        assert "items: full_reload" in both.stderr and "orders: incremental" in both.stderr
+    finally:
+        stop.set()
+        thread.join()
+    _sync(cdc_project)
+    assert_same_table(source_conn, dest_conn, schema, "orders")
+    assert_same_table(source_conn, dest_conn, schema, "items")

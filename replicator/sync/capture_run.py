@@ -178,6 +178,8 @@ class CaptureRun:
     ) -> list[TableConfig]:
         assert self.names is not None
         names = self.names
+        # Read again: a table loaded earlier in this run has its position only now.
+        self.positions = applied_positions(ends.dest)
         tables = [
             CaptureTable(job.table.name, job.built, self.positions[job.table.target])
             for job in jobs
@@ -232,8 +234,9 @@ class CaptureRun:
         return drifted
 
     def _watched(self, jobs: list[TableJob]) -> list[CaptureTable]:
-        """`cdc` tables not selected this run, with a copy: the slot keeps their changes."""
-        selected = {job.table.name for job in jobs} | {job.table.name for job in self.deferred}
+        """`cdc` tables with a copy that this drain does not apply to (not selected, loaded
+        earlier in this run, or locked by another run): the slot keeps their changes."""
+        selected = {job.table.name for job in jobs}
         watched = []
         for table in self.run.project.config.tables:
             if table.mode != "cdc" or table.name in selected:
