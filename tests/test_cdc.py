@@ -380,3 +380,62 @@ def test_a_table_loaded_in_the_run_that_drains_another_loses_nothing(
     _sync(cdc_project)
     assert_same_table(source_conn, dest_conn, schema, "orders")
     assert_same_table(source_conn, dest_conn, schema, "items")
+
+
+def test_json_columns_take_updates(cdc_project, schema, writer, source_conn, dest_conn):
+    target = sql.Identifier(schema, "docs")
+    writer.execute(
+        sql.SQL("CREATE TABLE {} (id int PRIMARY KEY, body json, at point)").format(target)
+    )
+    writer.execute(sql.SQL("""INSERT INTO {} VALUES (1, '{{"a": 1}}', '(1,2)')""").format(target))
+    cdc_project.write_config({"tables": [{"name": f"{schema}.docs", "mode": "cdc"}]})
+    _sync(cdc_project)
+    writer.execute(sql.SQL("""UPDATE {} SET body = '{{"a":  2}}', at = '(3,4)'""").format(target))
+    _sync(cdc_project)
+    assert assert_same_table(source_conn, dest_conn, schema, "docs") == 1
+
+
+def test_a_table_that_cannot_apply_reloads_and_does_not_stop_the_others(
+    cdc_project, schema, writer, source_conn, dest_conn
+):
+    _create(writer, schema, "orders", rows=5)
+    _create(writer, schema, "items")
+    big = "".join(uuid.uuid4().hex for _ in range(600))
+    _run(writer, schema, "UPDATE {t} SET big = %s", big)
+    _config(cdc_project, schema, "orders", "items")
+    _sync(cdc_project)
+    dest_conn.execute(
+        sql.SQL("DELETE FROM {} WHERE id = 1").format(sql.Identifier(schema, "orders"))
+    )
+    _run(writer, schema, "UPDATE {t} SET note = 'needs the TOASTed value' WHERE id = 1")
+    _run(writer, schema, "UPDATE {t} SET note = 'goes on'", table="items")
+    failed = cdc_project.run("sync")
+    assert failed.exit_code == 1
+    assert "kept a TOASTed value the destination does not have" in failed.stderr
+    assert "items: incremental, 100 rows" in failed.stderr
+    assert_same_table(source_conn, dest_conn, schema, "items")
+    _run(writer, schema, "UPDATE {t} SET note = 'and on'", table="items")
+    healed = _sync(cdc_project)
+    assert "reason: no log position in the destination" in healed.stderr
+    assert_same_table(source_conn, dest_conn, schema, "orders")
+    assert_same_table(source_conn, dest_conn, schema, "items")
+
+
+def test_a_table_left_out_by_select_does_not_stop_the_one_selected(
+    cdc_project, schema, writer, source_conn, dest_conn, monkeypatch
+):
+    monkeypatch.setattr("replicator.capture.drain.BATCH_CHANGES", 5)  # many small batches
+    _create(writer, schema, "orders")
+    _create(writer, schema, "items")
+    _config(cdc_project, schema, "orders", "items")
+    _sync(cdc_project)
+    for n in range(1, 21):
+        _run(writer, schema, "UPDATE {t} SET amount = %s WHERE id = %s", n, n, table="items")
+    for n in range(1, 21):
+        _run(writer, schema, "UPDATE {t} SET amount = %s WHERE id = %s", n, n)
+    only = _sync(cdc_project, "-s", "orders")
+    assert "orders: incremental, 20 rows" in only.stderr
+    assert_same_table(source_conn, dest_conn, schema, "orders")
+    later = _sync(cdc_project, "-s", "items")  # its changes waited in the slot
+    assert "items: incremental, 20 rows" in later.stderr
+    assert_same_table(source_conn, dest_conn, schema, "items")

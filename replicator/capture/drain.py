@@ -31,6 +31,7 @@ from ..identifiers import TableName
 from ..interrupts import raise_if_requested
 from ..plan.table_sql import TableSql
 from ..postgres.database import connect, execute, note
+from .applied import forget_applied
 from .apply import apply_stage
 from .copy_rows import DELETE, INSERT, UPDATE, Field, change, relation_of
 from .lsn import lsn_text
@@ -59,6 +60,7 @@ class CaptureTable:
     truncated: bool = False
     drift: str | None = None  # the log's shape of the table differs from the copy's
     error: str | None = None
+    holds: bool = False  # failed, and its position could not be forgotten: keeps its changes
     position: int = 0  # where its copy is current to after the drain
     key_positions: tuple[int, ...] = field(default=())
 
@@ -108,7 +110,7 @@ def drain(
     start: int,
     upto: int,
     *,
-    batch_changes: int = BATCH_CHANGES,
+    batch_changes: int | None = None,
 ) -> DrainResult:
     """Read, apply and release the slot's changes from `start` (its position) up to `upto`
     (the WAL flushed when the run began)."""
@@ -122,15 +124,21 @@ def drain(
         source.commit()
         execute(dest, "SELECT set_config('client_encoding', %s, false)", (encoding,))
         stager = Stager(dest)
+        limit = batch_changes or BATCH_CHANGES
         while True:
             raise_if_requested()
-            batch = _read_batch(source, stager, slot, publication, by_name, upto, batch_changes)
+            batch = _read_batch(source, stager, slot, publication, by_name, upto, limit)
             if batch.rows:
                 batches += 1
                 position = _finish_batch(source, dest, stager, slot, tables, batch, position)
-            if batch.hold is not None:  # the rest waits for a table that could not take it
-                break
-            if batch.rows < batch_changes:  # the slot is read up to `upto`
+            if batch.hold is not None:
+                if batch.rows < limit:  # read up to `upto`; the held part waits for its table
+                    break
+                # The slot cannot pass the held change: read further from it, the tables
+                # skipping what they already applied (each read starts at the slot).
+                limit *= 2
+                continue
+            if batch.rows < limit:  # the slot is read up to `upto`
                 if upto > position:
                     advance_slot(source, slot, upto)
                     source.commit()
@@ -281,7 +289,7 @@ def _taker(
     if known is None or final_lsn < known[0].applied:
         return None
     table, drift = known
-    if not table.apply:  # not selected this run: it reads this again next time
+    if not table.apply or table.holds:  # it reads this again next time
         batch.hold_at(final_lsn)
         return None
     if drift is not None and table.drift is None:
@@ -337,14 +345,20 @@ def _stage_update(
 def _apply(
     dest: psycopg.Connection[Any], table: CaptureTable, stage: TableStage, batch: _Batch
 ) -> None:
-    """Apply one table's batch; on failure, hold the slot at its first change."""
+    """Apply one table's batch. On failure its position is forgotten, so that its next run
+    reloads it and the others go on; if even that fails, it holds the slot at its first
+    change."""
     started, end = time.monotonic(), batch.end
     try:
         applied = apply_stage(dest, stage, table.key, end, table.label)
     except (ReplicatorError, psycopg.Error) as exc:
         raise_if_requested()
         table.error = one_line(exc)
-        batch.hold_at(batch.first_seen.get(table.name, end))
+        try:  # its next run reloads it; meanwhile the slot need not keep its changes
+            forget_applied(dest, table.target)
+        except (ReplicatorError, psycopg.Error):
+            table.holds = True
+            batch.hold_at(batch.first_seen.get(table.name, end))
         return
     table.changes += stage.changes
     table.upserted += applied.upserted

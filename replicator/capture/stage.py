@@ -27,6 +27,7 @@ from .copy_rows import NULL, Field
 from .pgoutput import UNCHANGED
 
 FLUSH_BYTES = 8 << 20
+MAX_KEYS = 500_000  # past this many changes to one table, a batch is deduplicated in SQL
 SEQ, OP, UNCHANGED_COLUMNS = "_replicator_seq", "_replicator_op", "_replicator_unchanged"
 
 
@@ -48,8 +49,9 @@ class TableStage:
 
     def note_key(self, values: list[Field]) -> None:
         key = tuple(values[i] for i in self.key_positions)
-        if key in self.keys:
+        if key in self.keys or len(self.keys) >= MAX_KEYS:  # memory stays bounded
             self.simple = False
+            self.keys.clear()
         else:
             self.keys.add(key)
 

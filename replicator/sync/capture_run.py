@@ -23,7 +23,14 @@ from ..capture.applied import applied_positions, ensure_applied_table
 from ..capture.drain import CaptureTable, drain
 from ..capture.lsn import lsn_text
 from ..capture.preflight import capture_problem
-from ..capture.slot import create_slot, drop_slot, ensure_publication, flushed_lsn, slot_info
+from ..capture.slot import (
+    create_slot,
+    drop_slot,
+    ensure_publication,
+    flushed_lsn,
+    published_tables,
+    slot_info,
+)
 from ..errors import Interrupted, ReplicatorError, TableLocked, TableProblem, one_line
 from ..plan.decide import Plan
 from ..plan.drift import Planned
@@ -72,15 +79,13 @@ class CaptureRun:
             ready = [t.name for t in selected if self._capturable(ends, t)]
             keep = {t.name for t in every}
             published_now = ensure_publication(ends.source, names, ready, keep)
-            self.slot_reset = self._ensure_slot(ends, names, published_now)
+            self.slot_reset = self._ensure_slot(ends, names, published_now, every)
             ensure_applied_table(ends.dest)
             self.positions = applied_positions(ends.dest)
             self.names = names
         except (ReplicatorError, psycopg.Error) as exc:
             self.setup_error = f"log capture set-up: {one_line(exc)}"
             log.error("%s", self.setup_error)
-        if self.slot_reset:
-            self._mark_every_table_for_reload(every)
 
     def _capturable(self, ends: Endpoints, table: TableConfig) -> bool:
         """Whether the table may join the publication (run.py reports why not, later)."""
@@ -90,8 +95,15 @@ class CaptureRun:
             return False
         return capture_problem(ends.source, info, built) is None
 
-    def _ensure_slot(self, ends: Endpoints, names: CaptureState, published_now: bool) -> bool:
-        """The slot exists and is usable; True when it was (re)created now."""
+    def _ensure_slot(
+        self,
+        ends: Endpoints,
+        names: CaptureState,
+        published_now: bool,
+        every: list[TableConfig],
+    ) -> bool:
+        """The slot exists and is usable; True when it was (re)created while copies existed,
+        which are then marked for a reload first (a crash after that loses nothing)."""
         info = slot_info(ends.source, names.slot)
         if info is not None and not info.lost and not published_now:
             return False
@@ -102,16 +114,17 @@ class CaptureRun:
                 f"create it (SELECT pg_create_logical_replication_slot('{names.slot}', "
                 "'pgoutput')), then run `replicator sync -f` for the cdc tables"
             )
+        reset = info is not None or any(
+            self.run.project.store.read(t.name) is not None for t in every
+        )
+        if reset:
+            self._mark_every_table_for_reload(every)
         if info is not None:
             why = "lost" if info.lost else "older than its publication"
             log.warning("source: replication slot %s is %s: making it again", names.slot, why)
             drop_slot(ends.source, names.slot)
         create_slot(ends.source, names.slot)
-        return info is not None or any(
-            self.run.project.store.read(t.name) is not None
-            for t in self.run.project.config.tables
-            if t.mode == "cdc"
-        )
+        return reset
 
     def _mark_every_table_for_reload(self, every: list[TableConfig]) -> None:
         store = self.run.project.store
@@ -137,6 +150,14 @@ class CaptureRun:
         problem = capture_problem(ends.source, planned.source, planned.built)
         if problem is not None:
             raise TableProblem(problem)
+        names = self.names
+        foreign = names is not None and not names.created
+        if foreign and table.name not in published_tables(ends.source, names.publication):
+            raise TableProblem(
+                f"{table.written_name}: not in publication {names.publication} (named in "
+                "tables-config.json `cdc`): its changes would never arrive; add it "
+                f"(ALTER PUBLICATION {names.publication} ADD TABLE {table.name})"
+            )
         plan = planned.plan
         if plan.action == "full_reload" and plan.reason == "refresh requested" and state:
             if state.pending_reason and state.pending_reason != "refresh requested":
