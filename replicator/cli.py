@@ -321,7 +321,11 @@ def state_set_cursor(project_dir: Path, table: str, value: str, force: bool) -> 
     return set_cursor(Project.load(project_dir), table, value, force)
 
 
-@cli.group(context_settings=CONTEXT, short_help="Manage the log capture of cdc tables.")
+@cli.group(
+    context_settings=CONTEXT,
+    short_help="Manage the log capture of cdc tables.",
+    epilog=examples("replicator cdc drop   # an abandoned project: stop the source keeping WAL"),
+)
 @shared_options
 def cdc(**_: Any) -> None:
     """The replication slot and publication the project's `mode: "cdc"` tables read."""
