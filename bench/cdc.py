@@ -52,22 +52,24 @@ LAG_DDL = "CREATE TABLE bench_lag (id bigint PRIMARY KEY, written_at timestamptz
 HASH = "SELECT md5(string_agg(md5(t::text), '' ORDER BY id)) FROM bench_orders t"
 
 
-def transaction_sizes(total: int, seed: int = 7) -> list[int]:
-    """Sizes from 1 to 10,000 (log-uniform) adding up to `total`."""
+def transaction_sizes(total: int, seed: int = 7, largest: int = 10_000) -> list[int]:
+    """Sizes from 1 to `largest` (log-uniform) adding up to `total`; `largest` 0: one."""
+    if largest == 0:
+        return [total]
     rng, sizes, left = random.Random(seed), [], total
     while left > 0:
-        size = min(left, max(1, int(math.exp(rng.uniform(0, math.log(10_000))))))
+        size = min(left, max(1, int(math.exp(rng.uniform(0, math.log(largest))))))
         sizes.append(size)
         left -= size
     return sizes
 
 
-def make_changes(url: str, rows: int, total: int) -> dict[str, int]:
+def make_changes(url: str, rows: int, total: int, largest: int) -> dict[str, int]:
     """Updates in the middle of the key range, deletes from the low end, inserts at the top."""
     counts = {"update": 0, "insert": 0, "delete": 0}
-    low, top, middle = 1, rows + 1, rows // 2
+    low, top, middle = 1, rows + 1, rows // 5 + 1
     with psycopg.connect(url, autocommit=True) as conn:
-        for size in transaction_sizes(total):
+        for size in transaction_sizes(total, largest=largest):
             inserts, deletes = size // 5, size // 5
             updates = size - inserts - deletes
             with conn.transaction():
@@ -77,7 +79,7 @@ def make_changes(url: str, rows: int, total: int) -> dict[str, int]:
                         "WHERE id >= %s AND id < %s",
                         (middle, middle + updates),
                     )
-                    middle = middle + updates if middle + updates < rows else rows // 2
+                    middle = middle + updates if middle + updates < rows else rows // 5 + 1
                 if deletes:
                     conn.execute(
                         "DELETE FROM bench_orders WHERE id >= %s AND id < %s", (low, low + deletes)
@@ -172,6 +174,11 @@ def main() -> None:
     parser.add_argument("--changes", type=int, default=1_000_000)
     parser.add_argument("--rate", type=int, default=1_000)
     parser.add_argument("--seconds", type=int, default=30)
+    parser.add_argument(
+        "--one-transaction",
+        action="store_true",
+        help="make all the changes in a single transaction (memory stays bounded?)",
+    )
     args = parser.parse_args()
     base = Path(tempfile.mkdtemp(prefix="replicator-bench-cdc-"))
     source, dest = PgCluster(base / "source", logical=True), PgCluster(base / "dest")
@@ -219,12 +226,13 @@ def main() -> None:
         first = run_measured(f"{cli} sync -q {where}", env)
         print(f"initial loads: replicator {first.seconds:.1f} s; subscription copied", flush=True)
         started = time.monotonic()
-        counts = make_changes(source.url(), args.rows, args.changes)
+        largest = 0 if args.one_transaction else 10_000
+        counts = make_changes(source.url(), args.rows, args.changes, largest)
         with psycopg.connect(source.url(), autocommit=True) as conn:
             (target,) = conn.execute("SELECT pg_current_wal_flush_lsn()::text").fetchone()
         print(
             f"made {sum(counts.values()):,} changes ({counts}) in "
-            f"{len(transaction_sizes(args.changes))} transactions in "
+            f"{len(transaction_sizes(args.changes, largest=largest))} transaction(s) in "
             f"{time.monotonic() - started:.1f} s",
             flush=True,
         )
