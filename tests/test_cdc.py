@@ -439,3 +439,64 @@ def test_a_table_left_out_by_select_does_not_stop_the_one_selected(
     later = _sync(cdc_project, "-s", "items")  # its changes waited in the slot
     assert "items: incremental, 20 rows" in later.stderr
     assert_same_table(source_conn, dest_conn, schema, "items")
+
+
+def test_a_not_null_domain_column_takes_deletes(
+    cdc_project, schema, writer, source_conn, dest_conn
+):
+    domain = sql.Identifier(schema, "label")
+    target = sql.Identifier(schema, "tagged")
+    writer.execute(sql.SQL("CREATE DOMAIN {} AS text NOT NULL CHECK (VALUE <> '')").format(domain))
+    writer.execute(sql.SQL("CREATE TABLE {} (id int PRIMARY KEY, tag {})").format(target, domain))
+    writer.execute(
+        sql.SQL("INSERT INTO {} SELECT g, 't' || g FROM generate_series(1, 10) g").format(target)
+    )
+    cdc_project.write_config({"tables": [{"name": f"{schema}.tagged", "mode": "cdc"}]})
+    _sync(cdc_project)
+    writer.execute(sql.SQL("DELETE FROM {} WHERE id <= 3").format(target))  # the log: key only
+    writer.execute(sql.SQL("UPDATE {} SET tag = 'changed' WHERE id = 4").format(target))
+    _sync(cdc_project)
+    assert assert_same_table(source_conn, dest_conn, schema, "tagged") == 7
+
+
+def test_a_shape_change_seen_only_in_the_log_reloads_the_table(
+    cdc_project, schema, writer, source_conn, dest_conn
+):
+    """DDL committed after a run planned the table but before its drain: the log's own
+    Relation message says the table changed shape; that table is reloaded, none lost."""
+    from replicator.capture.drain import CaptureTable, drain
+    from replicator.capture.slot import flushed_lsn, slot_info
+    from replicator.identifiers import TableName
+    from replicator.plan.inspect_table import inspect_source
+    from replicator.project.project import Project
+
+    _create(writer, schema)
+    _config(cdc_project, schema, "orders")
+    _sync(cdc_project)
+    project = Project.load(cdc_project.path)
+    table = project.config.tables[0]
+    _, planned_before = inspect_source(source_conn, table, project.templates)  # the plan's view
+    writer.execute(
+        sql.SQL("ALTER TABLE {} ADD COLUMN region text").format(sql.Identifier(schema, "orders"))
+    )
+    _run(writer, schema, "UPDATE {t} SET region = 'eu' WHERE id = 1")
+    names = json.loads((cdc_project.path / "sync-state" / "cdc.json").read_text())
+    (applied,) = dest_conn.execute(
+        "SELECT applied_lsn - '0/0'::pg_lsn FROM _replicator.cdc_applied WHERE schema_name = %s",
+        (schema,),
+    ).fetchone()
+    captured = CaptureTable(TableName(schema, "orders"), planned_before, int(applied))
+    drained = drain(
+        cdc_project.env["REPLICATOR_SOURCE_URL"],
+        cdc_project.env["REPLICATOR_DEST_URL"],
+        names["slot"],
+        names["publication"],
+        [captured],
+        slot_info(source_conn, names["slot"]).confirmed,
+        flushed_lsn(source_conn),
+    )
+    assert captured.drift == "in the log: region added" and captured.changes == 0
+    assert drained.end > 0
+    synced = _sync(cdc_project)
+    assert "reason: schema changed" in synced.stderr
+    assert assert_same_table(source_conn, dest_conn, schema, "orders") == 100

@@ -84,9 +84,38 @@ class Stager:
                     target=target.identifier(),
                 ),
             )
+            self._undomain(name)
             stage = TableStage(target, columns, name, key_positions=key_positions)
             self.stages[target] = stage
         return stage
+
+    def _undomain(self, name: sql.Identifier) -> None:
+        """Domain columns take their base type here: a NOT NULL or CHECK domain would refuse
+        the NULLs that stand for values a delete or an unchanged TOASTed value does not carry
+        (the destination table checks them when the rows are applied)."""
+        for _ in range(8):  # a domain over a domain: one level per pass
+            domains = execute(
+                self.dest,
+                "SELECT a.attname, format_type(t.typbasetype, t.typtypmod) "
+                "FROM pg_catalog.pg_attribute a JOIN pg_catalog.pg_type t ON t.oid = a.atttypid "
+                "WHERE a.attrelid = %s::regclass AND a.attnum > 0 AND NOT a.attisdropped "
+                "AND t.typtype = 'd'",
+                (name.as_string(self.dest),),
+            ).fetchall()
+            if not domains:
+                return
+            execute(
+                self.dest,
+                sql.SQL("ALTER TABLE {} {}").format(
+                    name,
+                    sql.SQL(", ").join(
+                        sql.SQL("ALTER COLUMN {} TYPE {}").format(
+                            sql.Identifier(column), sql.SQL(base)
+                        )
+                        for column, base in domains
+                    ),
+                ),
+            )
 
     def add(self, stage: TableStage, seq: int, op: bytes, values: list[Field]) -> None:
         """One change; `values` COPY text fields (copy_rows.fields), or UNCHANGED."""
