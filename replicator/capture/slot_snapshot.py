@@ -16,7 +16,6 @@ postgres/snapshot.ExportedSnapshot). The temporary slot vanishes when the connec
 
 from __future__ import annotations
 
-import contextlib
 import secrets
 from types import TracebackType
 from typing import Any
@@ -27,19 +26,19 @@ from psycopg import pq, sql
 from ..errors import DatabaseError
 from ..failpoints import failpoint
 from ..postgres.database import connect, execute
+from ..postgres.snapshot import ExportedSnapshot
 from ..redact import redact
 from .lsn import parse_lsn
 from .slot import PLUGIN
 
 
-class SlotSnapshot:
+class SlotSnapshot(ExportedSnapshot):
     """`with SlotSnapshot(url) as snap:`: `snap.snapshot_id` for the copy tasks, `snap.conn`
-    a transaction in the snapshot, `snap.lsn` its position in the log."""
+    a transaction in the snapshot (as ExportedSnapshot's), `snap.lsn` its position in the
+    log."""
 
     def __init__(self, source_url: str) -> None:
-        self.source_url = source_url
-        self.conn: psycopg.Connection[Any] | None = None
-        self.snapshot_id = ""
+        super().__init__(source_url)
         self.lsn = 0
         self._replication: psycopg.Connection[Any] | None = None
 
@@ -88,10 +87,7 @@ class SlotSnapshot:
         tb: TracebackType | None,
     ) -> None:
         try:
-            if self.conn is not None:
-                with contextlib.suppress(DatabaseError):
-                    execute(self.conn, "ROLLBACK")
-                self.conn.close()
+            super().__exit__(kind, value, tb)
         finally:
             if self._replication is not None:
                 self._replication.close()  # the temporary slot goes with it

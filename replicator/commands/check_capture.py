@@ -12,6 +12,7 @@ import psycopg
 from ..capture.preflight import IDENTITY_NAMES, capture_problem, replica_identity
 from ..capture.slot import published_tables, slot_info
 from ..errors import ReplicatorError
+from ..identifiers import display_ident
 from ..plan.inspect_table import inspect_source
 from ..postgres.database import fetch_all
 from ..project.capture_state import read_capture_state, resolve_names
@@ -49,7 +50,7 @@ def capture_findings(source: psycopg.Connection[Any], project: Project) -> Itera
             "error",
             "cdc",
             f"role {user} lacks the REPLICATION attribute (slots and load snapshots need it)",
-            f"ALTER ROLE {user} REPLICATION",
+            f"ALTER ROLE {display_ident(user)} REPLICATION",
         )
     names = _names(project)
     mine = names is not None and slot_info(source, names.slot) is not None

@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from ..errors import StateError
 from .config import CdcConfig
-from .state import FORMAT_VERSION, write_atomically
+from .state import FORMAT_VERSION, read_state_file, write_atomically
 
 FILE_NAME = "cdc.json"
 
@@ -44,12 +44,9 @@ def read_capture_state(state_dir: Path) -> CaptureState | None:
         "restore it from a copy, or delete it (the next sync then creates a new slot and "
         "reloads every cdc table; drop the old slot with `replicator cdc drop` first)"
     )
-    try:
-        raw = path.read_bytes()
-    except FileNotFoundError:
+    raw = read_state_file(path)
+    if raw is None:
         return None
-    except OSError as exc:
-        raise StateError(f"{path}: cannot read sync-state: {exc}") from None
     try:
         return CaptureState.model_validate(json.loads(raw.decode("utf-8")))
     except (UnicodeDecodeError, json.JSONDecodeError, ValidationError) as exc:

@@ -114,13 +114,8 @@ class StateStore:
     def read(self, name: TableName) -> TableState | None:
         """The table's state, None when it has none; StateError when the file is unusable."""
         path = self.path_for(name)
-        try:
-            raw = path.read_bytes()
-        except FileNotFoundError:
-            return None
-        except OSError as exc:
-            raise StateError(f"{path}: cannot read sync-state: {exc}") from None
-        return _parse(raw, path, name)
+        raw = read_state_file(path)
+        return None if raw is None else _parse(raw, path, name)
 
     def write(self, state: TableState, name: TableName) -> Path:
         """Replace the table's state atomically: temp file, fsync, rename, fsync the folder."""
@@ -137,6 +132,16 @@ class StateStore:
             return False
         _fsync_dir(self.directory)
         return True
+
+
+def read_state_file(path: Path) -> bytes | None:
+    """A sync-state file's bytes; None when it does not exist, StateError when unreadable."""
+    try:
+        return path.read_bytes()
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise StateError(f"{path}: cannot read sync-state: {exc}") from None
 
 
 def write_atomically(directory: Path, path: Path, data: str) -> Path:
