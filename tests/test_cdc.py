@@ -97,6 +97,38 @@ def test_unchanged_toasted_values_keep_the_destinations(
     assert assert_same_table(source_conn, dest_conn, schema, "orders") == 6
 
 
+def test_small_batches_applied_while_the_next_is_read_keep_commit_order(
+    cdc_project, schema, writer, source_conn, dest_conn, monkeypatch
+):
+    """Many batches and reads: each batch is staged on one session while the one before is
+    applied on the other; a row's later change (a TOASTed value kept across a move, a delete
+    then a re-insert) lands after its earlier one, in another batch."""
+    monkeypatch.setattr("replicator.capture.drain.BATCH_CHANGES", 4)
+    monkeypatch.setattr("replicator.capture.drain.READ_BATCHES", 3)
+    _create(writer, schema, "orders", rows=20)
+    _create(writer, schema, "items", rows=20)
+    big = "".join(uuid.uuid4().hex for _ in range(600))  # stored out of line
+    _run(writer, schema, "UPDATE {t} SET big = %s || id WHERE id <= 3", big)
+    _config(cdc_project, schema, "orders", "items")
+    _sync(cdc_project)
+    for n in range(1, 11):
+        with writer.transaction():  # one transaction across both tables
+            _run(writer, schema, "UPDATE {t} SET amount = %s WHERE id = %s", n, n)
+            _run(
+                writer, schema, "UPDATE {t} SET note = %s WHERE id = %s", f"i{n}", n, table="items"
+            )
+    for n in range(1, 4):  # a TOASTed row moved to a new key, then touched, one per batch
+        _run(writer, schema, "UPDATE {t} SET id = id + 100 WHERE id = %s", n)
+        _run(writer, schema, "UPDATE {t} SET note = 'moved' WHERE id = %s", n + 100)
+    _run(writer, schema, "DELETE FROM {t} WHERE id = 15", table="items")
+    _run(writer, schema, "INSERT INTO {t} VALUES (15, 'back', 1, NULL)", table="items")
+    synced = _sync(cdc_project, "-v")
+    batches = int(synced.stderr.split(" batch(es)")[0].rsplit(" in ", 1)[1])
+    assert batches >= 8, synced.stderr
+    assert assert_same_table(source_conn, dest_conn, schema, "orders") == 20
+    assert assert_same_table(source_conn, dest_conn, schema, "items") == 20
+
+
 def test_a_transaction_across_two_tables_and_a_copied_project(
     cdc_project, schema, writer, source_conn, dest_conn, tmp_path
 ):
@@ -425,6 +457,7 @@ def test_a_table_left_out_by_select_does_not_stop_the_one_selected(
     cdc_project, schema, writer, source_conn, dest_conn, monkeypatch
 ):
     monkeypatch.setattr("replicator.capture.drain.BATCH_CHANGES", 5)  # many small batches
+    monkeypatch.setattr("replicator.capture.drain.READ_BATCHES", 1)  # and reads
     _create(writer, schema, "orders")
     _create(writer, schema, "items")
     _config(cdc_project, schema, "orders", "items")
@@ -464,7 +497,8 @@ def test_a_shape_change_seen_only_in_the_log_reloads_the_table(
 ):
     """DDL committed after a run planned the table but before its drain: the log's own
     Relation message says the table changed shape; that table is reloaded, none lost."""
-    from replicator.capture.drain import CaptureTable, drain
+    from replicator.capture.capture_table import CaptureTable
+    from replicator.capture.drain import drain
     from replicator.capture.slot import flushed_lsn, slot_info
     from replicator.identifiers import TableName
     from replicator.plan.inspect_table import inspect_source

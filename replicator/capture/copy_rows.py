@@ -3,7 +3,9 @@
 A million-change batch goes through here a million times, so it does not build message
 objects (pgoutput.decode does, for the rare messages): it reads a change's relation, its
 tuples' values as bytes (already in the type's text output, which COPY reads) and escapes
-only values that hold a character COPY's text format reserves.
+only values that hold a character COPY's text format reserves. Most messages hold none
+anywhere, which one search of the whole message proves (its binary header can hold such a
+byte too: then every value is searched).
 """
 
 from __future__ import annotations
@@ -40,9 +42,9 @@ def relation_of(data: bytes) -> int:
     return int(_OID.unpack_from(data, 1)[0])
 
 
-def fields(data: bytes, at: int) -> tuple[list[Field], int]:
+def fields(data: bytes, at: int, plain: bool) -> tuple[list[Field], int]:
     """One tuple's values as COPY text fields (NULL as `\\N`, UNCHANGED kept), and where the
-    next part of the message starts."""
+    next part of the message starts; `plain`: the message holds no byte COPY reserves."""
     (count,) = _COUNT.unpack_from(data, at)
     at += 2
     out: list[Field] = []
@@ -54,7 +56,7 @@ def fields(data: bytes, at: int) -> tuple[list[Field], int]:
             start = at + 5
             at = start + size
             value = data[start:at]
-            append(escape(value) if search(value) else value)
+            append(value if plain or not search(value) else escape(value))
         elif kind == _NULL:
             append(NULL)
             at += 1
@@ -70,18 +72,19 @@ def change(data: bytes) -> tuple[int, list[Field] | None, bool, list[Field] | No
     """An I, U or D message: (kind, old tuple or None, whether old holds only the key, new
     tuple or None)."""
     kind, marker = data[0], data[5]
+    plain = _SPECIAL.search(data) is None
     if kind == INSERT:
-        new, _ = fields(data, 6)
+        new, _ = fields(data, 6, plain)
         return kind, None, False, new
     if marker == _NEW:  # an update that kept its key, default identity
-        new, _ = fields(data, 6)
+        new, _ = fields(data, 6, plain)
         return kind, None, False, new
     if marker not in (_KEY, _OLD):
         raise DecodeError(f"pgoutput change with tuple marker {chr(marker)!r}")
-    old, at = fields(data, 6)
+    old, at = fields(data, 6, plain)
     if kind == DELETE:
         return kind, old, marker == _KEY, None
     if data[at] != _NEW:
         raise DecodeError("pgoutput update without its new tuple")
-    new, _ = fields(data, at + 1)
+    new, _ = fields(data, at + 1, plain)
     return kind, old, marker == _KEY, new

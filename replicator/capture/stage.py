@@ -8,13 +8,15 @@ value is then NULL here and comes from the row's previous version when applied).
 
 pgoutput sends values in the type's text output, which is what COPY's text format reads, so
 values are never parsed here: bytes are escaped and passed on. Rows are buffered per table and
-flushed with one COPY per table whenever the buffers pass FLUSH_BYTES: memory stays bounded
-whatever the size of a transaction. Temporary tables write no WAL and vanish with the session,
+flushed with one COPY per table whenever the buffers pass FLUSH_BYTES (on a copier thread,
+while the next rows are decoded; one COPY at a time): memory stays bounded whatever the size
+of a transaction. Temporary tables write no WAL and vanish with the session,
 so a crash leaves nothing behind.
 """
 
 from __future__ import annotations
 
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -44,11 +46,12 @@ class TableStage:
     truncated_at: int | None = None  # seq of the last TRUNCATE of the table in the batch
     moves: list[tuple[int, tuple[bytes | None, ...]]] = field(default_factory=list)
     key_positions: tuple[int, ...] = ()
-    keys: set[tuple[Field, ...]] = field(default_factory=set)  # the batch's keys so far
+    keys: set[Field | tuple[Field, ...]] = field(default_factory=set)  # the batch's keys so far
     simple: bool = True  # every key once, no unchanged value: applied without dedup
 
     def note_key(self, values: list[Field]) -> None:
-        key = tuple(values[i] for i in self.key_positions)
+        positions = self.key_positions
+        key = values[positions[0]] if len(positions) == 1 else tuple(values[i] for i in positions)
         if key in self.keys or len(self.keys) >= MAX_KEYS:  # memory stays bounded
             self.simple = False
             self.keys.clear()
@@ -59,16 +62,27 @@ class TableStage:
 class Stager:
     """Stages changes for the tables of one drain, on the drain's own destination session."""
 
-    def __init__(self, dest: psycopg.Connection[Any]) -> None:
+    def __init__(
+        self, dest: psycopg.Connection[Any], copier: ThreadPoolExecutor | None = None
+    ) -> None:
         self.dest = dest
         self.stages: dict[TableName, TableStage] = {}
         self.buffered = 0
+        self._copier = copier  # sends full buffers while the next ones are filled
+        self._copying: Future[None] | None = None
+
+    def _settle(self) -> None:
+        """Wait for the COPY under way (the session runs one statement at a time)."""
+        copying, self._copying = self._copying, None
+        if copying is not None:
+            copying.result()
 
     def stage_for(
         self, target: TableName, columns: tuple[str, ...], key_positions: tuple[int, ...]
     ) -> TableStage:
         stage = self.stages.get(target)
         if stage is None:
+            self._settle()
             name = sql.Identifier(f"replicator_stage_{len(self.stages)}")
             execute(
                 self.dest,
@@ -133,31 +147,46 @@ class Stager:
         stage.changes += 1
         self.buffered += len(line)
         if self.buffered >= FLUSH_BYTES:
-            self.flush()
+            self.flush(wait=False)
 
     def truncate(self, stage: TableStage, seq: int) -> None:
         stage.truncated_at = seq
         stage.changes += 1
 
-    def flush(self) -> None:
+    def flush(self, *, wait: bool = True) -> None:
+        """COPY the buffered rows into their staging tables; `wait` False: on the copier's
+        thread, while the caller goes on filling buffers (the server parses the rows
+        meanwhile)."""
+        copies = [
+            (stage.name, stage.columns, b"".join(stage.buffer))
+            for stage in self.stages.values()
+            if stage.buffer
+        ]
         for stage in self.stages.values():
-            if not stage.buffer:
-                continue
+            stage.buffer.clear()
+            stage.size = 0
+        self.buffered = 0
+        self._settle()
+        if copies and self._copier is not None and not wait:
+            self._copying = self._copier.submit(self._copy, copies)
+        elif copies:
+            self._copy(copies)
+
+    def _copy(self, copies: list[tuple[sql.Identifier, tuple[str, ...], bytes]]) -> None:
+        for name, columns, data in copies:
             statement = sql.SQL("COPY {} ({}) FROM STDIN").format(
-                stage.name,
+                name,
                 sql.SQL(", ").join(
-                    sql.Identifier(c) for c in (SEQ, OP, UNCHANGED_COLUMNS, *stage.columns)
+                    sql.Identifier(c) for c in (SEQ, OP, UNCHANGED_COLUMNS, *columns)
                 ),
             )
             note(self.dest, statement)
             with self.dest.cursor().copy(statement) as copy:
-                copy.write(b"".join(stage.buffer))
-            stage.buffer.clear()
-            stage.size = 0
-        self.buffered = 0
+                copy.write(data)
 
     def reset(self) -> None:
         """Empty every staging table for the next batch."""
+        self._settle()
         for stage in self.stages.values():
             stage.buffer.clear()
             stage.size = stage.changes = 0

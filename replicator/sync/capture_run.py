@@ -20,7 +20,8 @@ from dataclasses import replace
 import psycopg
 
 from ..capture.applied import applied_positions, ensure_applied_table
-from ..capture.drain import CaptureTable, drain
+from ..capture.capture_table import CaptureTable
+from ..capture.drain import drain
 from ..capture.lsn import lsn_text
 from ..capture.preflight import capture_problem
 from ..capture.slot import (

@@ -1,0 +1,128 @@
+"""Batches applied on a second thread while the drain reads and stages the next one.
+
+Two destination sessions take turns: a batch is staged into one session's temporary tables
+and applied there, while the next batch is staged on the other. Applies run one at a time, in
+the order the batches were read (each waits for the one before), so a table's changes land in
+commit order and its position only moves forward. The reading thread spends its time in
+Python (decoding, COPY fields); the applying one waits on the destination, so on two cores
+the two overlap instead of adding up.
+
+A table whose apply fails has its position forgotten (its next run reloads it; the other
+tables go on); if even that fails it holds the slot at its first change in the batch: the
+applier returns that position to the reader, which keeps the slot from passing it.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import psycopg
+
+from ..errors import ReplicatorError, one_line
+from ..failpoints import failpoint
+from ..identifiers import TableName
+from ..interrupts import raise_if_requested
+from .applied import forget_applied
+from .apply import apply_stage
+from .capture_table import CaptureTable
+from .lsn import lsn_text
+from .stage import Stager, TableStage
+
+log = logging.getLogger("replicator.capture")
+
+
+@dataclass
+class Batch:
+    """Whole transactions, staged on one session, applied together."""
+
+    changes: int = 0
+    end: int = 0  # the end of its last commit: the tables' position once applied
+    first_seen: dict[TableName, int] = field(default_factory=dict)  # first commit per table
+
+
+class Applier:
+    """Applies staged batches in order, one at a time, beside the reading thread."""
+
+    def __init__(
+        self,
+        sessions: Sequence[psycopg.Connection[Any]],
+        pool: ThreadPoolExecutor,
+        copier: ThreadPoolExecutor,
+    ):
+        self._stagers = [Stager(session, copier) for session in sessions]
+        self._turn = 0
+        self._pool = pool
+        self._pending: Future[int | None] | None = None
+
+    @property
+    def stager(self) -> Stager:
+        """Where the batch being read is staged."""
+        return self._stagers[self._turn]
+
+    def submit(self, batch: Batch, tables: Sequence[CaptureTable]) -> int | None:
+        """Start applying the staged batch (once the one before is applied); returns the hold
+        of the one before, if any (see `wait`)."""
+        stager = self.stager
+        stager.flush()
+        failpoint("cdc-after-stage")
+        held = self.wait()
+        self._pending = self._pool.submit(_apply_batch, stager, batch, tables)
+        self._turn = (self._turn + 1) % len(self._stagers)
+        return held
+
+    def wait(self) -> int | None:
+        """Wait for the batch being applied; returns the first commit a table that failed and
+        could not be forgotten needs again (the slot must not pass it), or None."""
+        pending, self._pending = self._pending, None
+        return pending.result() if pending is not None else None
+
+
+def _apply_batch(stager: Stager, batch: Batch, tables: Sequence[CaptureTable]) -> int | None:
+    hold: int | None = None
+    for table in tables:
+        if not table.takes_changes:
+            continue
+        stage = stager.stages.get(table.target)
+        if stage is not None and stage.changes:
+            held = _apply(stager.dest, table, stage, batch)
+            if held is not None:
+                hold = held if hold is None else min(hold, held)
+    stager.reset()
+    log.debug("cdc: batch of %d change(s), up to %s", batch.changes, lsn_text(batch.end))
+    return hold
+
+
+def _apply(
+    dest: psycopg.Connection[Any], table: CaptureTable, stage: TableStage, batch: Batch
+) -> int | None:
+    """Apply one table's batch; returns where it holds the slot if it failed and its
+    position could not be forgotten."""
+    started, end = time.monotonic(), batch.end
+    try:
+        applied = apply_stage(dest, stage, table.key, end, table.label)
+    except (ReplicatorError, psycopg.Error) as exc:
+        raise_if_requested()
+        table.error = one_line(exc)
+        try:  # its next run reloads it; meanwhile the slot need not keep its changes
+            forget_applied(dest, table.target)
+        except (ReplicatorError, psycopg.Error):
+            table.holds = True
+            return batch.first_seen.get(table.name, end)
+        return None
+    table.changes += stage.changes
+    table.upserted += applied.upserted
+    table.deleted += applied.deleted
+    table.truncated = table.truncated or applied.truncated
+    table.applied = table.position = end
+    log.debug(
+        "cdc: %s: %d change(s) applied in %.2f s",
+        table.label,
+        stage.changes,
+        time.monotonic() - started,
+    )
+    return None

@@ -1,0 +1,58 @@
+"""A `cdc` table as the drain sees it: what it copies, where its copy is current to, and what
+the drain did to it."""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, field
+
+from ..identifiers import TableName
+from ..plan.table_sql import TableSql
+
+
+@dataclass
+class CaptureTable:
+    """A `cdc` table the drain feeds (or only watches, `apply` False: not selected this run)."""
+
+    name: TableName  # the source table, as the log names it
+    built: TableSql | None  # None for a table only watched
+    applied: int  # commits starting before this are in the destination already
+    apply: bool = True
+    # what this drain did to it
+    changes: int = 0
+    upserted: int = 0
+    deleted: int = 0
+    truncated: bool = False
+    drift: str | None = None  # the log's shape of the table differs from the copy's
+    error: str | None = None
+    holds: bool = False  # failed, and its position could not be forgotten: keeps its changes
+    position: int = 0  # where its copy is current to after the drain
+    key_positions: tuple[int, ...] = field(default=())
+
+    def __post_init__(self) -> None:
+        names = list(self.columns)
+        key = self.built.primary_key if self.built else ()
+        self.key_positions = tuple(names.index(k) for k in key)
+        self.position = self.applied
+
+    @functools.cached_property
+    def columns(self) -> tuple[str, ...]:
+        return tuple(c.name for c in self.built.columns) if self.built else ()
+
+    @functools.cached_property
+    def target(self) -> TableName:
+        assert self.built is not None
+        return self.built.table.target
+
+    @property
+    def key(self) -> tuple[str, ...]:
+        assert self.built is not None
+        return self.built.primary_key
+
+    @property
+    def label(self) -> str:
+        return self.built.table.written_name if self.built else str(self.name)
+
+    @property
+    def takes_changes(self) -> bool:
+        return self.apply and self.drift is None and self.error is None

@@ -1,0 +1,223 @@
+"""One read of the slot: `pg_logical_slot_peek_binary_changes` from the slot's position up to
+the drain's end, cut at commit boundaries into batches that are staged and handed to the
+applier one by one (the next batch is read while the previous one is applied).
+
+A read stops at the first commit after its limit of messages (a bigger transaction comes
+whole, but streams through a server-side cursor into COPY, so memory stays bounded). A table
+skips transactions whose commit starts before its applied position: they are in its copy.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import psycopg
+
+from ..identifiers import TableName
+from ..postgres.database import note
+from .applier import Applier, Batch
+from .capture_table import CaptureTable
+from .copy_rows import DELETE, INSERT, UPDATE, Field, change, relation_of
+from .lsn import lsn_text
+from .pgoutput import UNCHANGED, Begin, Commit, Relation, Truncate, Update, decode
+from .stage import Stager, TableStage
+
+FETCH_ROWS = 5_000
+_ROW_CHANGES = frozenset((INSERT, UPDATE, DELETE))
+_PEEK = (
+    "SELECT data FROM pg_catalog.pg_logical_slot_peek_binary_changes(%s, %s::pg_lsn, %s, "
+    "'proto_version', '1', 'publication_names', %s)"
+)
+
+
+@dataclass
+class Read:
+    """What one read of the slot saw."""
+
+    rows: int = 0  # messages
+    changes: int = 0
+    batches: int = 0
+    end: int = 0  # the end of its last commit
+    hold: int | None = None  # the first commit a table that could not take it has changes in
+
+    def hold_at(self, lsn: int | None) -> None:
+        if lsn is not None:
+            self.hold = lsn if self.hold is None else min(self.hold, lsn)
+
+
+@dataclass
+class _Reader:
+    tables: dict[TableName, CaptureTable]
+    applier: Applier
+    batch_changes: int
+    read: Read = field(default_factory=Read)
+    batch: Batch = field(default_factory=Batch)
+    relations: dict[int, tuple[CaptureTable, str | None]] = field(default_factory=dict)
+    final_lsn: int = 0  # the commit position of the transaction being read
+    seq: int = 0
+
+
+def read_changes(
+    source: psycopg.Connection[Any],
+    applier: Applier,
+    slot: str,
+    publication: str,
+    tables: dict[TableName, CaptureTable],
+    upto: int,
+    limit: int,
+    batch_changes: int,
+) -> Read:
+    """Read up to `limit` messages (then to the next commit) and apply them, batch by batch;
+    returns once every batch is applied."""
+    reader = _Reader(tables, applier, batch_changes)
+    read, stager = reader.read, applier.stager
+    stages: dict[int, TableStage] = {}  # the batch's staging table of each relation
+    note(source, _PEEK)
+    with source.cursor(name="replicator_changes", binary=True) as cursor:
+        cursor.itersize = FETCH_ROWS
+        cursor.execute(_PEEK, (slot, lsn_text(upto), limit, _quote_publication(publication)))
+        for (data,) in cursor:
+            read.rows += 1
+            if data[0] in _ROW_CHANGES:  # the hot path: no message object
+                reader.batch.changes += 1
+                oid = relation_of(data)
+                table = _taker(reader, reader.relations.get(oid))
+                if table is not None:
+                    stage = stages.get(oid)
+                    if stage is None:
+                        stage = stages[oid] = _stage_of(stager, table)
+                    reader.seq += 2
+                    _stage_change(stager, stage, table, data, reader.seq)
+            elif _other(reader, stager, data):  # a commit closed a full batch
+                stager = applier.stager
+                stages.clear()
+    source.commit()
+    _hand_over(reader)
+    read.hold_at(applier.wait())
+    return read
+
+
+def _other(reader: _Reader, stager: Stager, data: bytes) -> bool:
+    """A message other than a row change; True when it handed a full batch to the applier."""
+    message = decode(data, raw=True)
+    if isinstance(message, Begin):
+        reader.final_lsn = message.final_lsn
+    elif isinstance(message, Commit):
+        reader.batch.end = reader.read.end = message.end_lsn
+        if reader.batch.changes >= reader.batch_changes:
+            _hand_over(reader)
+            return True
+    elif isinstance(message, Relation):
+        table = reader.tables.get(TableName(message.schema, message.name))
+        if table is not None:
+            reader.relations[message.oid] = (table, _drift(table, message))
+    elif isinstance(message, Truncate):
+        reader.batch.changes += 1
+        for oid in message.relations:
+            table = _taker(reader, reader.relations.get(oid))
+            if table is not None:
+                reader.seq += 2
+                stager.truncate(_stage_of(stager, table), reader.seq)
+    return False
+
+
+def _hand_over(reader: _Reader) -> None:
+    batch = reader.batch
+    if batch.changes:
+        reader.read.changes += batch.changes
+        reader.read.batches += 1
+        reader.read.hold_at(reader.applier.submit(batch, list(reader.tables.values())))
+    reader.batch = Batch()
+
+
+def _quote_publication(name: str) -> str:
+    """publication_names is a comma-separated list of identifiers: quote ours."""
+    return '"' + name.replace('"', '""') + '"'
+
+
+def _drift(table: CaptureTable, message: Relation) -> str | None:
+    """How the log's shape of the table differs from its copy's (None: it does not)."""
+    logged = [(c.name, c.type_oid) for c in message.columns]
+    if table.built is None:  # only watched: its shape is checked when it is synced
+        return None
+    copied = [(c.name, c.type_oid) for c in table.built.columns]
+    return None if logged == copied else _describe_drift(logged, copied)
+
+
+def _describe_drift(logged: list[tuple[str, int]], copied: list[tuple[str, int]]) -> str:
+    now, before = dict(logged), dict(copied)
+    added = [n for n in now if n not in before]
+    dropped = [n for n in before if n not in now]
+    retyped = [n for n in now if n in before and now[n] != before[n]]
+    parts = [
+        *(f"{n} added" for n in added),
+        *(f"{n} dropped" for n in dropped),
+        *(f"{n} type changed" for n in retyped),
+    ]
+    return "in the log: " + (", ".join(parts) if parts else "columns reordered")
+
+
+def _taker(reader: _Reader, known: tuple[CaptureTable, str | None] | None) -> CaptureTable | None:
+    """The table that takes a change of this relation in the transaction being read; None
+    when none does (not a cdc table, a change its copy has, a table not selected this run,
+    which holds the slot there, or one already failed or drifted)."""
+    final_lsn = reader.final_lsn
+    if known is None or final_lsn < known[0].applied:
+        return None
+    table, drift = known
+    if not table.apply or table.holds:  # it reads this again next time
+        reader.read.hold_at(final_lsn)
+        return None
+    if drift is not None and table.drift is None:
+        table.drift = drift  # reloaded after the drain; its changes from here are moot
+    if not table.takes_changes:
+        return None
+    reader.batch.first_seen.setdefault(table.name, final_lsn)
+    return table
+
+
+def _stage_of(stager: Stager, table: CaptureTable) -> TableStage:
+    return stager.stage_for(table.target, table.columns, table.key_positions)
+
+
+def _stage_change(
+    stager: Stager, stage: TableStage, table: CaptureTable, data: bytes, seq: int
+) -> None:
+    kind, old, old_is_key, new = change(data)
+    if kind == INSERT:
+        stager.add(stage, seq, b"I", new)
+    elif kind == DELETE:
+        stager.add(stage, seq, b"D", old)
+    elif old is None:
+        stager.add(stage, seq, b"U", new)
+    else:
+        _stage_update(stager, stage, table, data, seq, old, old_is_key, new)
+
+
+def _stage_update(
+    stager: Stager,
+    stage: TableStage,
+    table: CaptureTable,
+    data: bytes,
+    seq: int,
+    old: list[Field],
+    old_is_key: bool,
+    new: list[Field],
+) -> None:
+    """An update that carries its old row: REPLICA IDENTITY FULL (unchanged values come from
+    it), or a key that changed (the row leaves its old key: a delete there)."""
+    if not old_is_key:
+        new = [o if n is UNCHANGED else n for n, o in zip(new, old, strict=True)]
+    positions = table.key_positions
+    if [old[i] for i in positions] == [new[i] for i in positions]:
+        stager.add(stage, seq, b"U", new)
+        return
+    stager.add(stage, seq - 1, b"D", old)
+    if UNCHANGED in new:  # values of the old key's row: resolved when applied
+        message = decode(data, raw=True)
+        assert isinstance(message, Update) and message.old is not None
+        stage.moves.append((seq, tuple(message.old[i] for i in positions)))  # type: ignore[misc]
+        stager.add(stage, seq, b"M", new)
+    else:
+        stager.add(stage, seq, b"U", new)
