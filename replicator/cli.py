@@ -18,6 +18,7 @@ from .cli_options import common, json_option, quiet_broken_pipe, select_option, 
 from .errors import UsageError
 from .project.project import Project
 from .report.logs import configure_logging, error_line, json_output, say
+from .transfer.jvm_stop import stop_spark_on_exit
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
@@ -380,6 +381,8 @@ def main() -> None:
         sys.exit(130)
     except BrokenPipeError:
         quiet_broken_pipe()
+    finally:
+        stop_spark_on_exit()  # no JVM outlives the command
 
 
 def _log_format_in(args: list[str]) -> str:

@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 from dbcompare import leftovers
@@ -55,6 +56,58 @@ def _wait_for(condition, seconds: float, what: str):
     raise AssertionError(f"timed out waiting for {what}")
 
 
+def _survivors(group: int) -> list[str]:
+    """Live processes of the process group `group` (a run started as its own session), so a
+    JVM or a Spark Python worker that outlived the command shows."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+        except OSError:  # it ended meanwhile
+            continue
+        name_end = text.rindex(")")
+        state, _, pgrp = text[name_end + 2 :].split()[:3]
+        if int(pgrp) == group and state != "Z":
+            found.append(text[: name_end + 1])
+    return found
+
+
+class _Run:
+    """`replicator ...` as its own process group, its output in files: a pipe would make
+    reading it wait for whatever else holds the pipe open (a JVM outliving the command)."""
+
+    def __init__(self, db_project, tmp_path: Path, *args: str, env: dict[str, str]) -> None:
+        self.out, self.err = tmp_path / "stdout", tmp_path / "stderr"
+        with self.out.open("w") as out, self.err.open("w") as err:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "replicator", *args, "--project-dir", str(db_project.path)],
+                env={**os.environ, **db_project.env, **env},
+                stdout=out,
+                stderr=err,
+                stdin=subprocess.DEVNULL,
+                text=True,
+                start_new_session=True,  # its own process group: what it leaves is visible
+            )
+
+    def wait(self, timeout: float) -> tuple[int, str, str]:
+        """Exit code, stdout and stderr once the command exits (and only it)."""
+        try:
+            code = self.process.wait(timeout=timeout)
+        finally:
+            self.process.kill()
+        return code, self.out.read_text(), self.err.read_text()
+
+
+def test_no_process_of_a_finished_run_outlives_it(db_project, table, tmp_path):
+    db_project.write_config({"tables": [{"name": f"{table}.t", "mode": "full-refresh"}]})
+    run = _Run(db_project, tmp_path, "sync", env={"REPLICATOR_SPARK_MIN_ROWS": "0"})
+    code, _, stderr = run.wait(300)
+    survivors = _survivors(run.process.pid)
+    assert code == 0, stderr
+    assert "t: full_reload, 500 rows" in stderr  # through Spark: a JVM ran
+    assert survivors == []
+
+
 @pytest.mark.parametrize(
     ("signum", "code", "env"),
     [
@@ -64,7 +117,7 @@ def _wait_for(condition, seconds: float, what: str):
     ],
 )
 def test_a_signal_mid_load_cancels_cleans_up_and_reports(
-    db_project, table, source_conn, dest_conn, httpserver, signum, code, env
+    db_project, table, source_conn, dest_conn, httpserver, signum, code, env, tmp_path
 ):
     httpserver.expect_request("/hook", method="POST").respond_with_data("ok")
     db_project.env["REPLICATOR_WEBHOOK_URL"] = httpserver.url_for("/hook")
@@ -76,21 +129,15 @@ def test_a_signal_mid_load_cancels_cleans_up_and_reports(
         )
     ).fetchone()
     db_project.write(f"models/{table}/t.sql", SLOW_MODEL)
-    process = subprocess.Popen(
-        [sys.executable, "-m", "replicator", "sync", "--project-dir", str(db_project.path)],
-        env={**os.environ, **db_project.env, **env},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        stdin=subprocess.DEVNULL,
-        text=True,
-    )
+    run = _Run(db_project, tmp_path, "sync", env=env)
     try:
         _wait_for(lambda: _sleeping(source_conn, table), 120, "the slow source query")
-        os.kill(process.pid, signum)
-        stdout, stderr = process.communicate(timeout=60)
+        os.kill(run.process.pid, signum)
     finally:
-        process.kill()
-    assert process.returncode == code, stderr
+        returncode, stdout, stderr = run.wait(60)
+    survivors = _survivors(run.process.pid)
+    assert returncode == code, stderr
+    assert survivors == []  # the JVM and Spark's Python workers too
     assert f"run interrupted by {signal.Signals(signum).name}" in stderr
     for noise in ("Traceback", "error ignored", "Aborted", "Exception"):
         assert noise not in stderr + stdout, stderr

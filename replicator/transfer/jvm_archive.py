@@ -86,24 +86,11 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def stop_jvm_and_keep_archive(plan: ArchivePlan) -> None:
-    """Stop the driver JVM cleanly (it writes the archive as it exits), then publish it."""
-    from pyspark import SparkContext
-
-    gateway = SparkContext._gateway
-    if gateway is None or plan.pending is None or plan.final is None:
+def publish_archive(plan: ArchivePlan) -> None:
+    """After the JVM exited cleanly (it writes the archive as it exits): make it the one
+    later runs map."""
+    if plan.pending is None or plan.final is None:
         return
-    proc = getattr(gateway, "proc", None)
-    with contextlib.suppress(Exception):
-        gateway.shutdown()
-    SparkContext._gateway = None
-    SparkContext._jvm = None
-    if proc is None:
-        return
-    with contextlib.suppress(Exception):
-        if proc.stdin:
-            proc.stdin.close()  # the gateway exits on EOF, running its shutdown hooks
-        proc.wait(timeout=120)
     if plan.pending.is_file() and plan.pending.stat().st_size > 0:
         os.replace(plan.pending, plan.final)
     else:

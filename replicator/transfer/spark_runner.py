@@ -18,7 +18,8 @@ from ..interrupts import on_interrupt, raise_if_requested, requested
 from ..project.settings import Settings
 from ..redact import redact
 from .copy_stream import CopyResult, CopyTask, TaskError, run_copy_task
-from .jvm_archive import ArchivePlan, plan_archive, stop_jvm_and_keep_archive
+from .jvm_archive import ArchivePlan, plan_archive, publish_archive
+from .jvm_stop import stop_jvm
 from .spark_session import jdbc_jar
 
 _DRIVER_OPTIONS = "spark.driver.extraJavaOptions"
@@ -129,17 +130,19 @@ class SparkRunner:
             stop_cancelling()
 
     def finish(self) -> None:
-        """End of the run. The JVM normally just exits with this process; the run that
-        builds the class archive stops it cleanly so that the archive is written."""
+        """End of the run. The run that builds the class archive stops the JVM now, cleanly,
+        so that the archive is written; otherwise the context stays for the process's next
+        run (tests run many in one process) and the console script stops it as it exits
+        (transfer/jvm_stop.py: no JVM outlives the command)."""
         interrupted = requested() is not None  # then exit now; a later run writes it
         if (
             self._context is not None
             and self._archive
             and self._archive.pending
             and not interrupted
+            and stop_jvm(self._context, graceful=True)
         ):
-            self._context.stop()
-            stop_jvm_and_keep_archive(self._archive)
+            publish_archive(self._archive)
         self._context = None
 
 
