@@ -534,3 +534,89 @@ def test_a_shape_change_seen_only_in_the_log_reloads_the_table(
     synced = _sync(cdc_project)
     assert "reason: schema changed" in synced.stderr
     assert assert_same_table(source_conn, dest_conn, schema, "orders") == 100
+
+
+def test_a_table_back_in_the_config_reloads_instead_of_missing_changes(
+    cdc_project, schema, writer, source_conn, dest_conn
+):
+    """Out of the config, a table leaves the publication: its changes meanwhile are in no
+    log. Back in, its copy reloads (found by a newcomer trial: it went on from its old
+    position, and the update below was never applied)."""
+    _create(writer, schema, "orders")
+    _create(writer, schema, "items")
+    _config(cdc_project, schema, "orders", "items")
+    _sync(cdc_project)
+    _config(cdc_project, schema, "items")
+    assert "removed" in _sync(cdc_project).stderr
+    _run(writer, schema, "UPDATE {t} SET note = 'while out of the config' WHERE id = 3")
+    _config(cdc_project, schema, "orders", "items")
+    back = _sync(cdc_project)
+    assert f"{schema}.orders: full_reload" in back.stderr, back.stderr
+    assert "reason: no log position in the destination" in back.stderr
+    assert_same_table(source_conn, dest_conn, schema, "orders")
+
+
+def test_a_slot_the_dba_makes_again_reloads_the_copies(
+    cdc_project, schema, writer, source_conn, dest_conn
+):
+    """A slot named in `cdc` (create: false) that disappears, then is made again by hand,
+    starts after the copies' positions: the changes in between are in no slot, so the copies
+    reload (found by a newcomer trial: the next sync went on and lost them)."""
+    slot = f"dba_{uuid.uuid4().hex[:12]}"
+    _create(writer, schema)
+    source_conn.execute(
+        sql.SQL("CREATE PUBLICATION {} FOR TABLE {}").format(
+            sql.Identifier(slot), sql.Identifier(schema, "orders")
+        )
+    )
+    source_conn.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))
+    _config(cdc_project, schema, "orders", cdc={"slot": slot, "publication": slot, "create": False})
+    _sync(cdc_project)
+    source_conn.execute("SELECT pg_drop_replication_slot(%s)", (slot,))  # by mistake
+    _run(writer, schema, "UPDATE {t} SET note = 'in no slot' WHERE id = 3")
+    missing = cdc_project.run("sync")
+    assert missing.exit_code == 1
+    assert f"create it (SELECT pg_create_logical_replication_slot('{slot}', 'pgoutput'))" in (
+        missing.stderr
+    )
+    assert "the next sync then reloads every cdc table" in missing.stderr
+    source_conn.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))
+    again = _sync(cdc_project)
+    assert "reason: slot lost" in again.stderr, again.stderr
+    assert_same_table(source_conn, dest_conn, schema, "orders")
+
+
+def test_a_table_the_log_cannot_carry_says_why(cdc_project, schema, writer):
+    """Alone in the config, its own reason, not the set-up's "no table can be captured"."""
+    writer.execute(
+        sql.SQL(
+            "CREATE TABLE {} (id int PRIMARY KEY, n int, "
+            "twice int GENERATED ALWAYS AS (n * 2) STORED)"
+        ).format(sql.Identifier(schema, "gen"))
+    )
+    _config(cdc_project, schema, "gen")
+    failed = cdc_project.run("sync")
+    assert failed.exit_code == 1
+    assert "generated column" in failed.stderr, failed.stderr
+
+
+def test_renaming_the_slot_in_the_config_names_the_old_one_to_drop(
+    cdc_project, schema, writer, source_conn, dest_conn
+):
+    _create(writer, schema)
+    _config(cdc_project, schema, "orders")
+    _sync(cdc_project)
+    old = _slot(cdc_project)
+    renamed = f"renamed_{uuid.uuid4().hex[:8]}"
+    try:
+        _config(cdc_project, schema, "orders", cdc={"slot": renamed})
+        synced = _sync(cdc_project)
+        assert f"replication slot {old} (made by this project) is no longer used" in (synced.stderr)
+        assert f"SELECT pg_drop_replication_slot('{old}')" in synced.stderr
+        assert_same_table(source_conn, dest_conn, schema, "orders")
+    finally:
+        source_conn.execute(
+            "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots "
+            "WHERE slot_name = %s",
+            (old,),
+        )

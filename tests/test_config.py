@@ -111,6 +111,21 @@ def _errors(project, document) -> tuple[int, str]:
             id="cdc-with-a-replication-key",
         ),
         pytest.param(
+            {
+                "tables": [
+                    {
+                        "name": "a.b",
+                        "mode": "cdc",
+                        "initial_load": "skip",
+                        "deletes": "delete",
+                        "lookback": 0,
+                    }
+                ]
+            },
+            'tables[0]: "lookback", "initial_load", "deletes" do not apply to mode "cdc"',
+            id="cdc-with-several-cursor-options",
+        ),
+        pytest.param(
             {"tables": [{"name": "a.b", "mode": "cdc"}], "cdc": {"create": False}},
             'cdc: "create": false uses a slot and a publication a DBA made: name both',
             id="cdc-not-created-needs-names",

@@ -85,6 +85,7 @@ class Applier:
 def _apply_batch(stager: Stager, batch: Batch, tables: Sequence[CaptureTable]) -> int | None:
     hold: int | None = None
     for table in tables:
+        raise_if_requested()  # SIGTERM: the tables not applied yet wait for the next run
         if not table.takes_changes:
             continue
         stage = stager.stages.get(table.target)
@@ -110,6 +111,7 @@ def _apply(
         table.error = one_line(exc)
         try:  # its next run reloads it; meanwhile the slot need not keep its changes
             forget_applied(dest, table.target)
+            table.forgotten = True
         except (ReplicatorError, psycopg.Error):
             table.holds = True
             return batch.first_seen.get(table.name, end)

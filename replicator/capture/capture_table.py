@@ -26,6 +26,7 @@ class CaptureTable:
     drift: str | None = None  # the log's shape of the table differs from the copy's
     error: str | None = None
     holds: bool = False  # failed, and its position could not be forgotten: keeps its changes
+    forgotten: bool = False  # its position was removed from the destination (it reloads)
     position: int = 0  # where its copy is current to after the drain
     key_positions: tuple[int, ...] = field(default=())
 

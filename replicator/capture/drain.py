@@ -18,10 +18,14 @@ import logging
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Any
+
+import psycopg
 
 from ..failpoints import failpoint
 from ..interrupts import raise_if_requested
 from ..postgres.database import connect, execute
+from .applied import forget_applied
 from .applier import Applier
 from .capture_table import CaptureTable
 from .lsn import lsn_text
@@ -60,14 +64,13 @@ def drain(
     limit = per_batch * READ_BATCHES
     position, batches = start, 0
     with (
-        connect(source_url, "source", autocommit=False) as source,
+        connect(source_url, "source") as source,
         connect(dest_url, "destination") as staging,
         connect(dest_url, "destination") as other_staging,
         ThreadPoolExecutor(1, thread_name_prefix="replicator-apply") as pool,
         ThreadPoolExecutor(1, thread_name_prefix="replicator-copy") as copier,
     ):
         (encoding,) = execute(source, "SHOW server_encoding").fetchone()
-        source.commit()
         for session in (staging, other_staging):
             execute(session, "SELECT set_config('client_encoding', %s, false)", (encoding,))
         applier = Applier((staging, other_staging), pool, copier)
@@ -75,12 +78,12 @@ def drain(
             raise_if_requested()
             read = read_changes(source, applier, slot, publication, by_name, upto, limit, per_batch)
             batches += read.batches
+            _forget_drifted(staging, tables)
             if read.batches:
                 failpoint("cdc-after-apply-before-advance")
             target = read.end if read.hold is None else min(read.hold, read.end)
             if read.rows and target > position:
                 advance_slot(source, slot, target)
-                source.commit()
                 position = target
             log.debug("cdc: read %d message(s), slot at %s", read.rows, lsn_text(position))
             if read.hold is not None:
@@ -93,10 +96,19 @@ def drain(
             if read.rows < limit:  # the slot is read up to `upto`
                 if upto > position:
                     advance_slot(source, slot, upto)
-                    source.commit()
                     position = upto
                 break
     for table in tables:
         if table.takes_changes:
             table.position = max(table.position, position)
     return DrainResult(list(tables), start, position, batches)
+
+
+def _forget_drifted(dest: psycopg.Connection[Any], tables: Sequence[CaptureTable]) -> None:
+    """A table the log showed changed shape took no changes from there: before the slot
+    passes them, its position goes, so that it reloads even if this process dies before
+    the run marks it (and the shape changed back meanwhile)."""
+    for table in tables:
+        if table.drift is not None and not table.forgotten:
+            forget_applied(dest, table.target)
+            table.forgotten = True

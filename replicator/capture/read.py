@@ -74,7 +74,10 @@ def read_changes(
     read, stager = reader.read, applier.stager
     stages: dict[int, TableStage] = {}  # the batch's staging table of each relation
     note(source, _PEEK)
-    with source.cursor(name="replicator_changes", binary=True) as cursor:
+    # WITH HOLD on an autocommit session: the rows are kept once the DECLARE's own
+    # transaction commits, so no source transaction (and snapshot holding back VACUUM)
+    # stays open while the reader waits for the applier.
+    with source.cursor(name="replicator_changes", binary=True, withhold=True) as cursor:
         cursor.itersize = FETCH_ROWS
         cursor.execute(_PEEK, (slot, lsn_text(upto), limit, _quote_publication(publication)))
         for (data,) in cursor:
@@ -92,7 +95,6 @@ def read_changes(
             elif _other(reader, stager, data):  # a commit closed a full batch
                 stager = applier.stager
                 stages.clear()
-    source.commit()
     _hand_over(reader)
     read.hold_at(applier.wait())
     return read

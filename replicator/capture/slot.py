@@ -10,7 +10,7 @@ decode), and a table is added to the publication before the snapshot of its load
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -96,11 +96,16 @@ def ensure_publication(
     names: CaptureState,
     tables: Sequence[TableName],
     keep: set[TableName],
+    before_adding: Callable[[list[TableName]], None],
 ) -> bool:
     """The publication lists `tables` (the `cdc` tables ready to be captured), and no table
     outside `keep` (every `cdc` table of the config). Returns True when it was created now
     (the slot must then be made after it). A publication the tool did not create is only
-    checked (that it exists)."""
+    checked (that it exists).
+
+    `before_adding` runs before tables join an existing publication: their changes while
+    they were out of it are not in the log, so their copies' positions must go first (a
+    crash between the two then costs a reload, never a change)."""
     ident = sql.Identifier(names.publication)
     if not publication_exists(source, names.publication):
         if not tables:
@@ -125,6 +130,7 @@ def ensure_publication(
     added = [t for t in tables if t not in current]
     removed = sorted(current - keep, key=str)
     if added:
+        before_adding(added)
         execute(
             source,
             sql.SQL("ALTER PUBLICATION {} ADD TABLE {}").format(

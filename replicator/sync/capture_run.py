@@ -18,8 +18,9 @@ from contextlib import ExitStack
 from dataclasses import replace
 
 import psycopg
+from psycopg import sql
 
-from ..capture.applied import applied_positions, ensure_applied_table
+from ..capture.applied import applied_positions, ensure_applied_table, forget_applied
 from ..capture.capture_table import CaptureTable
 from ..capture.drain import drain
 from ..capture.lsn import lsn_text
@@ -33,6 +34,7 @@ from ..capture.slot import (
     slot_info,
 )
 from ..errors import Interrupted, ReplicatorError, TableLocked, TableProblem, one_line
+from ..identifiers import TableName
 from ..plan.decide import Plan
 from ..plan.drift import Planned
 from ..plan.inspect_table import inspect_source
@@ -53,6 +55,25 @@ log = logging.getLogger("replicator.sync")
 
 LSN_TYPE = "pg_lsn"
 SLOT_LOST = "slot lost"
+
+
+def _warn_abandoned(stored: CaptureState | None, names: CaptureState) -> None:
+    """The config renamed what this project made: the old slot would keep WAL forever."""
+    if stored is None or not stored.created:
+        return
+    if stored.slot != names.slot:
+        log.warning(
+            "source: replication slot %s (made by this project) is no longer used and keeps "
+            "WAL until dropped: SELECT pg_drop_replication_slot('%s')",
+            stored.slot,
+            stored.slot,
+        )
+    if stored.publication != names.publication:
+        log.warning(
+            "source: publication %s (made by this project) is no longer used: DROP PUBLICATION %s",
+            stored.publication,
+            sql.Identifier(stored.publication).as_string(None),
+        )
 
 
 class CaptureRun:
@@ -76,12 +97,19 @@ class CaptureRun:
             stored = read_capture_state(project.state_dir)
             names = resolve_names(project.config.cdc, stored)
             if names != stored:
+                _warn_abandoned(stored, names)
                 write_capture_state(project.state_dir, names)
             ready = [t.name for t in selected if self._capturable(ends, t)]
             keep = {t.name for t in every}
-            published_now = ensure_publication(ends.source, names, ready, keep)
-            self.slot_reset = self._ensure_slot(ends, names, published_now, every)
+            targets = {t.name: t.target for t in selected}
             ensure_applied_table(ends.dest)
+
+            def forget(joining: list[TableName]) -> None:
+                for name in joining:  # a table back in the publication missed changes
+                    forget_applied(ends.dest, targets[name])
+
+            published_now = ensure_publication(ends.source, names, ready, keep, forget)
+            self.slot_reset = self._ensure_slot(ends, names, published_now, every)
             self.positions = applied_positions(ends.dest)
             self.names = names
         except (ReplicatorError, psycopg.Error) as exc:
@@ -109,11 +137,19 @@ class CaptureRun:
         if info is not None and not info.lost and not published_now:
             return False
         if not names.created:
-            problem = "does not exist" if info is None else "is lost (its WAL was removed)"
+            # Whatever slot the DBA makes next starts later than the copies' positions: the
+            # changes in between are in no slot, so every copy reloads (marked first).
+            self._mark_every_table_for_reload(every)
+            create = f"SELECT pg_create_logical_replication_slot('{names.slot}', 'pgoutput')"
+            if info is None:
+                problem, fix = "does not exist", f"create it ({create})"
+            else:
+                drop = f"SELECT pg_drop_replication_slot('{names.slot}')"
+                problem = "is lost (its WAL was removed)"
+                fix = f"drop it and create it again ({drop}; {create})"
             raise TableProblem(
                 f"replication slot {names.slot} (named in tables-config.json `cdc`) {problem}: "
-                f"create it (SELECT pg_create_logical_replication_slot('{names.slot}', "
-                "'pgoutput')), then run `replicator sync -f` for the cdc tables"
+                f"{fix}; the next sync then reloads every cdc table"
             )
         reset = info is not None or any(
             self.run.project.store.read(t.name) is not None for t in every
@@ -146,14 +182,17 @@ class CaptureRun:
         reload whose reason the log gives (`slot lost`, a shape change it showed), a copy
         whose position is not in the destination."""
         table = planned.built.table
+        problem = capture_problem(ends.source, planned.source, planned.built)
+        if problem is not None:  # the table's own reason first: the set-up may fail for it
+            raise TableProblem(problem)
         if self.setup_error is not None:
             raise TableProblem(f"{table.written_name}: {self.setup_error}")
-        problem = capture_problem(ends.source, planned.source, planned.built)
-        if problem is not None:
-            raise TableProblem(problem)
         names = self.names
         foreign = names is not None and not names.created
         if foreign and table.name not in published_tables(ends.source, names.publication):
+            # Its changes are not in the log from here on: when the DBA adds it back, its
+            # copy must reload, not continue from a position with a gap after it.
+            forget_applied(ends.dest, table.target)
             raise TableProblem(
                 f"{table.written_name}: not in publication {names.publication} (named in "
                 "tables-config.json `cdc`): its changes would never arrive; add it "
