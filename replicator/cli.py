@@ -122,10 +122,9 @@ def compile_command(
 @click.option(
     "--interval",
     type=click.FloatRange(0, 86_400),
-    default=5.0,
-    show_default=True,
+    default=None,
     metavar="S",
-    help="With --follow: seconds between two runs.",
+    help="With --follow: seconds between two runs (default 5).",
 )
 @common
 def sync(
@@ -137,7 +136,7 @@ def sync(
     check_deletes: bool,
     force: bool,
     follow: bool,
-    interval: float,
+    interval: float | None,
 ) -> int:
     """Sync the tables (or only -s ones), one at a time, in config order: a full reload
     where needed (no state, schema change, missing destination, refresh), else the rows
@@ -148,6 +147,8 @@ def sync(
         raise UsageError("--force goes with --deletes: `replicator sync --deletes --force`")
     verbose = click.get_current_context().meta["replicator.verbose"]
     project = Project.load(project_dir)
+    if interval is not None and not follow:
+        raise UsageError("--interval goes with --follow: `replicator sync --follow --interval 5`")
     if follow:
         if full_refresh or since or until or check_deletes:
             raise UsageError(
@@ -156,7 +157,7 @@ def sync(
             )
         from .sync.follow import follow as follow_runs
 
-        return follow_runs(project, names, verbose, interval)
+        return follow_runs(project, names, verbose, 5.0 if interval is None else interval)
     return run_sync(
         project,
         names,

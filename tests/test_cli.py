@@ -245,3 +245,9 @@ def test_a_failed_ping_says_why(db_project, shop):
         r"after retries: ConnectionError",
         done.stdout,
     ), done.stdout
+
+
+def test_interval_without_follow_is_a_usage_error(db_project, shop):
+    result = db_project.run("sync", "--interval", "1")
+    assert result.exit_code == 2
+    assert "--interval goes with --follow" in result.stderr
