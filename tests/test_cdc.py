@@ -620,3 +620,31 @@ def test_renaming_the_slot_in_the_config_names_the_old_one_to_drop(
             "WHERE slot_name = %s",
             (old,),
         )
+
+
+def test_check_names_what_the_publication_needs_from_the_role(
+    cdc_project, schema, writer, source_conn, pg_servers
+):
+    """The first sync creates the publication (CREATE on the database) and adds the tables
+    (only their owner may): `check` says so before a sync fails on it (newcomer trial)."""
+    _create(writer, schema)
+    _config(cdc_project, schema, "orders")
+    role = f"loader_{uuid.uuid4().hex[:8]}"
+    source_conn.execute(sql.SQL("CREATE ROLE {} LOGIN REPLICATION").format(sql.Identifier(role)))
+    try:
+        source_conn.execute(
+            sql.SQL("GRANT USAGE ON SCHEMA {0} TO {1}; GRANT SELECT ON {2} TO {1}").format(
+                sql.Identifier(schema), sql.Identifier(role), sql.Identifier(schema, "orders")
+            )
+        )
+        url = pg_servers.source_url.replace("postgres@", f"{role}@", 1)
+        checked = cdc_project.run("check", env={"REPLICATOR_SOURCE_URL": url})
+        assert f"error cdc: role {role} lacks CREATE on database postgres" in checked.output
+        assert f"fix: GRANT CREATE ON DATABASE postgres TO {role}" in checked.output
+        assert f"error {schema}.orders: role {role} does not own the source table" in (
+            checked.output
+        )
+        assert f"OWNER TO {role}" in checked.output
+    finally:
+        source_conn.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(role)))
+        source_conn.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))

@@ -10,7 +10,7 @@ from typing import Any
 import psycopg
 
 from ..capture.preflight import IDENTITY_NAMES, capture_problem, replica_identity
-from ..capture.slot import published_tables, slot_info
+from ..capture.slot import publication_exists, published_tables, slot_info
 from ..errors import ReplicatorError
 from ..identifiers import display_ident
 from ..plan.inspect_table import inspect_source
@@ -76,8 +76,39 @@ def capture_findings(source: psycopg.Connection[Any], project: Project) -> Itera
     else:
         yield Finding("ok", "cdc", f"max_slot_wal_keep_size is {keep}")
     yield from _slot(source, names)
+    manages = names is None or names.created  # the tool makes and edits the publication
+    if manages:
+        yield from _may_create_publication(source, names, user)
     for table in tables:
-        yield from _table(source, project, table)
+        yield from _table(source, project, table, user if manages else None)
+
+
+_CREATE_ON_DATABASE = (
+    "SELECT has_database_privilege(current_user, current_database(), 'CREATE'), current_database()"
+)
+
+
+def _may_create_publication(
+    source: psycopg.Connection[Any], names: Any, user: str
+) -> Iterator[Finding]:
+    if names is not None and publication_exists(source, names.publication):
+        return
+    may, database = fetch_all(source, _CREATE_ON_DATABASE)[0]
+    if not may:
+        yield Finding(
+            "error",
+            "cdc",
+            f"role {user} lacks CREATE on database {database}: the first sync creates the "
+            "publication",
+            f"GRANT CREATE ON DATABASE {display_ident(database)} TO {display_ident(user)}, or "
+            'let a DBA make the slot and publication and set "cdc": {"create": false, ...}',
+        )
+
+
+_OWNS = (
+    "SELECT pg_has_role(current_user, c.relowner, 'USAGE') FROM pg_catalog.pg_class c "
+    "WHERE c.oid = %s"
+)
 
 
 def _names(project: Project) -> Any:
@@ -115,13 +146,16 @@ def _slot(source: psycopg.Connection[Any], names: Any) -> Iterator[Finding]:
         "cdc",
         f"slot {names.slot}: wal_status {info.wal_status}, retains "
         f"{size_text(info.retained_bytes)} of WAL, {size_text(info.lag_bytes)} not yet read",
-        "the next sync reloads every cdc table" if info.lost else None,
+        _lost_fix(names) if info.lost else None,
     )
     published = published_tables(source, names.publication)
     yield Finding("ok", "cdc", f"publication {names.publication}: {len(published)} table(s)")
 
 
-def _table(source: psycopg.Connection[Any], project: Project, table: Any) -> Iterator[Finding]:
+def _table(
+    source: psycopg.Connection[Any], project: Project, table: Any, publisher: str | None
+) -> Iterator[Finding]:
+    """`publisher`: the role that adds the table to the publication, which must own it."""
     try:
         info, built = inspect_source(source, table, project.templates)
     except ReplicatorError:
@@ -130,9 +164,28 @@ def _table(source: psycopg.Connection[Any], project: Project, table: Any) -> Ite
     if problem is not None:
         yield Finding("error", table.written_name, problem.removeprefix(f"{table.written_name}: "))
         return
+    if publisher is not None and not fetch_all(source, _OWNS, (info.oid,))[0][0]:
+        yield Finding(
+            "error",
+            table.written_name,
+            f"role {publisher} does not own the source table: only its owner can add it to "
+            "the publication",
+            f"ALTER TABLE {built.table.name} OWNER TO {display_ident(publisher)}, or let a DBA "
+            'make the publication and set "cdc": {"create": false, ...}',
+        )
     identity, _ = replica_identity(source, info)
     yield Finding(
         "ok",
         table.written_name,
         f"replica identity {IDENTITY_NAMES[identity]}: the log names its rows",
+    )
+
+
+def _lost_fix(names: Any) -> str:
+    if names.created:
+        return "the next sync makes it again and reloads every cdc table"
+    return (
+        f"SELECT pg_drop_replication_slot('{names.slot}'); SELECT "
+        f"pg_create_logical_replication_slot('{names.slot}', 'pgoutput'); the next sync then "
+        "reloads every cdc table"
     )
