@@ -36,7 +36,6 @@ class Read:
     """What one read of the slot saw."""
 
     rows: int = 0  # messages
-    changes: int = 0
     batches: int = 0
     end: int = 0  # the end of its last commit
     hold: int | None = None  # the first commit a table that could not take it has changes in
@@ -127,7 +126,6 @@ def _other(reader: _Reader, stager: Stager, data: bytes) -> bool:
 def _hand_over(reader: _Reader) -> None:
     batch = reader.batch
     if batch.changes:
-        reader.read.changes += batch.changes
         reader.read.batches += 1
         reader.read.hold_at(reader.applier.submit(batch, list(reader.tables.values())))
     reader.batch = Batch()

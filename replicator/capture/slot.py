@@ -187,3 +187,22 @@ def advance_slot(source: psycopg.Connection[Any], slot: str, lsn: int) -> None:
         "SELECT pg_catalog.pg_replication_slot_advance(%s, %s::pg_lsn)",
         (slot, lsn_text(lsn)),
     )
+
+
+# The statements a hint tells a DBA to run, rendered with the names quoted (never executed).
+
+
+def create_slot_statement(slot: str) -> str:
+    return (
+        sql.SQL("SELECT pg_create_logical_replication_slot({}, 'pgoutput')")
+        .format(sql.Literal(slot))
+        .as_string(None)
+    )
+
+
+def drop_slot_statement(slot: str) -> str:
+    return sql.SQL("SELECT pg_drop_replication_slot({})").format(sql.Literal(slot)).as_string(None)
+
+
+def drop_publication_statement(publication: str) -> str:
+    return sql.SQL("DROP PUBLICATION {}").format(sql.Identifier(publication)).as_string(None)

@@ -4,7 +4,13 @@ full at their next sync (from a new slot), which their sync-state says."""
 
 from __future__ import annotations
 
-from ..capture.slot import drop_publication, drop_slot, slot_info
+from ..capture.slot import (
+    drop_publication,
+    drop_publication_statement,
+    drop_slot,
+    drop_slot_statement,
+    slot_info,
+)
 from ..errors import ReplicatorError
 from ..postgres.database import connect
 from ..project.capture_state import forget_capture_state, read_capture_state
@@ -25,8 +31,8 @@ def drop_capture(project: Project) -> int:
             raise ReplicatorError(
                 f"replication slot {names.slot} and publication {names.publication} were made "
                 'by a DBA (tables-config.json `cdc`, "create": false): replicator leaves them; '
-                f"drop them in the source with SELECT pg_drop_replication_slot('{names.slot}') "
-                f"and DROP PUBLICATION {names.publication}"
+                f"drop them in the source with {drop_slot_statement(names.slot)} and "
+                f"{drop_publication_statement(names.publication)}"
             )
         with connect(project.connections().source, "source") as source:
             info = slot_info(source, names.slot)

@@ -10,7 +10,13 @@ from typing import Any
 import psycopg
 
 from ..capture.preflight import IDENTITY_NAMES, capture_problem, replica_identity
-from ..capture.slot import publication_exists, published_tables, slot_info
+from ..capture.slot import (
+    create_slot_statement,
+    drop_slot_statement,
+    publication_exists,
+    published_tables,
+    slot_info,
+)
 from ..errors import ReplicatorError
 from ..identifiers import display_ident
 from ..plan.inspect_table import inspect_source
@@ -127,11 +133,7 @@ def _slot(source: psycopg.Connection[Any], names: Any) -> Iterator[Finding]:
         return
     info = slot_info(source, names.slot)
     if info is None:
-        fix = (
-            None
-            if names.created
-            else (f"SELECT pg_create_logical_replication_slot('{names.slot}', 'pgoutput')")
-        )
+        fix = None if names.created else create_slot_statement(names.slot)
         yield Finding(
             "warn" if names.created else "error",
             "cdc",
@@ -185,7 +187,6 @@ def _lost_fix(names: Any) -> str:
     if names.created:
         return "the next sync makes it again and reloads every cdc table"
     return (
-        f"SELECT pg_drop_replication_slot('{names.slot}'); SELECT "
-        f"pg_create_logical_replication_slot('{names.slot}', 'pgoutput'); the next sync then "
-        "reloads every cdc table"
+        f"{drop_slot_statement(names.slot)}; {create_slot_statement(names.slot)}; the next sync "
+        "then reloads every cdc table"
     )

@@ -18,7 +18,6 @@ from contextlib import ExitStack
 from dataclasses import replace
 
 import psycopg
-from psycopg import sql
 
 from ..capture.applied import applied_positions, ensure_applied_table, forget_applied
 from ..capture.capture_table import CaptureTable
@@ -27,7 +26,10 @@ from ..capture.lsn import lsn_text
 from ..capture.preflight import capture_problem
 from ..capture.slot import (
     create_slot,
+    create_slot_statement,
+    drop_publication_statement,
     drop_slot,
+    drop_slot_statement,
     ensure_publication,
     flushed_lsn,
     published_tables,
@@ -64,15 +66,15 @@ def _warn_abandoned(stored: CaptureState | None, names: CaptureState) -> None:
     if stored.slot != names.slot:
         log.warning(
             "source: replication slot %s (made by this project) is no longer used and keeps "
-            "WAL until dropped: SELECT pg_drop_replication_slot('%s')",
+            "WAL until dropped: %s",
             stored.slot,
-            stored.slot,
+            drop_slot_statement(stored.slot),
         )
     if stored.publication != names.publication:
         log.warning(
-            "source: publication %s (made by this project) is no longer used: DROP PUBLICATION %s",
+            "source: publication %s (made by this project) is no longer used: %s",
             stored.publication,
-            sql.Identifier(stored.publication).as_string(None),
+            drop_publication_statement(stored.publication),
         )
 
 
@@ -140,13 +142,12 @@ class CaptureRun:
             # Whatever slot the DBA makes next starts later than the copies' positions: the
             # changes in between are in no slot, so every copy reloads (marked first).
             self._mark_every_table_for_reload(every)
-            create = f"SELECT pg_create_logical_replication_slot('{names.slot}', 'pgoutput')"
+            create = create_slot_statement(names.slot)
             if info is None:
                 problem, fix = "does not exist", f"create it ({create})"
             else:
-                drop = f"SELECT pg_drop_replication_slot('{names.slot}')"
                 problem = "is lost (its WAL was removed)"
-                fix = f"drop it and create it again ({drop}; {create})"
+                fix = f"drop it and create it again ({drop_slot_statement(names.slot)}; {create})"
             raise TableProblem(
                 f"replication slot {names.slot} (named in tables-config.json `cdc`) {problem}: "
                 f"{fix}; the next sync then reloads every cdc table"
