@@ -30,6 +30,31 @@ def test_conf_prefers_local_jar_and_config_wins():
     assert DAEMON_MODULE_KEY not in custom
 
 
+def test_the_shipped_environment_joins_what_the_config_already_ships(tmp_path):
+    archive = tmp_path / "env.tar.gz"
+    conf = spark_conf(
+        "spark://h:7077",
+        {"spark.archives": "/opt/extra.zip#extra", "spark.executorEnv.PYTHONPATH": "extra"},
+        executor_archive=archive,
+    )
+    assert conf["spark.archives"] == f"/opt/extra.zip#extra,{archive}#replicator-python"
+    assert conf["spark.executorEnv.PYTHONPATH"] == "extra:replicator-python"
+
+
+def test_the_archive_holds_replicator_and_its_dependencies_but_not_spark(tmp_path, monkeypatch):
+    import tarfile
+
+    from replicator.transfer.executor_env import executor_archive
+
+    monkeypatch.setenv("REPLICATOR_CACHE_DIR", str(tmp_path))
+    built = executor_archive()
+    assert executor_archive() == built  # the second run reuses it
+    with tarfile.open(built) as archive:
+        tops = {name.split("/")[0] for name in archive.getnames()}
+    assert {"replicator", "psycopg", "psycopg_binary", "pydantic_core", "sqlglot"} <= tops
+    assert not {"pyspark", "py4j", "pytest"} & tops
+
+
 @pytest.mark.parametrize(
     ("master", "expected"),
     [

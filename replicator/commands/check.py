@@ -6,6 +6,7 @@ import json
 import shutil
 import socket
 import subprocess
+import sys
 from collections.abc import Iterator
 from dataclasses import asdict
 from typing import Any
@@ -15,6 +16,7 @@ import click
 import psycopg
 from psycopg import sql
 
+from .. import __version__
 from ..errors import ReplicatorError
 from ..identifiers import display_ident
 from ..plan.cursor_limits import cursor_limits
@@ -32,7 +34,8 @@ from ..redact import redact
 from ..report.logs import json_output, quiet
 from ..report.results import utc_now
 from ..report.webhook import build_payload, post
-from ..transfer.spark_session import JDBC_PACKAGE, jdbc_jar
+from ..transfer.executor_env import platform_tag
+from ..transfer.spark_session import JDBC_PACKAGE, is_local, jdbc_jar
 from .check_capture import capture_findings
 from .findings import Finding
 
@@ -60,7 +63,11 @@ def print_checks(project: Project, ping: bool = False) -> int:
 def run_checks(project: Project, ping: bool = False) -> list[Finding]:
     """Check connections, privileges, keys, indexes, Java and the driver; never writes
     anything (`ping` sends the webhook a test payload)."""
-    findings: list[Finding] = [*_spark_prerequisites(project), *_spark_master(project)]
+    findings: list[Finding] = [
+        *_spark_prerequisites(project),
+        *_spark_master(project),
+        *_spark_executors(project),
+    ]
     if ping:
         findings.append(_ping_webhook(project))
     connections = project.connections()
@@ -153,6 +160,29 @@ def _spark_master(project: Project) -> Iterator[Finding]:
         yield Finding("ok", "spark", f"master {master}: {host}:{port} answers")
         return
     yield Finding("error", "spark", f"master {master}: {'; '.join(problems)}", fix)
+
+
+def _spark_executors(project: Project) -> Iterator[Finding]:
+    """What a cluster's executors run our tasks with (nothing to say for a local master)."""
+    settings = project.settings
+    if is_local(settings.spark_master):
+        return
+    if settings.ship_environment:
+        tag = platform_tag()
+        yield Finding(
+            "ok",
+            "spark",
+            "executors get replicator's Python environment with each run (spark.archives, "
+            f"built for {tag}): their python3 must be Python "
+            f"{sys.version_info.major}.{sys.version_info.minor} on that platform",
+        )
+    else:
+        yield Finding(
+            "ok",
+            "spark",
+            "executors use their own Python (spark.ship_environment is false): it needs "
+            f"replicator {__version__} and its dependencies installed",
+        )
 
 
 def _ping_webhook(project: Project) -> Finding:

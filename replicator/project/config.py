@@ -186,6 +186,9 @@ class SparkConfig(_Frozen):
     # process itself, with the same COPY streaming: no JVM start for a small batch.
     min_rows: Annotated[int, Field(ge=0)] = 500_000
     conf: Annotated[dict[str, str], AfterValidator(_spark_keys)] = Field(default_factory=dict)
+    # A cluster's executors get replicator and its Python dependencies with each run
+    # (spark.archives); false when their images already have this version installed.
+    ship_environment: bool = True
 
 
 class ProjectConfig(_Frozen):

@@ -224,6 +224,7 @@ class Settings:
 
     spark_master: str | None
     spark_conf: Mapping[str, str]
+    ship_environment: bool
     min_rows: int
     webhook: WebhookTarget | None
     progress_interval: float
@@ -246,6 +247,7 @@ class Settings:
         return cls(
             spark_master=env.get(SPARK_MASTER) or config.spark.master,
             spark_conf=dict(config.spark.conf),
+            ship_environment=config.spark.ship_environment,
             **values,
         )
 

@@ -192,6 +192,8 @@ def _read_batch(
         progress.phase("reading the batch's newest key from the model")
         hwm = newest_key(snap.conn, batch.query, batch.key)
         load_id = new_load_id(ends.dest, built.table.target)
+        if not batch.in_process:
+            progress.phase("starting Spark")
         parallelism = 1 if batch.in_process else spark.parallelism()
         urls = (ends.source_url, ends.dest_url)
         tasks = batch_tasks(snap.conn, snap.snapshot_id, urls, built, batch, load_id, parallelism)

@@ -30,7 +30,7 @@ class ArchivePlan:
     final: Path | None = None
 
 
-def _cache_dir() -> Path | None:
+def cache_dir() -> Path | None:
     configured = os.environ.get(CACHE_ENV)
     if configured == "off":
         return None
@@ -50,7 +50,7 @@ def _java() -> Path | None:
 
 def plan_archive(jars: str, java_options: str) -> ArchivePlan:
     """Use the archive if it exists, else ask the JVM to write one at exit."""
-    folder, java = _cache_dir(), _java()
+    folder, java = cache_dir(), _java()
     if folder is None or java is None:
         return ArchivePlan("")
     import pyspark

@@ -8,11 +8,13 @@ starts it.
 from __future__ import annotations
 
 import re
+import sys
 import threading
 import uuid
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
+from .. import __version__
 from ..errors import ReplicatorError
 from ..interrupts import on_interrupt, raise_if_requested, requested
 from ..project.settings import Settings
@@ -20,7 +22,7 @@ from ..redact import redact
 from .copy_stream import CopyResult, CopyTask, TaskError, run_copy_task
 from .jvm_archive import ArchivePlan, plan_archive, publish_archive
 from .jvm_stop import stop_jvm
-from .spark_session import jdbc_jar
+from .spark_session import is_local, jdbc_jar
 
 _DRIVER_OPTIONS = "spark.driver.extraJavaOptions"
 T = TypeVar("T")
@@ -37,9 +39,11 @@ class SparkRunner:
         *,
         quiet: bool = True,
         min_rows: int = 0,
+        ship_environment: bool = True,
     ):
         self.master, self.conf, self.quiet = master, dict(conf), quiet
         self.min_rows = min_rows
+        self.ship_environment = ship_environment
         self._thread: threading.Thread | None = None
         self._context: Any = None
         self._error: BaseException | None = None
@@ -54,6 +58,7 @@ class SparkRunner:
             settings.spark_conf,
             quiet=verbose == 0,
             min_rows=settings.min_rows,
+            ship_environment=settings.ship_environment,
         )
 
     @property
@@ -76,8 +81,17 @@ class SparkRunner:
                 jars = self.conf.get("spark.jars", str(jdbc_jar() or ""))
                 self._archive = plan_archive(jars, self.conf.get(_DRIVER_OPTIONS, ""))
             options = self._archive.options if self._archive else ""
+            shipped = None
+            if self.ship_environment and not is_local(self.master):
+                from .executor_env import executor_archive  # packaging: only when needed
+
+                shipped = executor_archive()
             context = start_spark_context(
-                self.master, self.conf, quiet=self.quiet, driver_options=options
+                self.master,
+                self.conf,
+                quiet=self.quiet,
+                driver_options=options,
+                executor_archive=shipped,
             )
             # The first job forks Spark's Python workers (about half a second): do it now.
             context.parallelize(range(context.defaultParallelism)).map(abs).count()
@@ -125,9 +139,28 @@ class SparkRunner:
             return context.parallelize(tasks, len(tasks)).map(function).collect()
         except Exception as exc:
             raise_if_requested()  # the job failed because the run was interrupted
-            raise ReplicatorError(spark_error_message(exc)) from None
+            message = spark_error_message(exc)
+            raise ReplicatorError(message + self._executor_hint(message)) from None
         finally:
             stop_cancelling()
+
+    def _executor_hint(self, message: str) -> str:
+        """What to do when a cluster's executors could not import our code."""
+        if "No module named" not in message or is_local(self.master):
+            return ""
+        if not self.ship_environment:
+            return (
+                f"; the executors' Python lacks replicator {__version__} or a dependency: "
+                "install them there, or set spark.ship_environment to true to ship them "
+                "with each run"
+            )
+        from .executor_env import platform_tag
+
+        return (
+            f"; the shipped environment is built for {platform_tag()}: the executors' "
+            f"Python must be {sys.version_info.major}.{sys.version_info.minor} on that "
+            "platform (spark.pyspark.python names it)"
+        )
 
     def finish(self) -> None:
         """End of the run. The run that builds the class archive stops the JVM now, cleanly,
