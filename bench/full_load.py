@@ -10,7 +10,13 @@ runs with its defaults (one Spark task per core), with the table setting `partit
 (one task, which copies frozen) and, for context, without Spark (`spark.min_rows` above the
 table: the process runs the same copy task itself).
 
+`--cluster` adds a row on a Spark standalone cluster started here (a master and two workers
+of 1 core, whose Python is the system python3: the run ships its environment). `--resume`
+adds two rows for a cursor table cut in 10 partitions: a fresh load, and the run that
+resumes a load killed (SIGKILL) once 8 of its partitions were in.
+
     .venv/bin/python bench/full_load.py --rows 5000000 --repeat 2
+    .venv/bin/python bench/full_load.py --rows 5000000 --only replicator --cluster --resume
     .venv/bin/python bench/full_load.py --rows 10000000 --only replicator \\
         --spark-conf spark.driver.memory=1g
 """
@@ -21,15 +27,21 @@ import argparse
 import json
 import os
 import shlex
+import signal
 import statistics
+import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import psycopg
 from procwatch import Measured, run_measured
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from spark_cluster import SparkCluster  # the test suite's standalone cluster
+
 from replicator.postgres.pgcluster import PgCluster, find_pg_bin
 
 TABLE_DDL = """
@@ -61,16 +73,30 @@ SINGLE = "replicator sync, partitions: 1"
 # Context, not the design: `spark.min_rows` above the table, so the replicator process runs
 # the same copy task itself and no JVM starts. It shows what Spark's start costs here.
 IN_PROCESS = "replicator sync, no Spark (spark.min_rows above the table)"
+CLUSTER = "replicator sync, standalone cluster (2 workers x 1 core)"
+FRESH = "replicator sync, cursor table, 10 partitions: fresh load"
+RESUMED = "replicator sync, same: resumed after a kill at 8 of 10 partitions"
+OURS_ROWS = (OURS, SINGLE, IN_PROCESS, CLUSTER, FRESH, RESUMED)
+KILL_AT_PARTS = 8
 
 
 def write_project(
-    folder: Path, conf: dict[str, str], partitions: int | None, min_rows: int | None = None
+    folder: Path,
+    conf: dict[str, str],
+    partitions: int | None,
+    min_rows: int | None = None,
+    master: str | None = None,
+    cursor: bool = False,
 ) -> Path:
     (folder / "sync-state").mkdir(parents=True)
     table: dict = {"name": "public.bench_orders", "mode": "full-refresh"}
+    if cursor:  # resumable: a cursor table's load
+        table = {"name": "public.bench_orders", "replication_key": "created_at"}
     if partitions:
         table["partitions"] = partitions
     spark: dict = {"conf": conf}
+    if master:
+        spark["master"] = master
     if min_rows is not None:
         spark["min_rows"] = min_rows
     (folder / "tables-config.json").write_text(json.dumps({"tables": [table], "spark": spark}))
@@ -105,6 +131,25 @@ def fresh_destination(url: str, table: str | None) -> None:
         conn.execute("CHECKPOINT")
 
 
+def kill_part_way(command: str, env: dict[str, str], dest_url: str) -> None:
+    """Start the load, SIGKILL it (and its JVM) once KILL_AT_PARTS partitions committed."""
+    run = subprocess.Popen(
+        ["bash", "-c", command], env=env, stdin=subprocess.DEVNULL, start_new_session=True
+    )
+    with psycopg.connect(dest_url, autocommit=True) as conn:
+        while run.poll() is None:
+            (done,) = conn.execute(
+                "SELECT CASE WHEN to_regclass('_replicator.loaded_partitions') IS NULL THEN 0 "
+                "ELSE (SELECT count(*) FROM _replicator.loaded_partitions) END"
+            ).fetchone()
+            if done >= KILL_AT_PARTS:
+                os.killpg(run.pid, signal.SIGKILL)
+                break
+            time.sleep(0.05)
+    if run.wait() != -signal.SIGKILL:
+        raise SystemExit("the load ended before it could be killed part-way")
+
+
 def count_rows(url: str) -> int:
     with psycopg.connect(url) as conn:
         return conn.execute("SELECT count(*) FROM bench_orders").fetchone()[0]
@@ -119,15 +164,20 @@ def main() -> None:
     parser.add_argument(
         "--partitions", type=int, help="replicator sync: Spark tasks (default: one per core)"
     )
+    parser.add_argument("--cluster", action="store_true", help="add the standalone cluster row")
+    parser.add_argument("--resume", action="store_true", help="add the resumed-load rows")
     args = parser.parse_args()
 
     pg_bin = find_pg_bin()
     psql, pg_dump = shlex.quote(str(pg_bin / "psql")), shlex.quote(str(pg_bin / "pg_dump"))
     base = Path(tempfile.mkdtemp(prefix="replicator-bench-"))
     source, dest = PgCluster(base / "source", logical=True), PgCluster(base / "dest")
+    spark_cluster = SparkCluster(base / "spark") if args.cluster else None
     try:
         source.start()
         dest.start()
+        if spark_cluster is not None:
+            spark_cluster.start()
         src, dst = shlex.quote(source.url()), shlex.quote(dest.url())
         print(f"building {args.rows:,} rows ...", flush=True)
         table_bytes = build_source(source.url(), args.rows)
@@ -157,12 +207,33 @@ def main() -> None:
         }
         if args.only:
             paths = {OURS: paths[OURS]}
+        if spark_cluster is not None:
+            wait_for_cores = {
+                "spark.cores.max": "2",
+                "spark.scheduler.minRegisteredResourcesRatio": "1.0",
+                "spark.executor.memory": "1g",
+            }
+            on_cluster = write_project(
+                base / "project-cluster",
+                {**conf, **wait_for_cores},
+                args.partitions,
+                None,
+                spark_cluster.url,
+            )
+            paths[CLUSTER] = sync_command(on_cluster)
+        if args.resume:
+            resumable = write_project(base / "project-resumable", conf, 10, cursor=True)
+            paths[FRESH] = paths[RESUMED] = sync_command(resumable)
         results: dict[str, list[Measured]] = {name: [] for name in paths}
         for attempt in range(args.repeat):
             for name, command in paths.items():
-                baseline = name not in (OURS, SINGLE, IN_PROCESS)
+                baseline = name not in OURS_ROWS
                 ddl = TABLE_DDL if name == KEYED else DEST_DDL
                 fresh_destination(dest.url(), ddl if baseline else None)
+                for state in (base / "project-resumable" / "sync-state").glob("*.json"):
+                    state.unlink()  # the cursor table's load is a first load each time
+                if name == RESUMED:
+                    kill_part_way(command, env, dest.url())
                 measured = run_measured(command, env)
                 copied = count_rows(dest.url()) if measured.returncode == 0 else -1
                 if copied != args.rows:
@@ -175,6 +246,8 @@ def main() -> None:
                 )
         report(results, args.rows, table_bytes)
     finally:
+        if spark_cluster is not None:
+            spark_cluster.stop()
         source.destroy()
         dest.destroy()
 
@@ -196,6 +269,10 @@ def report(results: dict[str, list[Measured]], rows: int, table_bytes: int) -> N
             f"{max(m.peak_rss_mb for m in runs):,.0f} MB | {ours / median:.2f}x | "
             f"{f'{single / median:.2f}x' if single else '-'} |"
         )
+    if RESUMED in medians:
+        print(f"\nresumed / fresh load: {medians[RESUMED] / medians[FRESH]:.2f}x")
+    if CLUSTER in medians:
+        print(f"standalone cluster / local[*]: {medians[CLUSTER] / ours:.2f}x")
 
 
 if __name__ == "__main__":

@@ -2,8 +2,8 @@
 
 The process dies by SIGKILL, like a machine losing power or an OOM kill: no cleanup runs.
 With `REPLICATOR_FAILPOINT_ONCE=<file>` only the first process to reach the point dies (it
-creates the file): a retried Spark task then gets through. Costs one environment lookup
-when unset.
+creates the file): a retried Spark task then gets through. `<name>@N` dies the Nth time the
+process passes the point. Costs one environment lookup when unset.
 """
 
 from __future__ import annotations
@@ -15,9 +15,23 @@ ENV = "REPLICATOR_FAILPOINT"
 ONCE_ENV = "REPLICATOR_FAILPOINT_ONCE"
 
 
+_reached: dict[str, int] = {}
+
+
 def failpoint(name: str) -> None:
-    """Die here, at once, if the environment asks for this point."""
-    if os.environ.get(ENV) == name and _first_time():
+    """Die here, at once, if the environment asks for this point: `<name>`, or `<name>@N`
+    for the Nth time this process reaches it (a load's Nth copy task, in-process)."""
+    wanted = os.environ.get(ENV)
+    if not wanted:
+        return
+    point, _, nth = wanted.partition("@")
+    if point != name:
+        return
+    if nth:
+        _reached[name] = _reached.get(name, 0) + 1
+        if nth != str(_reached[name]):
+            return
+    if _first_time():
         os.kill(os.getpid(), signal.SIGKILL)
 
 

@@ -8,7 +8,7 @@ import psycopg
 from psycopg import sql
 
 from replicator.identifiers import TableName
-from replicator.postgres.naming import MARKER_TABLE, retired_table, staging_table
+from replicator.postgres.naming import MARKER_TABLE, RESUME_TABLE, retired_table, staging_table
 from replicator.sync.scripts import side_table
 from replicator.transfer.markers import load_id_prefix
 
@@ -46,8 +46,8 @@ def assert_same_table(source, dest, schema: str, table: str, key: str = "id") ->
 
 def leftovers(dest, targets: list[TableName]) -> list[str]:
     """What loads of `targets` left behind: side or staging tables, a replaced table not yet
-    dropped, partition markers. Empty after a successful run, whatever an earlier run died
-    doing."""
+    dropped, partition markers, a resumable load's record. Empty after a successful run,
+    whatever an earlier run died doing."""
     names = [
         (t.schema, t.name)
         for target in targets
@@ -65,4 +65,21 @@ def leftovers(dest, targets: list[TableName]) -> list[str]:
         ).format(MARKER_TABLE.identifier()),
         ([load_id_prefix(target) for target in targets],),
     ).fetchall()
-    return [r[0] for r in rows] + [f"marker {r[0]}" for r in markers]
+    (has_resumes,) = dest.execute(
+        "SELECT to_regclass(%s) IS NOT NULL", (RESUME_TABLE.sql(),)
+    ).fetchone()
+    resumes = (
+        dest.execute(
+            sql.SQL("SELECT target FROM {} WHERE target = ANY(%s)").format(
+                RESUME_TABLE.identifier()
+            ),
+            ([target.sql() for target in targets],),
+        ).fetchall()
+        if has_resumes
+        else []
+    )
+    return (
+        [r[0] for r in rows]
+        + [f"marker {r[0]}" for r in markers]
+        + [f"resumable load of {r[0]}" for r in resumes]
+    )

@@ -10,6 +10,9 @@ FULL_RELOAD_POINTS = (
     "after-swap-before-state",
     "state-before-rename",
 )
+# A full load of several partitions, in-process: killed at its third partition's commit or
+# in its second partition's copy, the committed ones stay for the next run to resume.
+RESUME_POINTS = ("task-before-commit@3", "mid-extract@2")
 INCREMENTAL_POINTS = (
     "after-snapshot-export",
     "mid-extract",

@@ -209,6 +209,7 @@ class SyncLog:
     failpoint_not_reached: int = 0
     typical_seconds: dict[bool, float] = field(default_factory=lambda: {False: 1.0, True: 6.0})
     refreshes: int = 0
+    resumed: int = 0  # full loads that resumed what a killed one had committed
     spark_runs: int = 0
     orphans: list[int] = field(default_factory=list)
     failures: list[str] = field(default_factory=list)

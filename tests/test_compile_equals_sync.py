@@ -151,8 +151,8 @@ def test_the_comparison_sees_a_statement_compile_does_not_print(
     compiled = _compiled(db_project, "full_reload")
     prepare = full_load.prepare_destination
 
-    def with_an_extra_statement(ends, built):
-        side = prepare(ends, built)
+    def with_an_extra_statement(ends, built, **options):
+        side = prepare(ends, built, **options)
         full_load.execute(ends.dest, "ANALYZE")
         return side
 

@@ -26,6 +26,7 @@ from failpoint_paths import (
     EXECUTOR_POINTS,
     FULL_RELOAD_POINTS,
     INCREMENTAL_POINTS,
+    RESUME_POINTS,
 )
 from soak_workload import (
     SyncLog,
@@ -50,7 +51,8 @@ TABLES = ("accounts", "events", "wallets")
 def _one_sync(project: Path, env: dict[str, str], rng: random.Random, log: SyncLog) -> None:
     """A cron run: every fifth moves its rows through Spark and every tenth follows a refresh
     (a full reload under load). About one in four is killed at a random moment within the
-    time such a run last took, and one in six at a random failpoint of the path it takes."""
+    time such a run last took, and one in six at a random failpoint of the path it takes;
+    half of the in-process refreshes are killed between two partitions of their loads."""
     log.runs += 1
     spark_every = int(os.environ.get("REPLICATOR_SOAK_SPARK_EVERY", "5"))
     run_env, spark, refresh = dict(env), log.runs % spark_every == 0, log.runs % 10 == 7
@@ -62,7 +64,10 @@ def _one_sync(project: Path, env: dict[str, str], rng: random.Random, log: SyncL
         assert refreshed.returncode == 0, refreshed.stderr
         log.refreshes += 1
     roll, kill_after, point = rng.random(), None, None
-    if roll < 0.25:
+    if refresh and not spark and roll < 0.5:  # a load killed in its middle: the next resumes
+        point = rng.choice(RESUME_POINTS)
+        run_env["REPLICATOR_FAILPOINT"] = point
+    elif roll < 0.25:
         kill_after = rng.uniform(0.1, 0.95) * log.typical_seconds[spark]
     elif roll < 0.42:
         point = rng.choice(
@@ -81,6 +86,7 @@ def _one_sync(project: Path, env: dict[str, str], rng: random.Random, log: SyncL
         log.killed_at_random += 1
     elif done.returncode == 0:
         log.completed += 1
+        log.resumed += done.stderr.count("resuming the load:")
         log.typical_seconds[spark] = time.monotonic() - started
         log.failpoint_not_reached += point is not None
     else:
@@ -104,8 +110,14 @@ def test_soak_converges_with_nothing_lost_duplicated_or_stale(
                     "name": f"{schema}.accounts",
                     "replication_key": "updated_at",
                     "deletes": "delete",
+                    "partitions": 4,  # a killed full load resumes
                 },
-                {"name": f"{schema}.events", "replication_key": "id", "mode": "incremental-append"},
+                {
+                    "name": f"{schema}.events",
+                    "replication_key": "id",
+                    "mode": "incremental-append",
+                    "partitions": 4,
+                },
                 {"name": f"{schema}.wallets", "mode": "cdc"},
             ]
         }
@@ -146,6 +158,7 @@ def test_soak_converges_with_nothing_lost_duplicated_or_stale(
         "completed": log.completed,
         "spark_runs": log.spark_runs,
         "refreshes": log.refreshes,
+        "resumed_loads": log.resumed,
         "killed_at_random": log.killed_at_random,
         "killed_at_failpoint": dict(log.killed_at_failpoint),
         "failpoint_not_reached": log.failpoint_not_reached,

@@ -32,6 +32,7 @@ from ..project.settings import DEST_URL, SOURCE_URL
 from ..project.state import TableState
 from ..redact import redact
 from ..report.logs import json_output
+from ..sync.resume import outlook, resumable
 from .capture_status import capture_notes
 
 log = logging.getLogger(__name__)
@@ -87,6 +88,7 @@ def table_status(project: Project, table: TableConfig) -> tuple[dict[str, Any], 
         "lag": None,
         "cursor_ahead": None,
         "slot_lag_bytes": None,  # a `cdc` table: log written since its copy's position
+        "resumable": None,  # an unfinished full load: {"loaded": k, "partitions": n}
     }
     try:
         state = project.store.read(table.name)
@@ -189,6 +191,8 @@ def _observe_live(
                     notes.append(ahead.args[1])
                 if dest is not None and planned.observed.destination is not None:
                     row["rows"] = _count(dest, table)
+                if dest is not None and planned.plan.action == "full_reload":
+                    _show_resumable(source, dest, planned, row)
             except ReplicatorError as exc:
                 row["next_action"] = f"fail: {redact(str(exc))}"
         if any(t.mode == "cdc" for t in tables):
@@ -196,6 +200,28 @@ def _observe_live(
     if dest is None:
         notes.append("rows (in the destination) not shown; the plan did not look at it")
     return notes
+
+
+def _show_resumable(
+    source: psycopg.Connection[Any],
+    dest: psycopg.Connection[Any],
+    planned: Planned,
+    row: dict[str, Any],
+) -> None:
+    """An unfinished full load, and whether the next sync resumes it (sync/resume.py)."""
+    table = planned.built.table
+    if not resumable(table.mode, table.replication_key):
+        return
+    seen = outlook(source, dest, planned.built, planned.source)
+    if seen is None:
+        return
+    found, reason = seen
+    loaded, parts = len(found.loaded), len(found.resume.parts)
+    if reason is None:
+        row["resumable"] = {"loaded": loaded, "partitions": parts}
+        row["next_action"] += f"; resumable: {loaded} of {parts} partitions loaded"
+    else:
+        row["next_action"] += f"; starts over ({loaded} of {parts} partitions loaded): {reason}"
 
 
 @contextlib.contextmanager

@@ -18,7 +18,7 @@ from psycopg import sql
 
 from .database import Step, fetch_all, run_steps
 from .ddl import create_schema
-from .naming import INTERNAL_SCHEMA, MARKER_TABLE, OWNED_TABLE
+from .naming import INTERNAL_SCHEMA, MARKER_TABLE, OWNED_TABLE, RESUME_TABLE
 
 MARKER_DDL = sql.SQL(
     "CREATE TABLE IF NOT EXISTS {} (load_id text NOT NULL, part int NOT NULL, "
@@ -29,6 +29,11 @@ OWNED_DDL = sql.SQL(
     "CREATE TABLE IF NOT EXISTS {} (table_oid oid PRIMARY KEY, schema_name text NOT NULL, "
     "table_name text NOT NULL, recorded_at timestamptz NOT NULL DEFAULT now())"
 ).format(OWNED_TABLE.identifier())
+
+RESUME_DDL = sql.SQL(
+    "CREATE TABLE IF NOT EXISTS {} (target text PRIMARY KEY, load_id text NOT NULL, "
+    "plan jsonb NOT NULL, started_at timestamptz NOT NULL DEFAULT now())"
+).format(RESUME_TABLE.identifier())
 
 
 def missing_schemas(conn: psycopg.Connection[Any], schemas: Iterable[str]) -> list[str]:
@@ -53,6 +58,7 @@ def bookkeeping_steps(missing: Iterable[str]) -> list[Step]:
         *schema_steps(s for s in missing if s == INTERNAL_SCHEMA),
         Step("destination", MARKER_DDL),
         Step("destination", OWNED_DDL),
+        Step("destination", RESUME_DDL),
     ]
 
 

@@ -11,9 +11,11 @@ import hashlib
 from ..identifiers import INTERNAL_SCHEMA, MAX_IDENTIFIER_BYTES, TableName
 
 # The bookkeeping tables in `_replicator`: a load's finished partitions (so a retried task
-# loads its rows once), and the destination tables replicator owns.
+# loads its rows once), the destination tables replicator owns, and the full loads a killed
+# run left to resume (sync/resume.py).
 MARKER_TABLE = TableName(INTERNAL_SCHEMA, "loaded_partitions")
 OWNED_TABLE = TableName(INTERNAL_SCHEMA, "owned_tables")
+RESUME_TABLE = TableName(INTERNAL_SCHEMA, "resumable_loads")
 # The one metadata column, last in a `deletes: "mark"` table: when the source row vanished.
 MARK_COLUMN = "_replicator_deleted_at"
 MARK_TYPE = "timestamp with time zone"

@@ -98,12 +98,14 @@ class SwapScript:
     body: list[tuple[Step, str | None]]  # with what a failure of the step means, if special
     after: list[Step]
 
-    def steps(self) -> list[Step]:
-        """Everything in order, as `compile` prints it and `sync` runs it."""
+    def steps(self, also: Sequence[Step] = ()) -> list[Step]:
+        """Everything in order, as `compile` prints it and `sync` runs it (`also`, as
+        swap_in runs it, last in the transaction)."""
         return [
             Step("destination", "BEGIN"),
             *self.prologue,
             *(step for step, _ in self.body),
+            *also,
             Step("destination", "COMMIT"),
             *self.after,
         ]

@@ -27,8 +27,18 @@ from ..project.settings import Settings
 from ..project.state import TableState
 from ..transfer.copy_stream import task_steps
 from .context import KeyBounds
-from .full_load import estimated_rows, load_tasks
+from .full_load import estimated_rows, part_tasks, plan_parts
 from .incremental import batch_for, batch_tasks
+from .resume import (
+    abandon_steps,
+    can_resume,
+    find,
+    forget_step,
+    outlook,
+    record_step,
+    resumable,
+    start_over_steps,
+)
 from .scripts import (
     DestinationFacts,
     end_load_steps,
@@ -44,6 +54,7 @@ from .scripts import (
 
 LOAD_ID = "<load id>"
 SNAPSHOT = "<snapshot>"
+RESUME_PLAN = {"parts": "<partitions>", "cursor": "<the snapshot's first cursor>"}
 
 
 @dataclass(frozen=True)
@@ -124,19 +135,45 @@ def _full_reload(
     target = built.table.target
     in_process = estimated_rows(inputs.source, source) < inputs.settings.min_rows
     parallelism = 1 if in_process else _spark_cores(inputs.settings, scripts)
-    tasks = load_tasks(inputs.source, SNAPSHOT, inputs.urls, built, source, LOAD_ID, parallelism)
+    plan = plan_parts(inputs.source, built, source, parallelism)
+    tasks = part_tasks(SNAPSHOT, inputs.urls, built, LOAD_ID, plan, list(range(len(plan))))
     swap = (
         read_facts(inputs.dest, target)
         if inputs.dest is not None
         else SwapFacts(0, None, (), default_key_name(target), default_key_name(target), "")
     )
+    swapped = swap_script(swap, side_table(target), target, side_key_name(built))
+    finish = [*key_steps(built), *swapped.steps([forget_step(target)]), *end_load_steps(LOAD_ID)]
+    resumes = resumable(built.table.mode, built.table.replication_key)
+    seen = outlook(inputs.source, inputs.dest, built, source) if resumes and inputs.dest else None
+    if seen is not None and seen[1] is None:  # the next sync resumes an unfinished load
+        found = seen[0]
+        todo = [i for i in range(len(found.resume.parts)) if i not in found.loaded]
+        parts = part_tasks(
+            SNAPSHOT, inputs.urls, built, found.resume.load_id, found.resume.parts, todo
+        )
+        scripts.notes.append(
+            f"resumes an unfinished load: {len(found.loaded)} of {len(found.resume.parts)} "
+            "partitions loaded; the incremental script follows, from its first snapshot's cursor"
+        )
+        return [
+            *prepare_steps(built, facts, keep_side=True),
+            Tasks([task_steps(task, version) for task in parts]),
+            *finish,
+        ]
+    # A cursor table's load is noted as resumable before its tasks (sync/resume.py).
+    noted = (
+        [record_step(target, LOAD_ID, RESUME_PLAN)] if resumes and can_resume(built, plan) else []
+    )
+    if seen is not None:
+        scripts.notes.append(f"starts an unfinished load over: {seen[1]}")
     return [
+        *(start_over_steps(target) if seen is not None else []),
         *prepare_steps(built, facts),
         *start_load_steps(target),
+        *noted,
         Tasks([task_steps(task, version) for task in tasks]),
-        *key_steps(built),
-        *swap_script(swap, side_table(target), target, side_key_name(built)).steps(),
-        *end_load_steps(LOAD_ID),
+        *finish,
     ]
 
 
@@ -153,7 +190,11 @@ def _incremental(
     batch = batch_for(built, state, rows, in_process, resync)
     parallelism = 1 if in_process else _spark_cores(inputs.settings, ActionScripts([]))
     tasks = batch_tasks(inputs.source, SNAPSHOT, inputs.urls, built, batch, LOAD_ID, parallelism)
+    target = built.table.target
+    resumes = resumable(built.table.mode, built.table.replication_key)
+    unfinished = resumes and inputs.dest is not None and find(inputs.dest, target) is not None
     return [
+        *(abandon_steps(target) if unfinished else []),  # sync drops it first
         *staging_steps(built, facts),
         *start_load_steps(built.table.target),
         Tasks([task_steps(task, version) for task in tasks]),

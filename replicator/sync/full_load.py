@@ -4,14 +4,15 @@
 2. Source: export a snapshot; read the first cursor and the partition bounds inside it.
 3. Spark: one task per partition streams COPY from source to side table (copy_stream.py).
 4. Destination: build the primary key, analyze, swap (swap.py).
-A crash before the swap leaves the live table untouched; the next run drops the stale side
-table and starts over.
+A crash before the swap leaves the live table untouched. A cursor table's load resumes in
+the next run from its committed partitions (resume.py); any other starts over.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,15 +29,24 @@ from ..postgres.catalog import TableInfo
 from ..postgres.database import execute, render, run_steps
 from ..postgres.dependent_views import reload_problem
 from ..postgres.endpoints import Endpoints
+from ..postgres.naming import MARKER_TABLE
 from ..postgres.snapshot import ExportedSnapshot
 from ..postgres.swap import swap_in
 from ..project.state import Cursor, Pending, Window
 from ..transfer.copy_progress import NO_PROGRESS, Sink, watch_copy
 from ..transfer.copy_stream import CopyTask
 from ..transfer.copy_tasks import copy_tasks
-from ..transfer.markers import discard, forget_markers, new_load_id
-from ..transfer.partitions import page_predicate, plan_key_ranges, plan_page_ranges, range_predicate
+from ..transfer.markers import discard, forget_loads, forget_markers, fresh_load_id
+from ..transfer.partitions import (
+    KeyRange,
+    PageRange,
+    page_predicate,
+    plan_key_ranges,
+    plan_page_ranges,
+    range_predicate,
+)
 from ..transfer.spark_runner import SparkRunner
+from . import resume
 from .cursor import first_cursor
 from .scripts import (
     DestinationFacts,
@@ -62,6 +72,7 @@ class LoadResult:
     partitions: int
     lock_seconds: float
     lsn: int | None = None  # a `cdc` table: the log position its snapshot holds
+    resumed: tuple[int, int] | None = None  # (partitions an earlier run loaded, partitions)
 
 
 def full_reload(
@@ -72,32 +83,52 @@ def full_reload(
     progress: Sink = NO_PROGRESS,
     *,
     capture: bool = False,
+    resumable: bool = False,
+    fresh: bool = False,
 ) -> LoadResult:
     """Reload the table from one consistent snapshot; return what was copied. With
     `capture` (a `cdc` table), the snapshot comes with its log position, which the swap
-    records as the table's applied position (capture/slot_snapshot.py)."""
+    records as the table's applied position (capture/slot_snapshot.py). `resumable` (a
+    cursor table): the load can be resumed if it is killed, and resumes an unfinished one
+    unless `fresh` (sync --full-refresh)."""
     phases = _Phases(built.table.written_name)
-    blocked = reload_problem(ends.dest, built.table.target)
+    target = built.table.target
+    blocked = reload_problem(ends.dest, target)
     if blocked is not None:  # found before anything is copied, not by the swap at the end
         problem, fix = blocked
         raise TableProblem(f"{built.table.written_name}: {problem}; fix: {fix}")
     estimate = estimated_rows(ends.source, source)
     in_process = not spark.needed_for(estimate)
+    found = resume.usable(ends, built, source, fresh) if resumable else None
+    load_id = found.resume.load_id if found else fresh_load_id(target)
     if not in_process:
         spark.warm_up()  # the JVM starts while types and the side table are created
     try:
         return _load_and_swap(
-            ends, built, source, spark, progress, estimate, in_process, phases, capture
+            ends,
+            built,
+            source,
+            spark,
+            progress,
+            estimate,
+            in_process,
+            phases,
+            capture,
+            found,
+            load_id,
+            resumable,
         )
     except BaseException:
-        discard(ends.dest, built.table.target, [side_table(built.table.target)])
+        if not (resumable and resume.kept(ends.dest, built, load_id)):
+            also = [resume.forget_step(target)] if resumable else []
+            discard(ends.dest, target, [side_table(target)], also)
         raise
 
 
-def prepare_destination(ends: Endpoints, built: TableSql) -> TableName:
+def prepare_destination(ends: Endpoints, built: TableSql, keep_side: bool = False) -> TableName:
     """Schemas, bookkeeping, types and an empty side table (scripts.prepare_steps)."""
     facts = DestinationFacts.read(ends.source, ends.dest, built)
-    run_steps(ends.dest, prepare_steps(built, facts))
+    run_steps(ends.dest, prepare_steps(built, facts, keep_side=keep_side))
     return side_table(built.table.target)
 
 
@@ -111,26 +142,51 @@ def _load_and_swap(
     in_process: bool,
     phases: _Phases,
     capture: bool,
+    found: resume.Found | None,
+    load_id: str,
+    resumable: bool,
 ) -> LoadResult:
+    target = built.table.target
     progress.phase("preparing the destination")
-    side = prepare_destination(ends, built)
+    side = prepare_destination(ends, built, keep_side=found is not None)
     phases.mark("destination prepared")
-    load_id = new_load_id(ends.dest, built.table.target)
+    if found is None:
+        forget_loads(ends.dest, target)
     lsn: int | None = None
     if capture:
         ensure_applied_table(ends.dest)
     with SlotSnapshot(ends.source_url) if capture else ExportedSnapshot(ends.source_url) as snap:
         assert snap.conn is not None
-        progress.phase("reading the first cursor from the model, in the load's snapshot")
-        cursor, pending, window = first_cursor(snap.conn, built)
-        progress.phase("planning partitions" + ("" if in_process else ", starting Spark"))
-        parallelism = 1 if in_process else spark.parallelism()
+        if found is None:
+            progress.phase("reading the first cursor from the model, in the load's snapshot")
+            cursor, pending, window = first_cursor(snap.conn, built)
+            progress.phase("planning partitions" + ("" if in_process else ", starting Spark"))
+            parallelism = 1 if in_process else spark.parallelism()
+            parts = plan_parts(snap.conn, built, source, parallelism)
+            todo = list(range(len(parts)))
+            if resumable and resume.can_resume(built, parts):
+                node = resume.relfilenode(snap.conn, source)
+                shape = resume.shape_of(built)
+                plan = resume.Resume(load_id, parts, cursor, pending, window, shape, node)
+                run_steps(ends.dest, [resume.record_step(target, load_id, plan.as_json())])
+        else:
+            resume.check_unchanged(snap.conn, source, found, built.table.written_name)
+            cursor, pending, window = found.resume.cursor, found.resume.pending, found.resume.window
+            parts = found.resume.parts
+            todo = [i for i in range(len(parts)) if i not in found.loaded]
+            log.info(
+                "%s: resuming the load: %d of %d partitions loaded, copying %d",
+                built.table.written_name,
+                len(found.loaded),
+                len(parts),
+                len(todo),
+            )
         phases.mark("snapshot exported" + ("" if in_process else ", Spark ready"))
         urls = (ends.source_url, ends.dest_url)
-        tasks = load_tasks(snap.conn, snap.snapshot_id, urls, built, source, load_id, parallelism)
+        tasks = part_tasks(snap.snapshot_id, urls, built, load_id, parts, todo)
         progress.phase("copying")
-        with watch_copy(ends.dest_url, side, load_id, len(tasks), estimate, progress):
-            results = spark.run_copy_tasks(tasks, in_process=in_process)
+        with watch_copy(ends.dest_url, side, load_id, len(parts), estimate, progress):
+            results = spark.run_copy_tasks(tasks, in_process=in_process) if tasks else []
         phases.mark(
             f"copied {len(tasks)} partition(s) (task seconds: "
             f"{', '.join(f'{r.seconds:.1f}' for r in results)})"
@@ -138,25 +194,41 @@ def _load_and_swap(
         if isinstance(snap, SlotSnapshot):
             lsn = snap.lsn
     failpoint("after-load-before-swap")
+    rows, size = _loaded(ends.dest, load_id)
     progress.phase("building the primary key, analyzing")
-    _finish_side_table(ends.dest, side, built)
+    moved = found is not None and isinstance(parts[0], PageRange)
+    _finish_side_table(ends.dest, side, built, rows_moved_pages=moved)
     phases.mark("primary key built, analyzed")
-    target = built.table.target
     progress.phase("swapping the new table in")
     also = [record_applied_step(target, lsn)] if lsn is not None else []
+    # Any full load ends an unfinished one (a table whose mode changed, say).
+    also.append(resume.forget_step(target))
     lock_seconds = swap_in(ends.dest, side, target, side_key_name(built), also)
     phases.mark(f"swapped (table lock held {lock_seconds * 1000:.0f} ms)")
     forget_markers(ends.dest, load_id)
     return LoadResult(
-        rows=sum(r.rows for r in results),
-        bytes=sum(r.bytes for r in results),
+        rows=rows,
+        bytes=size,
         cursor=cursor,
         pending=pending,
         window=window,
-        partitions=len(tasks),
+        partitions=len(parts),
         lock_seconds=lock_seconds,
         lsn=lsn,
+        resumed=(len(found.loaded), len(parts)) if found else None,
     )
+
+
+def _loaded(dest: psycopg.Connection[Any], load_id: str) -> tuple[int, int]:
+    """Rows and bytes the load's partitions committed (an earlier run's included)."""
+    (rows, size) = execute(
+        dest,
+        sql.SQL(
+            "SELECT coalesce(sum(rows), 0), coalesce(sum(bytes), 0) FROM {} WHERE load_id = %s"
+        ).format(MARKER_TABLE.identifier()),
+        (load_id,),
+    ).fetchone()
+    return int(rows), int(size)
 
 
 class _Phases:
@@ -182,46 +254,56 @@ def estimated_rows(conn: psycopg.Connection[Any], source: TableInfo) -> int:
     return int(estimate)
 
 
-def load_tasks(
-    conn: psycopg.Connection[Any],
+def part_tasks(
     snapshot: str,
     urls: tuple[str, str],
     built: TableSql,
-    source: TableInfo,
     load_id: str,
-    parallelism: int,
+    parts: Sequence[PageRange | KeyRange],
+    todo: list[int],
 ) -> list[CopyTask]:
-    """The load's COPY tasks, one per partition, partitions read through `conn` (inside the
-    snapshot, for a load; outside it, for `compile`)."""
+    """The tasks of the partitions `todo` (all of them for a fresh load; a single one then
+    empties the side table and copies frozen)."""
     side = side_table(built.table.target)
+    queries = part_queries(built, parts)
     return copy_tasks(
         load_id,
         *urls,
         snapshot,
-        _partition_queries(conn, built, source, parallelism),
+        [queries[i] for i in todo],
         (side.schema, side.name),
         [c.name for c in built.columns],
-        freeze=True,
+        freeze=len(todo) == len(parts),
         origin=built.model.origin,
+        parts=todo,
     )
 
 
-def _partition_queries(
+def plan_parts(
     conn: psycopg.Connection[Any], built: TableSql, source: TableInfo, parallelism: int
-) -> list[sql.Composable]:
-    """One SELECT per partition: page ranges of the table, else key ranges of the model."""
-    model, requested = sql.SQL(built.model.sql), built.table.partitions
+) -> list[PageRange] | list[KeyRange]:
+    """The load's partitions: page ranges of the table, else key ranges of the model."""
+    requested = built.table.partitions
     if built.model.reads_table_as_is and source.kind == "table":
-        pages = plan_page_ranges(conn, source, parallelism, requested)
-        predicates = [page_predicate(p) for p in pages]
-        # The built-in model is `SELECT <columns> FROM <table>`: the bounds go straight on.
-        return [model if p is None else sql.SQL("{} WHERE {}").format(model, p) for p in predicates]
+        return plan_page_ranges(conn, source, parallelism, requested)
     key = built.primary_key[0] if built.primary_key else None
-    key_type = built.type_of(key or "")
-    ranges = plan_key_ranges(conn, source, key, key_type, parallelism, requested)
+    return plan_key_ranges(conn, source, key, built.type_of(key or ""), parallelism, requested)
+
+
+def part_queries(built: TableSql, parts: Sequence[PageRange | KeyRange]) -> list[sql.Composable]:
+    """One SELECT per partition."""
+    model = sql.SQL(built.model.sql)
     queries: list[sql.Composable] = []
-    for key_range in ranges:
-        predicate = range_predicate(key, key_type, key_range) if key else None
+    key = built.primary_key[0] if built.primary_key else None
+    for part in parts:
+        if isinstance(part, PageRange):
+            predicate = page_predicate(part)
+            # The built-in model is `SELECT <columns> FROM <table>`: the bounds go straight on.
+            queries.append(
+                model if predicate is None else sql.SQL("{} WHERE {}").format(model, predicate)
+            )
+            continue
+        predicate = range_predicate(key, built.type_of(key), part) if key else None
         queries.append(
             model
             if predicate is None
@@ -233,7 +315,7 @@ def _partition_queries(
 
 
 def _keep_newest_version_per_key(
-    dest: psycopg.Connection[Any], side: TableName, built: TableSql
+    dest: psycopg.Connection[Any], side: TableName, built: TableSql, rows_moved_pages: bool
 ) -> None:
     """The model emitted a key more than once: keep the version an incremental merge would
     keep (highest replication key, ties broken by the row's text), so both paths agree."""
@@ -252,6 +334,14 @@ def _keep_newest_version_per_key(
             order=sql.SQL(", ").join(order),
         ),
     ).rowcount
+    if rows_moved_pages:  # an updated row read from its old page and its new one: the catch-up
+        log.info(  # that follows brings its newest version in any case
+            "%s: %d row(s) moved pages between the resumed load's snapshots; kept one "
+            "version of each key",
+            built.table.written_name,
+            removed,
+        )
+        return
     log.warning(
         "%s: the model returned %d row(s) whose primary key another row also has; kept the "
         "newest version of each key",
@@ -260,9 +350,12 @@ def _keep_newest_version_per_key(
     )
 
 
-def _finish_side_table(dest: psycopg.Connection[Any], side: TableName, built: TableSql) -> None:
+def _finish_side_table(
+    dest: psycopg.Connection[Any], side: TableName, built: TableSql, *, rows_moved_pages: bool
+) -> None:
     """Build the primary key after the load, then analyze, before readers see the table
-    (scripts.key_steps). A model that returned a key twice fails the key build once."""
+    (scripts.key_steps). A model that returned a key twice fails the key build once; so
+    does a resumed load of page ranges where a row moved pages between its two snapshots."""
     key = key_statement(built)
     key_text = render(key) if key is not None else None
     for step in key_steps(built):
@@ -271,5 +364,5 @@ def _finish_side_table(dest: psycopg.Connection[Any], side: TableName, built: Ta
         except DatabaseError as exc:
             if step.text != key_text or exc.sqlstate != UNIQUE_VIOLATION:
                 raise
-            _keep_newest_version_per_key(dest, side, built)
+            _keep_newest_version_per_key(dest, side, built, rows_moved_pages)
             execute(dest, step.statement, step.params)

@@ -74,13 +74,32 @@ def _destination(statement: Any, params: Any = None) -> Step:
 # ---------------------------------------------------------------- full reload
 
 
-def prepare_steps(built: TableSql, facts: DestinationFacts) -> list[Step]:
+def prepare_steps(
+    built: TableSql, facts: DestinationFacts, *, keep_side: bool = False
+) -> list[Step]:
     """Schemas, bookkeeping, types, and a fresh side table without its key (building the key
     after the load measured faster than maintaining it: bench/RESULTS.md). What a killed run
     left is dropped first: a stale side table, and a replaced table the swap renamed aside
-    but did not drop yet."""
+    but did not drop yet. `keep_side`: a resumed load keeps its partly loaded side table."""
     target = built.table.target
     side = side_table(target)
+    fresh_side = [
+        _destination(ddl.drop_table(side)),
+        _destination(ddl.create_table(side, built.destination_columns)),
+    ]
+    key = side_key_name(built)
+    # A resumed load killed after its key was built (before its swap) builds it again.
+    kept_side = (
+        [
+            _destination(
+                sql.SQL("ALTER TABLE {} DROP CONSTRAINT IF EXISTS {}").format(
+                    side.identifier(), sql.Identifier(key)
+                )
+            )
+        ]
+        if key
+        else []
+    )
     return [
         *schema_steps(facts.user_schemas),
         *bookkeeping_steps(facts.missing),
@@ -89,8 +108,7 @@ def prepare_steps(built: TableSql, facts: DestinationFacts) -> list[Step]:
         # an incremental run killed after creating its staging table, whose next actions
         # were this reload and no-ops, would leave it behind for good
         _destination(ddl.drop_table(staging_table(target))),
-        _destination(ddl.drop_table(side)),
-        _destination(ddl.create_table(side, built.destination_columns)),
+        *(kept_side if keep_side else fresh_side),
     ]
 
 

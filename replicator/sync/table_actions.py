@@ -12,6 +12,7 @@ from psycopg import sql
 
 from ..capture.lsn import lsn_text
 from ..failpoints import failpoint
+from ..plan.decide import Plan
 from ..plan.table_sql import batch_query
 from ..postgres.database import execute
 from ..project.state import Cursor, Pending, TableState, Window
@@ -20,6 +21,7 @@ from .context import TableJob
 from .deletes import propagate_deletes
 from .full_load import full_reload
 from .incremental import incremental_sync, probe
+from .resume import abandon, resumable
 from .skip_backfill import start_without_backfill
 
 log = logging.getLogger("replicator.sync")
@@ -27,6 +29,8 @@ log = logging.getLogger("replicator.sync")
 
 def carry_out(job: TableJob) -> TableResult:
     """Run the job's plan (full_reload, incremental or skip_backfill)."""
+    if job.plan.action != "full_reload" and resumable(job.table.mode, job.table.replication_key):
+        abandon(job.ends.dest, job.table.target, job.name)  # a `sync -f` killed, say
     with job.built.reading_model():
         if job.plan.action == "incremental":
             if job.run.resync is not None:
@@ -48,6 +52,8 @@ def _full_reload(job: TableJob) -> TableResult:
             job.run.spark,
             progress,
             capture=job.table.mode == "cdc",
+            resumable=resumable(job.table.mode, job.table.replication_key),
+            fresh=job.run.full_refresh,
         )
     if loaded.lsn is not None:  # a `cdc` table: its cursor is its position in the log
         loaded = replace(loaded, cursor=Cursor(value=lsn_text(loaded.lsn), type="pg_lsn"))
@@ -56,6 +62,36 @@ def _full_reload(job: TableJob) -> TableResult:
     new = loaded.cursor.value if loaded.cursor else None
     result = job.success("full_reload", loaded.rows, job.plan.reason, loaded.bytes, old, new)
     _write_new_state(job, loaded, result)
+    if loaded.resumed is None:
+        return result
+    return _catch_up(job, result)
+
+
+def _catch_up(job: TableJob, loaded: TableResult) -> TableResult:
+    """After a resumed load: the rows changed since its first part's snapshot, read as an
+    incremental batch from that snapshot's cursor (and the delete check when it is due)."""
+    state = job.run.project.store.read(job.table.name)
+    plan = Plan("incremental", "catching up after the resumed load")
+    catching_up = replace(job, state=state, planned=replace(job.planned, plan=plan))
+    caught = propagate_deletes(catching_up, _incremental(catching_up))
+    log.info(
+        "%s: caught up after the resumed load: %s row(s) read again",
+        job.name,
+        f"{caught.rows or 0:,}",
+    )
+    result = replace(
+        caught,
+        action="full_reload",
+        rows=loaded.rows,
+        bytes=(loaded.bytes or 0) + (caught.bytes or 0),
+        reason=loaded.reason,
+        cursor_from=loaded.cursor_from,
+    )
+    if caught.status == "success":
+        latest = job.run.project.store.read(job.table.name)
+        assert latest is not None
+        finished = utc_now()
+        job.write_state(latest.model_copy(update={"last_run": job.outcome(result, finished)}))
     return result
 
 

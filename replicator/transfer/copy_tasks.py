@@ -20,10 +20,13 @@ def copy_tasks(
     *,
     freeze: bool = False,
     origin: str = "",
+    parts: list[int] | None = None,
 ) -> list[CopyTask]:
     """One task per query: binary COPY of its rows into `table` (schema, name).
 
-    `freeze`: the table is this load's alone; a single task truncates it and copies frozen."""
+    `freeze`: the table is this load's alone; a single task truncates it and copies frozen.
+    `parts`: the partition number of each query (default 0, 1, ...): a resumed load copies
+    only the partitions its first run did not finish, under their first numbers."""
     freeze = freeze and len(queries) == 1
     copy_in = (
         sql.SQL("COPY {} ({}) FROM STDIN (FORMAT binary{})")
@@ -50,5 +53,5 @@ def copy_tasks(
             truncate,
             origin,
         )
-        for index, query in enumerate(queries)
+        for index, query in zip(parts or range(len(queries)), queries, strict=True)
     ]

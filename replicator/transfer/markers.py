@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import uuid
+from collections.abc import Sequence
 from typing import Any
 
 import psycopg
@@ -31,6 +32,11 @@ def load_id_prefix(target: TableName) -> str:
 def new_load_id(dest: psycopg.Connection[Any], target: TableName) -> str:
     """A fresh id for one load of `target`; the markers of its earlier loads are dropped."""
     forget_loads(dest, target)
+    return fresh_load_id(target)
+
+
+def fresh_load_id(target: TableName) -> str:
+    """A new id for a load of `target` (its caller drops the earlier loads' markers)."""
     return load_id_prefix(target) + uuid.uuid4().hex
 
 
@@ -63,13 +69,19 @@ def forget_markers_step(load_id: str) -> Step:
     )
 
 
-def discard(dest: psycopg.Connection[Any], target: TableName, tables: list[TableName]) -> None:
-    """After a failed or interrupted load: drop the tables it created and its markers. Best
-    effort, a few seconds at most (a killed Spark task may still hold a lock); whatever is
-    left, the table's next load drops first."""
+def discard(
+    dest: psycopg.Connection[Any],
+    target: TableName,
+    tables: list[TableName],
+    also: Sequence[Step] = (),
+) -> None:
+    """After a failed or interrupted load: drop the tables it created and its markers (and
+    run `also`, its resume record's removal). Best effort, a few seconds at most (a killed
+    Spark task may still hold a lock); whatever is left, the table's next load drops first."""
     with contextlib.suppress(Exception), transaction(dest):
         execute(dest, "SET LOCAL lock_timeout = '10s'")
         for table in tables:
             execute(dest, ddl.drop_table(table))
         if fetch_all(dest, "SELECT to_regclass(%s) IS NOT NULL", (MARKER_TABLE.sql(),))[0][0]:
             forget_loads(dest, target)
+            run_steps(dest, also)
