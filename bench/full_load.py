@@ -138,10 +138,14 @@ def kill_part_way(command: str, env: dict[str, str], dest_url: str) -> None:
     )
     with psycopg.connect(dest_url, autocommit=True) as conn:
         while run.poll() is None:
-            (done,) = conn.execute(
-                "SELECT CASE WHEN to_regclass('_replicator.loaded_partitions') IS NULL THEN 0 "
-                "ELSE (SELECT count(*) FROM _replicator.loaded_partitions) END"
+            (ready,) = conn.execute(
+                "SELECT to_regclass('_replicator.loaded_partitions') IS NOT NULL"
             ).fetchone()
+            done = (
+                conn.execute("SELECT count(*) FROM _replicator.loaded_partitions").fetchone()[0]
+                if ready
+                else 0
+            )
             if done >= KILL_AT_PARTS:
                 os.killpg(run.pid, signal.SIGKILL)
                 break
