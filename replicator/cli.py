@@ -96,7 +96,7 @@ def compile_command(
     ),
 )
 @select_option
-@click.option("-f", "--full-refresh", is_flag=True, help="Reload the tables in full.")
+@click.option("-f", "--full-refresh", is_flag=True, help="Reload in full, from scratch: no resume.")
 @click.option(
     "--since",
     metavar="VALUE",
