@@ -209,3 +209,8 @@ def test_check_against_the_live_master(db_project, cluster, table):
     checked = db_project.run("check")
     assert f"master {cluster.url}: 127.0.0.1:{cluster.master_port} answers" in checked.stdout
     assert "executors get replicator's Python environment with each run" in checked.stdout
+    # The test servers listen on 127.0.0.1, which works here only because all runs on one host.
+    assert (
+        "warning spark: REPLICATOR_SOURCE_URL names 127.0.0.1: on a cluster each executor "
+        "connects from its own host" in checked.stdout
+    )

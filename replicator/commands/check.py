@@ -3,20 +3,14 @@
 from __future__ import annotations
 
 import json
-import shutil
-import socket
-import subprocess
-import sys
 from collections.abc import Iterator
 from dataclasses import asdict
 from typing import Any
-from urllib.parse import urlsplit
 
 import click
 import psycopg
 from psycopg import sql
 
-from .. import __version__
 from ..errors import ReplicatorError
 from ..identifiers import display_ident
 from ..plan.cursor_limits import cursor_limits
@@ -29,14 +23,12 @@ from ..postgres.dest_schema import missing_schemas
 from ..postgres.naming import INTERNAL_SCHEMA
 from ..project.config import TableConfig
 from ..project.project import Project
-from ..project.settings import SPARK_MASTER
 from ..redact import redact
 from ..report.logs import json_output, quiet
 from ..report.results import utc_now
 from ..report.webhook import build_payload, post
-from ..transfer.executor_env import platform_tag
-from ..transfer.spark_session import JDBC_PACKAGE, is_local, jdbc_jar
 from .check_capture import capture_findings
+from .check_spark import spark_findings
 from .findings import Finding
 
 
@@ -63,11 +55,7 @@ def print_checks(project: Project, ping: bool = False) -> int:
 def run_checks(project: Project, ping: bool = False) -> list[Finding]:
     """Check connections, privileges, keys, indexes, Java and the driver; never writes
     anything (`ping` sends the webhook a test payload)."""
-    findings: list[Finding] = [
-        *_spark_prerequisites(project),
-        *_spark_master(project),
-        *_spark_executors(project),
-    ]
+    findings: list[Finding] = list(spark_findings(project))
     if ping:
         findings.append(_ping_webhook(project))
     connections = project.connections()
@@ -90,99 +78,6 @@ def run_checks(project: Project, ping: bool = False) -> list[Finding]:
             if conn is not None:
                 conn.close()
     return findings
-
-
-def _spark_prerequisites(project: Project) -> Iterator[Finding]:
-    """Java 17+ and the PostgreSQL JDBC driver, which the Spark path needs."""
-
-    java = shutil.which("java", path=None)
-    if java is None:
-        yield Finding(
-            "error",
-            "spark",
-            "java not found on PATH (Spark needs Java 17+)",
-            "apt-get install openjdk-17-jre-headless, or set JAVA_HOME and PATH",
-        )
-    else:
-        version = subprocess.run(
-            [java, "-version"], capture_output=True, text=True, stdin=subprocess.DEVNULL
-        ).stderr.splitlines()
-        yield Finding("ok", "spark", f"java: {version[0] if version else java}")
-    conf = project.settings.spark_conf
-    if "spark.jars" in conf or "spark.jars.packages" in conf:
-        yield Finding("ok", "spark", "JDBC driver: from spark.conf")
-    elif (jar := jdbc_jar()) is not None:
-        state = "ok" if jar.is_file() else "error"
-        yield Finding(
-            state, "spark", f"JDBC driver: {jar}" + ("" if jar.is_file() else " does not exist")
-        )
-    else:
-        yield Finding(
-            "warn",
-            "spark",
-            f"no local JDBC driver: Spark will download {JDBC_PACKAGE} from Maven Central",
-            "apt-get install libpostgresql-jdbc-java, or set REPLICATOR_JDBC_JAR",
-        )
-
-
-def _spark_master(project: Project) -> Iterator[Finding]:
-    """A cluster master (spark://, k8s://, mesos://) must answer on its port; local[*] needs
-    nothing, yarn is found through HADOOP_CONF_DIR and is not probed."""
-
-    master = project.settings.spark_master or "local[*]"
-    if master.startswith("local"):
-        yield Finding("ok", "spark", f"master {master} (in this process)")
-        return
-    if master == "yarn":
-        yield Finding("ok", "spark", "master yarn (found through HADOOP_CONF_DIR; not probed)")
-        return
-    address = master.removeprefix("k8s://")
-    scheme, _, rest = (address if "://" in address else f"tcp://{address}").partition("://")
-    default_port = {"spark": 7077, "mesos": 5050, "https": 443, "http": 80}.get(scheme)
-    fix = f"start the master or fix spark.master / {SPARK_MASTER}"
-    # spark://h1:7077,h2:7077 lists standby masters: one answering is enough.
-    problems = []
-    for netloc in rest.split("/")[0].split(","):
-        try:
-            parts = urlsplit(f"tcp://{netloc}")
-            host, port = parts.hostname, parts.port or default_port
-        except ValueError:
-            host, port = None, None
-        if not host or not port:
-            problems.append(f"{netloc}: no host and port")
-            continue
-        try:
-            with socket.create_connection((host, port), timeout=5):
-                pass
-        except OSError as exc:
-            problems.append(f"{host}:{port} not reachable ({exc.strerror or exc})")
-            continue
-        yield Finding("ok", "spark", f"master {master}: {host}:{port} answers")
-        return
-    yield Finding("error", "spark", f"master {master}: {'; '.join(problems)}", fix)
-
-
-def _spark_executors(project: Project) -> Iterator[Finding]:
-    """What a cluster's executors run our tasks with (nothing to say for a local master)."""
-    settings = project.settings
-    if is_local(settings.spark_master):
-        return
-    if settings.ship_environment:
-        tag = platform_tag()
-        yield Finding(
-            "ok",
-            "spark",
-            "executors get replicator's Python environment with each run (spark.archives, "
-            f"built for {tag}): their python3 must be Python "
-            f"{sys.version_info.major}.{sys.version_info.minor} on that platform",
-        )
-    else:
-        yield Finding(
-            "ok",
-            "spark",
-            "executors use their own Python (spark.ship_environment is false): it needs "
-            f"replicator {__version__} and its dependencies installed",
-        )
 
 
 def _ping_webhook(project: Project) -> Finding:

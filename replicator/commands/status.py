@@ -191,7 +191,7 @@ def _observe_live(
                     notes.append(ahead.args[1])
                 if dest is not None and planned.observed.destination is not None:
                     row["rows"] = _count(dest, table)
-                if dest is not None and planned.plan.action == "full_reload":
+                if dest is not None:
                     _show_resumable(source, dest, planned, row)
             except ReplicatorError as exc:
                 row["next_action"] = f"fail: {redact(str(exc))}"
@@ -217,7 +217,11 @@ def _show_resumable(
         return
     found, reason = seen
     loaded, parts = len(found.loaded), len(found.resume.parts)
-    if reason is None:
+    if planned.plan.action in ("incremental", "skip_backfill"):
+        row["next_action"] += f"; drops an unfinished reload ({loaded} of {parts} loaded)"
+    elif planned.plan.action != "full_reload":
+        return
+    elif reason is None:
         row["resumable"] = {"loaded": loaded, "partitions": parts}
         row["next_action"] += f"; resumable: {loaded} of {parts} partitions loaded"
     else:

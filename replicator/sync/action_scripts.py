@@ -30,6 +30,7 @@ from .context import KeyBounds
 from .full_load import estimated_rows, part_tasks, plan_parts
 from .incremental import batch_for, batch_tasks
 from .resume import (
+    Found,
     abandon_steps,
     can_resume,
     find,
@@ -102,14 +103,26 @@ def action_scripts(
     scripts = ActionScripts(full_reload=[])
     version = inputs.source.info.server_version
     facts = _facts(inputs, built, scripts)
-    scripts.full_reload = _full_reload(inputs, built, source, facts, version, scripts)
+    resumes = plan.action == "full_reload"  # else `sync -f` (or `refresh`) would start over
+    scripts.full_reload = _full_reload(inputs, built, source, facts, version, scripts, resumes)
     if built.merge is not None:
         state = state or TableState(table=str(built.table.name))
         batch_facts = _incremental_facts(inputs, built)
         scripts.staging = staging_steps(built, batch_facts)
-        scripts.incremental = _incremental(inputs, built, state, batch_facts, None, version)
+        found = _unfinished(inputs, built)
+        if found is not None and plan.action != "full_reload":
+            scripts.notes.append(
+                f"drops an unfinished reload ({len(found.loaded)} of "
+                f"{len(found.resume.parts)} partitions loaded) before its batch"
+            )
+        unfinished = found is not None
+        scripts.incremental = _incremental(
+            inputs, built, state, batch_facts, None, version, unfinished
+        )
         if resync is not None:
-            scripts.resync = _incremental(inputs, built, state, batch_facts, resync, version)
+            scripts.resync = _incremental(
+                inputs, built, state, batch_facts, resync, version, unfinished
+            )
     if plan.action == "skip_backfill":
         scripts.start = list(start_steps(built, facts, exists=destination_exists))
     return scripts
@@ -131,7 +144,10 @@ def _full_reload(
     facts: DestinationFacts,
     version: int,
     scripts: ActionScripts,
+    next_resumes: bool,
 ) -> list[Item]:
+    """The reload's script; when it is the next action and an unfinished load can be
+    resumed, the resumed one."""
     target = built.table.target
     in_process = estimated_rows(inputs.source, source) < inputs.settings.min_rows
     parallelism = 1 if in_process else _spark_cores(inputs.settings, scripts)
@@ -146,6 +162,8 @@ def _full_reload(
     finish = [*key_steps(built), *swapped.steps([forget_step(target)]), *end_load_steps(LOAD_ID)]
     resumes = resumable(built.table.mode, built.table.replication_key)
     seen = outlook(inputs.source, inputs.dest, built, source) if resumes and inputs.dest else None
+    if seen is not None and seen[1] is None and not next_resumes:
+        seen = (seen[0], "the next action is not this reload (sync -f starts over)")
     if seen is not None and seen[1] is None:  # the next sync resumes an unfinished load
         found = seen[0]
         todo = [i for i in range(len(found.resume.parts)) if i not in found.loaded]
@@ -165,7 +183,7 @@ def _full_reload(
     noted = (
         [record_step(target, LOAD_ID, RESUME_PLAN)] if resumes and can_resume(built, plan) else []
     )
-    if seen is not None:
+    if seen is not None and next_resumes:
         scripts.notes.append(f"starts an unfinished load over: {seen[1]}")
     return [
         *(start_over_steps(target) if seen is not None else []),
@@ -184,15 +202,15 @@ def _incremental(
     facts: DestinationFacts,
     resync: KeyBounds | None,
     version: int,
+    unfinished: bool,
 ) -> list[Item]:
+    """The batch's script; `unfinished`: sync first drops an unfinished reload."""
     rows = _batch_rows(inputs.source, built, state, resync)
     in_process = rows < inputs.settings.min_rows
     batch = batch_for(built, state, rows, in_process, resync)
     parallelism = 1 if in_process else _spark_cores(inputs.settings, ActionScripts([]))
     tasks = batch_tasks(inputs.source, SNAPSHOT, inputs.urls, built, batch, LOAD_ID, parallelism)
     target = built.table.target
-    resumes = resumable(built.table.mode, built.table.replication_key)
-    unfinished = resumes and inputs.dest is not None and find(inputs.dest, target) is not None
     return [
         *(abandon_steps(target) if unfinished else []),  # sync drops it first
         *staging_steps(built, facts),
@@ -201,6 +219,13 @@ def _incremental(
         *end_load_steps(LOAD_ID),
         *merge_steps(built),
     ]
+
+
+def _unfinished(inputs: Inputs, built: TableSql) -> Found | None:
+    """The table's unfinished reload, which an incremental run drops first."""
+    if inputs.dest is None or not resumable(built.table.mode, built.table.replication_key):
+        return None
+    return find(inputs.dest, built.table.target)
 
 
 def _incremental_facts(inputs: Inputs, built: TableSql) -> DestinationFacts:

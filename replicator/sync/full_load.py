@@ -197,7 +197,8 @@ def _load_and_swap(
     rows, size = _loaded(ends.dest, load_id)
     progress.phase("building the primary key, analyzing")
     moved = found is not None and isinstance(parts[0], PageRange)
-    _finish_side_table(ends.dest, side, built, rows_moved_pages=moved)
+    removed = _finish_side_table(ends.dest, side, built, rows_moved_pages=moved)
+    rows -= removed if moved else 0  # read twice, kept once
     phases.mark("primary key built, analyzed")
     progress.phase("swapping the new table in")
     also = [record_applied_step(target, lsn)] if lsn is not None else []
@@ -316,7 +317,7 @@ def part_queries(built: TableSql, parts: Sequence[PageRange | KeyRange]) -> list
 
 def _keep_newest_version_per_key(
     dest: psycopg.Connection[Any], side: TableName, built: TableSql, rows_moved_pages: bool
-) -> None:
+) -> int:
     """The model emitted a key more than once: keep the version an incremental merge would
     keep (highest replication key, ties broken by the row's text), so both paths agree."""
     key = built.table.replication_key
@@ -341,28 +342,32 @@ def _keep_newest_version_per_key(
             built.table.written_name,
             removed,
         )
-        return
+        return removed
     log.warning(
         "%s: the model returned %d row(s) whose primary key another row also has; kept the "
         "newest version of each key",
         built.table.written_name,
         removed,
     )
+    return removed
 
 
 def _finish_side_table(
     dest: psycopg.Connection[Any], side: TableName, built: TableSql, *, rows_moved_pages: bool
-) -> None:
+) -> int:
     """Build the primary key after the load, then analyze, before readers see the table
     (scripts.key_steps). A model that returned a key twice fails the key build once; so
-    does a resumed load of page ranges where a row moved pages between its two snapshots."""
+    does a resumed load of page ranges where a row moved pages between its two snapshots.
+    Returns how many rows that removed."""
     key = key_statement(built)
     key_text = render(key) if key is not None else None
+    removed = 0
     for step in key_steps(built):
         try:
             execute(dest, step.statement, step.params)
         except DatabaseError as exc:
             if step.text != key_text or exc.sqlstate != UNIQUE_VIOLATION:
                 raise
-            _keep_newest_version_per_key(dest, side, built, rows_moved_pages)
+            removed = _keep_newest_version_per_key(dest, side, built, rows_moved_pages)
             execute(dest, step.statement, step.params)
+    return removed

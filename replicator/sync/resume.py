@@ -272,8 +272,8 @@ def kept(dest: psycopg.Connection[Any], built: TableSql, load_id: str) -> bool:
         return True
     if found is None or found.resume.load_id != load_id or not found.loaded:
         return False
-    log.info(
-        "%s: %d of %d partitions loaded and kept: the next sync resumes the load "
+    log.info(  # tasks still stopping may commit a partition more: `status` counts them
+        "%s: partitions loaded so far (%d of %d) are kept: the next sync resumes the load "
         "(sync --full-refresh starts over)",
         built.table.written_name,
         len(found.loaded),

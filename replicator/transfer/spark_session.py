@@ -17,6 +17,8 @@ from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ..interrupts import requested
+
 if TYPE_CHECKING:
     from pyspark import SparkContext
     from pyspark.sql import SparkSession
@@ -206,8 +208,21 @@ def _filtered_stderr() -> Iterator[None]:
         os.close(write_end)
 
 
+# Spark's own error line for a failed job, which the run reports in its words.
+_ABORTED_JOB = re.compile(r" spark ERROR TaskSetManager: Task \S+ in stage \S+ failed \d+ times")
+
+
 def _forward(read_end: int, forward_to: int) -> None:
     with os.fdopen(read_end, "rb") as lines:
         for line in lines:
-            if not line.decode(errors="replace").startswith(_JVM_NOISE):
+            if _worth_showing(line.decode(errors="replace")):
                 os.write(forward_to, line)
+
+
+def _worth_showing(text: str) -> bool:
+    """Not start-up noise, not the job failure the run reports itself, and nothing once the
+    run was interrupted: tasks still stopping then fail as their snapshot goes (the run's
+    own `run interrupted` line says what happened)."""
+    if requested() is not None:
+        return False
+    return not text.startswith(_JVM_NOISE) and _ABORTED_JOB.search(text) is None
