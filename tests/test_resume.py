@@ -109,6 +109,13 @@ class _Writers:
         assert self.error is None, self.error
 
 
+def _killed(db_project, point: str, *args: str):
+    """`sync [args]` in-process copies, SIGKILLed at the failpoint; its CompletedProcess."""
+    run = db_project.run_process("sync", *args, env={**IN_PROCESS, "REPLICATOR_FAILPOINT": point})
+    assert run.returncode == -9, f"the run did not reach {point}: {run.stderr}"
+    return run
+
+
 def _resumable(db_project) -> dict | None:
     listed = db_project.run_process("status", "--json", env=IN_PROCESS)
     return json.loads(listed.stdout)[0]["resumable"]
@@ -131,8 +138,7 @@ def test_a_killed_load_resumes_and_catches_up_under_writers(
     _configure(db_project, table)
     writers = _Writers(pg_servers.source_url, table)
     try:
-        killed = db_project.run_process("sync", env={**IN_PROCESS, "REPLICATOR_FAILPOINT": point})
-        assert killed.returncode == -9, killed.stderr
+        _killed(db_project, point)
         assert _resumable(db_project) == {"loaded": loaded, "partitions": 10}
         time.sleep(0.5)  # more changes between the two snapshots
         if not writers_during_resume:
@@ -153,14 +159,8 @@ def test_a_killed_load_resumes_and_catches_up_under_writers(
 
 def test_a_resumed_load_killed_again_resumes_again(db_project, table, source_conn, dest_conn):
     _configure(db_project, table)
-    first = db_project.run_process(
-        "sync", env={**IN_PROCESS, "REPLICATOR_FAILPOINT": "task-before-commit@3"}
-    )
-    assert first.returncode == -9
-    second = db_project.run_process(
-        "sync", env={**IN_PROCESS, "REPLICATOR_FAILPOINT": "task-before-commit@4"}
-    )
-    assert second.returncode == -9
+    _killed(db_project, "task-before-commit@3")
+    second = _killed(db_project, "task-before-commit@4")
     assert "resuming the load: 2 of 10 partitions loaded, copying 8" in second.stderr
     assert _resumable(db_project) == {"loaded": 5, "partitions": 10}
     third = db_project.run_process("sync", env=IN_PROCESS)
@@ -175,10 +175,7 @@ def test_a_resume_that_cannot_be_trusted_starts_over(
     db_project, table, source_conn, dest_conn, why
 ):
     _configure(db_project, table)
-    killed = db_project.run_process(
-        "sync", env={**IN_PROCESS, "REPLICATOR_FAILPOINT": "task-before-commit@6"}
-    )
-    assert killed.returncode == -9
+    _killed(db_project, "task-before-commit@6")
     args, expected = ["sync"], ""
     if why == "full-refresh":
         args, expected = ["sync", "-f"], "sync --full-refresh was given"
@@ -213,10 +210,7 @@ def test_a_killed_full_refresh_is_dropped_when_the_table_goes_on_incrementally(
 ):
     _configure(db_project, table)
     assert db_project.run_process("sync", env=IN_PROCESS).returncode == 0
-    killed = db_project.run_process(
-        "sync", "-f", env={**IN_PROCESS, "REPLICATOR_FAILPOINT": "task-before-commit@4"}
-    )
-    assert killed.returncode == -9
+    _killed(db_project, "task-before-commit@4", "-f")
     source_conn.execute(
         sql.SQL("UPDATE {} SET v = 'x', updated_at = clock_timestamp() WHERE id < 50").format(
             sql.Identifier(table, "t")
@@ -294,14 +288,8 @@ def test_a_killed_start_over_never_resumes_the_load_it_dropped(
     """`sync -f` empties the side table of the unfinished load it does not resume: killed
     right after, the next run must not take the old partitions for loaded."""
     _configure(db_project, table)
-    killed = db_project.run_process(
-        "sync", env={**IN_PROCESS, "REPLICATOR_FAILPOINT": "task-before-commit@6"}
-    )
-    assert killed.returncode == -9
-    again = db_project.run_process(
-        "sync", "-f", env={**IN_PROCESS, "REPLICATOR_FAILPOINT": "after-snapshot-export"}
-    )
-    assert again.returncode == -9
+    _killed(db_project, "task-before-commit@6")
+    _killed(db_project, "after-snapshot-export", "-f")
     assert _resumable(db_project) is None
     last = db_project.run_process("sync", env=IN_PROCESS)
     assert last.returncode == 0, last.stderr
@@ -313,10 +301,7 @@ def test_a_killed_start_over_never_resumes_the_load_it_dropped(
 def test_an_append_table_read_by_pages_starts_over(db_project, table, source_conn, dest_conn):
     """Its updates keep their key, so a row moved to a page already copied could be lost."""
     _configure(db_project, table, mode="incremental-append", deletes="ignore")
-    killed = db_project.run_process(
-        "sync", env={**IN_PROCESS, "REPLICATOR_FAILPOINT": "task-before-commit@4"}
-    )
-    assert killed.returncode == -9
+    _killed(db_project, "task-before-commit@4")
     assert _resumable(db_project) is None
     again = db_project.run_process("sync", env=IN_PROCESS)
     assert again.returncode == 0, again.stderr
@@ -326,10 +311,7 @@ def test_an_append_table_read_by_pages_starts_over(db_project, table, source_con
 
 def test_compile_shows_the_resumed_load(db_project, table):
     _configure(db_project, table)
-    killed = db_project.run_process(
-        "sync", env={**IN_PROCESS, "REPLICATOR_FAILPOINT": "task-before-commit@5"}
-    )
-    assert killed.returncode == -9
+    _killed(db_project, "task-before-commit@5")
     compiled = db_project.run("compile", "--json", env=IN_PROCESS)
     assert compiled.exit_code == 0, compiled.output
     (shown,) = json.loads(compiled.stdout)

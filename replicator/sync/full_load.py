@@ -342,13 +342,13 @@ def _keep_newest_version_per_key(
             built.table.written_name,
             removed,
         )
-        return removed
-    log.warning(
-        "%s: the model returned %d row(s) whose primary key another row also has; kept the "
-        "newest version of each key",
-        built.table.written_name,
-        removed,
-    )
+    else:
+        log.warning(
+            "%s: the model returned %d row(s) whose primary key another row also has; kept "
+            "the newest version of each key",
+            built.table.written_name,
+            removed,
+        )
     return removed
 
 

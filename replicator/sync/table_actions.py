@@ -61,16 +61,16 @@ def _full_reload(job: TableJob) -> TableResult:
     old = job.state.cursor.value if job.state and job.state.cursor else None
     new = loaded.cursor.value if loaded.cursor else None
     result = job.success("full_reload", loaded.rows, job.plan.reason, loaded.bytes, old, new)
-    _write_new_state(job, loaded, result)
+    state = _write_new_state(job, loaded, result)
     if loaded.resumed is None:
         return result
-    return _catch_up(job, result)
+    return _catch_up(job, state, result)
 
 
-def _catch_up(job: TableJob, loaded: TableResult) -> TableResult:
-    """After a resumed load: the rows changed since its first part's snapshot, read as an
-    incremental batch from that snapshot's cursor (and the delete check when it is due)."""
-    state = job.run.project.store.read(job.table.name)
+def _catch_up(job: TableJob, state: TableState, loaded: TableResult) -> TableResult:
+    """After a resumed load (`state`: what it wrote): the rows changed since its first
+    part's snapshot, read as an incremental batch from that snapshot's cursor (and the
+    delete check when it is due)."""
     plan = Plan("incremental", "catching up after the resumed load")
     catching_up = replace(job, state=state, planned=replace(job.planned, plan=plan))
     caught = propagate_deletes(catching_up, _incremental(catching_up))
@@ -235,18 +235,18 @@ class _Position(Protocol):
     def window(self) -> Window | None: ...
 
 
-def _write_new_state(job: TableJob, position: _Position, result: TableResult) -> None:
+def _write_new_state(job: TableJob, position: _Position, result: TableResult) -> TableState:
     """A table's state after a load (or a start without one): everything from this run, so
-    a pending refresh mark is cleared only now."""
+    a pending refresh mark is cleared only now. Returns the state written."""
     finished = utc_now()
-    job.write_state(
-        TableState(
-            table=str(job.table.name),
-            cursor=position.cursor,
-            pending=position.pending,
-            window=position.window,
-            schema_signature=job.observed.signature.as_json(),
-            last_synced_at=finished,
-            last_run=job.outcome(result, finished),
-        )
+    state = TableState(
+        table=str(job.table.name),
+        cursor=position.cursor,
+        pending=position.pending,
+        window=position.window,
+        schema_signature=job.observed.signature.as_json(),
+        last_synced_at=finished,
+        last_run=job.outcome(result, finished),
     )
+    job.write_state(state)
+    return state

@@ -74,12 +74,12 @@ def platform_tag() -> str:
     return f"{implementation}{version}-{sysconfig.get_platform().replace('.', '_')}"
 
 
-def _members() -> Iterator[tuple[Path, str]]:
+def _members(distributions: list[metadata.Distribution]) -> Iterator[tuple[Path, str]]:
     """Every file to pack, with its path inside the archive."""
     for path in sorted(_ROOT.rglob("*")):
         if path.is_file() and "__pycache__" not in path.parts:
             yield path, f"replicator/{path.relative_to(_ROOT).as_posix()}"
-    for distribution in dependencies():
+    for distribution in distributions:
         for file in distribution.files or []:
             if file.parts and file.parts[0] == "..":  # console scripts beside the venv
                 continue
@@ -88,9 +88,9 @@ def _members() -> Iterator[tuple[Path, str]]:
                 yield path, file.as_posix()
 
 
-def _key(members: list[tuple[Path, str]]) -> str:
+def _key(members: list[tuple[Path, str]], distributions: list[metadata.Distribution]) -> str:
     digest = hashlib.sha256(platform_tag().encode())
-    for distribution in dependencies():
+    for distribution in distributions:
         digest.update(f"\0{distribution.metadata['Name']}=={distribution.version}".encode())
     for path, name in members:
         if name.startswith("replicator/"):
@@ -100,9 +100,10 @@ def _key(members: list[tuple[Path, str]]) -> str:
 
 def executor_archive() -> Path:
     """The archive for this replicator and platform: from the cache, else built now."""
-    members = list(_members())
+    distributions = dependencies()
+    members = list(_members(distributions))
     folder = cache_dir() or Path(tempfile.mkdtemp(prefix="replicator-"))
-    final = folder / f"replicator-python-{platform_tag()}-{_key(members)}.tar.gz"
+    final = folder / f"replicator-python-{platform_tag()}-{_key(members, distributions)}.tar.gz"
     if final.is_file():
         os.utime(final)  # in use: _remove_stale keeps it
         return final
