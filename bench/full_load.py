@@ -13,10 +13,14 @@ table: the process runs the same copy task itself).
 `--cluster` adds a row on a Spark standalone cluster started here (a master and two workers
 of 1 core, whose Python is the system python3: the run ships its environment). `--resume`
 adds two rows for a cursor table cut in 10 partitions: a fresh load, and the run that
-resumes a load killed (SIGKILL) once 8 of its partitions were in.
+resumes a load killed (SIGKILL) once 8 of its partitions were in. `--against REV` adds a row
+for replicator as of git revision REV (checked out in a worktree here, run through
+PYTHONPATH with the same project and Python): the A/B of a change to the copy path, such as
+the move of the Spark tasks from RDDs to the DataFrame API (`--against ba74b11`).
 
     .venv/bin/python bench/full_load.py --rows 5000000 --repeat 2
     .venv/bin/python bench/full_load.py --rows 5000000 --only replicator --cluster --resume
+    .venv/bin/python bench/full_load.py --rows 5000000 --only replicator --against ba74b11
     .venv/bin/python bench/full_load.py --rows 10000000 --only replicator \\
         --spark-conf spark.driver.memory=1g
 """
@@ -76,6 +80,7 @@ IN_PROCESS = "replicator sync, no Spark (spark.min_rows above the table)"
 CLUSTER = "replicator sync, standalone cluster (2 workers x 1 core)"
 FRESH = "replicator sync, cursor table, 10 partitions: fresh load"
 RESUMED = "replicator sync, same: resumed after a kill at 8 of 10 partitions"
+AGAINST = "replicator sync at {rev}"
 OURS_ROWS = (OURS, SINGLE, IN_PROCESS, CLUSTER, FRESH, RESUMED)
 KILL_AT_PARTS = 8
 
@@ -170,6 +175,7 @@ def main() -> None:
     )
     parser.add_argument("--cluster", action="store_true", help="add the standalone cluster row")
     parser.add_argument("--resume", action="store_true", help="add the resumed-load rows")
+    parser.add_argument("--against", metavar="REV", help="add a row for replicator at REV")
     args = parser.parse_args()
 
     pg_bin = find_pg_bin()
@@ -225,13 +231,16 @@ def main() -> None:
                 spark_cluster.url,
             )
             paths[CLUSTER] = sync_command(on_cluster)
+        against = AGAINST.format(rev=args.against) if args.against else None
+        if against is not None:
+            paths[against] = f"PYTHONPATH={checkout(args.against, base)} {sync_command(project)}"
         if args.resume:
             resumable = write_project(base / "project-resumable", conf, 10, cursor=True)
             paths[FRESH] = paths[RESUMED] = sync_command(resumable)
         results: dict[str, list[Measured]] = {name: [] for name in paths}
         for attempt in range(args.repeat):
             for name, command in paths.items():
-                baseline = name not in OURS_ROWS
+                baseline = name not in OURS_ROWS and name != against
                 ddl = TABLE_DDL if name == KEYED else DEST_DDL
                 fresh_destination(dest.url(), ddl if baseline else None)
                 for state in (base / "project-resumable" / "sync-state").glob("*.json"):
@@ -277,6 +286,23 @@ def report(results: dict[str, list[Measured]], rows: int, table_bytes: int) -> N
         print(f"\nresumed / fresh load: {medians[RESUMED] / medians[FRESH]:.2f}x")
     if CLUSTER in medians:
         print(f"standalone cluster / local[*]: {medians[CLUSTER] / ours:.2f}x")
+    for name in medians:
+        if name.startswith(AGAINST.format(rev="")):
+            rev = name.removeprefix("replicator sync ")
+            print(f"this checkout / replicator {rev}: {ours / medians[name]:.2f}x")
+
+
+def checkout(rev: str, base: Path) -> str:
+    """A worktree of the repository at `rev`, for PYTHONPATH (removed with the run's folder;
+    `git worktree prune` forgets it)."""
+    folder = base / f"at-{rev}"
+    repo = Path(__file__).resolve().parents[1]
+    subprocess.run(
+        ["git", "-C", str(repo), "worktree", "add", "--detach", str(folder), rev],
+        check=True,
+        capture_output=True,
+    )
+    return shlex.quote(str(folder))
 
 
 if __name__ == "__main__":

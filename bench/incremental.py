@@ -9,6 +9,14 @@ written within a second, which a 5 s lookback would re-read next round (in produ
 lookback re-reads only the last seconds of a cron interval).
 
     .venv/bin/python bench/incremental.py --rows 5000000 --repeat 2
+    .venv/bin/python bench/incremental.py --rows 5000000 --repeat 3 --spark
+
+`--spark` adds two rows, each with its own 1% round: the batch through a cold local Spark
+(spark.min_rows 0: the run starts its JVM) and through the project's warm Spark server
+(`replicator spark start` before the rounds; min_rows then defaults to 0). The in-process
+and cold runs use another cache folder, where no warm server is recorded (so they do not
+find it), with the JVM's class archive built by an untimed run first, as on any machine
+that ran Spark before.
 """
 
 from __future__ import annotations
@@ -52,6 +60,10 @@ TRUNCATE stage;
 """
 
 
+COLD = "replicator sync (1% changed, cold local Spark)"
+WARM = "replicator sync (1% changed, warm Spark server)"
+
+
 def build(source_url: str, dest_url: str, rows: int) -> None:
     with psycopg.connect(source_url, autocommit=True) as conn:
         conn.execute(DDL)
@@ -76,6 +88,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=5_000_000)
     parser.add_argument("--repeat", type=int, default=2)
+    parser.add_argument("--spark", action="store_true", help="add cold and warm Spark rows")
     args = parser.parse_args()
     psql = shlex.quote(str(find_pg_bin() / "psql"))
     base = Path(tempfile.mkdtemp(prefix="replicator-bench-inc-"))
@@ -104,11 +117,14 @@ def main() -> None:
             **os.environ,
             "REPLICATOR_SOURCE_URL": source.url(),
             "REPLICATOR_DEST_URL": dest.url(),
+            "REPLICATOR_CACHE_DIR": str(base / "cache"),
         }
-        sync = (
-            f"{shlex.quote(sys.executable)} -m replicator sync -q "
-            f"--project-dir {shlex.quote(str(project))}"
-        )
+        env.pop("REPLICATOR_SPARK_MIN_ROWS", None)
+        warm_env = {**env, "REPLICATOR_CACHE_DIR": str(base / "warm-cache")}
+        cold_env = {**env, "REPLICATOR_SPARK_MIN_ROWS": "0"}
+        cli = f"{shlex.quote(sys.executable)} -m replicator"
+        where = f"--project-dir {shlex.quote(str(project))}"
+        sync = f"{cli} sync -q {where}"
         first = run_measured(sync, env)
         print(f"  initial full load: {first.seconds:.1f} s", flush=True)
         src, dst = shlex.quote(source.url()), shlex.quote(dest.url())
@@ -117,7 +133,15 @@ def main() -> None:
             "SQL by hand (1% changed)": [],
             "replicator sync (no-op)": [],
         }
+        if args.spark:
+            results[COLD] = []
+            results[WARM] = []
+            run_measured(f"{cli} spark start -q {where}", warm_env)
         round_no = 1
+        if args.spark:  # untimed: the JVM's class archive, as after any earlier Spark run
+            change(source.url(), round_no)
+            round_no += 1
+            run_measured(sync, cold_env)
         for _ in range(args.repeat):
             change(source.url(), round_no)
             round_no += 1
@@ -136,6 +160,11 @@ def main() -> None:
             )
             results["SQL by hand (1% changed)"].append(run_measured(by_hand, env))
             run_measured(sync, env)  # untimed: replicator catches up with those changes
+            if args.spark:
+                for name, spark_env in ((COLD, cold_env), (WARM, warm_env)):
+                    change(source.url(), round_no)
+                    round_no += 1
+                    results[name].append(run_measured(sync, spark_env))
             for name, runs in results.items():
                 if runs and runs[-1].returncode != 0:
                     raise SystemExit(f"{name} failed")
@@ -146,6 +175,8 @@ def main() -> None:
         verify(source.url(), dest.url())
         report(results, args.rows)
     finally:
+        if args.spark:
+            run_measured(f"{cli} spark stop -q {where}", warm_env)
         source.destroy()
         dest.destroy()
 
@@ -175,6 +206,11 @@ def report(results: dict[str, list[Measured]], rows: int) -> None:
         f"\nreplicator / SQL by hand: {ours / baseline:.2f}x; "
         f"no-op run: {medians['replicator sync (no-op)']:.2f} s"
     )
+    if WARM in medians:
+        print(
+            f"through the warm server / in-process: {medians[WARM] / ours:.2f}x "
+            f"(target <= 1.3x); cold local Spark / in-process: {medians[COLD] / ours:.2f}x"
+        )
 
 
 if __name__ == "__main__":

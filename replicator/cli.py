@@ -15,6 +15,7 @@ import click
 from . import __version__
 from .cli_help import ENVIRONMENT, EXAMPLES, EXIT_CODES, examples
 from .cli_options import common, json_option, quiet_broken_pipe, select_option, shared_options
+from .cli_spark import spark
 from .errors import UsageError
 from .project.project import Project
 from .report.logs import configure_logging, error_line, json_output, say
@@ -362,6 +363,9 @@ def check(project_dir: Path, ping: bool) -> int:
     from .commands.check import print_checks
 
     return print_checks(Project.load(project_dir), ping)
+
+
+cli.add_command(spark)
 
 
 def main() -> None:

@@ -10,6 +10,7 @@ Environment (or the project's .env; the environment wins):
   REPLICATOR_WEBHOOK_SECRET     overrides webhook.secret (HMAC signing key)
   REPLICATOR_SPARK_MASTER       overrides spark.master
   REPLICATOR_SPARK_MIN_ROWS     overrides spark.min_rows
+  REPLICATOR_SPARK_REMOTE       overrides spark.remote (a Spark Connect server, sc://host:port)
   REPLICATOR_PROGRESS_INTERVAL  seconds between progress log lines off a terminal (10)"""
 
 EXIT_CODES = """\b

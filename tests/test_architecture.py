@@ -30,8 +30,8 @@ LAYERS = [
     "commands",
     "cli",
 ]
-BASE = {"__init__", "errors", "identifiers", "failpoints", "interrupts", "redact"}
-TOP = {"cli", "cli_help", "cli_options", "__main__"}
+BASE = {"__init__", "cache", "errors", "identifiers", "failpoints", "interrupts", "redact"}
+TOP = {"cli", "cli_help", "cli_options", "cli_spark", "__main__"}
 MAX_LINES = 400
 
 

@@ -17,16 +17,43 @@ from .. import __version__
 from ..errors import ReplicatorError
 from ..project.project import Project
 from ..project.settings import DEST_URL, SOURCE_URL, SPARK_MASTER
+from ..project.spark_remote import Remote
+from ..transfer.connect_session import server_version
 from ..transfer.executor_env import platform_tag
+from ..transfer.spark_runner import spark_error_message
 from ..transfer.spark_session import JDBC_PACKAGE, is_local, jdbc_jar
 from .findings import Finding
 
 
 def spark_findings(project: Project) -> Iterator[Finding]:
+    if project.settings.spark_remote:  # no JVM here: the server has what Spark needs
+        yield _spark_remote(project)
+        return
     yield from _spark_prerequisites(project)
     yield from _spark_master(project)
     yield from _spark_executors(project)
     yield from _executor_reach(project)
+
+
+def _spark_remote(project: Project) -> Finding:
+    """Whether the Spark Connect server answers (a session opened and released), and its
+    Spark version."""
+    settings = project.settings
+    assert settings.spark_remote is not None
+    remote = Remote.parse(settings.spark_remote)
+    kind = "warm Spark server" if settings.warm_server else "Spark Connect server"
+    try:
+        version = server_version(remote)
+    except ReplicatorError as exc:
+        return Finding("error", "spark", str(exc))
+    except Exception as exc:  # the server answered its port, then failed the session
+        return Finding("error", "spark", f"the {kind} at {remote}: {spark_error_message(exc)}")
+    every = f"; every batch runs on it (spark.min_rows {settings.min_rows:,})"
+    return Finding(
+        "ok",
+        "spark",
+        f"{kind} at {remote} answers: Spark {version}" + (every if settings.warm_server else ""),
+    )
 
 
 def _spark_prerequisites(project: Project) -> Iterator[Finding]:

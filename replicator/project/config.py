@@ -56,6 +56,12 @@ def _http_url(value: str) -> str:
     return value
 
 
+def _connect_url(url: str) -> str:
+    if not url.startswith("sc://"):
+        raise ValueError(f"expected a Spark Connect URL like sc://host:15002, got {url!r}")
+    return url
+
+
 def _spark_keys(conf: dict[str, str]) -> dict[str, str]:
     bad = [key for key in conf if not key.startswith("spark.")]
     if bad:
@@ -182,12 +188,12 @@ class WebhookConfig(_Frozen):
 
 class SparkConfig(_Frozen):
     master: str | None = None
+    remote: Annotated[str, AfterValidator(_connect_url)] | None = None  # wins over master
     # Batches (and tables) estimated below this many rows are copied by the replicator
     # process itself, with the same COPY streaming: no JVM start for a small batch.
     min_rows: Annotated[int, Field(ge=0)] = 500_000
     conf: Annotated[dict[str, str], AfterValidator(_spark_keys)] = Field(default_factory=dict)
-    # A cluster's executors get replicator and its Python dependencies with each run
-    # (spark.archives); false when their images already have this version installed.
+    # Ship replicator and its dependencies to a cluster's executors (spark.archives) each run
     ship_environment: bool = True
 
 

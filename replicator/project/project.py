@@ -40,7 +40,7 @@ class Project:
     @cached_property
     def settings(self) -> Settings:
         """Spark, webhook and output settings, resolved once (ConfigError when invalid)."""
-        return Settings.resolve(self.config, self.env)
+        return Settings.resolve(self.config, self.env, self.root)
 
     def connections(self) -> Connections:
         return Connections.from_environment(self.env)

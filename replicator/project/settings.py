@@ -12,6 +12,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from dotenv import dotenv_values
 from psycopg.conninfo import conninfo_to_dict
@@ -19,6 +20,8 @@ from psycopg.conninfo import conninfo_to_dict
 from ..errors import ConfigError
 from ..redact import redact, register_connection_string, register_secret
 from .config import ProjectConfig
+from .spark_remote import Remote
+from .spark_server_state import ServerState, code_fingerprint, running
 
 SOURCE_URL = "REPLICATOR_SOURCE_URL"
 DEST_URL = "REPLICATOR_DEST_URL"
@@ -26,6 +29,7 @@ WEBHOOK_URL = "REPLICATOR_WEBHOOK_URL"
 WEBHOOK_SECRET = "REPLICATOR_WEBHOOK_SECRET"
 SPARK_MASTER = "REPLICATOR_SPARK_MASTER"
 SPARK_MIN_ROWS = "REPLICATOR_SPARK_MIN_ROWS"
+SPARK_REMOTE = "REPLICATOR_SPARK_REMOTE"
 PROGRESS_INTERVAL = "REPLICATOR_PROGRESS_INTERVAL"
 DEFAULT_PROGRESS_INTERVAL = 10.0
 
@@ -42,6 +46,7 @@ KNOWN = frozenset(
         WEBHOOK_SECRET,
         SPARK_MASTER,
         SPARK_MIN_ROWS,
+        SPARK_REMOTE,
         PROGRESS_INTERVAL,
         "REPLICATOR_JDBC_JAR",
         "REPLICATOR_CACHE_DIR",
@@ -228,13 +233,19 @@ class Settings:
     min_rows: int
     webhook: WebhookTarget | None
     progress_interval: float
+    # A Spark Connect server to run on instead of starting Spark: spark.remote, else the
+    # project's warm server when it is up (`warm_server`; then min_rows defaults to 0).
+    spark_remote: str | None = None
+    warm_server: ServerState | None = None
 
     @classmethod
-    def resolve(cls, config: ProjectConfig, env: Environment) -> Settings:
+    def resolve(cls, config: ProjectConfig, env: Environment, root: Path | None = None) -> Settings:
+        """`root`: the project's folder, where its warm server is looked up."""
         problems: list[str] = []
-        values = {}
+        values: dict[str, Any] = {}
+        remote, warm = _spark_remote(config, env, root, problems)
         for name, read in (
-            ("min_rows", lambda: _min_rows(config, env)),
+            ("min_rows", lambda: _min_rows(config, env, warm is not None)),
             ("webhook", lambda: _webhook(config, env)),
             ("progress_interval", lambda: _progress_interval(env)),
         ):
@@ -248,14 +259,42 @@ class Settings:
             spark_master=env.get(SPARK_MASTER) or config.spark.master,
             spark_conf=dict(config.spark.conf),
             ship_environment=config.spark.ship_environment,
+            spark_remote=remote,
+            warm_server=warm,
             **values,
         )
 
 
-def _min_rows(config: ProjectConfig, env: Environment) -> int:
-    """spark.min_rows, or REPLICATOR_SPARK_MIN_ROWS when set (a whole number)."""
+def _spark_remote(
+    config: ProjectConfig, env: Environment, root: Path | None, problems: list[str]
+) -> tuple[str | None, ServerState | None]:
+    """REPLICATOR_SPARK_REMOTE over spark.remote over the warm server: (url, the warm
+    server when it is the one)."""
+    configured = env.get(SPARK_REMOTE) or config.spark.remote
+    if configured:
+        try:
+            Remote.parse(configured, SPARK_REMOTE if env.get(SPARK_REMOTE) else "spark.remote")
+        except ConfigError as exc:
+            problems.extend(exc.problems)
+        return configured, None
+    server = running(root) if root is not None else None
+    if server is not None and server.code != code_fingerprint():
+        log.warning(
+            "the warm Spark server runs another version of replicator than this one (it was "
+            "upgraded or edited since the server started), so this run does not use it: "
+            "restart it (replicator spark stop, then replicator spark start)"
+        )
+        server = None
+    return (server.url if server else None), server
+
+
+def _min_rows(config: ProjectConfig, env: Environment, warm: bool) -> int:
+    """spark.min_rows, or REPLICATOR_SPARK_MIN_ROWS when set (a whole number); 0 by default
+    on a warm server, which has no JVM to start: every batch goes through Spark."""
     value = env.get(SPARK_MIN_ROWS)
     if value is None:
+        if warm and "min_rows" not in config.spark.model_fields_set:
+            return 0
         return config.spark.min_rows
     if not value.isdigit():
         raise ConfigError([f"{SPARK_MIN_ROWS} must be a whole number of rows, got {value!r}"])

@@ -252,8 +252,13 @@ _LOCAL = re.compile(r"local(?:\[(?P<threads>[^,\]]+)(?:,\d+)?\])?")
 
 
 def _spark_cores(settings: Settings, scripts: ActionScripts) -> int:
-    """The task slots a local master gives (what `spark.parallelism()` reports); a cluster's
-    are known only once Spark starts."""
+    """The task slots a local master gives (what `spark.parallelism()` reports), or the warm
+    server's (recorded at its start); a cluster's are known only once Spark starts."""
+    if settings.warm_server is not None:
+        return settings.warm_server.parallelism
+    if settings.spark_remote:
+        scripts.notes.append("partitions on a Spark Connect server depend on its cores: one shown")
+        return 1
     match = _LOCAL.fullmatch(settings.spark_master or "local[*]")
     if match is None:
         scripts.notes.append("partitions on a cluster depend on its cores: one shown")

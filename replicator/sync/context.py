@@ -60,6 +60,10 @@ class RunContext:
         self.started_at = utc_now()
         self.webhook = settings.webhook
         self.spark = SparkRunner.for_run(settings, verbose)
+        if settings.warm_server is not None and settings.min_rows == 0:
+            # Every batch goes to it: connecting (about a second, mostly the client's
+            # imports) overlaps the catalog reads and planning.
+            self.spark.warm_up()
         # `sync --follow`: decides whether a run's webhook is posted (follow.py)
         self.notify: Callable[[dict[str, Any], bool], None] | None = None
 

@@ -16,7 +16,8 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-CACHE_ENV = "REPLICATOR_CACHE_DIR"
+from ..cache import cache_dir
+
 # Unified-logging warnings (a stale archive, say) would go to stdout: errors only.
 QUIET_CDS = "-Xlog:cds=error,cds+dynamic=error"
 
@@ -28,18 +29,6 @@ class ArchivePlan:
     options: str
     pending: Path | None = None
     final: Path | None = None
-
-
-def cache_dir() -> Path | None:
-    configured = os.environ.get(CACHE_ENV)
-    if configured == "off":
-        return None
-    base = Path(configured) if configured else Path.home() / ".cache" / "replicator"
-    try:
-        base.mkdir(parents=True, exist_ok=True)
-    except OSError:
-        return None
-    return base if os.access(base, os.W_OK) else None
 
 
 def _java() -> Path | None:

@@ -1,12 +1,16 @@
 """Runs the COPY tasks of a load on Spark, starting Spark in the background.
 
-The JVM takes seconds to start: a run starts it as soon as it knows a table needs data moved,
-and keeps inspecting catalogs and writing DDL meanwhile. A run that moves nothing never
-starts it.
+Spark is either a JVM this process starts (`spark.master`: local[*] or a cluster's master)
+or a Spark Connect server it connects to (`spark.remote`, or the project's warm server from
+`replicator spark start`). Either way the tasks run through the DataFrame API (task_job.py).
+Starting takes seconds (a JVM) or about a second (a Connect client): a run starts as soon as
+it knows a table needs data moved, and keeps inspecting catalogs and writing DDL meanwhile.
+A run that moves nothing never starts it.
 """
 
 from __future__ import annotations
 
+import logging
 import re
 import sys
 import threading
@@ -18,19 +22,24 @@ from .. import __version__
 from ..errors import ReplicatorError
 from ..interrupts import on_interrupt, raise_if_requested, requested
 from ..project.settings import Settings
+from ..project.spark_server_state import ServerState
 from ..redact import redact
+from .connect_session import Remote
 from .copy_stream import CopyResult, CopyTask, TaskError, run_copy_task
+from .executor_env import ALIAS
 from .jvm_archive import ArchivePlan, plan_archive, publish_archive
 from .jvm_stop import stop_jvm
 from .spark_session import is_local, jdbc_jar
+from .task_job import default_parallelism, run_job
 
 _DRIVER_OPTIONS = "spark.driver.extraJavaOptions"
+log = logging.getLogger(__name__)
 T = TypeVar("T")
 R = TypeVar("R")
 
 
 class SparkRunner:
-    """The run's one Spark context, created lazily."""
+    """The run's one Spark session, created lazily."""
 
     def __init__(
         self,
@@ -40,12 +49,17 @@ class SparkRunner:
         quiet: bool = True,
         min_rows: int = 0,
         ship_environment: bool = True,
+        remote: str | None = None,
+        warm_server: ServerState | None = None,
     ):
         self.master, self.conf, self.quiet = master, dict(conf), quiet
         self.min_rows = min_rows
         self.ship_environment = ship_environment
+        self.remote = Remote.parse(remote) if remote else None
+        self.warm_server = warm_server
         self._thread: threading.Thread | None = None
-        self._context: Any = None
+        self._session: Any = None
+        self._parallelism = 1
         self._error: BaseException | None = None
         self._archive: ArchivePlan | None = None
 
@@ -59,56 +73,104 @@ class SparkRunner:
             quiet=verbose == 0,
             min_rows=settings.min_rows,
             ship_environment=settings.ship_environment,
+            remote=settings.spark_remote,
+            warm_server=settings.warm_server,
         )
+
+    @property
+    def where(self) -> str:
+        """Where the tasks run, for log lines and errors."""
+        if self.remote is None:
+            return f"Spark ({self.master or 'local[*]'})"
+        kind = "the warm Spark server" if self.warm_server else "the Spark Connect server"
+        return f"{kind} at {self.remote}"
 
     @property
     def started(self) -> bool:
         return self._thread is not None
 
     def warm_up(self) -> None:
-        """Start the context in a background thread, if not started yet."""
+        """Start the session in a background thread, if not started yet."""
         if self._thread is None:
             self._thread = threading.Thread(target=self._start, name="spark-start", daemon=True)
             self._thread.start()
 
     def _start(self) -> None:
-        from pyspark import SparkContext
-
-        from .spark_session import start_spark_context
-
         try:
-            if SparkContext._gateway is None:  # a new driver JVM: use or build the archive
-                jars = self.conf.get("spark.jars", str(jdbc_jar() or ""))
-                self._archive = plan_archive(jars, self.conf.get(_DRIVER_OPTIONS, ""))
-            options = self._archive.options if self._archive else ""
-            shipped = None
-            if self.ship_environment and not is_local(self.master):
-                from .executor_env import executor_archive  # packaging: only when needed
-
-                shipped = executor_archive()
-            context = start_spark_context(
-                self.master,
-                self.conf,
-                quiet=self.quiet,
-                driver_options=options,
-                executor_archive=shipped,
-            )
+            if self.warm_server is not None:  # its session's Python workers are up already
+                self._session = self._attach(self.warm_server)
+                self._parallelism = self.warm_server.parallelism
+                return
+            session = self._connect() if self.remote else self._start_jvm()
+            if self.remote is not None:
+                self._parallelism = default_parallelism(session)
+            else:
+                self._parallelism = int(session.sparkContext.defaultParallelism)
             # The first job forks Spark's Python workers (about half a second): do it now.
-            context.parallelize(range(context.defaultParallelism)).map(abs).count()
-            self._context = context
+            run_job(session, abs, list(range(self._parallelism)), ALIAS)
+            self._session = session
         except BaseException as exc:  # surfaced to the table that needs Spark
             self._error = exc
 
-    def context(self) -> Any:
+    def _attach(self, server: ServerState) -> Any:
+        """The warm server's own session, or a new one if the server forgot it. Nothing is
+        shipped: the server runs this machine's replicator (the same code, or no run uses
+        it: project/settings.py)."""
+        from .connect_session import attach, connect
+
+        assert self.remote is not None
+        return attach(self.remote, server.session_id) or connect(self.remote)
+
+    def _connect(self) -> Any:
+        from .connect_session import connect
+
+        assert self.remote is not None
+        shipped = None
+        if self.ship_environment:
+            from .executor_env import executor_archive  # packaging: only when needed
+
+            shipped = executor_archive()
+        return connect(self.remote, shipped)
+
+    def _start_jvm(self) -> Any:
+        from pyspark import SparkContext
+        from pyspark.sql import SparkSession
+
+        from .spark_session import start_spark_context
+
+        if SparkContext._gateway is None:  # a new driver JVM: use or build the archive
+            jars = self.conf.get("spark.jars", str(jdbc_jar() or ""))
+            self._archive = plan_archive(jars, self.conf.get(_DRIVER_OPTIONS, ""))
+        options = self._archive.options if self._archive else ""
+        shipped = None
+        if self.ship_environment and not is_local(self.master):
+            from .executor_env import executor_archive  # packaging: only when needed
+
+            shipped = executor_archive()
+        context = start_spark_context(
+            self.master,
+            self.conf,
+            quiet=self.quiet,
+            driver_options=options,
+            executor_archive=shipped,
+        )
+        return SparkSession(context)
+
+    def session(self) -> Any:
         self.warm_up()
         assert self._thread is not None
         self._thread.join()
         if self._error is not None:
-            raise ReplicatorError(f"Spark did not start: {redact(str(self._error))}")
-        return self._context
+            if isinstance(self._error, ReplicatorError):
+                raise ReplicatorError(f"Spark did not start: {self._error}")
+            raise ReplicatorError(
+                f"Spark did not start ({self.where}): {spark_error_message(self._error)}"
+            )
+        return self._session
 
     def parallelism(self) -> int:
-        return int(self.context().defaultParallelism)
+        self.session()
+        return self._parallelism
 
     def needed_for(self, estimated_rows: int) -> bool:
         """Whether a copy of about this many rows goes to Spark (else: this process)."""
@@ -131,18 +193,43 @@ class SparkRunner:
     def map_tasks(self, function: Callable[[T], R], tasks: list[T], description: str) -> list[R]:
         """Run `function` over the tasks as one Spark job, one partition per task; a SIGTERM
         or SIGINT cancels the job."""
-        context = self.context()
-        group = f"replicator-{uuid.uuid4().hex}"
-        context.setJobGroup(group, description, interruptOnCancel=True)
-        stop_cancelling = on_interrupt(lambda: context.cancelJobGroup(group))
+        session = self.session()
+        log.debug("%s: %d task(s) on %s", description, len(tasks), self.where)
+        tag = f"replicator-{uuid.uuid4().hex}"
+        stop_cancelling = self._cancellable(session, tag, description)
         try:
-            return context.parallelize(tasks, len(tasks)).map(function).collect()
+            return run_job(session, function, tasks, ALIAS)
         except Exception as exc:
             raise_if_requested()  # the job failed because the run was interrupted
-            message = spark_error_message(exc)
+            message = spark_error_message(exc) + self._lost_server(exc)
             raise ReplicatorError(message + self._executor_hint(message)) from None
         finally:
             stop_cancelling()
+
+    def _cancellable(self, session: Any, tag: str, description: str) -> Callable[[], None]:
+        """Tag this thread's next job so that an interruption cancels it (and interrupts
+        its tasks); returns the function that removes the tag and the hook."""
+        if self.remote is not None:
+            session.addTag(tag)
+            remove = on_interrupt(lambda: session.interruptTag(tag))
+
+            def untag() -> None:
+                remove()
+                session.removeTag(tag)
+
+            return untag
+        context = session.sparkContext
+        context.setJobGroup(tag, description, interruptOnCancel=True)
+        return on_interrupt(lambda: context.cancelJobGroup(tag))
+
+    def _lost_server(self, exc: BaseException) -> str:
+        """When a Connect server stopped answering mid-job, say which one and what next."""
+        if self.remote is None or "UNAVAILABLE" not in str(exc).upper():
+            return ""
+        return (
+            f" ({self.where} stopped answering: the table's work was rolled back; "
+            "the next run copies it again once the server is back)"
+        )
 
     def _executor_hint(self, message: str) -> str:
         """What to do when a cluster's executors could not import our code."""
@@ -163,20 +250,27 @@ class SparkRunner:
         )
 
     def finish(self) -> None:
-        """End of the run. The run that builds the class archive stops the JVM now, cleanly,
-        so that the archive is written; otherwise the context stays for the process's next
-        run (tests run many in one process) and the console script stops it as it exits
-        (transfer/jvm_stop.py: no JVM outlives the command)."""
+        """End of the run. A Connect session is released (the server keeps running). The
+        run that builds the class archive stops the JVM now, cleanly, so that the archive is
+        written; otherwise the context stays for the process's next run (tests run many in
+        one process) and the console script stops it as it exits (transfer/jvm_stop.py: no
+        JVM outlives the command)."""
+        session, self._session = self._session, None
+        if session is None:
+            return
+        if self.remote is not None:
+            from .connect_session import close
+
+            close(session, release=self.warm_server is None)  # the warm one stays
+            return
         interrupted = requested() is not None  # then exit now; a later run writes it
         if (
-            self._context is not None
-            and self._archive
+            self._archive
             and self._archive.pending
             and not interrupted
-            and stop_jvm(self._context, graceful=True)
+            and stop_jvm(session.sparkContext, graceful=True)
         ):
             publish_archive(self._archive)
-        self._context = None
 
 
 # "... most recent failure: Lost task 1.0 in stage 0.0 (TID 1) (host executor driver):

@@ -1,0 +1,103 @@
+"""`replicator spark start|stop|status`: the project's warm Spark server (a Spark Connect
+server kept running between cron runs; transfer/warm_server.py starts and stops it)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from ..project.project import Project
+from ..project.spark_server_state import (
+    LOG_FILE,
+    ServerState,
+    alive,
+    code_fingerprint,
+    read_state,
+    server_dir,
+)
+from ..report.logs import json_output, say
+from ..transfer import warm_server
+
+
+def start_server(project: Project) -> int:
+    settings = project.settings
+    say("starting the warm Spark server (a JVM start: 10-30 s)...", "spark.starting")
+    state, started = warm_server.start(project.root, settings)
+    verb = "started" if started else "already running"
+    say(
+        f"warm Spark server {verb} at {state.url} (pid {state.pid}, Spark "
+        f"{state.spark_version}); log: {_log(project)}",
+        "spark.started" if started else "spark.running",
+        url=state.url,
+        pid=state.pid,
+    )
+    if not started and state.code != code_fingerprint():
+        say(
+            "note: it runs another version of replicator than this one, so runs do not use "
+            "it: restart it (replicator spark stop, then replicator spark start)",
+            "spark.note",
+        )
+    if settings.spark_remote and not settings.warm_server:
+        say(
+            "note: spark.remote (or REPLICATOR_SPARK_REMOTE) is set, so sync keeps using "
+            "that server, not this one",
+            "spark.note",
+        )
+    return 0
+
+
+def stop_server(project: Project) -> int:
+    state = warm_server.stop(project.root)
+    if state is None:
+        say("no warm Spark server running for this project", "spark.not_running")
+    else:
+        say(f"warm Spark server stopped (pid {state.pid})", "spark.stopped", pid=state.pid)
+    return 0
+
+
+def print_server_status(project: Project, as_json: bool) -> int:
+    """Exit 0 when the server is up and ready, 1 when not (scripts can test it)."""
+    state = read_state(project.root)
+    live = state if state is not None and alive(state) else None
+    settings = project.settings
+    report: dict[str, Any] = {
+        "running": bool(live and live.ready),
+        "starting": bool(live and not live.ready),
+        "url": live.url if live else None,
+        "pid": live.pid if live else None,
+        "spark_version": live.spark_version if live else None,
+        "started_at": live.started_at if live else None,
+        "log": _log(project),
+        "used_by_sync": settings.warm_server is not None,
+        "runs_other_code": bool(live and live.code != code_fingerprint()),
+        "min_rows": settings.min_rows,
+    }
+    if as_json:
+        print(json.dumps(report, indent=None if json_output() else 2))
+    else:
+        print(_describe(live, settings.spark_remote, settings.warm_server is not None))
+        if report["runs_other_code"]:
+            print("it runs another replicator than this one: sync does not use it; restart it")
+        if settings.warm_server:
+            print(f"sync runs on it; batches from {settings.min_rows:,} rows go through Spark")
+        print(f"log: {report['log']}")
+    return 0 if report["running"] else 1
+
+
+def _describe(state: ServerState | None, remote: str | None, used: bool) -> str:
+    if state is None:
+        return "warm Spark server: not running (replicator spark start starts it)"
+    if not state.ready:
+        return f"warm Spark server: starting (pid {state.pid})"
+    line = (
+        f"warm Spark server: up at {state.url} (pid {state.pid}, Spark {state.spark_version}, "
+        f"since {state.started_at})"
+    )
+    if remote and not used:
+        line += f"\nsync uses spark.remote ({remote}) instead"
+    return line
+
+
+def _log(project: Project) -> str:
+    folder = server_dir(project.root)
+    return str(folder / LOG_FILE) if folder is not None else "none (no cache folder)"

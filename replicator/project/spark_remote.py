@@ -1,0 +1,41 @@
+"""A Spark Connect server's URL (`spark.remote`, REPLICATOR_SPARK_REMOTE, the warm server),
+checked when the settings are read: a bad one is a config error before anything runs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+from ..errors import ConfigError
+from ..redact import register_secret
+
+DEFAULT_PORT = 15002
+
+
+@dataclass(frozen=True)
+class Remote:
+    """Where a Connect URL points: `sc://host[:port][/;param=value;...]`."""
+
+    url: str
+    host: str
+    port: int
+
+    @classmethod
+    def parse(cls, url: str, where: str = "spark.remote") -> Remote:
+        parts = urlsplit(url)
+        if parts.scheme != "sc" or not parts.hostname:
+            raise ConfigError(
+                [f"{where} must be a Spark Connect URL like sc://host:{DEFAULT_PORT}, got {url!r}"]
+            )
+        for param in parts.path.split(";")[1:]:  # a token is a secret: never printed
+            name, _, value = param.partition("=")
+            if name.strip().lower() == "token":
+                register_secret(value)
+        try:
+            port = parts.port or DEFAULT_PORT
+        except ValueError:
+            raise ConfigError([f"{where} has a port that is not a number: {url!r}"]) from None
+        return cls(url, parts.hostname, port)
+
+    def __str__(self) -> str:
+        return f"sc://{self.host}:{self.port}"

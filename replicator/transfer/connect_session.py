@@ -1,0 +1,93 @@
+"""A session on a Spark Connect server (`spark.remote`): no JVM in this process.
+
+The client's own retry policy waits up to about fifteen minutes for a server that does not
+answer; a cron run should fail the table in seconds instead, saying which server. So the
+port is probed first, and the session retries a lost call a few times over about two
+seconds only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import socket
+from pathlib import Path
+from typing import Any
+
+from ..errors import ReplicatorError
+from ..project.spark_remote import Remote
+
+PROBE_SECONDS = 5.0
+
+
+def probe(remote: Remote, timeout: float = PROBE_SECONDS) -> None:
+    """Raise a clear error unless something accepts connections at the server's port."""
+    try:
+        socket.create_connection((remote.host, remote.port), timeout=timeout).close()
+    except OSError as exc:
+        raise ReplicatorError(
+            f"the Spark Connect server at {remote} does not answer ({exc.strerror or exc}): "
+            "start it (replicator spark start, for this project's warm server) or fix "
+            "spark.remote / REPLICATOR_SPARK_REMOTE"
+        ) from None
+
+
+def connect(remote: Remote, shipped: Path | None = None) -> Any:
+    """A new session on the server (never a cached one: a server restarted since would
+    have forgotten it), with `shipped` added as an archive artifact."""
+    session = _session(remote, remote.url)
+    if shipped is not None:
+        from .executor_env import ALIAS
+
+        session.addArtifacts(f"{shipped}#{ALIAS}", archive=True)
+    return session
+
+
+def attach(remote: Remote, session_id: str) -> Any | None:
+    """The server-side session `session_id` (the warm server's), or None when the server
+    no longer has it (it expired, or was released)."""
+    separator = "" if ";" in remote.url else "/"
+    session = _session(remote, f"{remote.url}{separator};session_id={session_id}")
+    try:
+        answered = bool(session.version)  # the first call: fails on a forgotten session
+    except Exception as exc:
+        if "SESSION_CLOSED" not in str(exc) and "INVALID_HANDLE" not in str(exc):
+            raise
+        answered = False
+    if not answered:
+        close(session, release=False)
+    return session if answered else None
+
+
+def _session(remote: Remote, url: str) -> Any:
+    probe(remote)
+    # pyspark logs a failed query's whole JVM stack trace as JSON on stderr; the run
+    # reports the error itself, in one line.
+    logging.getLogger("SQLQueryContextLogger").disabled = True
+    from pyspark.sql.connect.client.retries import DefaultPolicy
+    from pyspark.sql.connect.session import SparkSession
+
+    session = SparkSession.builder.remote(url).create()
+    session.client.set_retry_policies(
+        [DefaultPolicy(max_retries=4, initial_backoff=100, max_backoff=1000, jitter=100)]
+    )
+    return session
+
+
+def server_version(remote: Remote) -> str:
+    """The server's Spark version (what `check` reports); raises when it does not answer."""
+    session = connect(remote)
+    try:
+        return str(session.version)
+    finally:
+        close(session)
+
+
+def close(session: Any, *, release: bool = True) -> None:
+    """Close the connection and, with `release`, the session on the server (the server
+    itself keeps running); the warm server's shared session is kept."""
+    with contextlib.suppress(Exception):  # the server may be gone: nothing to release
+        if release:
+            session.stop()
+        else:
+            session.client.close()

@@ -1,0 +1,74 @@
+"""One Spark job that runs a function over a list of tasks, one partition per task, through
+the DataFrame API: the same code on `local[*]`, a cluster master and a Spark Connect server
+(which has no RDD API).
+
+The job is `range(n)` in n partitions with a Python UDF over the task's number. The UDF is
+a closure (cloudpickle ships it by value) holding each task pickled by plain `pickle`, so
+nothing of replicator is imported until the UDF has put the shipped environment on the
+worker's path: a Connect server unpacks artifacts in the session's working folder, a cluster
+in the executor's, both under the same alias (executor_env.ALIAS).
+
+The UDF is not Arrow-optimised (a Connect server enables that by default): the workers then
+need neither pyarrow nor pandas, only what the shipped environment holds.
+"""
+
+from __future__ import annotations
+
+import pickle
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+
+def task_entry(payloads: list[bytes], alias: str) -> Callable[[int], bytes]:
+    """The UDF: task `index` -> pickled (index, result)."""
+
+    def run(index: int) -> bytes:
+        import os
+        import sys
+
+        shipped = os.path.abspath(alias)
+        if os.path.isdir(shipped) and shipped not in sys.path:
+            sys.path.insert(0, shipped)
+        function, task = pickle.loads(payloads[index])
+        return pickle.dumps((index, function(task)))
+
+    return run
+
+
+def run_job(session: Any, function: Callable[[T], R], tasks: list[T], alias: str) -> list[R]:
+    """`function(task)` for every task, in the tasks' order, as one job of len(tasks)
+    partitions. Raises whatever Spark raises when a task fails for good."""
+    if not tasks:
+        return []
+    from pyspark.sql.types import BinaryType
+
+    functions = _functions(session)
+    payloads = [pickle.dumps((function, task)) for task in tasks]
+    entry = task_entry(payloads, alias)
+    call = functions.udf(entry, BinaryType(), useArrow=False).asNondeterministic()
+    count = len(tasks)
+    rows = session.range(0, count, 1, count).select(call(functions.col("id"))).collect()
+    results = dict(pickle.loads(row[0]) for row in rows)
+    return [results[index] for index in range(count)]
+
+
+def default_parallelism(session: Any) -> int:
+    """The task slots Spark gives a job by default: the partitions of a `range` left to
+    choose (a Connect client has no SparkContext to ask)."""
+    parts = session.range(0, 1 << 16).selectExpr("spark_partition_id() AS part")
+    row = parts.selectExpr("max(part)").first()
+    return int(row[0]) + 1
+
+
+def _functions(session: Any) -> Any:
+    """The functions module of the session's kind: pyspark's generic one picks Connect only
+    when the whole process is in Connect mode (an environment variable), and one process
+    may run both kinds (the tests do)."""
+    if type(session).__module__.startswith("pyspark.sql.connect"):
+        from pyspark.sql.connect import functions
+    else:
+        from pyspark.sql import functions
+    return functions

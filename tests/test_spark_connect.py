@@ -1,0 +1,343 @@
+"""Runs on Spark Connect servers: the project's warm server (`replicator spark start`) and a
+bare server reached through `spark.remote`, whose Python workers (the system `python3`) have
+neither replicator nor psycopg, so that they run only what each session ships as artifacts.
+
+Both servers start once for the module (`replicator spark start`, as a user would, each
+for its own project; about 15 s each). The test that kills the warm server runs last.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from dbcompare import assert_same_table, leftovers
+from psycopg import sql
+from spark_cluster import SYSTEM_PYTHON
+
+from replicator.identifiers import TableName
+from replicator.project.spark_server_state import read_state, server_dir
+
+pytestmark = pytest.mark.spark
+
+ROWS = 30_000
+# Each copy task's scan stops for 30 s in its middle (the copy tasks only: the run's own
+# queries over the model, such as its first cursor, do not pause).
+PAUSING_MODEL = (
+    "SELECT t.id, t.v, t.updated_at FROM {{ source }} AS t "
+    "WHERE t.id % 15000 <> 7500 OR current_setting('application_name') <> 'replicator-task' "
+    "OR pg_sleep(30) IS NOT NULL"
+)
+
+
+class Server:
+    """A Connect server started by `replicator spark start` for its own project folder."""
+
+    def __init__(self, folder: Path, cache: Path, pg_servers, spark_conf: dict[str, str]):
+        self.project = folder
+        self.env = {
+            "REPLICATOR_CACHE_DIR": str(cache),
+            "REPLICATOR_SOURCE_URL": pg_servers.source_url,
+            "REPLICATOR_DEST_URL": pg_servers.dest_url,
+        }
+        (folder / "sync-state").mkdir(parents=True)
+        self.spark_conf = spark_conf
+        self.configure([{"name": "public.not_synced", "mode": "full-refresh"}])
+        started = self.cli("spark", "start")
+        assert started.returncode == 0, started.stderr + started.stdout
+        self.state = self.read_state()
+        self.url = self.state.url
+
+    def configure(self, tables: list[dict]) -> None:
+        document = {"tables": tables, "spark": {"conf": self.spark_conf}}
+        (self.project / "tables-config.json").write_text(json.dumps(document))
+
+    def read_state(self):
+        with self._cache():
+            return read_state(self.project)
+
+    def state_file(self) -> Path:
+        with self._cache():
+            return server_dir(self.project) / "server.json"
+
+    @contextlib.contextmanager
+    def _cache(self):
+        """This server's cache folder for the test process's own lookups."""
+        old = os.environ.get("REPLICATOR_CACHE_DIR")
+        os.environ["REPLICATOR_CACHE_DIR"] = self.env["REPLICATOR_CACHE_DIR"]
+        try:
+            yield
+        finally:
+            if old is None:
+                del os.environ["REPLICATOR_CACHE_DIR"]
+            else:
+                os.environ["REPLICATOR_CACHE_DIR"] = old
+
+    def cli(self, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+        """`python -m replicator <args>` for this project, with spark.min_rows unset."""
+        merged = {k: v for k, v in os.environ.items() if k != "REPLICATOR_SPARK_MIN_ROWS"}
+        return subprocess.run(
+            [sys.executable, "-m", "replicator", *args, "--project-dir", str(self.project)],
+            env={**merged, **self.env, **(env or {})},
+            capture_output=True,
+            text=True,
+            stdin=subprocess.DEVNULL,
+            timeout=300,
+        )
+
+    def stop(self) -> None:
+        self.cli("spark", "stop")
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("cache")
+
+
+@pytest.fixture(scope="module")
+def warm(tmp_path_factory, cache, pg_servers) -> Server:
+    server = Server(tmp_path_factory.mktemp("warm") / "project", cache, pg_servers, {})
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def bare(tmp_path_factory, cache, pg_servers) -> Server:
+    """A server whose Python workers are the system python3, with Spark's own daemon."""
+    if subprocess.run([SYSTEM_PYTHON, "-c", "import psycopg"], capture_output=True).returncode == 0:
+        pytest.fail(f"{SYSTEM_PYTHON} has psycopg: the workers would not need the shipped one")
+    conf = {"spark.pyspark.python": SYSTEM_PYTHON, "spark.python.daemon.module": "pyspark.daemon"}
+    server = Server(tmp_path_factory.mktemp("bare") / "project", cache, pg_servers, conf)
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def table(source_conn, schema):
+    name = sql.Identifier(schema, "t")
+    source_conn.execute(
+        sql.SQL(
+            "CREATE TABLE {} (id bigint PRIMARY KEY, v text, "
+            "updated_at timestamptz NOT NULL DEFAULT clock_timestamp())"
+        ).format(name)
+    )
+    source_conn.execute(
+        sql.SQL(
+            "INSERT INTO {} (id, v) SELECT g, md5(g::text) FROM generate_series(1, %s) g"
+        ).format(name),
+        (ROWS,),
+    )
+    return schema
+
+
+def _table(schema: str) -> dict:
+    return {"name": f"{schema}.t", "replication_key": "updated_at", "lookback": 0, "partitions": 2}
+
+
+def _change(source_conn, schema: str) -> None:
+    name = sql.Identifier(schema, "t")
+    source_conn.execute(
+        sql.SQL(
+            "UPDATE {} SET v = 'changed', updated_at = clock_timestamp() WHERE id % 100 = 0"
+        ).format(name)
+    )
+    source_conn.execute(
+        sql.SQL(
+            "INSERT INTO {} (id, v) SELECT g, 'new' FROM generate_series(%s::int, %s::int) g "
+            "ON CONFLICT (id) DO UPDATE SET updated_at = clock_timestamp()"
+        ).format(name),
+        (ROWS + 1, ROWS + 500),
+    )
+
+
+def test_the_warm_server_runs_every_batch_and_verify(warm, table, source_conn, dest_conn):
+    """While it is up, sync and verify connect to it and spark.min_rows defaults to 0: a
+    300-row batch goes through Spark too."""
+    warm.configure([_table(table)])
+    status = warm.cli("spark", "status", "--json")
+    assert status.returncode == 0, status.stderr
+    report = json.loads(status.stdout)
+    assert report["running"] and report["used_by_sync"] and report["min_rows"] == 0
+    assert report["url"] == warm.url
+
+    load = warm.cli("sync", "-v")
+    assert load.returncode == 0, load.stderr
+    assert f"replicator copy: 2 task(s) on the warm Spark server at {warm.url}" in load.stderr
+    _change(source_conn, table)
+    batch = warm.cli("sync", "-v")
+    assert batch.returncode == 0, batch.stderr
+    assert f"on the warm Spark server at {warm.url}" in batch.stderr
+    assert "t: incremental, 800 rows" in batch.stderr, batch.stderr
+    assert assert_same_table(source_conn, dest_conn, table, "t") == ROWS + 500
+
+    dest_conn.execute(sql.SQL("DELETE FROM {} WHERE id = 42").format(sql.Identifier(table, "t")))
+    verify = warm.cli("verify", "-v")
+    assert verify.returncode == 1, verify.stderr + verify.stdout
+    assert "replicator verify: " in verify.stderr
+    assert f"on the warm Spark server at {warm.url}" in verify.stderr
+    assert "1 missing" in verify.stdout + verify.stderr
+
+
+def test_spark_remote_ships_the_environment_to_a_bare_server(
+    db_project, bare, table, source_conn, dest_conn
+):
+    """spark.remote: each run's session gets replicator and its dependencies as an archive
+    artifact; the server's workers (system python3, no psycopg) run the copy from it."""
+    db_project.write_config({"tables": [_table(table)], "spark": {"remote": bare.url}})
+    load = db_project.run_process("sync", "-v")
+    assert load.returncode == 0, load.stderr
+    assert f"2 task(s) on the Spark Connect server at {bare.url}" in load.stderr
+    _change(source_conn, table)
+    batch = db_project.run_process("sync")
+    assert batch.returncode == 0, batch.stderr
+    assert assert_same_table(source_conn, dest_conn, table, "t") == ROWS + 500
+    verify = db_project.run_process("verify")
+    assert verify.returncode == 0, verify.stderr + verify.stdout
+
+    db_project.write_config(
+        {"tables": [_table(table)], "spark": {"remote": bare.url, "ship_environment": False}}
+    )
+    _change(source_conn, table)
+    unshipped = db_project.run_process("sync")
+    assert unshipped.returncode == 1
+    assert "No module named 'replicator'" in unshipped.stderr, unshipped.stderr
+
+
+def test_check_reports_the_server_and_its_version(db_project, bare, table):
+    db_project.write_config({"tables": [_table(table)]})
+    found = db_project.run_process("check", env={"REPLICATOR_SPARK_REMOTE": bare.url})
+    assert f"Spark Connect server at {bare.url} answers: Spark 4." in found.stdout, found.stdout
+    gone = db_project.run_process("check", env={"REPLICATOR_SPARK_REMOTE": "sc://127.0.0.1:1"})
+    assert gone.returncode == 1
+    assert "the Spark Connect server at sc://127.0.0.1:1 does not answer" in gone.stdout
+
+
+def test_a_bad_remote_url_is_a_config_error(db_project, table):
+    db_project.write_config({"tables": [_table(table)], "spark": {"remote": "localhost:15002"}})
+    run = db_project.run_process("sync")
+    assert run.returncode == 2
+    assert "expected a Spark Connect URL like sc://host:15002" in run.stderr
+    assert leftovers_free(db_project)
+
+
+def leftovers_free(db_project) -> bool:
+    return not list((db_project.path / "sync-state").glob("*.json"))
+
+
+def _pausing(source_conn, schema: str) -> int:
+    (count,) = source_conn.execute(
+        "SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'PgSleep' "
+        "AND query LIKE %s AND pid <> pg_backend_pid()",
+        (f"%{schema}%",),
+    ).fetchone()
+    return count
+
+
+def test_a_run_on_another_replicator_than_the_server_does_not_use_it(warm, table):
+    """The server's workers imported replicator when it started: a run whose code differs
+    (an upgrade, an edited checkout) starts Spark itself and says to restart the server."""
+    warm.configure([_table(table)])
+    state_file = warm.state_file()
+    original = state_file.read_text()
+    state_file.write_text(json.dumps({**json.loads(original), "code": "an older one"}))
+    try:
+        run = warm.cli("sync", "-v")
+        status = warm.cli("spark", "status")
+    finally:
+        state_file.write_text(original)
+    assert run.returncode == 0, run.stderr
+    assert "the warm Spark server runs another version of replicator" in run.stderr
+    assert "on the warm Spark server" not in run.stderr
+    assert "it runs another replicator than this one" in status.stdout
+
+
+def test_sigterm_mid_copy_interrupts_the_job_on_the_server(
+    warm, table, source_conn, dest_conn, tmp_path
+):
+    """SIGTERM while the server's tasks copy: the run cancels its job there (by tag) and
+    exits 143 without waiting for the tasks; the next run converges."""
+    warm.configure([_table(table)])
+    models = warm.project / "models" / table
+    models.mkdir(parents=True)
+    (models / "t.sql").write_text(PAUSING_MODEL)
+    run = _start_sync(warm, tmp_path)
+    try:
+        _wait_for_pauses(source_conn, table)
+        stopped_at = time.monotonic()
+        run.send_signal(signal.SIGTERM)
+        code = run.wait(timeout=60)
+        took = time.monotonic() - stopped_at
+    finally:
+        run.kill()
+    stderr = (tmp_path / "killed.err").read_text()
+    assert code == 143, stderr
+    assert "run interrupted" in stderr
+    assert took < 20, f"{took:.1f} s: the run waited for its tasks"  # they pause 30 s
+    assert "Traceback" not in stderr
+    assert leftovers(dest_conn, [TableName(table, "t")]) == []
+    models.joinpath("t.sql").unlink()
+    again = warm.cli("sync")
+    assert again.returncode == 0, again.stderr
+    assert assert_same_table(source_conn, dest_conn, table, "t") == ROWS
+
+
+def _start_sync(server: Server, tmp_path: Path) -> subprocess.Popen:
+    merged = {k: v for k, v in os.environ.items() if k != "REPLICATOR_SPARK_MIN_ROWS"}
+    with (tmp_path / "killed.err").open("w") as err:
+        return subprocess.Popen(
+            [sys.executable, "-m", "replicator", "sync", "--project-dir", str(server.project)],
+            env={**merged, **server.env},
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+            stdin=subprocess.DEVNULL,
+        )
+
+
+def _wait_for_pauses(source_conn, schema: str) -> None:
+    deadline = time.monotonic() + 120
+    while _pausing(source_conn, schema) < 2:
+        assert time.monotonic() < deadline, "the copy never reached its pause"
+        time.sleep(0.1)
+
+
+def test_the_warm_server_killed_mid_run_fails_the_table_and_the_next_run_converges(
+    warm, table, source_conn, dest_conn, tmp_path
+):
+    """Runs last (it kills the module's warm server). The run fails the table saying which
+    server stopped answering, nothing half-copied stays, and the next run (the server
+    down: this process starts Spark itself again) converges; `spark start` brings it back."""
+    warm.configure([_table(table)])
+    models = warm.project / "models" / table
+    models.mkdir(parents=True)
+    (models / "t.sql").write_text(PAUSING_MODEL)
+    run = _start_sync(warm, tmp_path)
+    try:
+        _wait_for_pauses(source_conn, table)
+        os.killpg(warm.state.pid, signal.SIGKILL)
+        code = run.wait(timeout=120)
+    finally:
+        run.kill()
+    stderr = (tmp_path / "killed.err").read_text()
+    assert code == 1, stderr
+    assert f"the warm Spark server at {warm.url} stopped answering" in stderr, stderr
+    assert "sync finished: 0 succeeded, 1 failed" in stderr
+    assert leftovers(dest_conn, [TableName(table, "t")]) == []
+
+    status = warm.cli("spark", "status")
+    assert status.returncode == 1
+    assert "not running" in status.stdout
+    models.joinpath("t.sql").unlink()
+    again = warm.cli("sync")
+    assert again.returncode == 0, again.stderr
+    assert assert_same_table(source_conn, dest_conn, table, "t") == ROWS
+
+    restarted = warm.cli("spark", "start")
+    assert restarted.returncode == 0, restarted.stderr
+    assert "warm Spark server started at" in restarted.stdout
