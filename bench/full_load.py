@@ -261,6 +261,9 @@ def main() -> None:
     finally:
         if spark_cluster is not None:
             spark_cluster.stop()
+        for worktree in base.glob("at-*"):
+            repo = str(Path(__file__).resolve().parents[1])
+            subprocess.run(["git", "-C", repo, "worktree", "remove", "--force", str(worktree)])
         source.destroy()
         dest.destroy()
 

@@ -136,7 +136,8 @@ def main() -> None:
         if args.spark:
             results[COLD] = []
             results[WARM] = []
-            run_measured(f"{cli} spark start -q {where}", warm_env)
+            if run_measured(f"{cli} spark start -q {where}", warm_env).returncode != 0:
+                raise SystemExit("replicator spark start failed")
         round_no = 1
         if args.spark:  # untimed: the JVM's class archive, as after any earlier Spark run
             change(source.url(), round_no)
@@ -194,7 +195,7 @@ def report(results: dict[str, list[Measured]], rows: int) -> None:
     medians = {name: statistics.median(m.seconds for m in runs) for name, runs in results.items()}
     ours, baseline = medians["replicator sync (1% changed)"], medians["SQL by hand (1% changed)"]
     print(f"\n{rows:,} rows, 1% ({rows // 100:,}) changed per round, {os.cpu_count()} cores")
-    print("| path | wall (median) | runs | peak RSS |")
+    print("| path | wall (median) | runs | peak RSS (the run's processes) |")
     print("|---|---|---|---|")
     for name, runs in results.items():
         print(

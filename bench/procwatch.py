@@ -18,7 +18,11 @@ class Measured:
 
 def _children(pid: int) -> list[int]:
     found = []
-    for task in Path(f"/proc/{pid}/task").glob("*/children"):
+    try:  # the process may exit while its threads are listed
+        tasks = list(Path(f"/proc/{pid}/task").glob("*/children"))
+    except OSError:
+        return found
+    for task in tasks:
         try:
             found += [int(p) for p in task.read_text().split()]
         except OSError:

@@ -50,7 +50,7 @@ def spark_stop(project_dir: Path) -> int:
     Spark themselves again, with spark.min_rows back at its configured value."""
     from .commands.spark_server import stop_server
 
-    return stop_server(Project.load(project_dir))
+    return stop_server(project_dir.resolve())
 
 
 @spark.command("status", short_help="Is the warm server up? (exit 0 when it is)")

@@ -53,7 +53,8 @@ class Server:
         started = self.cli("spark", "start")
         assert started.returncode == 0, started.stderr + started.stdout
         self.state = self.read_state()
-        self.url = self.state.url
+        self.url = self.state.url  # with its token
+        self.address = self.state.address  # what is printed
 
     def configure(self, tables: list[dict]) -> None:
         document = {"tables": tables, "spark": {"conf": self.spark_conf}}
@@ -165,15 +166,15 @@ def test_the_warm_server_runs_every_batch_and_verify(warm, table, source_conn, d
     assert status.returncode == 0, status.stderr
     report = json.loads(status.stdout)
     assert report["running"] and report["used_by_sync"] and report["min_rows"] == 0
-    assert report["url"] == warm.url
+    assert report["url"] == warm.address
 
     load = warm.cli("sync", "-v")
     assert load.returncode == 0, load.stderr
-    assert f"replicator copy: 2 task(s) on the warm Spark server at {warm.url}" in load.stderr
+    assert f"replicator copy: 2 task(s) on the warm Spark server at {warm.address}" in load.stderr
     _change(source_conn, table)
     batch = warm.cli("sync", "-v")
     assert batch.returncode == 0, batch.stderr
-    assert f"on the warm Spark server at {warm.url}" in batch.stderr
+    assert f"on the warm Spark server at {warm.address}" in batch.stderr
     assert "t: incremental, 800 rows" in batch.stderr, batch.stderr
     assert assert_same_table(source_conn, dest_conn, table, "t") == ROWS + 500
 
@@ -181,7 +182,7 @@ def test_the_warm_server_runs_every_batch_and_verify(warm, table, source_conn, d
     verify = warm.cli("verify", "-v")
     assert verify.returncode == 1, verify.stderr + verify.stdout
     assert "replicator verify: " in verify.stderr
-    assert f"on the warm Spark server at {warm.url}" in verify.stderr
+    assert f"on the warm Spark server at {warm.address}" in verify.stderr
     assert "1 missing" in verify.stdout + verify.stderr
 
 
@@ -193,7 +194,7 @@ def test_spark_remote_ships_the_environment_to_a_bare_server(
     db_project.write_config({"tables": [_table(table)], "spark": {"remote": bare.url}})
     load = db_project.run_process("sync", "-v")
     assert load.returncode == 0, load.stderr
-    assert f"2 task(s) on the Spark Connect server at {bare.url}" in load.stderr
+    assert f"2 task(s) on the Spark Connect server at {bare.address}" in load.stderr
     _change(source_conn, table)
     batch = db_project.run_process("sync")
     assert batch.returncode == 0, batch.stderr
@@ -213,7 +214,13 @@ def test_spark_remote_ships_the_environment_to_a_bare_server(
 def test_check_reports_the_server_and_its_version(db_project, bare, table):
     db_project.write_config({"tables": [_table(table)]})
     found = db_project.run_process("check", env={"REPLICATOR_SPARK_REMOTE": bare.url})
-    assert f"Spark Connect server at {bare.url} answers: Spark 4." in found.stdout, found.stdout
+    assert f"Spark Connect server at {bare.address} answers: Spark 4." in found.stdout
+    assert bare.state.token not in found.stdout + found.stderr
+    # The servers replicator starts want their token: other users of the machine reach them.
+    tokenless = db_project.run_process("check", env={"REPLICATOR_SPARK_REMOTE": bare.address})
+    assert tokenless.returncode == 1
+    assert f"Spark Connect server at {bare.address}" in tokenless.stdout
+    assert "answers: Spark" not in tokenless.stdout
     gone = db_project.run_process("check", env={"REPLICATOR_SPARK_REMOTE": "sc://127.0.0.1:1"})
     assert gone.returncode == 1
     assert "the Spark Connect server at sc://127.0.0.1:1 does not answer" in gone.stdout
@@ -240,9 +247,10 @@ def _pausing(source_conn, schema: str) -> int:
     return count
 
 
-def test_a_run_on_another_replicator_than_the_server_does_not_use_it(warm, table):
-    """The server's workers imported replicator when it started: a run whose code differs
-    (an upgrade, an edited checkout) starts Spark itself and says to restart the server."""
+def test_a_run_unlike_the_server_does_not_use_it(warm, table):
+    """The server's workers imported replicator, and took its Spark settings and PG*
+    environment, when it started: a run whose code, settings or PG* environment differ
+    starts Spark itself and says to restart the server."""
     warm.configure([_table(table)])
     state_file = warm.state_file()
     original = state_file.read_text()
@@ -253,9 +261,15 @@ def test_a_run_on_another_replicator_than_the_server_does_not_use_it(warm, table
     finally:
         state_file.write_text(original)
     assert run.returncode == 0, run.stderr
-    assert "the warm Spark server runs another version of replicator" in run.stderr
+    assert "the warm Spark server was started with another version of replicator" in run.stderr
     assert "on the warm Spark server" not in run.stderr
-    assert "it runs another replicator than this one" in status.stdout
+    assert "started with another version of replicator than this run's" in status.stdout
+
+    for env in ({"REPLICATOR_SPARK_MASTER": "local[1]"}, {"PGAPPNAME": "cron-only"}):
+        other = warm.cli("sync", "-v", env=env)
+        assert other.returncode == 0, other.stderr
+        assert "started with other Spark settings" in other.stderr
+        assert "on the warm Spark server" not in other.stderr
 
 
 def test_sigterm_mid_copy_interrupts_the_job_on_the_server(
@@ -326,7 +340,7 @@ def test_the_warm_server_killed_mid_run_fails_the_table_and_the_next_run_converg
         run.kill()
     stderr = (tmp_path / "killed.err").read_text()
     assert code == 1, stderr
-    assert f"the warm Spark server at {warm.url} stopped answering" in stderr, stderr
+    assert f"the warm Spark server at {warm.address} stopped answering" in stderr, stderr
     assert "sync finished: 0 succeeded, 1 failed" in stderr
     assert leftovers(dest_conn, [TableName(table, "t")]) == []
 

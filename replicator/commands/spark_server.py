@@ -4,17 +4,19 @@ server kept running between cron runs; transfer/warm_server.py starts and stops 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 from ..project.project import Project
+from ..project.settings import unfit_server
 from ..project.spark_server_state import (
     LOG_FILE,
     ServerState,
     alive,
-    code_fingerprint,
     read_state,
     server_dir,
 )
+from ..redact import redact
 from ..report.logs import json_output, say
 from ..transfer import warm_server
 
@@ -25,16 +27,19 @@ def start_server(project: Project) -> int:
     state, started = warm_server.start(project.root, settings)
     verb = "started" if started else "already running"
     say(
-        f"warm Spark server {verb} at {state.url} (pid {state.pid}, Spark "
-        f"{state.spark_version}); log: {_log(project)}",
+        f"warm Spark server {verb} at {state.address} (pid {state.pid}, Spark "
+        f"{state.spark_version}); log: {_log(project.root)}",
         "spark.started" if started else "spark.running",
-        url=state.url,
+        url=state.address,
         pid=state.pid,
     )
-    if not started and state.code != code_fingerprint():
+    unfit = unfit_server(
+        state, settings.spark_master, settings.spark_conf, settings.ship_environment
+    )
+    if not started and unfit:
         say(
-            "note: it runs another version of replicator than this one, so runs do not use "
-            "it: restart it (replicator spark stop, then replicator spark start)",
+            f"note: it was started with {unfit} than this run's, so runs do not use it: "
+            "restart it (replicator spark stop, then replicator spark start)",
             "spark.note",
         )
     if settings.spark_remote and not settings.warm_server:
@@ -46,8 +51,9 @@ def start_server(project: Project) -> int:
     return 0
 
 
-def stop_server(project: Project) -> int:
-    state = warm_server.stop(project.root)
+def stop_server(root: Path) -> int:
+    """Needs no valid config: a project whose config broke can still stop its server."""
+    state = warm_server.stop(root)
     if state is None:
         say("no warm Spark server running for this project", "spark.not_running")
     else:
@@ -60,26 +66,31 @@ def print_server_status(project: Project, as_json: bool) -> int:
     state = read_state(project.root)
     live = state if state is not None and alive(state) else None
     settings = project.settings
+    unfit = live and unfit_server(
+        live, settings.spark_master, settings.spark_conf, settings.ship_environment
+    )
     report: dict[str, Any] = {
         "running": bool(live and live.ready),
         "starting": bool(live and not live.ready),
-        "url": live.url if live else None,
+        "url": live.address if live else None,
         "pid": live.pid if live else None,
         "spark_version": live.spark_version if live else None,
         "started_at": live.started_at if live else None,
-        "log": _log(project),
+        "log": _log(project.root),
         "used_by_sync": settings.warm_server is not None,
-        "runs_other_code": bool(live and live.code != code_fingerprint()),
+        "not_used_because": unfit or None,
         "min_rows": settings.min_rows,
     }
     if as_json:
         print(json.dumps(report, indent=None if json_output() else 2))
     else:
         print(_describe(live, settings.spark_remote, settings.warm_server is not None))
-        if report["runs_other_code"]:
-            print("it runs another replicator than this one: sync does not use it; restart it")
+        if unfit:
+            print(f"it was started with {unfit} than this run's: sync does not use it; restart it")
         if settings.warm_server:
             print(f"sync runs on it; batches from {settings.min_rows:,} rows go through Spark")
+        elif not live or not live.ready:
+            print(f"sync starts Spark itself ({settings.spark_master or 'local[*]'})")
         print(f"log: {report['log']}")
     return 0 if report["running"] else 1
 
@@ -90,14 +101,14 @@ def _describe(state: ServerState | None, remote: str | None, used: bool) -> str:
     if not state.ready:
         return f"warm Spark server: starting (pid {state.pid})"
     line = (
-        f"warm Spark server: up at {state.url} (pid {state.pid}, Spark {state.spark_version}, "
-        f"since {state.started_at})"
+        f"warm Spark server: up at {state.address} (pid {state.pid}, Spark "
+        f"{state.spark_version}, since {state.started_at})"
     )
     if remote and not used:
-        line += f"\nsync uses spark.remote ({remote}) instead"
+        line += f"\nsync uses spark.remote ({redact(remote)}) instead"
     return line
 
 
-def _log(project: Project) -> str:
-    folder = server_dir(project.root)
+def _log(root: Path) -> str:
+    folder = server_dir(root)
     return str(folder / LOG_FILE) if folder is not None else "none (no cache folder)"

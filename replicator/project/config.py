@@ -24,6 +24,7 @@ from pydantic import (
 from ..errors import ConfigError
 from ..identifiers import INTERNAL_SCHEMA, TableName, parse_column, split_name
 from .capture_config import CdcConfig, check_cdc_table
+from .spark_remote import checked_url
 
 CONFIG_FILE = "tables-config.json"
 MODES = ("incremental-deduped", "incremental-append", "full-refresh", "cdc")
@@ -54,12 +55,6 @@ def _http_url(value: str) -> str:
     if not value.startswith(("http://", "https://")):
         raise ValueError("expected an http:// or https:// URL")
     return value
-
-
-def _connect_url(url: str) -> str:
-    if not url.startswith("sc://"):
-        raise ValueError(f"expected a Spark Connect URL like sc://host:15002, got {url!r}")
-    return url
 
 
 def _spark_keys(conf: dict[str, str]) -> dict[str, str]:
@@ -188,12 +183,12 @@ class WebhookConfig(_Frozen):
 
 class SparkConfig(_Frozen):
     master: str | None = None
-    remote: Annotated[str, AfterValidator(_connect_url)] | None = None  # wins over master
+    remote: Annotated[str, AfterValidator(checked_url)] | None = None  # wins over master
     # Batches (and tables) estimated below this many rows are copied by the replicator
     # process itself, with the same COPY streaming: no JVM start for a small batch.
     min_rows: Annotated[int, Field(ge=0)] = 500_000
     conf: Annotated[dict[str, str], AfterValidator(_spark_keys)] = Field(default_factory=dict)
-    # Ship replicator and its dependencies to a cluster's executors (spark.archives) each run
+    # Ship replicator and its dependencies to a cluster's executors or a Connect server
     ship_environment: bool = True
 
 

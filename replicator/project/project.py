@@ -42,6 +42,11 @@ class Project:
         """Spark, webhook and output settings, resolved once (ConfigError when invalid)."""
         return Settings.resolve(self.config, self.env, self.root)
 
+    def current_settings(self) -> Settings:
+        """The settings again, for each run of `sync --follow`: whether the warm Spark
+        server is up (and fit) changes while it follows."""
+        return Settings.resolve(self.config, self.env, self.root)
+
     def connections(self) -> Connections:
         return Connections.from_environment(self.env)
 

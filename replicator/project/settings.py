@@ -21,7 +21,12 @@ from ..errors import ConfigError
 from ..redact import redact, register_connection_string, register_secret
 from .config import ProjectConfig
 from .spark_remote import Remote
-from .spark_server_state import ServerState, code_fingerprint, running
+from .spark_server_state import (
+    ServerState,
+    code_fingerprint,
+    running,
+    settings_fingerprint,
+)
 
 SOURCE_URL = "REPLICATOR_SOURCE_URL"
 DEST_URL = "REPLICATOR_DEST_URL"
@@ -278,14 +283,29 @@ def _spark_remote(
             problems.extend(exc.problems)
         return configured, None
     server = running(root) if root is not None else None
-    if server is not None and server.code != code_fingerprint():
+    if server is None:
+        return None, None
+    master = env.get(SPARK_MASTER) or config.spark.master
+    unfit = unfit_server(server, master, config.spark.conf, config.spark.ship_environment)
+    if unfit:
         log.warning(
-            "the warm Spark server runs another version of replicator than this one (it was "
-            "upgraded or edited since the server started), so this run does not use it: "
-            "restart it (replicator spark stop, then replicator spark start)"
+            "the warm Spark server was started with %s than this run's, so this run does not "
+            "use it: restart it (replicator spark stop, then replicator spark start)",
+            unfit,
         )
-        server = None
-    return (server.url if server else None), server
+        return None, None
+    return server.url, server
+
+
+def unfit_server(
+    server: ServerState, master: str | None, conf: Mapping[str, str], ship: bool
+) -> str | None:
+    """Why the warm server cannot run this run's tasks (None when it can)."""
+    if server.code != code_fingerprint():
+        return "another version of replicator"
+    if server.settings != settings_fingerprint(master, conf, ship):
+        return "other Spark settings (spark.master, spark.conf) or PG* environment"
+    return None
 
 
 def _min_rows(config: ProjectConfig, env: Environment, warm: bool) -> int:

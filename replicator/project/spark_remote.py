@@ -22,15 +22,12 @@ class Remote:
 
     @classmethod
     def parse(cls, url: str, where: str = "spark.remote") -> Remote:
+        _register_token(url)  # before any message can quote the URL
         parts = urlsplit(url)
         if parts.scheme != "sc" or not parts.hostname:
             raise ConfigError(
                 [f"{where} must be a Spark Connect URL like sc://host:{DEFAULT_PORT}, got {url!r}"]
             )
-        for param in parts.path.split(";")[1:]:  # a token is a secret: never printed
-            name, _, value = param.partition("=")
-            if name.strip().lower() == "token":
-                register_secret(value)
         try:
             port = parts.port or DEFAULT_PORT
         except ValueError:
@@ -39,3 +36,22 @@ class Remote:
 
     def __str__(self) -> str:
         return f"sc://{self.host}:{self.port}"
+
+
+def _register_token(url: str) -> None:
+    """A `;token=...` parameter is a secret: never printed."""
+    for param in url.split(";")[1:]:
+        name, _, value = param.partition("=")
+        if name.strip().lower() == "token":
+            register_secret(value.strip())
+
+
+def checked_url(url: str) -> str:
+    """tables-config.json's `spark.remote` (a pydantic validator: ValueError)."""
+    try:
+        Remote.parse(url)
+    except ConfigError as exc:
+        raise ValueError(
+            "expected " + exc.problems[0].removeprefix("spark.remote must be ")
+        ) from None
+    return url

@@ -47,7 +47,7 @@ class RunContext:
         check_deletes: bool = False,
         force_deletes: bool = False,
     ) -> None:
-        settings = project.settings
+        settings = project.current_settings()
         self.project = project
         self.full_refresh = full_refresh
         self.resync = resync

@@ -1,9 +1,10 @@
 """A session on a Spark Connect server (`spark.remote`): no JVM in this process.
 
 The client's own retry policy waits up to about fifteen minutes for a server that does not
-answer; a cron run should fail the table in seconds instead, saying which server. So the
-port is probed first, and the session retries a lost call a few times over about two
-seconds only.
+answer; a cron run should fail the table soon instead, saying which server. So the port is
+probed first (a server that is down fails at once), and a call lost mid-run is retried for
+about 14 s: enough for a network blip or a long pause of the server's JVM, not for a dead
+server.
 """
 
 from __future__ import annotations
@@ -69,7 +70,7 @@ def _session(remote: Remote, url: str) -> Any:
 
     session = SparkSession.builder.remote(url).create()
     session.client.set_retry_policies(
-        [DefaultPolicy(max_retries=4, initial_backoff=100, max_backoff=1000, jitter=100)]
+        [DefaultPolicy(max_retries=6, initial_backoff=100, max_backoff=4000, jitter=100)]
     )
     return session
 

@@ -5,7 +5,8 @@ or a Spark Connect server it connects to (`spark.remote`, or the project's warm 
 `replicator spark start`). Either way the tasks run through the DataFrame API (task_job.py).
 Starting takes seconds (a JVM) or about a second (a Connect client): a run starts as soon as
 it knows a table needs data moved, and keeps inspecting catalogs and writing DDL meanwhile.
-A run that moves nothing never starts it.
+A run that moves nothing never starts a JVM; with the warm server up, every run connects
+to it from its start (every batch goes there).
 """
 
 from __future__ import annotations
@@ -60,8 +61,11 @@ class SparkRunner:
         self._thread: threading.Thread | None = None
         self._session: Any = None
         self._parallelism = 1
+        self._sized = threading.Event()  # _parallelism is known
         self._error: BaseException | None = None
         self._archive: ArchivePlan | None = None
+        # Release the Connect session at the end: all but the warm server's shared one.
+        self._release = warm_server is None
 
     @classmethod
     def for_run(cls, settings: Settings, verbose: int) -> SparkRunner:
@@ -99,27 +103,40 @@ class SparkRunner:
         try:
             if self.warm_server is not None:  # its session's Python workers are up already
                 self._session = self._attach(self.warm_server)
-                self._parallelism = self.warm_server.parallelism
-                return
+                if self._session is not None:
+                    self._parallelism = self.warm_server.parallelism
+                    return
             session = self._connect() if self.remote else self._start_jvm()
             if self.remote is not None:
                 self._parallelism = default_parallelism(session)
-            else:
-                self._parallelism = int(session.sparkContext.defaultParallelism)
-            # The first job forks Spark's Python workers (about half a second): do it now.
+                self._sized.set()
+            # The first job forks Spark's Python workers (about half a second) and, on a
+            # JVM here, warms Spark SQL's planning (a second): do it now.
             run_job(session, abs, list(range(self._parallelism)), ALIAS)
             self._session = session
         except BaseException as exc:  # surfaced to the table that needs Spark
             self._error = exc
+        finally:
+            self._sized.set()
 
     def _attach(self, server: ServerState) -> Any:
-        """The warm server's own session, or a new one if the server forgot it. Nothing is
-        shipped: the server runs this machine's replicator (the same code, or no run uses
-        it: project/settings.py)."""
+        """The warm server's own session, else a new one on it if it forgot that one. When
+        it does not answer (stopped or dead since the settings were read), None: the run
+        starts Spark itself, as it would have without the server. Nothing is shipped: the
+        server runs this machine's replicator (the same code, or no run uses it)."""
         from .connect_session import attach, connect
 
         assert self.remote is not None
-        return attach(self.remote, server.session_id) or connect(self.remote)
+        try:
+            session = attach(self.remote, server.session_id)
+            if session is None:
+                self._release = True
+                session = connect(self.remote)
+            return session
+        except ReplicatorError as exc:
+            log.warning("%s; this run starts Spark itself (spark.master)", exc)
+            self.remote = self.warm_server = None
+            return None
 
     def _connect(self) -> Any:
         from .connect_session import connect
@@ -154,6 +171,9 @@ class SparkRunner:
             driver_options=options,
             executor_archive=shipped,
         )
+        # Known now: the run plans its partitions while the session gets ready.
+        self._parallelism = int(context.defaultParallelism)
+        self._sized.set()
         return SparkSession(context)
 
     def session(self) -> Any:
@@ -169,7 +189,11 @@ class SparkRunner:
         return self._session
 
     def parallelism(self) -> int:
-        self.session()
+        """Spark's task slots; known before the session is ready on a JVM here."""
+        self.warm_up()
+        self._sized.wait()
+        if self._error is not None:
+            self.session()  # raises it
         return self._parallelism
 
     def needed_for(self, estimated_rows: int) -> bool:
@@ -224,12 +248,14 @@ class SparkRunner:
 
     def _lost_server(self, exc: BaseException) -> str:
         """When a Connect server stopped answering mid-job, say which one and what next."""
-        if self.remote is None or "UNAVAILABLE" not in str(exc).upper():
+        if self.remote is None or not _unavailable(exc):
             return ""
-        return (
-            f" ({self.where} stopped answering: the table's work was rolled back; "
-            "the next run copies it again once the server is back)"
+        after = (
+            "the next run starts Spark itself unless the server is back"
+            if self.warm_server
+            else "the next run copies it again once the server answers"
         )
+        return f" ({self.where} stopped answering: the table's work was rolled back; {after})"
 
     def _executor_hint(self, message: str) -> str:
         """What to do when a cluster's executors could not import our code."""
@@ -255,13 +281,15 @@ class SparkRunner:
         written; otherwise the context stays for the process's next run (tests run many in
         one process) and the console script stops it as it exits (transfer/jvm_stop.py: no
         JVM outlives the command)."""
+        if self._thread is not None and self._thread.is_alive() and self._release:
+            self._thread.join(timeout=10)  # a session being opened: release it too
         session, self._session = self._session, None
         if session is None:
             return
         if self.remote is not None:
             from .connect_session import close
 
-            close(session, release=self.warm_server is None)  # the warm one stays
+            close(session, release=self._release)  # the warm server's stays
             return
         interrupted = requested() is not None  # then exit now; a later run writes it
         if (
@@ -271,6 +299,23 @@ class SparkRunner:
             and stop_jvm(session.sparkContext, graceful=True)
         ):
             publish_archive(self._archive)
+
+
+def _unavailable(exc: BaseException) -> bool:
+    """Whether the error (or what caused it) is gRPC's UNAVAILABLE: the server is gone."""
+    import grpc
+
+    seen: BaseException | None = exc
+    while seen is not None:
+        code = getattr(seen, "getGrpcStatusCode", None)
+        if code is not None and code() == grpc.StatusCode.UNAVAILABLE:
+            return True
+        if isinstance(seen, grpc.RpcError) and seen.code() == grpc.StatusCode.UNAVAILABLE:
+            return True
+        if type(seen).__name__ == "RetriesExceeded":  # the client gave up reconnecting
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
 
 
 # "... most recent failure: Lost task 1.0 in stage 0.0 (TID 1) (host executor driver):
