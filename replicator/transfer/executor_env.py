@@ -35,7 +35,9 @@ from packaging.utils import canonicalize_name
 from ..cache import cache_dir
 
 ALIAS = "replicator-python"  # the folder it unpacks to, relative to the executor's cwd
-NOT_SHIPPED = frozenset({"pyspark", "py4j", "replicator"})
+# pandas: only the Spark Connect client (this process) needs it, and the tasks' UDFs are
+# not Arrow-optimised (task_job.py): with numpy it would triple the archive.
+NOT_SHIPPED = frozenset({"pyspark", "py4j", "replicator", "pandas"})
 _ROOT = Path(__file__).resolve().parent.parent  # the replicator package folder
 
 
