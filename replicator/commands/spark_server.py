@@ -14,6 +14,7 @@ from ..project.spark_server_state import (
     ServerState,
     alive,
     read_state,
+    running,
     server_dir,
 )
 from ..redact import redact
@@ -23,7 +24,8 @@ from ..transfer import warm_server
 
 def start_server(project: Project) -> int:
     settings = project.settings
-    say("starting the warm Spark server (a JVM start: 10-30 s)...", "spark.starting")
+    if running(project.root) is None:
+        say("starting the warm Spark server (a JVM start: 10-30 s)...", "spark.starting")
     state, started = warm_server.start(project.root, settings)
     verb = "started" if started else "already running"
     say(

@@ -106,13 +106,14 @@ class SparkRunner:
                 if self._session is not None:
                     self._parallelism = self.warm_server.parallelism
                     return
-            session = self._connect() if self.remote else self._start_jvm()
+            session, warm = self._connect() if self.remote else self._start_jvm()
             if self.remote is not None:
                 self._parallelism = default_parallelism(session)
                 self._sized.set()
-            # The first job forks Spark's Python workers (about half a second) and, on a
-            # JVM here, warms Spark SQL's planning (a second): do it now.
-            run_job(session, abs, list(range(self._parallelism)), ALIAS)
+            if not warm:
+                # The first job forks Spark's Python workers (about half a second) and, on
+                # a JVM here, warms Spark SQL's planning (a second): do it now.
+                run_job(session, abs, list(range(self._parallelism)), ALIAS)
             self._session = session
         except BaseException as exc:  # surfaced to the table that needs Spark
             self._error = exc
@@ -138,7 +139,7 @@ class SparkRunner:
             self.remote = self.warm_server = None
             return None
 
-    def _connect(self) -> Any:
+    def _connect(self) -> tuple[Any, bool]:
         from .connect_session import connect
 
         assert self.remote is not None
@@ -147,9 +148,11 @@ class SparkRunner:
             from .executor_env import executor_archive  # packaging: only when needed
 
             shipped = executor_archive()
-        return connect(self.remote, shipped)
+        return connect(self.remote, shipped), False
 
-    def _start_jvm(self) -> Any:
+    def _start_jvm(self) -> tuple[Any, bool]:
+        """The session on this process's JVM, and whether it ran a job before (a process
+        that runs several commands, as the tests do, keeps its JVM and Python workers)."""
         from pyspark import SparkContext
         from pyspark.sql import SparkSession
 
@@ -174,7 +177,10 @@ class SparkRunner:
         # Known now: the run plans its partitions while the session gets ready.
         self._parallelism = int(context.defaultParallelism)
         self._sized.set()
-        return SparkSession(context)
+        session = SparkSession._instantiatedSession
+        if session is not None and session.sparkContext is context:
+            return session, True
+        return SparkSession(context), False
 
     def session(self) -> Any:
         self.warm_up()
