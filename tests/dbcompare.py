@@ -83,3 +83,13 @@ def leftovers(dest, targets: list[TableName]) -> list[str]:
         + [f"marker {r[0]}" for r in markers]
         + [f"resumable load of {r[0]}" for r in resumes]
     )
+
+
+def pausing_scans(source, schema: str) -> int:
+    """Source sessions sleeping in a pausing model's scan (pg_sleep) of `schema`'s tables."""
+    (count,) = source.execute(
+        "SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'PgSleep' "
+        "AND query LIKE %s AND pid <> pg_backend_pid()",
+        (f"%{schema}%",),
+    ).fetchone()
+    return count

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
-from dbcompare import assert_same_table, leftovers
+from dbcompare import assert_same_table, leftovers, pausing_scans
 from psycopg import sql
 from spark_cluster import SYSTEM_PYTHON, SparkCluster
 
@@ -108,15 +108,6 @@ def test_without_the_shipped_environment_the_executors_cannot_run_a_task(
     assert "install them there, or set spark.ship_environment to true" in run.stderr
 
 
-def _pausing(source_conn, schema: str) -> int:
-    (count,) = source_conn.execute(
-        "SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'PgSleep' "
-        "AND query LIKE %s AND pid <> pg_backend_pid()",
-        (f"%{schema}%",),
-    ).fetchone()
-    return count
-
-
 def _wait_for(condition, seconds: float, what: str) -> None:
     deadline = time.monotonic() + seconds
     while not condition():
@@ -150,7 +141,7 @@ def test_a_load_survives_a_lost_worker_and_a_batch_runs_on_both_workers(
     before = _apps(cluster)
     run = _start_sync(db_project, tmp_path)
     try:
-        _wait_for(lambda: _pausing(source_conn, table) == 2, 120, "both partitions mid-scan")
+        _wait_for(lambda: pausing_scans(source_conn, table) == 2, 120, "both partitions mid-scan")
         (app,) = _apps(cluster) - before
         assert [w.tasks_run(app) > 0 for w in cluster.nodes] == [True, True]
         for worker in cluster.nodes:  # unpacked where each executor runs
@@ -189,7 +180,7 @@ def test_a_driver_killed_mid_load_and_the_next_run_converges(
     db_project.write(f"models/{table}/t.sql", PAUSING_MODEL)
     run = _start_sync(db_project, tmp_path)
     try:
-        _wait_for(lambda: _pausing(source_conn, table) == 2, 120, "both partitions mid-scan")
+        _wait_for(lambda: pausing_scans(source_conn, table) == 2, 120, "both partitions mid-scan")
         os.killpg(run.pid, signal.SIGKILL)
         run.wait(timeout=30)
     finally:

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
-from dbcompare import assert_same_table, leftovers
+from dbcompare import assert_same_table, leftovers, pausing_scans
 from psycopg import sql
 from spark_cluster import SYSTEM_PYTHON
 
@@ -231,20 +231,7 @@ def test_a_bad_remote_url_is_a_config_error(db_project, table):
     run = db_project.run_process("sync")
     assert run.returncode == 2
     assert "expected a Spark Connect URL like sc://host:15002" in run.stderr
-    assert leftovers_free(db_project)
-
-
-def leftovers_free(db_project) -> bool:
-    return not list((db_project.path / "sync-state").glob("*.json"))
-
-
-def _pausing(source_conn, schema: str) -> int:
-    (count,) = source_conn.execute(
-        "SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'PgSleep' "
-        "AND query LIKE %s AND pid <> pg_backend_pid()",
-        (f"%{schema}%",),
-    ).fetchone()
-    return count
+    assert not list((db_project.path / "sync-state").glob("*.json"))  # nothing written
 
 
 def test_a_run_unlike_the_server_does_not_use_it(warm, table):
@@ -277,13 +264,8 @@ def test_sigterm_mid_copy_interrupts_the_job_on_the_server(
 ):
     """SIGTERM while the server's tasks copy: the run cancels its job there (by tag) and
     exits 143 without waiting for the tasks; the next run converges."""
-    warm.configure([_table(table)])
-    models = warm.project / "models" / table
-    models.mkdir(parents=True)
-    (models / "t.sql").write_text(PAUSING_MODEL)
-    run = _start_sync(warm, tmp_path)
+    run = _paused_sync(warm, table, source_conn, tmp_path)
     try:
-        _wait_for_pauses(source_conn, table)
         stopped_at = time.monotonic()
         run.send_signal(signal.SIGTERM)
         code = run.wait(timeout=60)
@@ -296,29 +278,35 @@ def test_sigterm_mid_copy_interrupts_the_job_on_the_server(
     assert took < 20, f"{took:.1f} s: the run waited for its tasks"  # they pause 30 s
     assert "Traceback" not in stderr
     assert leftovers(dest_conn, [TableName(table, "t")]) == []
-    models.joinpath("t.sql").unlink()
+    (warm.project / "models" / table / "t.sql").unlink()
     again = warm.cli("sync")
     assert again.returncode == 0, again.stderr
     assert assert_same_table(source_conn, dest_conn, table, "t") == ROWS
 
 
-def _start_sync(server: Server, tmp_path: Path) -> subprocess.Popen:
+def _paused_sync(server: Server, schema: str, source_conn, tmp_path: Path) -> subprocess.Popen:
+    """A `sync` process of the table through PAUSING_MODEL, returned once both of its copy
+    tasks are in their pause; its stderr goes to tmp_path/killed.err."""
+    server.configure([_table(schema)])
+    models = server.project / "models" / schema
+    models.mkdir(parents=True)
+    (models / "t.sql").write_text(PAUSING_MODEL)
     merged = {k: v for k, v in os.environ.items() if k != "REPLICATOR_SPARK_MIN_ROWS"}
     with (tmp_path / "killed.err").open("w") as err:
-        return subprocess.Popen(
+        run = subprocess.Popen(
             [sys.executable, "-m", "replicator", "sync", "--project-dir", str(server.project)],
             env={**merged, **server.env},
             stdout=subprocess.DEVNULL,
             stderr=err,
             stdin=subprocess.DEVNULL,
         )
-
-
-def _wait_for_pauses(source_conn, schema: str) -> None:
     deadline = time.monotonic() + 120
-    while _pausing(source_conn, schema) < 2:
-        assert time.monotonic() < deadline, "the copy never reached its pause"
+    while pausing_scans(source_conn, schema) < 2:
+        if time.monotonic() > deadline or run.poll() is not None:
+            run.kill()
+            raise AssertionError("the copy never reached its pause")
         time.sleep(0.1)
+    return run
 
 
 def test_the_warm_server_killed_mid_run_fails_the_table_and_the_next_run_converges(
@@ -327,13 +315,8 @@ def test_the_warm_server_killed_mid_run_fails_the_table_and_the_next_run_converg
     """Runs last (it kills the module's warm server). The run fails the table saying which
     server stopped answering, nothing half-copied stays, and the next run (the server
     down: this process starts Spark itself again) converges."""
-    warm.configure([_table(table)])
-    models = warm.project / "models" / table
-    models.mkdir(parents=True)
-    (models / "t.sql").write_text(PAUSING_MODEL)
-    run = _start_sync(warm, tmp_path)
+    run = _paused_sync(warm, table, source_conn, tmp_path)
     try:
-        _wait_for_pauses(source_conn, table)
         os.killpg(warm.state.pid, signal.SIGKILL)
         code = run.wait(timeout=120)
     finally:
@@ -347,7 +330,7 @@ def test_the_warm_server_killed_mid_run_fails_the_table_and_the_next_run_converg
     status = warm.cli("spark", "status")
     assert status.returncode == 1
     assert "not running" in status.stdout
-    models.joinpath("t.sql").unlink()
+    (warm.project / "models" / table / "t.sql").unlink()
     again = warm.cli("sync")
     assert again.returncode == 0, again.stderr
     assert assert_same_table(source_conn, dest_conn, table, "t") == ROWS

@@ -8,7 +8,6 @@ from pathlib import Path
 from typing import Any
 
 from ..project.project import Project
-from ..project.settings import unfit_server
 from ..project.spark_server_state import (
     LOG_FILE,
     ServerState,
@@ -35,9 +34,7 @@ def start_server(project: Project) -> int:
         url=state.address,
         pid=state.pid,
     )
-    unfit = unfit_server(
-        state, settings.spark_master, settings.spark_conf, settings.ship_environment
-    )
+    unfit = settings.unfit(state)
     if not started and unfit:
         say(
             f"note: it was started with {unfit} than this run's, so runs do not use it: "
@@ -68,9 +65,7 @@ def print_server_status(project: Project, as_json: bool) -> int:
     state = read_state(project.root)
     live = state if state is not None and alive(state) else None
     settings = project.settings
-    unfit = live and unfit_server(
-        live, settings.spark_master, settings.spark_conf, settings.ship_environment
-    )
+    unfit = live and settings.unfit(live)
     report: dict[str, Any] = {
         "running": bool(live and live.ready),
         "starting": bool(live and not live.ready),

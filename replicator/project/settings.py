@@ -243,6 +243,10 @@ class Settings:
     spark_remote: str | None = None
     warm_server: ServerState | None = None
 
+    def unfit(self, server: ServerState) -> str | None:
+        """Why the warm server cannot run these settings' tasks (None when it can)."""
+        return unfit_server(server, self.spark_master, self.spark_conf, self.ship_environment)
+
     @classmethod
     def resolve(cls, config: ProjectConfig, env: Environment, root: Path | None = None) -> Settings:
         """`root`: the project's folder, where its warm server is looked up."""

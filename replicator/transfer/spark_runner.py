@@ -30,7 +30,7 @@ from .copy_stream import CopyResult, CopyTask, TaskError, run_copy_task
 from .executor_env import ALIAS
 from .jvm_archive import ArchivePlan, plan_archive, publish_archive
 from .jvm_stop import stop_jvm
-from .spark_session import is_local, jdbc_jar
+from .spark_session import is_local, jdbc_jar, shipped_archive
 from .task_job import default_parallelism, run_job
 
 _DRIVER_OPTIONS = "spark.driver.extraJavaOptions"
@@ -162,17 +162,12 @@ class SparkRunner:
             jars = self.conf.get("spark.jars", str(jdbc_jar() or ""))
             self._archive = plan_archive(jars, self.conf.get(_DRIVER_OPTIONS, ""))
         options = self._archive.options if self._archive else ""
-        shipped = None
-        if self.ship_environment and not is_local(self.master):
-            from .executor_env import executor_archive  # packaging: only when needed
-
-            shipped = executor_archive()
         context = start_spark_context(
             self.master,
             self.conf,
             quiet=self.quiet,
             driver_options=options,
-            executor_archive=shipped,
+            executor_archive=shipped_archive(self.master, self.ship_environment),
         )
         # Known now: the run plans its partitions while the session gets ready.
         self._parallelism = int(context.defaultParallelism)

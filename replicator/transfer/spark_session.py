@@ -111,6 +111,16 @@ def _ship(settings: dict[str, str], archive: Path) -> None:
     settings[EXECUTOR_PATH_KEY] = ":".join(filter(None, [path, ALIAS]))
 
 
+def shipped_archive(master: str | None, ship_environment: bool) -> Path | None:
+    """The executors' Python environment (executor_env.py) when a cluster master's
+    executors need it; built or reused here (its module imports `packaging`: only then)."""
+    if not ship_environment or is_local(master):
+        return None
+    from .executor_env import executor_archive
+
+    return executor_archive()
+
+
 def is_local(master: str | None) -> bool:
     """Whether Spark runs inside this machine's driver JVM (no executors elsewhere)."""
     return (master or DEFAULT_MASTER).startswith("local")

@@ -44,7 +44,7 @@ from ..project.spark_server_state import (
     settings_fingerprint,
     write_state,
 )
-from .spark_session import EXECUTOR_PYTHON_KEY, is_local, spark_conf
+from .spark_session import EXECUTOR_PYTHON_KEY, is_local, shipped_archive, spark_conf
 
 PREFERRED_PORT = 15002
 START_SECONDS = 180.0
@@ -149,11 +149,7 @@ def _spark_home() -> Path:
 def _write_properties(folder: Path, settings: Settings, port: int) -> Path:
     """The server's Spark settings, in a file only this user reads (spark.conf may hold
     secrets such as spark.authenticate.secret)."""
-    shipped = None
-    if settings.ship_environment and not is_local(settings.spark_master):
-        from .executor_env import executor_archive  # a cluster master's executors need it
-
-        shipped = executor_archive()
+    shipped = shipped_archive(settings.spark_master, settings.ship_environment)
     conf = spark_conf(
         settings.spark_master, settings.spark_conf, quiet=True, executor_archive=shipped
     )
