@@ -1,5 +1,5 @@
 """`python -m replicator` runs the CLI."""
 
-from .cli import main
+from .cli.main import main
 
 main()

@@ -24,7 +24,7 @@ import pytest
 from click.testing import CliRunner, Result
 from psycopg import sql
 
-from replicator.cli import cli
+from replicator.cli.main import cli
 from replicator.postgres.pgcluster import PgCluster
 
 ENV_VARS = (

@@ -7,7 +7,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from replicator.identifiers import TableName
+from replicator.base.identifiers import TableName
 from replicator.postgres.naming import MARKER_TABLE, RESUME_TABLE, retired_table, staging_table
 from replicator.sync.scripts import side_table
 from replicator.transfer.markers import load_id_prefix

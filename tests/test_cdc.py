@@ -497,10 +497,10 @@ def test_a_shape_change_seen_only_in_the_log_reloads_the_table(
 ):
     """DDL committed after a run planned the table but before its drain: the log's own
     Relation message says the table changed shape; that table is reloaded, none lost."""
+    from replicator.base.identifiers import TableName
     from replicator.capture.capture_table import CaptureTable
     from replicator.capture.drain import drain
     from replicator.capture.slot import flushed_lsn, slot_info
-    from replicator.identifiers import TableName
     from replicator.plan.inspect_table import inspect_source
     from replicator.project.project import Project
 

@@ -8,7 +8,7 @@ import re
 import pytest
 from psycopg import sql
 
-from replicator.identifiers import TableName
+from replicator.base.identifiers import TableName
 
 
 @pytest.fixture

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from replicator.errors import ConfigError
+from replicator.base.errors import ConfigError
 from replicator.project.config import parse_config
 
 VALID = {

@@ -16,7 +16,7 @@ from dbcompare import assert_same_table, leftovers
 from failpoint_paths import FULL_RELOAD_POINTS, INCREMENTAL_POINTS
 from psycopg import sql
 
-from replicator.identifiers import TableName
+from replicator.base.identifiers import TableName
 
 pytestmark = pytest.mark.spark
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from replicator.cli import cli
+from replicator.cli.main import cli
 
 pytestmark = pytest.mark.spark
 ROOT = Path(__file__).resolve().parents[1]

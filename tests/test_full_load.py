@@ -11,7 +11,7 @@ import pytest
 from dbcompare import assert_same_table, leftovers, row_hashes
 from psycopg import sql
 
-from replicator.identifiers import TableName
+from replicator.base.identifiers import TableName
 from replicator.postgres.naming import retired_table
 
 pytestmark = pytest.mark.spark

@@ -15,7 +15,7 @@ import pytest
 from dbcompare import assert_same_table, leftovers
 from psycopg import sql
 
-from replicator.identifiers import TableName, quote_ident
+from replicator.base.identifiers import TableName, quote_ident
 from replicator.postgres.naming import derived_name, staging_table
 from replicator.sync.scripts import side_table
 

@@ -7,7 +7,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from psycopg import sql
 
-from replicator.identifiers import TableName, display_ident, parse_column, quote_ident
+from replicator.base.identifiers import TableName, display_ident, parse_column, quote_ident
 
 
 @pytest.mark.parametrize(

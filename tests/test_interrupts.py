@@ -16,7 +16,7 @@ import pytest
 from dbcompare import leftovers
 from psycopg import sql
 
-from replicator.identifiers import TableName
+from replicator.base.identifiers import TableName
 
 pytestmark = pytest.mark.spark
 

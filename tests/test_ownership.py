@@ -11,8 +11,8 @@ import pytest
 from dbcompare import assert_same_table
 from psycopg import sql
 
-from replicator.errors import DatabaseError
-from replicator.identifiers import TableName
+from replicator.base.errors import DatabaseError
+from replicator.base.identifiers import TableName
 from replicator.postgres.swap import swap_in
 
 pytestmark = pytest.mark.spark

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from replicator.redact import redact, register_connection_string, register_secret
+from replicator.base.redact import redact, register_connection_string, register_secret
 
 
 @pytest.mark.parametrize(

@@ -23,7 +23,7 @@ import pytest
 from dbcompare import assert_same_table, leftovers
 from psycopg import sql
 
-from replicator.identifiers import TableName
+from replicator.base.identifiers import TableName
 
 IN_PROCESS = {"REPLICATOR_SPARK_MIN_ROWS": "1000000000"}
 ROWS = 30_000

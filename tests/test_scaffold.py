@@ -6,7 +6,7 @@ import json
 
 from click.testing import CliRunner
 
-from replicator.cli import cli
+from replicator.cli.main import cli
 
 
 def test_init_writes_a_valid_commented_project(tmp_path):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from replicator.identifiers import TableName
+from replicator.base.identifiers import TableName
 from replicator.plan.schema_diff import describe, diff
 from replicator.plan.signature import Signature, SignedColumn
 

@@ -38,7 +38,7 @@ from soak_workload import (
     sync_command,
 )
 
-from replicator.identifiers import TableName
+from replicator.base.identifiers import TableName
 
 pytestmark = pytest.mark.spark
 

@@ -21,7 +21,7 @@ from dbcompare import assert_same_table, leftovers, pausing_scans
 from psycopg import sql
 from spark_cluster import SYSTEM_PYTHON, SparkCluster
 
-from replicator.identifiers import TableName
+from replicator.base.identifiers import TableName
 
 pytestmark = pytest.mark.spark
 

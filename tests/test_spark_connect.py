@@ -22,7 +22,7 @@ from dbcompare import assert_same_table, leftovers, pausing_scans
 from psycopg import sql
 from spark_cluster import SYSTEM_PYTHON
 
-from replicator.identifiers import TableName
+from replicator.base.identifiers import TableName
 from replicator.project.spark_server_state import read_state, server_dir
 
 pytestmark = pytest.mark.spark

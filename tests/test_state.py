@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from replicator.errors import StateError
-from replicator.identifiers import TableName
+from replicator.base.errors import StateError
+from replicator.base.identifiers import TableName
 from replicator.project.state import Cursor, RunOutcome, StateStore, TableState, state_file_stem
 
 ORDERS = TableName("public", "orders")

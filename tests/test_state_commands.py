@@ -7,7 +7,7 @@ import json
 import pytest
 from psycopg import sql
 
-from replicator.identifiers import TableName
+from replicator.base.identifiers import TableName
 from replicator.project.state import Cursor, RunOutcome, StateStore, TableState
 
 PINNED_STATUS_KEYS = {

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from replicator.identifiers import TableName
+from replicator.base.identifiers import TableName
 from replicator.postgres import ddl
 from replicator.postgres.catalog import Column
 from replicator.postgres.database import render

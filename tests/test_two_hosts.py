@@ -12,7 +12,7 @@ import pytest
 from dbcompare import assert_same_table
 from psycopg import sql
 
-from replicator.identifiers import TableName
+from replicator.base.identifiers import TableName
 from replicator.postgres.table_lock import lock_key
 
 pytestmark = pytest.mark.spark

@@ -10,7 +10,7 @@ import pytest
 from dbcompare import assert_same_table
 from psycopg import sql
 
-from replicator.identifiers import TableName, quote_ident
+from replicator.base.identifiers import TableName, quote_ident
 from replicator.project.templates import Templates
 
 pytestmark = pytest.mark.spark

@@ -11,7 +11,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from ..identifiers import INTERNAL_SCHEMA, TableName
+from ..base.identifiers import INTERNAL_SCHEMA, TableName
 from ..postgres.database import Step, execute, fetch_all
 from ..postgres.dest_schema import ensure_bookkeeping
 from .lsn import lsn_text

@@ -23,10 +23,10 @@ from typing import Any
 
 import psycopg
 
-from ..errors import ReplicatorError, one_line
-from ..failpoints import failpoint
-from ..identifiers import TableName
-from ..interrupts import raise_if_requested
+from ..base.errors import ReplicatorError, one_line
+from ..base.failpoints import failpoint
+from ..base.identifiers import TableName
+from ..base.interrupts import raise_if_requested
 from .applied import forget_applied
 from .apply import apply_stage
 from .capture_table import CaptureTable

@@ -18,8 +18,8 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from ..errors import TableProblem
-from ..failpoints import failpoint
+from ..base.errors import TableProblem
+from ..base.failpoints import failpoint
 from ..postgres.database import execute, transaction
 from .applied import record_applied_step
 from .stage import OP, SEQ, UNCHANGED_COLUMNS, TableStage

@@ -6,7 +6,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass, field
 
-from ..identifiers import TableName
+from ..base.identifiers import TableName
 from ..plan.table_sql import TableSql
 
 

@@ -22,8 +22,8 @@ from typing import Any
 
 import psycopg
 
-from ..failpoints import failpoint
-from ..interrupts import raise_if_requested
+from ..base.failpoints import failpoint
+from ..base.interrupts import raise_if_requested
 from ..postgres.database import connect, execute
 from .applied import forget_applied
 from .applier import Applier

@@ -16,7 +16,7 @@ import struct
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
-from ..errors import ReplicatorError
+from ..base.errors import ReplicatorError
 
 # pgoutput timestamps count microseconds from 2000-01-01 (PostgreSQL's epoch).
 _EPOCH = datetime(2000, 1, 1, tzinfo=UTC)

@@ -15,7 +15,7 @@ from typing import Any
 
 import psycopg
 
-from ..identifiers import display_ident
+from ..base.identifiers import display_ident
 from ..plan.table_sql import TableSql
 from ..postgres.catalog import TableInfo
 from ..postgres.database import fetch_all

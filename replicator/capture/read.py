@@ -14,7 +14,7 @@ from typing import Any
 
 import psycopg
 
-from ..identifiers import TableName
+from ..base.identifiers import TableName
 from ..postgres.database import note
 from .applier import Applier, Batch
 from .capture_table import CaptureTable

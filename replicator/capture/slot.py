@@ -17,8 +17,8 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from ..errors import TableProblem
-from ..identifiers import TableName
+from ..base.errors import TableProblem
+from ..base.identifiers import TableName
 from ..postgres.database import execute, fetch_all
 from ..project.capture_state import CaptureState
 from .lsn import lsn_text

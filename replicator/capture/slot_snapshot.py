@@ -23,11 +23,11 @@ from typing import Any
 import psycopg
 from psycopg import pq, sql
 
-from ..errors import DatabaseError
-from ..failpoints import failpoint
+from ..base.errors import DatabaseError
+from ..base.failpoints import failpoint
+from ..base.redact import redact
 from ..postgres.database import connect, execute
 from ..postgres.snapshot import ExportedSnapshot
-from ..redact import redact
 from .lsn import parse_lsn
 from .slot import PLUGIN
 

@@ -23,7 +23,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from ..identifiers import TableName
+from ..base.identifiers import TableName
 from ..postgres.database import execute, note
 from .copy_rows import NULL, Field
 from .pgoutput import UNCHANGED

@@ -4,6 +4,7 @@ full at their next sync (from a new slot), which their sync-state says."""
 
 from __future__ import annotations
 
+from ..base.errors import ReplicatorError
 from ..capture.slot import (
     drop_publication,
     drop_publication_statement,
@@ -11,7 +12,6 @@ from ..capture.slot import (
     drop_slot_statement,
     slot_info,
 )
-from ..errors import ReplicatorError
 from ..postgres.database import connect
 from ..project.capture_state import forget_capture_state, read_capture_state
 from ..project.project import Project

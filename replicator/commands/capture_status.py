@@ -8,9 +8,9 @@ from typing import Any
 
 import psycopg
 
+from ..base.errors import ReplicatorError
 from ..capture.lsn import parse_lsn
 from ..capture.slot import flushed_lsn, slot_info
-from ..errors import ReplicatorError
 from ..project.capture_state import read_capture_state
 from ..project.config import TableConfig
 from ..project.project import Project

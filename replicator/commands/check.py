@@ -11,8 +11,9 @@ import click
 import psycopg
 from psycopg import sql
 
-from ..errors import ReplicatorError
-from ..identifiers import display_ident
+from ..base.errors import ReplicatorError
+from ..base.identifiers import display_ident
+from ..base.redact import redact
 from ..plan.cursor_limits import cursor_limits
 from ..plan.drift import plan_now
 from ..plan.inspect_table import inspect_table
@@ -23,7 +24,6 @@ from ..postgres.dest_schema import missing_schemas
 from ..postgres.naming import INTERNAL_SCHEMA
 from ..project.config import TableConfig
 from ..project.project import Project
-from ..redact import redact
 from ..report.logs import json_output, quiet
 from ..report.results import utc_now
 from ..report.webhook import build_payload, post

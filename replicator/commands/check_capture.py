@@ -9,6 +9,8 @@ from typing import Any
 
 import psycopg
 
+from ..base.errors import ReplicatorError
+from ..base.identifiers import display_ident
 from ..capture.preflight import IDENTITY_NAMES, capture_problem, replica_identity
 from ..capture.slot import (
     create_slot_statement,
@@ -17,8 +19,6 @@ from ..capture.slot import (
     published_tables,
     slot_info,
 )
-from ..errors import ReplicatorError
-from ..identifiers import display_ident
 from ..plan.inspect_table import inspect_source
 from ..postgres.database import fetch_all
 from ..project.capture_state import read_capture_state, resolve_names

@@ -14,7 +14,7 @@ import psycopg
 from psycopg.conninfo import conninfo_to_dict
 
 from .. import __version__
-from ..errors import ReplicatorError
+from ..base.errors import ReplicatorError
 from ..project.project import Project
 from ..project.settings import DEST_URL, SOURCE_URL, SPARK_MASTER
 from ..project.spark_remote import Remote

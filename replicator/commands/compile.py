@@ -18,15 +18,15 @@ from typing import Any
 import click
 import psycopg
 
-from ..errors import ReplicatorError
-from ..identifiers import display_ident
+from ..base.errors import ReplicatorError
+from ..base.identifiers import display_ident
+from ..base.redact import redact
 from ..plan.drift import Planned, plan_now
 from ..postgres.database import Step, connect, display, render
 from ..project.config import TableConfig
 from ..project.project import Project
 from ..project.settings import DEST_URL, SOURCE_URL
 from ..project.state import TableState
-from ..redact import redact
 from ..report.logs import json_output
 from ..sync.action_scripts import ActionScripts, Inputs, Item, Tasks, action_scripts
 from ..sync.context import KeyBounds

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from ..base.redact import redact
 from ..project.project import Project
 from ..project.spark_server_state import (
     LOG_FILE,
@@ -16,7 +17,6 @@ from ..project.spark_server_state import (
     running,
     server_dir,
 )
-from ..redact import redact
 from ..report.logs import json_output, say
 from ..transfer import warm_server
 

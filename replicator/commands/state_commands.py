@@ -9,8 +9,8 @@ import click
 import psycopg
 from psycopg import sql
 
-from ..errors import ReplicatorError, StateError, UsageError
-from ..identifiers import display_ident
+from ..base.errors import ReplicatorError, StateError, UsageError
+from ..base.identifiers import display_ident
 from ..plan.inspect_table import inspect_table
 from ..postgres.catalog import describe_table
 from ..postgres.database import connect, execute

@@ -21,7 +21,8 @@ from psycopg import sql
 from rich.console import Console
 from rich.table import Table
 
-from ..errors import DatabaseError, ReplicatorError, StateError
+from ..base.errors import DatabaseError, ReplicatorError, StateError
+from ..base.redact import redact
 from ..plan.decide import Plan, plan_table
 from ..plan.drift import Planned, plan_now
 from ..plan.table_sql import MODEL_ALIAS
@@ -30,7 +31,6 @@ from ..project.config import TableConfig
 from ..project.project import Project
 from ..project.settings import DEST_URL, SOURCE_URL
 from ..project.state import TableState
-from ..redact import redact
 from ..report.logs import json_output
 from ..sync.resume import outlook, resumable
 from .capture_status import capture_notes

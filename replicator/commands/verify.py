@@ -13,14 +13,14 @@ import uuid
 from rich.console import Console
 from rich.table import Table
 
+from ..base.errors import ReplicatorError, StateError
+from ..base.redact import redact
 from ..compare.verdict import Verdict
 from ..compare.verify_table import verify_table
-from ..errors import ReplicatorError, StateError
 from ..postgres.database import connect
 from ..postgres.endpoints import Endpoints
 from ..project.config import TableConfig
 from ..project.project import Project
-from ..redact import redact
 from ..report.logs import json_output, quiet
 from ..report.results import utc_now
 from ..report.webhook import build_verify_payload, post

@@ -12,7 +12,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from ..errors import DatabaseError
+from ..base.errors import DatabaseError
 from ..plan.table_sql import TableSql
 from ..postgres.catalog import Column
 from ..postgres.database import execute

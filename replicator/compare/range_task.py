@@ -9,7 +9,7 @@ from typing import Any
 
 from psycopg import sql
 
-from ..errors import DatabaseError, TaskError
+from ..base.errors import DatabaseError, TaskError
 from ..postgres.database import connect, execute, transaction
 
 BEGIN = "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"

@@ -10,8 +10,8 @@ from typing import Any
 
 from psycopg import sql
 
-from ..errors import ReplicatorError, TaskError
-from ..interrupts import raise_if_requested
+from ..base.errors import ReplicatorError, TaskError
+from ..base.interrupts import raise_if_requested
 from ..postgres.database import execute
 from ..postgres.snapshot import ExportedSnapshot
 from ..transfer.spark_runner import SparkRunner

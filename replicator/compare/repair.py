@@ -15,7 +15,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from ..failpoints import failpoint
+from ..base.failpoints import failpoint
 from ..postgres.database import execute, transaction
 from ..postgres.naming import MARK_COLUMN
 from . import range_sql as q

@@ -21,7 +21,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from ..identifiers import TableName
+from ..base.identifiers import TableName
 from ..postgres.database import execute
 from . import range_sql as q
 from .bisect import LEAF_ROWS

@@ -16,8 +16,8 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from ..errors import ReplicatorError, TableProblem, one_line
-from ..interrupts import raise_if_requested
+from ..base.errors import ReplicatorError, TableProblem, one_line
+from ..base.interrupts import raise_if_requested
 from ..plan.drift import Planned, plan_now
 from ..postgres.endpoints import Endpoints
 from ..postgres.table_lock import table_lock

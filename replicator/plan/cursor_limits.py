@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..identifiers import display_ident
+from ..base.identifiers import display_ident
 from .table_sql import TableSql
 
 

@@ -6,7 +6,7 @@ from typing import Any
 
 import psycopg
 
-from ..errors import DatabaseError
+from ..base.errors import DatabaseError
 from ..postgres.catalog import TableInfo, describe_query, describe_table
 from ..project.config import TableConfig
 from ..project.templates import Templates

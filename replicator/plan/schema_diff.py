@@ -14,7 +14,7 @@ from typing import Any, ClassVar
 
 from sqlglot import exp
 
-from ..identifiers import TableName, display_ident
+from ..base.identifiers import TableName, display_ident
 from ..postgres.catalog import Column
 from ..postgres.ddl import column_def
 from ..postgres.naming import MARK_COLUMN, MARK_TYPE, default_key_name

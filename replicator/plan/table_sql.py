@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from psycopg import sql
 from sqlglot import exp
 
-from ..errors import DatabaseError, TableProblem
-from ..identifiers import display_ident, quote_ident
+from ..base.errors import DatabaseError, TableProblem
+from ..base.identifiers import display_ident, quote_ident
 from ..postgres import ddl
 from ..postgres.catalog import Column, TableInfo
 from ..postgres.naming import MARK_COLUMN, MARK_TYPE, staging_table

@@ -12,8 +12,8 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from ..errors import DatabaseError
-from ..identifiers import TableName
+from ..base.errors import DatabaseError
+from ..base.identifiers import TableName
 from .database import execute, fetch_all, transaction
 
 

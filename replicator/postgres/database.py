@@ -22,9 +22,9 @@ from typing import TYPE_CHECKING, Any, Union
 import psycopg
 from psycopg import pq, sql
 
-from ..errors import DatabaseError
-from ..interrupts import track
-from ..redact import redact
+from ..base.errors import DatabaseError
+from ..base.interrupts import track
+from ..base.redact import redact
 from .pgsession import SESSION_SETTINGS
 
 if TYPE_CHECKING:

@@ -6,7 +6,7 @@ from collections.abc import Iterable
 
 from sqlglot import exp
 
-from ..identifiers import TableName
+from ..base.identifiers import TableName
 from .catalog import Column
 
 

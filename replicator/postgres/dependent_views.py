@@ -15,7 +15,7 @@ from typing import Any
 
 import psycopg
 
-from ..identifiers import TableName, display_ident
+from ..base.identifiers import TableName, display_ident
 from .database import fetch_all
 
 DEPENDENTS = """

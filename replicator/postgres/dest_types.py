@@ -18,7 +18,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from ..errors import TableProblem
+from ..base.errors import TableProblem
 from .database import Step, execute, fetch_all, run_steps, transaction
 from .dest_schema import missing_schemas, schema_steps
 

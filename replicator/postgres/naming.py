@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import hashlib
 
-from ..identifiers import INTERNAL_SCHEMA, MAX_IDENTIFIER_BYTES, TableName
+from ..base.identifiers import INTERNAL_SCHEMA, MAX_IDENTIFIER_BYTES, TableName
 
 # The bookkeeping tables in `_replicator`: a load's finished partitions (so a retried task
 # loads its rows once), the destination tables replicator owns, and the full loads a killed

@@ -21,7 +21,7 @@ from typing import Any, Literal
 import psycopg
 from psycopg import sql
 
-from ..identifiers import TableName
+from ..base.identifiers import TableName
 from ..project.config import TableConfig
 from ..project.state import TableState
 from .database import Step, execute, fetch_all, run_steps, transaction

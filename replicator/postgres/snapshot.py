@@ -12,8 +12,8 @@ from typing import Any
 
 import psycopg
 
-from ..errors import DatabaseError
-from ..failpoints import failpoint
+from ..base.errors import DatabaseError
+from ..base.failpoints import failpoint
 from .database import connect, execute
 
 

@@ -24,9 +24,9 @@ import psycopg
 from psycopg import sql
 from tenacity import retry, retry_if_exception, stop_after_attempt, wait_exponential
 
-from ..errors import DatabaseError
-from ..failpoints import failpoint
-from ..identifiers import TableName
+from ..base.errors import DatabaseError
+from ..base.failpoints import failpoint
+from ..base.identifiers import TableName
 from .database import Step, execute, fetch_all, run_steps, transaction
 from .dependent_views import dependents
 from .naming import default_key_name, retired_key_name, retired_table

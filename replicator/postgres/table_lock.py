@@ -13,8 +13,8 @@ import contextlib
 import hashlib
 from collections.abc import Iterator
 
-from ..errors import TableLocked
-from ..identifiers import TableName
+from ..base.errors import TableLocked
+from ..base.identifiers import TableName
 from .database import connect, execute, transaction
 
 

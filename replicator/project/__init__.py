@@ -1,8 +1,8 @@
 """The project folder: tables-config.json (config), the environment and .env (settings),
 models and macros (templates), sync-state (state), the run lock and the `init` scaffold.
 
-May import: the base modules only (errors, identifiers, failpoints, interrupts, redact): no
+May import: base only (errors, identifiers, failpoints, interrupts, redact, cache): no
 database, no Spark. The layers, lowest first: base, project, postgres, plan, transfer,
-report, sync, commands, cli; a module imports from its own layer and the ones before it
+compare, capture, report, sync, commands, cli; a module imports from its own layer and the ones before it
 (docs/architecture.md).
 """

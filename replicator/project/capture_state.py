@@ -15,7 +15,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from ..errors import StateError
+from ..base.errors import StateError
 from .config import CdcConfig
 from .state import FORMAT_VERSION, read_state_file, write_atomically
 

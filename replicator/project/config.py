@@ -21,8 +21,8 @@ from pydantic import (
     model_validator,
 )
 
-from ..errors import ConfigError
-from ..identifiers import INTERNAL_SCHEMA, TableName, parse_column, split_name
+from ..base.errors import ConfigError
+from ..base.identifiers import INTERNAL_SCHEMA, TableName, parse_column, split_name
 from .capture_config import CdcConfig, check_cdc_table
 from .spark_remote import checked_url
 

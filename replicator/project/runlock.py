@@ -12,7 +12,7 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
-from ..errors import LockHeld
+from ..base.errors import LockHeld
 
 LOCK_FILE = ".lock"
 

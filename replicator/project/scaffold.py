@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..errors import UsageError
+from ..base.errors import UsageError
 from .config import CONFIG_FILE
 
 EXAMPLE_CONFIG = """\

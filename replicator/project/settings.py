@@ -17,16 +17,11 @@ from typing import Any
 from dotenv import dotenv_values
 from psycopg.conninfo import conninfo_to_dict
 
-from ..errors import ConfigError
-from ..redact import redact, register_connection_string, register_secret
+from ..base.errors import ConfigError
+from ..base.redact import redact, register_connection_string, register_secret
 from .config import ProjectConfig
 from .spark_remote import Remote
-from .spark_server_state import (
-    ServerState,
-    code_fingerprint,
-    running,
-    settings_fingerprint,
-)
+from .spark_server_state import ServerState, code_fingerprint, running, settings_fingerprint
 
 SOURCE_URL = "REPLICATOR_SOURCE_URL"
 DEST_URL = "REPLICATOR_DEST_URL"

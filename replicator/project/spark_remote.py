@@ -6,8 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-from ..errors import ConfigError
-from ..redact import register_secret
+from ..base.errors import ConfigError
+from ..base.redact import register_secret
 
 DEFAULT_PORT = 15002
 

@@ -1,7 +1,7 @@
 """Where the project's warm Spark server (`replicator spark start`) keeps its pid, port, token
 and log, and whether it is up and fit for this run.
 
-In the user's cache folder (replicator/cache.py), one folder per project (a hash of its
+In the user's cache folder (replicator/base/cache.py), one folder per project (a hash of its
 path), private to the user (0700; the state file 0600: it holds the server's token): the
 server is this machine's, not the project's to commit, and two projects on one machine each
 get their own (with their own spark.conf). Every run reads it: one small file and a /proc
@@ -20,8 +20,8 @@ from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from ..cache import cache_dir
-from ..redact import register_secret
+from ..base.cache import cache_dir
+from ..base.redact import register_secret
 
 STATE_FILE = "server.json"
 LOG_FILE = "server.log"

@@ -16,9 +16,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from ..errors import StateError
-from ..failpoints import failpoint
-from ..identifiers import TableName
+from ..base.errors import StateError
+from ..base.failpoints import failpoint
+from ..base.identifiers import TableName
 
 FORMAT_VERSION = 1
 STATE_DIR = "sync-state"

@@ -18,8 +18,8 @@ import sqlglot
 from jinja2 import nodes
 from sqlglot import exp
 
-from ..errors import TemplateError
-from ..identifiers import TableName, quote_ident
+from ..base.errors import TemplateError
+from ..base.identifiers import TableName, quote_ident
 
 MODELS_DIR = "models"
 MACROS_DIR = "macros"

@@ -15,7 +15,7 @@ from typing import Any
 
 import click
 
-from ..redact import redact
+from ..base.redact import redact
 
 LOGGER = "replicator"
 

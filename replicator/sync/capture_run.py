@@ -19,6 +19,8 @@ from dataclasses import replace
 
 import psycopg
 
+from ..base.errors import Interrupted, ReplicatorError, TableLocked, TableProblem, one_line
+from ..base.identifiers import TableName
 from ..capture.applied import applied_positions, ensure_applied_table, forget_applied
 from ..capture.capture_table import CaptureTable
 from ..capture.drain import drain
@@ -35,8 +37,6 @@ from ..capture.slot import (
     published_tables,
     slot_info,
 )
-from ..errors import Interrupted, ReplicatorError, TableLocked, TableProblem, one_line
-from ..identifiers import TableName
 from ..plan.decide import Plan
 from ..plan.drift import Planned
 from ..plan.inspect_table import inspect_source

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from ..base.redact import redact
 from ..plan.decide import Plan
 from ..plan.drift import Observed, Planned
 from ..plan.table_sql import TableSql
@@ -18,7 +19,6 @@ from ..postgres.endpoints import Endpoints
 from ..project.config import TableConfig
 from ..project.project import Project
 from ..project.state import RunOutcome, TableState
-from ..redact import redact
 from ..report.output import SyncOutput
 from ..report.results import TableResult, utc_now
 from ..transfer.spark_runner import SparkRunner

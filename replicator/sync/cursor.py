@@ -17,7 +17,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from ..errors import ReplicatorError, UsageError
+from ..base.errors import ReplicatorError, UsageError
 from ..plan.table_sql import TableSql, batch_query
 from ..postgres.database import execute
 from ..project.state import Cursor, Pending, Window

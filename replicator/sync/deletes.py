@@ -18,15 +18,15 @@ from traceback import format_exception
 
 import psycopg
 
+from ..base.errors import ReplicatorError, StateError, TableProblem, one_line
+from ..base.failpoints import failpoint
+from ..base.interrupts import raise_if_requested
+from ..base.redact import redact
 from ..compare.comparison import compared, sides_of
 from ..compare.repair import remove
-from ..errors import ReplicatorError, StateError, TableProblem, one_line
-from ..failpoints import failpoint
-from ..interrupts import raise_if_requested
 from ..postgres.catalog import describe_table
 from ..postgres.database import execute, transaction
 from ..project.state import TableState
-from ..redact import redact
 from ..report.results import TableResult, utc_now
 from .context import TableJob
 

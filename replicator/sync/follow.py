@@ -13,8 +13,8 @@ import logging
 import time
 from typing import Any
 
-from ..errors import LockHeld
-from ..interrupts import graceful, stop_requested, wait_unless_stopped
+from ..base.errors import LockHeld
+from ..base.interrupts import graceful, stop_requested, wait_unless_stopped
 from ..project.project import Project
 from ..report.webhook import post
 from .run import run_sync

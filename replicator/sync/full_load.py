@@ -19,11 +19,11 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
+from ..base.errors import DatabaseError, TableProblem
+from ..base.failpoints import failpoint
+from ..base.identifiers import TableName
 from ..capture.applied import ensure_applied_table, record_applied_step
 from ..capture.slot_snapshot import SlotSnapshot
-from ..errors import DatabaseError, TableProblem
-from ..failpoints import failpoint
-from ..identifiers import TableName
 from ..plan.table_sql import MODEL_ALIAS, TableSql
 from ..postgres.catalog import TableInfo
 from ..postgres.database import execute, render, run_steps

@@ -15,8 +15,8 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from ..errors import DatabaseError
-from ..failpoints import failpoint
+from ..base.errors import DatabaseError
+from ..base.failpoints import failpoint
 from ..plan.table_sql import TableSql, batch_query
 from ..postgres.database import execute, run_steps, transaction
 from ..postgres.endpoints import Endpoints

@@ -23,8 +23,8 @@ import psycopg
 from psycopg import sql
 from psycopg.types.json import Jsonb
 
-from ..errors import DatabaseError, TableProblem
-from ..identifiers import TableName
+from ..base.errors import DatabaseError, TableProblem
+from ..base.identifiers import TableName
 from ..plan.table_sql import TableSql
 from ..postgres import ddl
 from ..postgres.catalog import TableInfo

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from psycopg import sql
 
-from ..errors import UsageError
+from ..base.errors import UsageError
 from ..postgres.catalog import describe_table
 from ..postgres.database import connect, execute
 from ..project.config import TableConfig

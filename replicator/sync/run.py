@@ -13,7 +13,7 @@ from typing import Any
 
 import psycopg
 
-from ..errors import (
+from ..base.errors import (
     Interrupted,
     LockHeld,
     ReplicatorError,
@@ -22,7 +22,8 @@ from ..errors import (
     TableProblem,
     one_line,
 )
-from ..interrupts import raise_if_requested, stop_requested
+from ..base.interrupts import raise_if_requested, stop_requested
+from ..base.redact import redact
 from ..plan.decide import Plan
 from ..plan.drift import plan_now
 from ..postgres.database import connect
@@ -32,11 +33,8 @@ from ..postgres.table_lock import table_lock
 from ..project.config import TableConfig
 from ..project.project import Project
 from ..project.runlock import run_lock
-from ..project.settings import (
-    Connections,
-)
+from ..project.settings import Connections
 from ..project.state import TableState
-from ..redact import redact
 from ..report.output import SyncOutput
 from ..report.results import TableResult, utc_now
 from ..report.webhook import build_payload, post

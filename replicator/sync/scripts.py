@@ -14,7 +14,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from ..identifiers import INTERNAL_SCHEMA, TableName
+from ..base.identifiers import INTERNAL_SCHEMA, TableName
 from ..plan.table_sql import TableSql
 from ..postgres import ddl
 from ..postgres.database import Step

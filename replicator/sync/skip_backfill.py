@@ -14,7 +14,7 @@ from typing import Any
 
 import psycopg
 
-from ..errors import TableProblem
+from ..base.errors import TableProblem
 from ..plan.schema_diff import describe, diff
 from ..plan.signature import Signature, destination_signature
 from ..plan.table_sql import TableSql

@@ -10,8 +10,8 @@ from typing import Protocol
 
 from psycopg import sql
 
+from ..base.failpoints import failpoint
 from ..capture.lsn import lsn_text
-from ..failpoints import failpoint
 from ..plan.decide import Plan
 from ..plan.table_sql import batch_query
 from ..postgres.database import execute

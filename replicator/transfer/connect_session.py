@@ -15,7 +15,7 @@ import socket
 from pathlib import Path
 from typing import Any
 
-from ..errors import ReplicatorError
+from ..base.errors import ReplicatorError
 from ..project.spark_remote import Remote
 
 PROBE_SECONDS = 5.0

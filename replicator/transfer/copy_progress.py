@@ -21,8 +21,8 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from ..errors import ReplicatorError
-from ..identifiers import TableName
+from ..base.errors import ReplicatorError
+from ..base.identifiers import TableName
 from ..postgres.database import connect, fetch_all
 from ..postgres.naming import MARKER_TABLE
 

@@ -19,8 +19,8 @@ from dataclasses import dataclass
 import psycopg
 from psycopg import pq, sql
 
-from ..errors import DatabaseError, TaskError
-from ..failpoints import failpoint
+from ..base.errors import DatabaseError, TaskError
+from ..base.failpoints import failpoint
 from ..postgres.database import Step, connect, execute, note, transaction
 
 WRITE_BLOCK = 1 << 20

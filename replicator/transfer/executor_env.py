@@ -9,7 +9,7 @@ interpreter: the executors' `python3` must be the driver's minor version, which 
 demands anyway, and the compiled wheels (psycopg's binary, pydantic-core) must suit their
 platform, so the archive's name carries both.
 
-Built in the cache folder of the JVM archive (replicator/cache.py), under a temporary name
+Built in the cache folder of the JVM archive (replicator/base/cache.py), under a temporary name
 and renamed; the key covers every shipped distribution's version and replicator's own source,
 so an edited checkout ships its edits. Without a cache folder it is built in a temporary one.
 Archives unused for a week are removed when a new one is built.
@@ -32,7 +32,7 @@ from pathlib import Path
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
-from ..cache import cache_dir
+from ..base.cache import cache_dir
 
 ALIAS = "replicator-python"  # the folder it unpacks to, relative to the executor's cwd
 # pandas: only the Spark Connect client (this process) needs it, and the tasks' UDFs are

@@ -16,7 +16,7 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..cache import cache_dir
+from ..base.cache import cache_dir
 
 # What the driver loads, in words: an archive written before the copy jobs went through a
 # SparkSession lacks Spark SQL's classes (the session then starts in 2.8 s instead of 1.3).

@@ -14,7 +14,7 @@ import subprocess
 import sys
 from typing import Any
 
-from ..interrupts import requested
+from ..base.interrupts import requested
 
 STOP_SECONDS = 30.0  # a clean exit (writing the class archive takes a few seconds)
 INTERRUPTED_SECONDS = 3.0  # after SIGTERM / SIGINT: then it is killed

@@ -18,7 +18,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from ..identifiers import TableName
+from ..base.identifiers import TableName
 from ..postgres import ddl
 from ..postgres.database import Step, execute, fetch_all, run_steps, transaction
 from ..postgres.naming import MARKER_TABLE

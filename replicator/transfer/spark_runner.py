@@ -20,11 +20,11 @@ from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 from .. import __version__
-from ..errors import ReplicatorError
-from ..interrupts import on_interrupt, raise_if_requested, requested
+from ..base.errors import ReplicatorError
+from ..base.interrupts import on_interrupt, raise_if_requested, requested
+from ..base.redact import redact
 from ..project.settings import Settings
 from ..project.spark_server_state import ServerState
-from ..redact import redact
 from .connect_session import Remote
 from .copy_stream import CopyResult, CopyTask, TaskError, run_copy_task
 from .executor_env import ALIAS

@@ -17,7 +17,7 @@ from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..interrupts import requested
+from ..base.interrupts import requested
 
 if TYPE_CHECKING:
     from pyspark import SparkContext

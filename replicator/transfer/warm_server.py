@@ -27,7 +27,7 @@ import uuid
 from datetime import UTC, datetime
 from pathlib import Path
 
-from ..errors import ReplicatorError
+from ..base.errors import ReplicatorError
 from ..project.settings import Settings
 from ..project.spark_remote import Remote
 from ..project.spark_server_state import (

@@ -7,9 +7,9 @@ from typing import Any
 
 import click
 
-from .cli_help import examples
-from .cli_options import common, json_option, shared_options
-from .project.project import Project
+from ..project.project import Project
+from .help_text import examples
+from .options import common, json_option, shared_options
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
@@ -38,7 +38,7 @@ def spark(**_: Any) -> None:
 def spark_start(project_dir: Path) -> int:
     """Start the project's warm Spark server in the background and wait until it answers
     and has run a first job. Does nothing when it is running already."""
-    from .commands.spark_server import start_server
+    from ..commands.spark_server import start_server
 
     return start_server(Project.load(project_dir))
 
@@ -48,7 +48,7 @@ def spark_start(project_dir: Path) -> int:
 def spark_stop(project_dir: Path) -> int:
     """Stop the project's warm Spark server (SIGTERM, SIGKILL after 30 s). Runs then start
     Spark themselves again, with spark.min_rows back at its configured value."""
-    from .commands.spark_server import stop_server
+    from ..commands.spark_server import stop_server
 
     return stop_server(project_dir.resolve())
 
@@ -59,6 +59,6 @@ def spark_stop(project_dir: Path) -> int:
 def spark_status(project_dir: Path, as_json: bool) -> int:
     """Whether the project's warm Spark server is up, where, and whether sync uses it; exit
     0 when it is up, 1 when not."""
-    from .commands.spark_server import print_server_status
+    from ..commands.spark_server import print_server_status
 
     return print_server_status(Project.load(project_dir), as_json)

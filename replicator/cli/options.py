@@ -17,10 +17,10 @@ from typing import Any
 import click
 from click.core import ParameterSource
 
-from . import interrupts
-from .errors import ConfigError, ReplicatorError, UsageError
-from .redact import redact
-from .report.logs import configure_logging, error_line
+from ..base import interrupts
+from ..base.errors import ConfigError, ReplicatorError, UsageError
+from ..base.redact import redact
+from ..report.logs import configure_logging, error_line
 
 log = logging.getLogger("replicator.cli")
 

@@ -12,14 +12,14 @@ from typing import Any
 
 import click
 
-from . import __version__
-from .cli_help import ENVIRONMENT, EXAMPLES, EXIT_CODES, examples
-from .cli_options import common, json_option, quiet_broken_pipe, select_option, shared_options
-from .cli_spark import spark
-from .errors import UsageError
-from .project.project import Project
-from .report.logs import configure_logging, error_line, json_output, say
-from .transfer.jvm_stop import stop_spark_on_exit
+from .. import __version__
+from ..base.errors import UsageError
+from ..project.project import Project
+from ..report.logs import configure_logging, error_line, json_output, say
+from ..transfer.jvm_stop import stop_spark_on_exit
+from .help_text import ENVIRONMENT, EXAMPLES, EXIT_CODES, examples
+from .options import common, json_option, quiet_broken_pipe, select_option, shared_options
+from .spark_commands import spark
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
@@ -45,7 +45,7 @@ def init(project_dir: Path, directory: Path | None) -> int:
     """Write a new project into DIRECTORY (default: --project-dir): tables-config.json with
     commented examples, .env.example, a model, macros/README.md and sync-state/. An
     existing project is never overwritten."""
-    from .project.scaffold import init_project
+    from ..project.scaffold import init_project
 
     target = project_dir / directory if directory else project_dir
     for path in init_project(target):
@@ -79,7 +79,7 @@ def compile_command(
     schema changes since its last load, and the statements each action runs, as it builds
     them: full reload, incremental, a start without backfill, a --since re-sync. Catalogs
     are read; nothing is written. Exit 1 when a table cannot be compiled."""
-    from .commands.compile import compile_tables
+    from ..commands.compile import compile_tables
 
     project = Project.load(project_dir)
     return compile_tables(project, names, as_json or json_output(), since, until)
@@ -142,7 +142,7 @@ def sync(
     """Sync the tables (or only -s ones), one at a time, in config order: a full reload
     where needed (no state, schema change, missing destination, refresh), else the rows
     past each cursor. One webhook after the run; the exit code says how it went."""
-    from .sync.run import run_sync
+    from ..sync.run import run_sync
 
     if force and not check_deletes:
         raise UsageError("--force goes with --deletes: `replicator sync --deletes --force`")
@@ -156,7 +156,7 @@ def sync(
                 "--follow repeats plain runs: it does not go with -f, --since, --until or "
                 "--deletes (run those once, then follow)"
             )
-        from .sync.follow import follow as follow_runs
+        from ..sync.follow import follow as follow_runs
 
         return follow_runs(project, names, verbose, 5.0 if interval is None else interval)
     return run_sync(
@@ -202,7 +202,7 @@ def verify(
     (with --repair: when every difference was repaired), 1 when rows differ or a table
     could not be compared. One `verify.finished` webhook after the run. A repair that would
     delete more than half of a table's rows is refused unless --force."""
-    from .commands.verify import run_verify
+    from ..commands.verify import run_verify
 
     if force and not repair:
         raise UsageError("--force goes with --repair: `replicator verify --repair --force`")
@@ -222,7 +222,7 @@ def demo(project_dir: Path, keep: bool) -> int:
     tables, sync twice and check every row. Works in a temporary copy of the project's
     tables, models and macros: its sync-state, .env, webhook and Spark master are never
     used."""
-    from .commands.demo import run_demo
+    from ..commands.demo import run_demo
 
     verbose = click.get_current_context().meta["replicator.verbose"]
     return run_demo(project_dir, keep, verbose)
@@ -238,7 +238,7 @@ def status(project_dir: Path, as_json: bool) -> int:
     """Per table: mode, cursor, lag behind the source's newest key, when the last run ended
     and how, rows in the destination, and the next action as `sync` will decide it. Exit 1
     when a state file cannot be read."""
-    from .commands.status import print_status
+    from ..commands.status import print_status
 
     return print_status(Project.load(project_dir), as_json or json_output())
 
@@ -252,7 +252,7 @@ def status(project_dir: Path, as_json: bool) -> int:
 def refresh(project_dir: Path, tables: tuple[str, ...]) -> int:
     """Mark TABLES for a full reload at the next sync; the mark clears once the reload
     committed."""
-    from .commands.state_commands import mark_for_refresh
+    from ..commands.state_commands import mark_for_refresh
 
     return mark_for_refresh(Project.load(project_dir), tables)
 
@@ -267,7 +267,7 @@ def adopt(project_dir: Path, tables: tuple[str, ...]) -> int:
     """Let replicator replace and update the existing destination tables of TABLES, which
     it did not create (it never touches such a table otherwise). The next sync reloads
     them from the source unless their state says otherwise."""
-    from .commands.adopt import adopt_tables
+    from ..commands.adopt import adopt_tables
 
     return adopt_tables(Project.load(project_dir), tables)
 
@@ -287,7 +287,7 @@ def state(**_: Any) -> None:
 @common
 def state_show(project_dir: Path, tables: tuple[str, ...]) -> int:
     """Print the sync-state of TABLES (default: all) as one JSON object (null: no state)."""
-    from .commands.state_commands import show_state
+    from ..commands.state_commands import show_state
 
     return show_state(Project.load(project_dir), tables)
 
@@ -301,7 +301,7 @@ def state_show(project_dir: Path, tables: tuple[str, ...]) -> int:
 @common
 def state_reset(project_dir: Path, tables: tuple[str, ...]) -> int:
     """Forget TABLES' state: their next sync is a full reload."""
-    from .commands.state_commands import reset_state
+    from ..commands.state_commands import reset_state
 
     return reset_state(Project.load(project_dir), tables)
 
@@ -319,7 +319,7 @@ def state_set_cursor(project_dir: Path, table: str, value: str, force: bool) -> 
     """Set TABLE's cursor to VALUE, cast by the source to the replication key's type and
     stored as PostgreSQL prints it (exit 2 when it is not of that type, or when it is past
     the source's newest key, unless --force)."""
-    from .commands.state_commands import set_cursor
+    from ..commands.state_commands import set_cursor
 
     return set_cursor(Project.load(project_dir), table, value, force)
 
@@ -344,7 +344,7 @@ def cdc_drop(project_dir: Path) -> int:
     """Drop the replication slot and publication replicator created for this project, so
     the source stops keeping WAL for it (an abandoned slot keeps WAL until the disk fills).
     The cdc tables reload in full at their next sync, from a new slot."""
-    from .commands.capture_commands import drop_capture
+    from ..commands.capture_commands import drop_capture
 
     return drop_capture(Project.load(project_dir))
 
@@ -360,7 +360,7 @@ def check(project_dir: Path, ping: bool) -> int:
     source, keys, indexes, model and destination, and the next sync's plan), Java and the
     JDBC driver, and a cluster's Spark master. One line per finding, with its fix; exit 1
     when one is an error. Nothing is written."""
-    from .commands.check import print_checks
+    from ..commands.check import print_checks
 
     return print_checks(Project.load(project_dir), ping)
 
