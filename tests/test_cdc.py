@@ -552,8 +552,48 @@ def test_a_table_back_in_the_config_reloads_instead_of_missing_changes(
     _config(cdc_project, schema, "orders", "items")
     back = _sync(cdc_project)
     assert f"{schema}.orders: full_reload" in back.stderr, back.stderr
-    assert "reason: no log position in the destination" in back.stderr
+    assert "reason: back among the cdc tables: the slot moved on" in back.stderr
     assert_same_table(source_conn, dest_conn, schema, "orders")
+
+
+def test_a_table_back_in_the_config_of_a_dba_slot_reloads(
+    cdc_project, schema, writer, source_conn, dest_conn
+):
+    """With a DBA's slot and publication (`create: false`) the table stays published while
+    it is out of the config, and the slot moves past its changes: back in, its copy reloads
+    (it went on from its old position and kept a deleted row and old versions for good)."""
+    slot = f"dba_{uuid.uuid4().hex[:12]}"
+    _create(writer, schema, "orders")
+    _create(writer, schema, "items")
+    source_conn.execute(
+        sql.SQL("CREATE PUBLICATION {} FOR TABLE {}, {}").format(
+            sql.Identifier(slot), sql.Identifier(schema, "orders"), sql.Identifier(schema, "items")
+        )
+    )
+    source_conn.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))
+    dba = {"slot": slot, "publication": slot, "create": False}
+    _config(cdc_project, schema, "orders", "items", cdc=dba)
+    _sync(cdc_project)
+    _config(cdc_project, schema, "items", cdc=dba)
+    _run(writer, schema, "DELETE FROM {t} WHERE id = 1")
+    for n in range(3):
+        _run(writer, schema, "UPDATE {t} SET note = %s WHERE id = 2", f"version {n}")
+    _run(writer, schema, "UPDATE {t} SET note = 'items too' WHERE id = 2", table="items")
+    _sync(cdc_project)  # drains items; the slot moves past the orders changes
+    _config(cdc_project, schema, "orders", "items", cdc=dba)
+    status = {r["name"]: r for r in json.loads(cdc_project.run("status", "--json").stdout)}
+    assert status[f"{schema}.orders"]["next_action"].startswith("full_reload: back among")
+    back = _sync(cdc_project)
+    assert f"{schema}.orders: full_reload" in back.stderr, back.stderr
+    assert "reason: back among the cdc tables: the slot moved on" in back.stderr
+    assert_same_table(source_conn, dest_conn, schema, "orders")
+    assert_same_table(source_conn, dest_conn, schema, "items")
+    _run(writer, schema, "UPDATE {t} SET note = 'after' WHERE id = 5")
+    again = _sync(cdc_project)
+    assert f"{schema}.orders: incremental" in again.stderr, again.stderr
+    assert_same_table(source_conn, dest_conn, schema, "orders")
+    source_conn.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
+    source_conn.execute(sql.SQL("DROP PUBLICATION {}").format(sql.Identifier(slot)))
 
 
 def test_a_slot_the_dba_makes_again_reloads_the_copies(

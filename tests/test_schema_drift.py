@@ -526,3 +526,96 @@ def test_a_composite_gains_added_attributes_and_fails_on_other_changes(
     dest_conn.execute(_q(schema, "DROP TYPE {s}.pair CASCADE"))
     assert sync_events(db_project)[0] == 0  # the fix the message gives works
     assert assert_same_table(source_conn, dest_conn, schema, "pairs") == 1
+
+
+def _model(project, schema: str, text: str) -> None:
+    project.write(f"models/{schema}/orders.sql", text)
+
+
+def test_a_model_whose_sql_changes_in_meaning_reloads_the_table(
+    db_project, source_conn, dest_conn, schema
+):
+    """Soft deletes: the model's filter is widened (removed). The rows the old filter left
+    out must arrive: the table reloads, with the reason, and compile and status say so
+    first. A change of whitespace, comments or keyword case alone reloads nothing."""
+    _tables(source_conn, schema)
+    _config(db_project, schema)
+    _model(db_project, schema, f"SELECT * FROM {schema}.orders WHERE id % 10 <> 0")
+    code, events = sync_events(db_project)
+    assert code == 0 and events[f"{schema}.orders"]["rows"] == 450
+    _model(
+        db_project,
+        schema,
+        f"-- the live orders\nselect *\n  from {schema}.ORDERS\n where ID % 10 <> 0;",
+    )
+    code, events = sync_events(db_project)
+    assert (code, events[f"{schema}.orders"]["action"]) == (0, "noop")
+
+    _model(db_project, schema, f"SELECT * FROM {schema}.orders")
+    reason = f"model changed: models/{schema}/orders.sql: its SQL reads other rows or values"
+    compiled = db_project.run("compile", "-s", f"{schema}.orders")
+    assert f"-- next sync: full_reload ({reason}" in compiled.stdout
+    status = {r["name"]: r for r in json.loads(db_project.run("status", "--json").stdout)}
+    assert status[f"{schema}.orders"]["next_action"].startswith(f"full_reload: {reason}")
+    code, events = sync_events(db_project)
+    assert code == 0
+    assert events[f"{schema}.orders"]["action"] == "full_reload"
+    assert events[f"{schema}.orders"]["reason"].startswith(reason)
+    assert events[f"{schema}.other"]["action"] == "noop"
+    assert assert_same_table(source_conn, dest_conn, schema, "orders") == 500
+
+    (db_project.path / "models" / schema / "orders.sql").unlink()  # back to the default model
+    code, events = sync_events(db_project)
+    assert events[f"{schema}.orders"]["reason"] == (
+        f"model changed: models/{schema}/orders.sql -> macro default_model (built-in macro "
+        "default_model.sql)"
+    )
+    code, events = sync_events(db_project)
+    assert (code, events[f"{schema}.orders"]["action"]) == (0, "noop")
+
+
+def test_a_model_ending_in_a_line_comment_syncs(db_project, source_conn, dest_conn, schema):
+    """`-- ...` on the model's last line, no newline after it: the engine wraps the model
+    in `(...)`, and the comment must not swallow the `)`."""
+    _tables(source_conn, schema)
+    _config(db_project, schema)
+    _model(db_project, schema, f"SELECT * FROM {schema}.orders -- every order")
+    assert db_project.run("check").exit_code == 0
+    code, events = sync_events(db_project)
+    assert code == 0, events
+    source_conn.execute(
+        _q(
+            schema,
+            "UPDATE {s}.orders SET note = 'x', updated_at = now() + "
+            "interval '1 hour' WHERE id <= 5",
+        )
+    )
+    code, events = sync_events(db_project)  # the wrapped batch query
+    assert code == 0, events
+    assert events[f"{schema}.orders"]["action"] == "incremental"
+    assert assert_same_table(source_conn, dest_conn, schema, "orders") == 500
+
+
+@pytest.mark.parametrize("deletes", ["ignore", "delete"])
+def test_an_emptied_destination_table_is_reloaded(
+    db_project, source_conn, dest_conn, schema, deletes
+):
+    """A TRUNCATE of the copy (a user's "refresh", or an accident): the cursor would never
+    bring the rows back, so the next sync reloads it and says why; status says so first. A
+    table whose source was empty at its load stays incremental."""
+    _tables(source_conn, schema)
+    source_conn.execute(_q(schema, "DELETE FROM {s}.other"))
+    _config(db_project, schema, deletes=deletes)
+    assert sync_events(db_project)[0] == 0
+    dest_conn.execute(_q(schema, "TRUNCATE {s}.orders"))
+    reason = "destination table emptied: it held rows at the last sync and holds none now"
+    status = {r["name"]: r for r in json.loads(db_project.run("status", "--json").stdout)}
+    assert status[f"{schema}.orders"]["next_action"].startswith(f"full_reload: {reason}")
+    code, events = sync_events(db_project)
+    assert code == 0
+    assert events[f"{schema}.orders"]["action"] == "full_reload"
+    assert events[f"{schema}.orders"]["reason"].startswith(reason)
+    assert events[f"{schema}.other"]["action"] == "noop"
+    assert assert_same_table(source_conn, dest_conn, schema, "orders") == 500
+    code, events = sync_events(db_project)
+    assert events[f"{schema}.orders"]["action"] == "noop"

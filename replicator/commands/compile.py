@@ -131,6 +131,9 @@ class CompiledTable:
         return {
             "schema": [c.as_json(target) for c in self.observed.schema_changes],
             "destination": [c.as_json(target) for c in self.observed.destination_changes],
+            "model": [self.observed.model_changed.as_json(target)]
+            if self.observed.model_changed
+            else [],
         }
 
     def as_json(self, dest_note: str | None) -> dict[str, Any]:
@@ -278,7 +281,7 @@ def _compile_table(
     table: TableConfig,
     resync: KeyBounds | None,
 ) -> CompiledTable:
-    state = project.store.read(table.name)
+    state = project.planning_state(table)
     planned = plan_now(inputs.source, inputs.dest, table, project.templates, state)
     scripts = action_scripts(
         inputs,

@@ -91,7 +91,7 @@ def table_status(project: Project, table: TableConfig) -> tuple[dict[str, Any], 
         "resumable": None,  # an unfinished full load: {"loaded": k, "partitions": n}
     }
     try:
-        state = project.store.read(table.name)
+        state = project.planning_state(table)
     except StateError as exc:
         row.update(last_status="error", last_error=redact(str(exc)))
         return row, None

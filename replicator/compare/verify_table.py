@@ -113,6 +113,11 @@ def _comparable(table: TableConfig, planned: Planned) -> None:
             f"({planned.observed.schema_change}): the next sync reloads the table; "
             f"run `replicator sync -s {name}` first"
         )
+    if planned.observed.model_change:
+        raise TableProblem(
+            f"{name}: the model changed since the last load ({planned.observed.model_change}): "
+            f"the next sync reloads the table; run `replicator sync -s {name}` first"
+        )
     model = [(c.name, c.type) for c in planned.built.columns]
     there = [
         (c.name, c.type) for c in planned.observed.destination.columns if c.name != MARK_COLUMN

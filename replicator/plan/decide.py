@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from ..project.state import TableState
+from ..project.state import LSN_CURSOR_TYPE, TableState
 
 # "fail": the source schema changed and the table's on_schema_change is "fail".
 # "skip_backfill": no state and initial_load "skip": start at the newest key, copy nothing.
@@ -34,11 +34,17 @@ def plan_table(
     initial_load: str = "full",
     not_owned: str | None = None,
     name: str = "<table>",
+    model_change: str | None = None,
+    destination_emptied: bool = False,
 ) -> Plan:
     """Full reload when anything says so, else incremental from the stored cursor.
 
     `schema_change` describes how the source differs from the stored signature;
-    `destination_change` how the destination table differs from what the tool created;
+    `model_change` how the model's SQL differs from the one the copy was loaded with (the
+    user's own change: on_schema_change does not apply); `destination_emptied`: the copy
+    held rows at its last sync and holds none now (a TRUNCATE there): no cursor would bring
+    them back; `destination_change` how the destination table differs from what the tool
+    created;
     `not_owned` is the fix when the destination table exists but is not the tool's: only a
     start without backfill (which adopts a matching table) may touch it. `name` is the table
     as the config writes it, for the fixes."""
@@ -53,6 +59,16 @@ def plan_table(
         initial_load,
         name,
     )
+    if plan.action == "incremental" and model_change:
+        plan = Plan("full_reload", f"model changed: {model_change}")
+    if plan.action == "incremental" and destination_emptied:
+        plan = Plan(
+            "full_reload",
+            "destination table emptied: it held rows at the last sync and holds none now "
+            "(a TRUNCATE or DELETE there); no cursor brings them back",
+        )
+    if plan.action == "incremental" and mode == "cdc" and not _log_position(state):
+        plan = Plan("full_reload", "no log position in the destination")
     if not_owned is not None and plan.action != "skip_backfill":
         return Plan("fail", "destination table exists and was not created by replicator", not_owned)
     return plan
@@ -73,8 +89,8 @@ def _plan(
         return Plan("full_reload", "mode full-refresh")
     if full_refresh:
         return Plan("full_reload", "--full-refresh")
-    if state is not None and state.pending_full_reload:
-        return Plan("full_reload", "refresh requested")
+    if state is not None and state.pending_full_reload:  # `refresh`, or a reason the run found
+        return Plan("full_reload", state.pending_reason or "refresh requested")
     if state is None or state.last_synced_at is None:
         if initial_load == "skip":
             return Plan("skip_backfill", "no state: initial_load skip")
@@ -95,3 +111,9 @@ def _plan(
     if state.cursor is None:  # the last load found the source table empty
         return Plan("incremental", "cursor none (source was empty)")
     return Plan("incremental", f"cursor {state.cursor.value}")
+
+
+def _log_position(state: TableState | None) -> bool:
+    """Whether a `cdc` table's state holds a log position (a table whose mode was switched
+    to cdc has a cursor, or none, from its earlier mode: it is loaded again from a slot)."""
+    return state is not None and state.cursor is not None and state.cursor.type == LSN_CURSOR_TYPE

@@ -9,8 +9,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import psycopg
+from psycopg import sql
 
+from ..base.identifiers import TableName
 from ..postgres.catalog import TableInfo, describe_table
+from ..postgres.database import execute
 from ..postgres.naming import MARK_COLUMN
 from ..postgres.ownership import Ownership, classify, not_owned_fix, read_records
 from ..project.config import TableConfig
@@ -18,7 +21,7 @@ from ..project.state import TableState
 from ..project.templates import Templates
 from .decide import Plan, plan_table
 from .inspect_table import inspect_source
-from .schema_diff import Change, MarkColumnChanged, describe, diff
+from .schema_diff import Change, MarkColumnChanged, ModelChanged, describe, diff, model_change
 from .signature import Signature, destination_signature, read_signature
 from .table_sql import TableSql
 
@@ -32,10 +35,17 @@ class Observed:
     schema_changes: tuple[Change, ...]  # the source against the stored signature
     destination_changes: tuple[Change, ...]  # the destination table against it
     ownership: Ownership = "missing"  # "missing" also when the destination was not looked at
+    model_changed: ModelChanged | None = None  # the model's SQL against the stored hash
+    # Whether the destination table holds a row now (None: not looked at).
+    destination_has_rows: bool | None = None
 
     @property
     def schema_change(self) -> str | None:
         return describe(list(self.schema_changes)) or None
+
+    @property
+    def model_change(self) -> str | None:
+        return self.model_changed.detail() if self.model_changed else None
 
     @property
     def destination_change(self) -> str | None:
@@ -60,10 +70,15 @@ def observe(
         ownership = classify(True, records, state)
     schema_changes: list[Change] = []
     destination_changes: list[Change] = []
+    changed_model = None
+    has_rows = None
+    if dest_conn is not None and destination is not None and table.mode != "full-refresh":
+        has_rows = destination_has_rows(dest_conn, table.target)
     stored = state.schema_signature if state else None
     if stored and table.mode != "full-refresh":
         before = Signature.from_json(stored)
         schema_changes = diff(before, signature)
+        changed_model = model_change(before, signature)
         if destination is not None:
             has_mark = destination.column(MARK_COLUMN) is not None
             actual = destination_signature(destination)
@@ -73,8 +88,22 @@ def observe(
             if has_mark != (table.deletes == "mark"):
                 destination_changes.append(MarkColumnChanged(wanted=not has_mark))
     return Observed(
-        signature, destination, tuple(schema_changes), tuple(destination_changes), ownership
+        signature,
+        destination,
+        tuple(schema_changes),
+        tuple(destination_changes),
+        ownership,
+        changed_model,
+        has_rows,
     )
+
+
+def destination_has_rows(dest_conn: psycopg.Connection[Any], target: TableName) -> bool:
+    """Whether the destination table holds at least one row (reads one, at most)."""
+    (found,) = execute(
+        dest_conn, sql.SQL("SELECT EXISTS (SELECT FROM {})").format(target.identifier())
+    ).fetchone()
+    return bool(found)
 
 
 def plan_observed(
@@ -93,7 +122,10 @@ def plan_observed(
         full_refresh=full_refresh,
         destination_exists=observed.destination is not None or not destination_known,
         schema_change=observed.schema_change,
+        model_change=observed.model_change,
         destination_change=observed.destination_change,
+        destination_emptied=bool(state and state.holds_rows)
+        and observed.destination_has_rows is False,
         on_schema_change=table.on_schema_change or "full_reload",
         initial_load=table.initial_load,
         not_owned=(

@@ -234,6 +234,30 @@ class TypeDefinitionChanged(Change):
         return f"{self.type_name} ({self.what})"
 
 
+@dataclass(frozen=True)
+class ModelChanged(Change):
+    """The model reads other rows or values than the one the copy was loaded with: the copy
+    is reloaded (rows a narrower filter left out would never arrive by the cursor)."""
+
+    kind: ClassVar[str] = "model changed"
+    old_origin: str | None
+    new_origin: str | None
+
+    def detail(self) -> str:
+        old, new = self.old_origin or "the model", self.new_origin or "the model"
+        if old == new:
+            return f"{new}: its SQL reads other rows or values than at the last load"
+        return f"{old} -> {new}"
+
+
+def model_change(old: Signature, new: Signature) -> ModelChanged | None:
+    """The model's change since the copy was loaded; None when it is the same in canonical
+    form, or when the old signature predates model fingerprints."""
+    if old.model is None or new.model is None or old.model == new.model:
+        return None
+    return ModelChanged(old.model_origin, new.model_origin)
+
+
 def diff(old: Signature, new: Signature) -> list[Change]:
     """Every difference from `old` to `new`, table first, then columns, keys and types."""
     changes: list[Change] = []

@@ -4,11 +4,14 @@ Stored in sync-state at every load; every run compares it with the source (schem
 with the destination table (someone altered or dropped it). It holds the model's columns in
 order (the source's column numbers, when the model reads the table as is, so a rename is told
 apart from a drop and an add), the primary key, the replication key, the enum, domain and
-composite types the columns use, and the source table's OID (a recreated table is a change).
+composite types the columns use, the source table's OID (a recreated table is a change), and
+a hash of the model's SQL in canonical form (a model whose meaning changed, say a filter
+widened, reloads the table: the rows the old model left out would never arrive otherwise).
 """
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -16,9 +19,13 @@ import psycopg
 
 from ..postgres.catalog import TableInfo
 from ..postgres.dest_types import describe_types
+from ..project.templates import Model, canonical_sql
 from .table_sql import TableSql
 
 VERSION = 2
+# The model fingerprint of the built-in default model (a plain SELECT of the table's
+# columns): its text follows the columns, which the signature compares one by one.
+DEFAULT_MODEL = "default"
 
 
 @dataclass(frozen=True)
@@ -36,6 +43,10 @@ class Signature:
     primary_key: tuple[str, ...]
     replication_key: str | None
     types: dict[str, Any] = field(default_factory=dict)
+    # DEFAULT_MODEL, or the SHA-256 of the model's canonical SQL; None: not recorded (a
+    # state written before models were fingerprinted, or the destination's side).
+    model: str | None = None
+    model_origin: str | None = None  # the file (or macro) the model came from
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -48,6 +59,8 @@ class Signature:
             "primary_key": list(self.primary_key),
             "replication_key": self.replication_key,
             "types": self.types,
+            "model": self.model,
+            "model_origin": self.model_origin,
         }
 
     @classmethod
@@ -72,6 +85,8 @@ class Signature:
             primary_key=tuple(document.get("primary_key") or ()),
             replication_key=document.get("replication_key"),
             types=dict(document.get("types") or {}),
+            model=document.get("model"),
+            model_origin=document.get("model_origin"),
         )
 
     def as_created(self) -> Signature:
@@ -81,7 +96,15 @@ class Signature:
         columns = tuple(
             SignedColumn(c.name, c.type, c.not_null or c.name in key) for c in self.columns
         )
-        return replace(self, table_oid=None, columns=columns, replication_key=None, types={})
+        return replace(
+            self,
+            table_oid=None,
+            columns=columns,
+            replication_key=None,
+            types={},
+            model=None,
+            model_origin=None,
+        )
 
     def without_column(self, name: str) -> Signature:
         return replace(self, columns=tuple(c for c in self.columns if c.name != name))
@@ -100,7 +123,17 @@ def read_signature(conn: psycopg.Connection[Any], source: TableInfo, built: Tabl
         primary_key=built.primary_key,
         replication_key=built.table.replication_key,
         types=describe_types(conn, [c.type_oid for c in built.columns]),
+        model=model_fingerprint(built.model),
+        model_origin=built.model.origin,
     )
+
+
+def model_fingerprint(model: Model) -> str:
+    """DEFAULT_MODEL for the built-in default model, else the hash of the model's canonical
+    SQL: whitespace, comments and the case of keywords do not change it."""
+    if model.reads_table_as_is:
+        return DEFAULT_MODEL
+    return hashlib.sha256(canonical_sql(model.sql).encode()).hexdigest()
 
 
 def destination_signature(table: TableInfo) -> Signature:

@@ -16,15 +16,17 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from ..base.errors import StateError
-from .config import CdcConfig
-from .state import FORMAT_VERSION, read_state_file, write_atomically
+from .config import CdcConfig, TableConfig
+from .state import FORMAT_VERSION, TableState, read_state_file, write_atomically
 
 FILE_NAME = "cdc.json"
 
 
 class CaptureState(BaseModel):
     """Slot and publication names; `created`: the tool made them (and `cdc drop` may
-    remove them)."""
+    remove them); `tables`: the `cdc` tables of the config when the slot was last read
+    (None: not recorded yet). The slot moves on without a table left out of the config, so
+    one that comes back has missed changes (sync/capture_run.py)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -32,6 +34,26 @@ class CaptureState(BaseModel):
     slot: str
     publication: str
     created: bool
+    tables: tuple[str, ...] | None = None
+
+
+REJOINED = (
+    "back among the cdc tables: the slot moved on while it was out of the config, so its "
+    "changes meanwhile were never applied"
+)
+
+
+def rejoin_mark(
+    stored: CaptureState | None, table: TableConfig, state: TableState | None
+) -> TableState | None:
+    """The table's state marked for a reload when it is back among the config's `cdc`
+    tables since the slot was last read (the slot moved on without it); None when it is
+    not, or was never loaded. `sync` writes it; `status` and `compile` show it."""
+    if stored is None or stored.tables is None or str(table.name) in stored.tables:
+        return None
+    if state is None or state.last_synced_at is None or table.mode != "cdc":
+        return None
+    return state.model_copy(update={"pending_full_reload": True, "pending_reason": REJOINED})
 
 
 def capture_path(state_dir: Path) -> Path:
@@ -76,4 +98,5 @@ def resolve_names(config: CdcConfig | None, stored: CaptureState | None) -> Capt
     slot = config.slot or (stored.slot if stored else f"replicator_{suffix}")
     publication = config.publication or (stored.publication if stored else f"replicator_{suffix}")
     created = config.create if stored is None else (stored.created and config.create)
-    return CaptureState(slot=slot, publication=publication, created=created)
+    tables = stored.tables if stored else None
+    return CaptureState(slot=slot, publication=publication, created=created, tables=tables)

@@ -6,9 +6,10 @@ from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 
+from .capture_state import read_capture_state, rejoin_mark
 from .config import ProjectConfig, TableConfig, load_config
 from .settings import Connections, Environment, Settings
-from .state import STATE_DIR, StateStore
+from .state import STATE_DIR, StateStore, TableState
 from .templates import Templates
 
 
@@ -49,6 +50,15 @@ class Project:
 
     def connections(self) -> Connections:
         return Connections.from_environment(self.env)
+
+    def planning_state(self, table: TableConfig) -> TableState | None:
+        """The table's state as its next sync plans from it: a `cdc` table back in the
+        config since the slot was last read carries the reload mark that sync writes first
+        (`status` and `compile` show the same plan). StateError when a file is unusable."""
+        state = self.store.read(table.name)
+        if table.mode != "cdc":
+            return state
+        return rejoin_mark(read_capture_state(self.state_dir), table, state) or state
 
     def select(self, names: tuple[str, ...]) -> tuple[TableConfig, ...]:
         """The tables named on the command line in config order; all of them when none."""

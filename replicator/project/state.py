@@ -30,8 +30,13 @@ class _Record(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+# The cursor type of a `cdc` table: its copy's position in the source's log.
+LSN_CURSOR_TYPE = "pg_lsn"
+
+
 class Cursor(_Record):
-    """A replication-key value exactly as PostgreSQL printed it, with its type."""
+    """A replication-key value exactly as PostgreSQL printed it, with its type (for a `cdc`
+    table, LSN_CURSOR_TYPE)."""
 
     value: str
     type: str
@@ -83,6 +88,10 @@ class TableState(_Record):
     last_synced_at: str | None = None
     last_run: RunOutcome | None = None
     deletes_checked_at: str | None = None  # the last delete check (`deletes_interval`)
+    # Whether the destination table held a row after the last successful sync (None: not
+    # recorded yet). A copy that held rows and holds none now was emptied behind the tool's
+    # back (a TRUNCATE there): it is reloaded (plan/decide.py).
+    holds_rows: bool | None = None
 
 
 def state_file_stem(name: TableName) -> str:

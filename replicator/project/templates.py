@@ -17,6 +17,7 @@ import jinja2
 import sqlglot
 from jinja2 import nodes
 from sqlglot import exp
+from sqlglot.tokens import Token, TokenType
 
 from ..base.errors import TemplateError
 from ..base.identifiers import TableName, quote_ident
@@ -140,12 +141,15 @@ def _path_part(identifier: str) -> str:
 
 
 def validate_select(text: str, origin: str) -> str:
-    """Check rendered SQL is one query; return it without trailing semicolons."""
-    sql_text = text.strip().rstrip(";").rstrip()
+    """Check rendered SQL is one query; return it up to its last token: without trailing
+    semicolons or comments. The engine wraps a model (`SELECT * FROM (<model>) AS ...`), and
+    a `--` comment on its last line would swallow the wrapping `)`."""
     try:
-        statements = [s for s in sqlglot.parse(sql_text, read="postgres") if s is not None]
-    except sqlglot.errors.ParseError as exc:
-        first = exc.errors[0] if exc.errors else {}
+        tokens = _tokens(text)
+        text = text[tokens[0].start : tokens[-1].end + 1] if tokens else ""
+        statements = [s for s in sqlglot.parse(text, read="postgres") if s is not None]
+    except (sqlglot.errors.ParseError, sqlglot.errors.TokenError) as exc:
+        first = exc.errors[0] if isinstance(exc, sqlglot.errors.ParseError) and exc.errors else {}
         where = f":{first.get('line')}:{first.get('col')}" if first.get("line") else ""
         detail = first.get("description", str(exc)).split("<Token")[0].strip()
         raise TemplateError(
@@ -153,4 +157,45 @@ def validate_select(text: str, origin: str) -> str:
         ) from None
     if len(statements) != 1 or not isinstance(statements[0], exp.Query):
         raise TemplateError(f"{origin}: expected exactly one SELECT statement")
-    return sql_text
+    return text
+
+
+def _tokens(text: str) -> list[Token]:
+    """The SQL's tokens (comments are not tokens), without trailing semicolons."""
+    tokens = sqlglot.tokenize(text, read="postgres")
+    while tokens and tokens[-1].token_type == TokenType.SEMICOLON:
+        tokens.pop()
+    return tokens
+
+
+# Tokens whose text is the user's data or a quoted name: kept as written. Unquoted names fold
+# to lower case, as PostgreSQL folds them; keywords and operators compare in upper case.
+_VERBATIM = frozenset(
+    (
+        TokenType.STRING,
+        TokenType.HEREDOC_STRING,
+        TokenType.NATIONAL_STRING,
+        TokenType.BIT_STRING,
+        TokenType.HEX_STRING,
+        TokenType.BYTE_STRING,
+        TokenType.RAW_STRING,
+        TokenType.IDENTIFIER,
+        TokenType.NUMBER,
+    )
+)
+
+
+def canonical_sql(text: str) -> str:
+    """A model's SQL with what does not change its meaning taken out: whitespace, comments,
+    trailing semicolons, the case of keywords and of unquoted names. Two models with the
+    same canonical form read the same rows (`plan/signature.py` keeps its hash)."""
+    parts = []
+    for token in _tokens(text):
+        kind = token.token_type
+        if kind in _VERBATIM:
+            parts.append(f"{kind.name}:{token.text}")
+        elif kind == TokenType.VAR:
+            parts.append(token.text.lower())
+        else:
+            parts.append(token.text.upper())
+    return " ".join(parts)

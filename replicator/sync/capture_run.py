@@ -38,24 +38,24 @@ from ..capture.slot import (
     slot_info,
 )
 from ..plan.decide import Plan
-from ..plan.drift import Planned
+from ..plan.drift import Planned, destination_has_rows
 from ..plan.inspect_table import inspect_source
 from ..postgres.endpoints import Endpoints
 from ..postgres.table_lock import table_lock
 from ..project.capture_state import (
     CaptureState,
     read_capture_state,
+    rejoin_mark,
     resolve_names,
     write_capture_state,
 )
 from ..project.config import TableConfig
-from ..project.state import Cursor, TableState
+from ..project.state import LSN_CURSOR_TYPE, Cursor
 from ..report.results import TableResult, utc_now
 from .context import RunContext, TableJob, failure, record_failure
 
 log = logging.getLogger("replicator.sync")
 
-LSN_TYPE = "pg_lsn"
 SLOT_LOST = "slot lost"
 
 
@@ -98,13 +98,16 @@ class CaptureRun:
         try:
             stored = read_capture_state(project.state_dir)
             names = resolve_names(project.config.cdc, stored)
-            if names != stored:
+            ensure_applied_table(ends.dest)
+            self._rejoined(ends, names, every)
+            followed = tuple(str(t.name) for t in every)
+            if names != stored or names.tables != followed:
                 _warn_abandoned(stored, names)
+                names = names.model_copy(update={"tables": followed})
                 write_capture_state(project.state_dir, names)
             ready = [t.name for t in selected if self._capturable(ends, t)]
             keep = {t.name for t in every}
             targets = {t.name: t.target for t in selected}
-            ensure_applied_table(ends.dest)
 
             def forget(joining: list[TableName]) -> None:
                 for name in joining:  # a table back in the publication missed changes
@@ -117,6 +120,19 @@ class CaptureRun:
         except (ReplicatorError, psycopg.Error) as exc:
             self.setup_error = f"log capture set-up: {one_line(exc)}"
             log.error("%s", self.setup_error)
+
+    def _rejoined(self, ends: Endpoints, names: CaptureState, every: list[TableConfig]) -> None:
+        """Tables back among the config's `cdc` tables since the slot was last read: the slot
+        moved on without them (a DBA's publication still listed them, but no run applied
+        their changes), so each copy reloads instead of going on from its old position.
+        Marked, then its position forgotten, before the new list is written: a crash in
+        between marks it again."""
+        store = self.run.project.store
+        for table in every:
+            marked = rejoin_mark(names, table, store.read(table.name))
+            if marked is not None:
+                store.write(marked, table.name)
+                forget_applied(ends.dest, table.target)
 
     def _capturable(self, ends: Endpoints, table: TableConfig) -> bool:
         """Whether the table may join the publication (run.py reports why not, later)."""
@@ -178,7 +194,7 @@ class CaptureRun:
 
     # ------------------------------------------------------------ 2. planning
 
-    def adjust(self, ends: Endpoints, planned: Planned, state: TableState | None) -> Planned:
+    def adjust(self, ends: Endpoints, planned: Planned) -> Planned:
         """A `cdc` table's plan: the set-up's failure, a table the log cannot carry, a
         reload whose reason the log gives (`slot lost`, a shape change it showed), a copy
         whose position is not in the destination."""
@@ -200,10 +216,7 @@ class CaptureRun:
                 f"(ALTER PUBLICATION {names.publication} ADD TABLE {table.name})"
             )
         plan = planned.plan
-        if plan.action == "full_reload" and plan.reason == "refresh requested" and state:
-            if state.pending_reason and state.pending_reason != "refresh requested":
-                plan = Plan("full_reload", state.pending_reason)
-        elif plan.action == "incremental":
+        if plan.action == "incremental":
             position = self.positions.get(table.target)
             if position is None:
                 plan = Plan("full_reload", "no log position in the destination")
@@ -331,9 +344,14 @@ class CaptureRun:
         after = lsn_text(table.position)
         finished = utc_now()
         update: dict = {
-            "cursor": Cursor(value=after, type=LSN_TYPE),
+            "cursor": Cursor(value=after, type=LSN_CURSOR_TYPE),
             "schema_signature": job.observed.signature.as_json(),
             "last_synced_at": finished,
+            "holds_rows": (
+                destination_has_rows(job.ends.dest, job.table.target)
+                if table.changes
+                else job.observed.destination_has_rows
+            ),
         }
         action = "incremental" if table.changes else "noop"
         reason = f"lsn {before} -> {after}" if table.changes else f"lsn {after}"

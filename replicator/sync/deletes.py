@@ -24,6 +24,7 @@ from ..base.interrupts import raise_if_requested
 from ..base.redact import redact
 from ..compare.comparison import compared, sides_of
 from ..compare.repair import remove
+from ..plan.drift import destination_has_rows
 from ..postgres.catalog import describe_table
 from ..postgres.database import execute, transaction
 from ..project.state import TableState
@@ -115,7 +116,9 @@ def _record(job: TableJob, result: TableResult, *, checked: bool) -> None:
     except StateError:
         return
     finished = utc_now()
-    update = {"last_run": job.outcome(result, finished)}
+    update: dict = {"last_run": job.outcome(result, finished)}
     if checked:
         update["deletes_checked_at"] = finished
+    if result.deleted:
+        update["holds_rows"] = destination_has_rows(job.ends.dest, job.table.target)
     job.write_state(state.model_copy(update=update))

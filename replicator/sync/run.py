@@ -285,7 +285,7 @@ def _sync_locked_table(
                 f"reload first ({plan.reason}); run `replicator sync -s {table.written_name}`"
             )
         if table.mode == "cdc" and capture is not None:
-            planned = capture.adjust(ends, planned, state)
+            planned = capture.adjust(ends, planned)
             plan = planned.plan
         if planned.observed.ownership == "legacy":
             adopt_legacy(ends.dest, table)

@@ -13,9 +13,10 @@ from psycopg import sql
 from ..base.failpoints import failpoint
 from ..capture.lsn import lsn_text
 from ..plan.decide import Plan
+from ..plan.drift import destination_has_rows
 from ..plan.table_sql import batch_query
 from ..postgres.database import execute
-from ..project.state import Cursor, Pending, TableState, Window
+from ..project.state import LSN_CURSOR_TYPE, Cursor, Pending, TableState, Window
 from ..report.results import TableResult, utc_now
 from .context import TableJob
 from .deletes import propagate_deletes
@@ -56,7 +57,7 @@ def _full_reload(job: TableJob) -> TableResult:
             fresh=job.run.full_refresh,
         )
     if loaded.lsn is not None:  # a `cdc` table: its cursor is its position in the log
-        loaded = replace(loaded, cursor=Cursor(value=lsn_text(loaded.lsn), type="pg_lsn"))
+        loaded = replace(loaded, cursor=Cursor(value=lsn_text(loaded.lsn), type=LSN_CURSOR_TYPE))
     failpoint("after-swap-before-state")
     old = job.state.cursor.value if job.state and job.state.cursor else None
     new = loaded.cursor.value if loaded.cursor else None
@@ -113,6 +114,7 @@ def _incremental(job: TableJob) -> TableResult:
                     "schema_signature": signature,
                     "last_synced_at": finished,
                     "last_run": job.outcome(result, finished),
+                    "holds_rows": job.observed.destination_has_rows,
                 }
             )
         )
@@ -134,6 +136,8 @@ def _incremental(job: TableJob) -> TableResult:
                 "schema_signature": signature,
                 "last_synced_at": finished,
                 "last_run": job.outcome(result, finished),
+                # a merge of rows leaves at least one (a delete check after it may not)
+                "holds_rows": True if synced.rows_read else job.observed.destination_has_rows,
             }
         )
     )
@@ -247,6 +251,7 @@ def _write_new_state(job: TableJob, position: _Position, result: TableResult) ->
         schema_signature=job.observed.signature.as_json(),
         last_synced_at=finished,
         last_run=job.outcome(result, finished),
+        holds_rows=destination_has_rows(job.ends.dest, job.table.target),
     )
     job.write_state(state)
     return state
