@@ -688,3 +688,63 @@ def test_check_names_what_the_publication_needs_from_the_role(
     finally:
         source_conn.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(role)))
         source_conn.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))
+
+
+def test_a_dba_slot_and_publication_as_check_status_and_compile_see_them(
+    cdc_project, schema, writer, source_conn, dest_conn
+):
+    """`create: false` before the first sync: `status` sees the DBA's slot (it said "no
+    slot yet"), `check` fails a table the publication lacks (it said 0 errors, then the
+    sync failed), and `state set-cursor` on a cdc table is a usage error that says cdc."""
+    slot = f"dba_{uuid.uuid4().hex[:12]}"
+    _create(writer, schema, "orders")
+    _create(writer, schema, "items")
+    source_conn.execute(
+        sql.SQL("CREATE PUBLICATION {} FOR TABLE {}").format(
+            sql.Identifier(slot), sql.Identifier(schema, "orders")
+        )
+    )
+    source_conn.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))
+    try:
+        dba = {"slot": slot, "publication": slot, "create": False}
+        _config(cdc_project, schema, "orders", "items", cdc=dba)
+        status = cdc_project.run("status")
+        assert f"cdc: slot {slot} retains" in status.stdout, status.stdout
+        assert "no replication slot yet" not in status.stdout
+        checked = cdc_project.run("check")
+        assert checked.exit_code != 0
+        assert f"error {schema}.items: not in publication {slot}" in checked.output
+        assert f'fix: a DBA adds it: ALTER PUBLICATION "{slot}" ADD TABLE "{schema}"."items"' in (
+            checked.output
+        )
+        assert f"error {schema}.orders" not in checked.output
+        _config(cdc_project, schema, "orders", cdc=dba)
+        _sync(cdc_project)
+        cursor = cdc_project.run("state", "set-cursor", f"{schema}.orders", "0/0")
+        assert cursor.exit_code == 2
+        assert "mode cdc has no cursor to set" in cursor.stderr
+        assert f"replicator refresh {schema}.orders" in cursor.stderr
+    finally:
+        source_conn.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
+        source_conn.execute(sql.SQL("DROP PUBLICATION {}").format(sql.Identifier(slot)))
+
+
+def test_a_table_switched_to_cdc_reloads_as_compile_says(
+    cdc_project, schema, writer, source_conn, dest_conn
+):
+    """full-refresh, then cdc: compile and status predict the reload the sync does (they
+    said `incremental (cursor none ...)`)."""
+    _create(writer, schema)
+    cdc_project.write_config({"tables": [{"name": f"{schema}.orders", "mode": "full-refresh"}]})
+    _sync(cdc_project)
+    _config(cdc_project, schema, "orders")
+    reason = "no log position in the destination"
+    compiled = cdc_project.run("compile")
+    assert f"-- next sync: full_reload ({reason})" in compiled.stdout, compiled.stdout
+    status = json.loads(cdc_project.run("status", "--json").stdout)
+    assert status[0]["next_action"] == f"full_reload: {reason}"
+    synced = _sync(cdc_project)
+    assert f"{schema}.orders: full_reload" in synced.stderr and f"reason: {reason}" in synced.stderr
+    _run(writer, schema, "UPDATE {t} SET note = 'later' WHERE id = 7")
+    assert f"{schema}.orders: incremental" in _sync(cdc_project).stderr
+    assert_same_table(source_conn, dest_conn, schema, "orders")

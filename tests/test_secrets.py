@@ -120,3 +120,22 @@ def test_dotenv_values_are_read_as_written_without_interpolation(
     synced = db_project.run_process("sync", drop=("REPLICATOR_SOURCE_URL",))
     assert synced.returncode == 0, synced.stderr
     assert password_role.password not in synced.stderr
+
+
+def test_a_uri_libpq_cannot_decode_never_prints_its_password(db_project, table, pg_servers):
+    """The README's old advice (encode `@` and `/`) left a `%` bare: libpq refused the URI
+    and every command printed the whole password in libpq's error."""
+    password = "p@ss:w/rd%"
+    written = "p%40ss:w%2Frd%"  # `%` itself not encoded
+    port = _port(pg_servers.source_url)
+    db_project.env["REPLICATOR_DEST_URL"] = f"postgresql://loader:{written}@127.0.0.1:{port}/db"
+    db_project.write_config({"tables": [{"name": table, "replication_key": "updated_at"}]})
+    outputs = []
+    for args in (("sync",), ("check", "-v"), ("status", "--json"), ("verify",)):
+        done = db_project.run_process(*args)
+        assert done.returncode == 2, (args, done.stderr)
+        assert "percent-encode '%' itself as %25" in done.stderr, (args, done.stderr)
+        outputs.append(done.stdout + done.stderr)
+    everything = "\n".join(outputs)
+    leaked = [f for f in (password, written, "w%2Frd%", "p%40ss") if f in everything]
+    assert not leaked, (leaked, everything)

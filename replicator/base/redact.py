@@ -45,10 +45,13 @@ def register_connection_string(conninfo: str | None) -> None:
     except Exception:  # an unparsable string is masked by the patterns instead
         password = None
     register_secret(str(password) if password is not None else None)
-    # What the user meant as the password when libpq would cut it at an un-encoded `@`.
+    # What the user meant as the password when libpq would cut it at an un-encoded `@`,
+    # and the password as written: libpq quotes it whole in its errors about it ("invalid
+    # percent-encoded token: ...").
     written = _URI_PASSWORD.search(conninfo.strip())
     if written:
         register_secret(unquote(written.group("pw")))
+        register_secret(written.group("pw"))
 
 
 def redact(text: str) -> str:

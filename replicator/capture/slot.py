@@ -204,5 +204,21 @@ def drop_slot_statement(slot: str) -> str:
     return sql.SQL("SELECT pg_drop_replication_slot({})").format(sql.Literal(slot)).as_string(None)
 
 
+def add_table_statement(publication: str, table: TableName) -> str:
+    return (
+        sql.SQL("ALTER PUBLICATION {} ADD TABLE {}")
+        .format(sql.Identifier(publication), table.identifier())
+        .as_string(None)
+    )
+
+
+def create_publication_statement(publication: str, tables: Sequence[TableName]) -> str:
+    return (
+        sql.SQL("CREATE PUBLICATION {} FOR TABLE {}")
+        .format(sql.Identifier(publication), sql.SQL(", ").join(t.identifier() for t in tables))
+        .as_string(None)
+    )
+
+
 def drop_publication_statement(publication: str) -> str:
     return sql.SQL("DROP PUBLICATION {}").format(sql.Identifier(publication)).as_string(None)

@@ -10,8 +10,7 @@ import psycopg
 
 from ..base.errors import ReplicatorError
 from ..capture.lsn import parse_lsn
-from ..capture.slot import flushed_lsn, slot_info
-from ..project.capture_state import read_capture_state
+from ..capture.slot import create_slot_statement, flushed_lsn, slot_info
 from ..project.config import TableConfig
 from ..project.project import Project
 
@@ -33,7 +32,7 @@ def capture_notes(
 ) -> list[str]:
     """Fill the `cdc` rows' lag; the notes about the slot."""
     try:
-        names = read_capture_state(project.state_dir)
+        names = project.capture_names()
     except ReplicatorError as exc:
         return [str(exc)]
     if names is None:
@@ -45,6 +44,12 @@ def capture_notes(
             behind = max(flushed - parse_lsn(row["cursor"]), 0)
             row["slot_lag_bytes"] = behind
             row["lag"] = f"{size_text(behind)} of log"
+    if info is None and not names.created:
+        return [
+            f"cdc: replication slot {names.slot} (named in tables-config.json `cdc`) does not "
+            f"exist in the source: the next sync cannot run until a DBA creates it "
+            f"({create_slot_statement(names.slot)})"
+        ]
     if info is None:
         return [
             f"cdc: replication slot {names.slot} does not exist in the source: the next sync "

@@ -4,15 +4,17 @@ and the project's slot and publication as they are. Reads only."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from typing import Any
 
 import psycopg
 
 from ..base.errors import ReplicatorError
-from ..base.identifiers import display_ident
+from ..base.identifiers import TableName, display_ident
 from ..capture.preflight import IDENTITY_NAMES, capture_problem, replica_identity
 from ..capture.slot import (
+    add_table_statement,
+    create_publication_statement,
     create_slot_statement,
     drop_slot_statement,
     publication_exists,
@@ -21,7 +23,6 @@ from ..capture.slot import (
 )
 from ..plan.inspect_table import inspect_source
 from ..postgres.database import fetch_all
-from ..project.capture_state import read_capture_state, resolve_names
 from ..project.project import Project
 from .capture_status import size_text
 from .findings import Finding
@@ -83,10 +84,13 @@ def capture_findings(source: psycopg.Connection[Any], project: Project) -> Itera
         yield Finding("ok", "cdc", f"max_slot_wal_keep_size is {keep}")
     yield from _slot(source, names)
     manages = names is None or names.created  # the tool makes and edits the publication
+    published = None
     if manages:
         yield from _may_create_publication(source, names, user)
+    else:
+        published = yield from _dba_publication(source, names, tables)
     for table in tables:
-        yield from _table(source, project, table, user if manages else None)
+        yield from _table(source, project, table, user if manages else None, published, names)
 
 
 _CREATE_ON_DATABASE = (
@@ -119,12 +123,9 @@ _OWNS = (
 
 def _names(project: Project) -> Any:
     try:
-        stored = read_capture_state(project.state_dir)
+        return project.capture_names()
     except ReplicatorError:
         return None
-    if stored is None and project.config.cdc is None:
-        return None
-    return resolve_names(project.config.cdc, stored)
 
 
 def _slot(source: psycopg.Connection[Any], names: Any) -> Iterator[Finding]:
@@ -154,10 +155,33 @@ def _slot(source: psycopg.Connection[Any], names: Any) -> Iterator[Finding]:
     yield Finding("ok", "cdc", f"publication {names.publication}: {len(published)} table(s)")
 
 
+def _dba_publication(
+    source: psycopg.Connection[Any], names: Any, tables: list[Any]
+) -> Generator[Finding, None, set[TableName] | None]:
+    """A DBA's publication (`create: false`): it must exist; returns what it lists."""
+    if publication_exists(source, names.publication):
+        return published_tables(source, names.publication)
+    create = create_publication_statement(names.publication, [t.name for t in tables])
+    yield Finding(
+        "error",
+        "cdc",
+        f"publication {names.publication} (named in tables-config.json `cdc`) does not exist "
+        "in the source: the sync cannot run",
+        f"a DBA creates it: {create}",
+    )
+    return None
+
+
 def _table(
-    source: psycopg.Connection[Any], project: Project, table: Any, publisher: str | None
+    source: psycopg.Connection[Any],
+    project: Project,
+    table: Any,
+    publisher: str | None,
+    published: set[TableName] | None = None,
+    names: Any = None,
 ) -> Iterator[Finding]:
-    """`publisher`: the role that adds the table to the publication, which must own it."""
+    """`publisher`: the role that adds the table to the publication, which must own it;
+    `published`: what a DBA's publication lists (None: the tool manages it)."""
     try:
         info, built = inspect_source(source, table, project.templates)
     except ReplicatorError:
@@ -166,6 +190,14 @@ def _table(
     if problem is not None:
         yield Finding("error", table.written_name, problem.removeprefix(f"{table.written_name}: "))
         return
+    if published is not None and table.name not in published:
+        yield Finding(
+            "error",
+            table.written_name,
+            f"not in publication {names.publication} (named in tables-config.json `cdc`): its "
+            "changes would never arrive, and its sync fails",
+            f"a DBA adds it: {add_table_statement(names.publication, table.name)}",
+        )
     if publisher is not None and not fetch_all(source, _OWNS, (info.oid,))[0][0]:
         yield Finding(
             "error",

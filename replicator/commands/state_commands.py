@@ -78,8 +78,16 @@ def set_cursor(project: Project, name: str, value: str, force: bool = False) -> 
     A cursor past the source's newest key (a typo in the year) needs `force`: until the
     source caught up, no sync would read a row."""
     table = project.config.find(name)
+    if table.mode == "cdc":
+        raise UsageError(
+            f"{table.written_name}: mode cdc has no cursor to set: its copy goes on from its "
+            "position in the source's log. To copy it again from the source, run "
+            f"`replicator refresh {table.written_name}` (the next sync reloads it)"
+        )
     if table.replication_key is None:
-        raise ReplicatorError(f"{table.written_name}: mode full-refresh has no cursor")
+        raise UsageError(
+            f"{table.written_name}: mode {table.mode} has no cursor: every sync reloads it"
+        )
     with connect(project.env.connection(SOURCE_URL), "source") as conn:
         info = describe_table(conn, table.name)
         column = info.column(table.replication_key) if info else None

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 
-from .capture_state import read_capture_state, rejoin_mark
+from .capture_state import CaptureState, read_capture_state, rejoin_mark, resolve_names
 from .config import ProjectConfig, TableConfig, load_config
 from .settings import Connections, Environment, Settings
 from .state import STATE_DIR, StateStore, TableState
@@ -59,6 +59,17 @@ class Project:
         if table.mode != "cdc":
             return state
         return rejoin_mark(read_capture_state(self.state_dir), table, state) or state
+
+    def capture_names(self) -> CaptureState | None:
+        """The slot and publication the `cdc` tables use, for commands that only look
+        (`check`, `status`): the stored ones, or the config's when it names them (a DBA's
+        slot exists before the first sync); None before the first sync of a project that
+        names none (the sync picks them). StateError when cdc.json cannot be trusted."""
+        stored = read_capture_state(self.state_dir)
+        configured = self.config.cdc
+        if stored is None and (configured is None or configured.slot is None):
+            return None
+        return resolve_names(configured, stored)
 
     def select(self, names: tuple[str, ...]) -> tuple[TableConfig, ...]:
         """The tables named on the command line in config order; all of them when none."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 import difflib
 import logging
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -185,11 +186,21 @@ def uri_userinfo_problem(value: str) -> str | None:
     if authority.count("@") > 1 or "@" in path:
         return (
             "the URI has more than one '@' before its host (or one after a '/'), so libpq "
-            "would cut the user name or password short: percent-encode '@' as %40 and '/' "
-            "as %2F in them (postgresql://user:p%40ss@host/db), or use key=value pairs "
-            "(host=... user=... password='p@ss')"
+            "would cut the user name or password short: percent-encode '@' as %40, '/' as "
+            "%2F and '%' as %25 in them (postgresql://user:p%40ss@host/db), or use key=value "
+            "pairs (host=... user=... password='p@ss')"
+        )
+    if _BAD_ESCAPE.search(before_query.rpartition("@")[0]):
+        return (
+            "a '%' in the URI's user name or password is not followed by two hex digits, so "
+            "libpq cannot decode it: percent-encode '%' itself as %25 (and '@' as %40, '/' "
+            "as %2F: postgresql://user:p%25ss@host/db), or use key=value pairs "
+            "(host=... user=... password='p%ss')"
         )
     return None
+
+
+_BAD_ESCAPE = re.compile(r"%(?![0-9A-Fa-f]{2})")
 
 
 @dataclass(frozen=True)

@@ -27,6 +27,7 @@ from ..capture.drain import drain
 from ..capture.lsn import lsn_text
 from ..capture.preflight import capture_problem
 from ..capture.slot import (
+    add_table_statement,
     create_slot,
     create_slot_statement,
     drop_publication_statement,
@@ -50,7 +51,7 @@ from ..project.capture_state import (
     write_capture_state,
 )
 from ..project.config import TableConfig
-from ..project.state import LSN_CURSOR_TYPE, Cursor
+from ..project.state import LSN_CURSOR_TYPE, Cursor, TableState
 from ..report.results import TableResult, utc_now
 from .context import RunContext, TableJob, failure, record_failure
 
@@ -78,6 +79,12 @@ def _warn_abandoned(stored: CaptureState | None, names: CaptureState) -> None:
         )
 
 
+def _in_the_log(state: TableState | None) -> bool:
+    """Whether a table's copy goes on from a log position (a table just switched to cdc
+    has none: it loads from a slot snapshot anyway)."""
+    return state is not None and state.cursor is not None and state.cursor.type == LSN_CURSOR_TYPE
+
+
 class CaptureRun:
     """What a run's `cdc` tables share: the set-up, the deferred tables, the drain."""
 
@@ -85,7 +92,6 @@ class CaptureRun:
         self.run = run
         self.names: CaptureState | None = None
         self.setup_error: str | None = None
-        self.slot_reset = False  # the slot was (re)created: every position before it is void
         self.positions: dict = {}
         self.deferred: list[TableJob] = []
 
@@ -114,7 +120,7 @@ class CaptureRun:
                     forget_applied(ends.dest, targets[name])
 
             published_now = ensure_publication(ends.source, names, ready, keep, forget)
-            self.slot_reset = self._ensure_slot(ends, names, published_now, every)
+            self._ensure_slot(ends, names, published_now, every)
             self.positions = applied_positions(ends.dest)
             self.names = names
         except (ReplicatorError, psycopg.Error) as exc:
@@ -168,9 +174,8 @@ class CaptureRun:
                 f"replication slot {names.slot} (named in tables-config.json `cdc`) {problem}: "
                 f"{fix}; the next sync then reloads every cdc table"
             )
-        reset = info is not None or any(
-            self.run.project.store.read(t.name) is not None for t in every
-        )
+        store = self.run.project.store
+        reset = info is not None or any(_in_the_log(store.read(t.name)) for t in every)
         if reset:
             self._mark_every_table_for_reload(every)
         if info is not None:
@@ -213,7 +218,7 @@ class CaptureRun:
             raise TableProblem(
                 f"{table.written_name}: not in publication {names.publication} (named in "
                 "tables-config.json `cdc`): its changes would never arrive; add it "
-                f"(ALTER PUBLICATION {names.publication} ADD TABLE {table.name})"
+                f"({add_table_statement(names.publication, table.name)})"
             )
         plan = planned.plan
         if plan.action == "incremental":
