@@ -203,3 +203,49 @@ def test_a_view_another_role_owns_is_named_with_the_privilege_the_reload_lacks(
                 sql.SQL("DROP ROLE {}").format(sql.Identifier(analyst)),
             ],
         )
+
+
+def test_a_view_a_superuser_owns_never_asks_for_superuser_membership(
+    db_project, warehouse, orders, source_conn
+):
+    """A DBA's view (owned by `postgres`) on a replicated table: membership in its owner's
+    role would make the loading role a superuser. The fix given hands the view over
+    instead (or drops it), and says why; applied, the reload carries the view across."""
+    _owned_schemas(warehouse, "_replicator", orders)
+    db_project.env["REPLICATOR_DEST_URL"] = warehouse.loader_url
+    db_project.write_config({"tables": [{"name": f"{orders}.orders", "mode": "full-refresh"}]})
+    assert db_project.run("sync").exit_code == 0
+    table = sql.Identifier(orders, "orders")
+    _admin(
+        warehouse,
+        [
+            sql.SQL("CREATE SCHEMA analytics"),
+            sql.SQL(
+                "CREATE VIEW analytics.big_orders AS SELECT * FROM {} WHERE amount > 100"
+            ).format(table),
+        ],
+    )
+    checked = db_project.run("check")
+    synced = db_project.run("sync")
+    assert (checked.exit_code, synced.exit_code) == (1, 1)
+    for output in (checked.stdout, synced.stderr):
+        assert "GRANT postgres TO" not in output, output
+        assert "postgres is a superuser role, and membership in it would make" in output, output
+        assert f"ALTER VIEW analytics.big_orders OWNER TO {warehouse.loader}" in output
+        assert "or drop the views before the reload" in output
+    _admin(
+        warehouse,
+        [
+            sql.SQL("ALTER VIEW analytics.big_orders OWNER TO {}").format(
+                sql.Identifier(warehouse.loader)
+            ),
+            sql.SQL("GRANT USAGE, CREATE ON SCHEMA analytics TO {}").format(
+                sql.Identifier(warehouse.loader)
+            ),
+        ],
+    )
+    again = db_project.run("sync")
+    assert again.exit_code == 0, again.output
+    with psycopg.connect(warehouse.admin_url, autocommit=True) as dest:
+        (rows,) = dest.execute("SELECT count(*) FROM analytics.big_orders").fetchone()
+        assert rows == 134

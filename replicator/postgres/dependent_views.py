@@ -39,6 +39,7 @@ SELECT c.oid, n.nspname, c.relname, c.relkind, pg_catalog.pg_get_userbyid(c.relo
        pg_catalog.has_schema_privilege(n.oid, 'CREATE'),
        pg_catalog.pg_has_role(c.relowner, 'USAGE'),
        pg_catalog.has_schema_privilege(c.relowner, n.oid, 'CREATE'),
+       (SELECT r.rolsuper FROM pg_catalog.pg_roles r WHERE r.oid = c.relowner),
        max(deps.depth)
 FROM deps JOIN pg_catalog.pg_class c ON c.oid = deps.oid
 JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
@@ -59,6 +60,7 @@ class Dependent:
     has_create: bool  # ... its CREATE there
     is_owner: bool  # the loading role owns the view or inherits its owner's privileges
     owner_may_create: bool  # the owner's CREATE on the schema
+    owner_is_superuser: bool = False  # membership in it would make the loading role one
 
     def lacks(self) -> list[str]:
         """What the loading role lacks to drop the view and create it again."""
@@ -76,7 +78,7 @@ class Dependent:
 def dependents(dest: psycopg.Connection[Any], oid: int) -> list[Dependent]:
     """Every view on the table, shallowest first (the order they are recreated in)."""
     return [
-        Dependent(row[0], TableName(row[1], row[2]), *row[3:9])
+        Dependent(row[0], TableName(row[1], row[2]), *row[3:10])
         for row in fetch_all(dest, DEPENDENTS, {"oid": oid})
     ]
 
@@ -101,7 +103,15 @@ def reload_blockers(views: list[Dependent], target: TableName, role: str) -> tup
             fixes.append(f"drop {view.name} or make it a plain view")
             continue
         lacks = view.lacks()
-        if lacks:
+        if lacks and view.owner_is_superuser and not view.is_owner:
+            problems.append(
+                f"{described} depends on {target}: a reload recreates it, which role "
+                f"{display_ident(role)} cannot do: it lacks {', '.join(lacks)}; "
+                f"{display_ident(view.owner)} is a superuser role, and membership in it "
+                f"would make {display_ident(role)} a superuser, so replicator never asks for it"
+            )
+            fixes.append(_new_owner(view, role))
+        elif lacks:
             problems.append(
                 f"{described} depends on {target}: a reload recreates it, which role "
                 f"{display_ident(role)} cannot do: it lacks {', '.join(lacks)}"
@@ -136,6 +146,22 @@ def _grants(view: Dependent, role: str) -> str:
         statements.append(_grant(privileges, view.name.schema, role))
     if not view.is_owner:
         statements.append(f"GRANT {display_ident(view.owner)} TO {display_ident(role)}")
+    return "; ".join(statements)
+
+
+def _new_owner(view: Dependent, role: str) -> str:
+    """For a view a superuser owns: hand it to the loading role (it then reads its tables
+    with that role's privileges), instead of making the loading role a superuser."""
+    statements = [
+        f"ALTER VIEW {view.name} OWNER TO {display_ident(role)} (as {display_ident(view.owner)} "
+        f"or another superuser; the view then reads its tables with {display_ident(role)}'s "
+        "privileges)"
+    ]
+    privileges = tuple(
+        p for p, held in (("USAGE", view.has_usage), ("CREATE", view.has_create)) if not held
+    )
+    if privileges:
+        statements.append(_grant(privileges, view.name.schema, role))
     return "; ".join(statements)
 
 
