@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid
 
@@ -312,6 +313,9 @@ def test_follow_applies_changes_until_sigterm_and_sums_up_its_webhooks(
         stderr=subprocess.PIPE,
         text=True,
     )
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(process.stderr), daemon=True)
+    reader.start()
     try:
         _run(writer, schema, "DELETE FROM {t} WHERE id <= 50")
         _run(writer, schema, "INSERT INTO {t} VALUES (500, 'followed', 1, NULL)")
@@ -319,10 +323,18 @@ def test_follow_applies_changes_until_sigterm_and_sums_up_its_webhooks(
         while time.monotonic() < deadline and _copied_rows(dest_conn, schema) != 51:
             time.sleep(0.2)
         assert_same_table(source_conn, dest_conn, schema, "orders")
-        time.sleep(1)  # a few more (no-op) runs
+        # Two more runs after the one that applied the changes, however slow the machine:
+        # their successes are summed up in the post sent when the signal stops it.
+        applied = len([line for line in list(lines) if "follow: run " in line])
+        while time.monotonic() < deadline and (
+            len([line for line in list(lines) if "follow: run " in line]) < applied + 2
+        ):
+            time.sleep(0.1)
     finally:
         process.send_signal(signal.SIGTERM)
-        _, stderr = process.communicate(timeout=60)
+        process.wait(timeout=60)
+        reader.join(timeout=10)
+    stderr = "".join(lines)
     assert process.returncode == 0, stderr[-3000:]
     assert "follow: stopped by a signal after" in stderr
     assert "cdc: slot" in stderr and "bytes of log written since" in stderr

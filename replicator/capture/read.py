@@ -78,7 +78,7 @@ def read_changes(
     # stays open while the reader waits for the applier.
     with source.cursor(name="replicator_changes", binary=True, withhold=True) as cursor:
         cursor.itersize = FETCH_ROWS
-        cursor.execute(_PEEK, (slot, lsn_text(upto), limit, _quote_publication(publication)))
+        cursor.execute(_PEEK, (slot, lsn_text(upto), limit, quote_publication(publication)))
         for (data,) in cursor:
             read.rows += 1
             if data[0] in _ROW_CHANGES:  # the hot path: no message object
@@ -131,7 +131,7 @@ def _hand_over(reader: _Reader) -> None:
     reader.batch = Batch()
 
 
-def _quote_publication(name: str) -> str:
+def quote_publication(name: str) -> str:
     """publication_names is a comma-separated list of identifiers: quote ours."""
     return '"' + name.replace('"', '""') + '"'
 

@@ -9,14 +9,17 @@ import json
 import logging
 import sys
 import uuid
+from collections.abc import Collection
 
 from rich.console import Console
 from rich.table import Table
 
 from ..base.errors import ReplicatorError, StateError
 from ..base.redact import redact
+from ..capture.applied import applied_positions
+from ..capture.pending import Key, pending_keys
 from ..compare.verdict import Verdict
-from ..compare.verify_table import verify_table
+from ..compare.verify_table import PendingLookup, verify_table
 from ..postgres.database import connect
 from ..postgres.endpoints import Endpoints
 from ..project.config import TableConfig
@@ -82,7 +85,14 @@ def _verify_one(
     else:
         log.info("%s: verifying%s", table.written_name, " and repairing" if repair else "")
         verdict = verify_table(
-            ends, table, project.templates, state, spark, fix=repair, force=force
+            ends,
+            table,
+            project.templates,
+            state,
+            spark,
+            fix=repair,
+            force=force,
+            pending=_pending_changes(project, ends, table),
         )
     level = logging.ERROR if verdict.status == "failed" else logging.INFO
     if verdict.status == "different" and not verdict.fixed:
@@ -93,6 +103,26 @@ def _verify_one(
         extra={"fields": {"event": "verify.table", **verdict.as_dict()}},
     )
     return verdict
+
+
+def _pending_changes(project: Project, ends: Endpoints, table: TableConfig) -> PendingLookup | None:
+    """For a `cdc` table, its changes still in the slot (read only when the comparison
+    finds differences). Its applied position is read now, before the comparison's
+    snapshots: a change a concurrent sync applies in between still counts as pending."""
+    if table.mode != "cdc":
+        return None
+    names = project.capture_names()
+    since = applied_positions(ends.dest).get(table.target)
+    if names is None or since is None:
+        return None
+
+    def lookup(key: tuple[str, ...], differing: list[Key]) -> Collection[Key] | None:
+        assert names is not None and since is not None
+        return pending_keys(
+            ends.source_url, names.slot, names.publication, table.name, key, since, differing
+        )
+
+    return lookup
 
 
 def _failed(table: TableConfig, error: str) -> Verdict:

@@ -12,7 +12,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -46,6 +46,14 @@ class Found:
     @property
     def differences(self) -> int:
         return len(self.missing) + len(self.extra) + len(self.different)
+
+    def set_aside(self, waiting: Callable[[Key], bool], kinds: Sequence[str]) -> None:
+        """Count the differences of these kinds whose key `waiting` says a change not yet
+        applied explains as not yet synced instead (the next sync brings them)."""
+        for kind in kinds:
+            keys: list[Key] = getattr(self, kind)
+            setattr(self, kind, [k for k in keys if not waiting(k)])
+            self.not_yet_synced.extend(k for k in keys if waiting(k))
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+from collections.abc import Callable, Collection
 from typing import Any
 
 import psycopg
@@ -32,6 +33,12 @@ from .repair import MARK_COLUMN, repair
 from .thresholds import INTEGER_TYPES
 from .verdict import MAX_EXAMPLES, Verdict
 
+# A `cdc` table's keys that changes in the slot, not yet applied, touch (capture/pending.py;
+# commands/verify.py binds it): given the key's columns and the differing keys, those with
+# a pending change, or None when a pending TRUNCATE touches them all.
+PendingLookup = Callable[[tuple[str, ...], list[Key]], Collection[Key] | None]
+_DIFFERENCES = ("missing", "extra", "different")
+
 
 def verify_table(
     ends: Endpoints,
@@ -42,10 +49,12 @@ def verify_table(
     *,
     fix: bool = False,
     force: bool = False,
+    pending: PendingLookup | None = None,
 ) -> Verdict:
     """Compare (and with `fix`, repair) one table; a problem is a `failed` verdict. A repair
     that would delete more than half of the destination's rows is refused (the verdict says
-    so) unless `force`: a broken or emptied model must not empty the copy."""
+    so) unless `force`: a broken or emptied model must not empty the copy. `pending`: for a
+    `cdc` table, its changes still in the slot."""
     started = time.monotonic()
     try:
         planned = plan_now(ends.source, ends.dest, table, templates, state)
@@ -56,7 +65,9 @@ def verify_table(
             else contextlib.nullcontext()
         )
         with lock:
-            found, repaired, shape = _compare(ends, table, planned, state, spark, fix, force)
+            found, repaired, shape = _compare(
+                ends, table, planned, state, spark, fix, force, pending
+            )
     except (ReplicatorError, psycopg.Error) as exc:
         raise_if_requested()  # a query cancelled by SIGTERM/SIGINT: the run stops, not the table
         error = one_line(exc).removeprefix(f"{table.written_name}: ")  # the verdict names it
@@ -138,6 +149,7 @@ def _compare(
     spark: SparkRunner,
     fix: bool,
     force: bool,
+    pending: PendingLookup | None,
 ) -> tuple[Found, int, q.Shape]:
     built = planned.built
     assert planned.observed.destination is not None
@@ -153,10 +165,32 @@ def _compare(
         built.reading_model(),
         compared(ends, table, sides, spark, _fresh(table, built.columns, state)) as (found, reader),
     ):
+        _set_aside_pending(table, planned.built.primary_key, found, pending)
         repaired = 0
         if fix and found.differences and (force or not _too_many(found)):
             repaired = repair(ends.dest, reader, sides.shape, sides.source, sides.target, found)
     return found, repaired, sides.shape
+
+
+def _set_aside_pending(
+    table: TableConfig, key: tuple[str, ...], found: Found, pending: PendingLookup | None
+) -> None:
+    """Differences the next sync resolves are not yet synced, in every mode (a cursor
+    table's rows at or past its cursor were set aside while they were read, `_fresh`):
+    - a full-refresh table is reloaded by every sync: whatever changed since differs;
+    - `deletes: delete` or `mark`: a row gone from the source since the last delete check
+      is deleted (or marked) by the next one;
+    - `cdc`: a row whose change is still in the slot."""
+    if not found.differences:
+        return
+    if table.mode == "full-refresh":
+        found.set_aside(lambda _: True, _DIFFERENCES)
+    elif table.deletes != "ignore":
+        found.set_aside(lambda _: True, ("extra",))
+    if table.mode == "cdc" and pending is not None and found.differences:
+        differing = [*found.missing, *found.extra, *found.different]
+        waiting = pending(key, differing)
+        found.set_aside(lambda k: waiting is None or k in waiting, _DIFFERENCES)
 
 
 def _fresh(

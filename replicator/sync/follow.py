@@ -30,7 +30,10 @@ class FollowNotifier:
         configured = project.config.webhook
         self.every = configured.summary_interval if configured else 60
         self.failing = False
-        self.last_post = 0.0
+        # None until the first post, which is due at once: monotonic time starts at boot,
+        # so "0.0" would hold the first run's post back on a machine up for less than
+        # `summary_interval`.
+        self.last_post: float | None = None
         self.unsent: dict[str, Any] | None = None
         self.runs = 0
 
@@ -38,7 +41,7 @@ class FollowNotifier:
         if self.webhook is None:
             return
         self.runs += 1
-        due = time.monotonic() - self.last_post >= self.every
+        due = self.last_post is None or time.monotonic() - self.last_post >= self.every
         if failed or self.failing or due:
             self.failing = failed
             self._post(payload)
