@@ -760,3 +760,30 @@ def test_a_table_switched_to_cdc_reloads_as_compile_says(
     _run(writer, schema, "UPDATE {t} SET note = 'later' WHERE id = 7")
     assert f"{schema}.orders: incremental" in _sync(cdc_project).stderr
     assert_same_table(source_conn, dest_conn, schema, "orders")
+
+
+def test_only_cdc_tables_join_the_publication(cdc_project, schema, writer, source_conn):
+    """A cursor table synced in the same run is not published (the first sync added it to
+    the publication, and the next one removed it again)."""
+    _create(writer, schema, "orders")
+    writer.execute(
+        sql.SQL("CREATE TABLE {} (id int PRIMARY KEY, updated_at timestamptz)").format(
+            sql.Identifier(schema, "items")
+        )
+    )
+    cdc_project.write_config(
+        {
+            "tables": [
+                {"name": f"{schema}.items", "replication_key": "updated_at"},
+                {"name": f"{schema}.orders", "mode": "cdc"},
+            ]
+        }
+    )
+    _sync(cdc_project)
+    publication = json.loads((cdc_project.path / "sync-state" / "cdc.json").read_text())
+    published = source_conn.execute(
+        "SELECT tablename FROM pg_publication_tables WHERE pubname = %s",
+        (publication["publication"],),
+    ).fetchall()
+    assert published == [("orders",)]
+    assert "publication" not in _sync(cdc_project).stderr

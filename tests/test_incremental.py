@@ -87,8 +87,8 @@ def test_a_batch_with_a_key_twice_merges_the_newest_version(
     model keeps the same version of every key."""
     table = _orders(source_conn, schema, rows=200)
     _config(db_project, schema)
-    assert db_project.run("sync").exit_code == 0
     db_project.write(f"models/{schema}/orders.sql", DUPLICATING_MODEL.format(source="{{ source }}"))
+    assert db_project.run("sync").exit_code == 0
     source_conn.execute(
         sql.SQL(
             "UPDATE {} SET amount = 0, updated_at = clock_timestamp() WHERE id % 10 = 0"

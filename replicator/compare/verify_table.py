@@ -175,17 +175,16 @@ def _compare(
 def _set_aside_pending(
     table: TableConfig, key: tuple[str, ...], found: Found, pending: PendingLookup | None
 ) -> None:
-    """Differences the next sync resolves are not yet synced, in every mode (a cursor
-    table's rows at or past its cursor were set aside while they were read, `_fresh`):
-    - a full-refresh table is reloaded by every sync: whatever changed since differs;
+    """Differences the next sync resolves are not yet synced (a cursor table's rows at or
+    past its cursor were set aside while they were read, `_fresh`):
     - `deletes: delete` or `mark`: a row gone from the source since the last delete check
       is deleted (or marked) by the next one;
-    - `cdc`: a row whose change is still in the slot."""
+    - `cdc`: a row whose change is still in the slot.
+    A full-refresh table's differences stay differences: which rows changed since its
+    reload cannot be told from a tampered copy (README: Verify)."""
     if not found.differences:
         return
-    if table.mode == "full-refresh":
-        found.set_aside(lambda _: True, _DIFFERENCES)
-    elif table.deletes != "ignore":
+    if table.deletes != "ignore":
         found.set_aside(lambda _: True, ("extra",))
     if table.mode == "cdc" and pending is not None and found.differences:
         differing = [*found.missing, *found.extra, *found.different]

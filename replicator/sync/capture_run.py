@@ -101,6 +101,7 @@ class CaptureRun:
         """Names, publication and slot; an error here fails every selected `cdc` table."""
         project = self.run.project
         every = [t for t in project.config.tables if t.mode == "cdc"]
+        selected = tuple(t for t in selected if t.mode == "cdc")
         try:
             stored = read_capture_state(project.state_dir)
             names = resolve_names(project.config.cdc, stored)
