@@ -159,16 +159,35 @@ def _sync_all(
                 order = {t.written_name: i for i, t in enumerate(tables)}
                 results.sort(key=lambda r: order.get(r.name, 0))
     except ReplicatorError as exc:  # a database could not be reached: every table not done
-        done = {r.name for r in results}
-        for table in tables:
-            if table.written_name in done:
-                continue
-            result = failure(table, str(exc), 0.0)
-            _record_unreachable(run, table, result)
-            log.error(result.line())
-            results.append(result)
+        _fail_the_rest(run, tables, exc)
     finally:
         run.spark.finish()
+
+
+def _fail_the_rest(run: RunContext, tables: tuple[TableConfig, ...], exc: ReplicatorError) -> None:
+    """Every table not done fails with the run's error, which is logged once with their
+    count: the same line for each of 160 tables would bury everything else. Each one's
+    state still records the failed run (`status`), and the webhook still lists each one."""
+    done = {r.name for r in run.results}
+    rest = [t for t in tables if t.written_name not in done]
+    for table in rest:
+        result = failure(table, str(exc), 0.0)
+        _record_unreachable(run, table, result)
+        run.results.append(result)
+    log.error(
+        "%s; %d of %d table(s) not synced: the next run tries them again",
+        redact(str(exc)),
+        len(rest),
+        len(tables),
+        extra={
+            "fields": {
+                "event": "run.unreachable",
+                "run_id": run.run_id,
+                "error": redact(str(exc)),
+                "tables": [t.written_name for t in rest],
+            }
+        },
+    )
 
 
 def _notify(
