@@ -10,6 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from ..base.errors import StateWriteError
 from ..base.redact import redact
 from ..plan.decide import Plan
 from ..plan.drift import Observed, Planned
@@ -193,5 +194,6 @@ def record_failure(
             base.model_copy(update={"last_run": outcome(run, started_at, utc_now(), result)}),
             table.name,
         )
-    except OSError as exc:
-        log.error("%s: could not record the failure in sync-state: %s", table.written_name, exc)
+    except StateWriteError as exc:
+        if redact(str(exc)) != result.error:  # else the table's own error says it already
+            log.error("%s: could not record the failure in sync-state: %s", table.written_name, exc)
