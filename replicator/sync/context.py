@@ -65,6 +65,10 @@ class RunContext:
             # Every batch goes to it: connecting (about a second, mostly the client's
             # imports) overlaps the catalog reads and planning.
             self.spark.warm_up()
+        # what of `_replicator` was missing as the run began (ownership.bookkeeping_gone),
+        # and whether the run has said what that means
+        self.bookkeeping_gone: str | None = None
+        self.said_gone = False
         # `sync --follow`: decides whether a run's webhook is posted (follow.py)
         self.notify: Callable[[dict[str, Any], bool], None] | None = None
 

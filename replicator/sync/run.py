@@ -28,7 +28,7 @@ from ..plan.decide import Plan
 from ..plan.drift import plan_now
 from ..postgres.database import connect
 from ..postgres.endpoints import Endpoints
-from ..postgres.ownership import adopt_legacy
+from ..postgres.ownership import adopt_legacy, bookkeeping_gone
 from ..postgres.table_lock import table_lock
 from ..project.config import TableConfig
 from ..project.project import Project
@@ -138,6 +138,8 @@ def _sync_all(
             connect(connections.destination, "destination") as dest,
         ):
             ends = Endpoints(source, dest, connections.source, connections.destination)
+            # before a table (or the capture's set-up) creates the registry again
+            run.bookkeeping_gone = bookkeeping_gone(dest)
             capture = CaptureRun(run) if any(t.mode == "cdc" for t in tables) else None
             if capture is not None:
                 capture.set_up(ends, tables)
@@ -307,7 +309,7 @@ def _sync_locked_table(
             planned = capture.adjust(ends, planned, state)
             plan = planned.plan
         if planned.observed.ownership == "legacy":
-            adopt_legacy(ends.dest, table)
+            _adopt(run, ends, table)
         job = TableJob(run, ends, table, planned, state, output, started, started_at)
         if plan.action == "incremental" and table.mode == "cdc" and capture is not None:
             capture.defer(job)
@@ -330,6 +332,22 @@ def _sync_locked_table(
         result = failure(table, f"internal error: {one_line(exc)}", time.monotonic() - started)
         record_failure(run, table, state, started_at, result)
     return result
+
+
+def _adopt(run: RunContext, ends: Endpoints, table: TableConfig) -> None:
+    """Record a table the sync-state says the tool loaded; the first in a run whose
+    bookkeeping was dropped says what that means, once."""
+    dropped = run.bookkeeping_gone
+    if dropped is not None and not run.said_gone:
+        run.said_gone = True
+        log.warning(
+            "replicator's bookkeeping in the destination was dropped (%s): the tables this "
+            "project's sync-state says it loaded are recorded as replicator's again; the rest "
+            "of it is gone too: cdc tables reload in full (their log positions were kept "
+            "there) and unfinished resumable loads start over",
+            dropped,
+        )
+    adopt_legacy(ends.dest, table, dropped)
 
 
 def _record_unreachable(run: RunContext, table: TableConfig, result: TableResult) -> None:
