@@ -2,12 +2,12 @@
 
 The closure of user-defined types is read from the source (type_closure.py), then created
 deepest-first, after the extensions whose types it uses (dest_extensions.py: a type that
-belongs to an extension is never created by hand). Existing enums gain the
-labels they lack, in the source's order. Existing domains take the source's default, NOT NULL
-and checks (a changed domain reloads the table through schema drift, and its new rows must
-fit); a domain whose base type or collation changed fails the table with the fix (PostgreSQL
-cannot change it in place). Existing composites gain attributes added at the end; any other
-difference fails the table with the fix.
+belongs to an extension is never created by hand). Existing enums gain the labels they lack,
+in the source's order. Existing domains take the source's default, NOT NULL and checks (a
+changed domain reloads the table through schema drift, and its new rows must fit); a domain
+whose base type or collation changed fails the table with the fix (PostgreSQL cannot change
+it in place). Existing composites gain attributes added at the end; any other difference
+fails the table with the fix.
 """
 
 from __future__ import annotations
