@@ -277,6 +277,47 @@ def test_every_problem_is_listed_at_once(project):
     assert "tables[0].replication_kee" in stderr and "tables[1].name" in stderr
 
 
+def test_problems_pydantic_finds_in_rounds_are_listed_in_one_run(project):
+    """A duplicated table beside a typo'd key elsewhere, and a table's keys that do not go
+    together beside a typo'd key or a bad value in the same table: all in one run. A typo'd
+    key hides nothing, but the key it stands for is not assumed missing."""
+    code, stderr = _errors(
+        project,
+        {
+            "tables": [
+                {"name": "a.b", "mode": "full-refresh"},
+                {"name": "a.c", "mode": "full-refresh", "replication_kee": "u"},
+                {"name": "A.B", "mode": "full-refresh"},
+                {"name": "a.d", "mode": "full-refresh", "deletes": "delete", "lookbak": 3},
+                {
+                    "name": "a.e",
+                    "mode": "incremental-append",
+                    "replication_key": "u",
+                    "deletes": "mark",
+                    "partitions": 0,
+                },
+                {"name": "a.f", "modee": "full-refresh"},
+            ]
+        },
+    )
+    assert code == 2
+    expected = [
+        'tables[1].replication_kee: unknown key; did you mean "replication_key"?',
+        "tables: source table a.b is listed twice (tables[0] and tables[2])",
+        'tables[3]: "deletes" applies to incremental modes',
+        'tables[3].lookbak: unknown key; did you mean "lookback"?',
+        'tables[4]: "deletes": "mark" needs mode incremental-deduped',
+        "tables[4].partitions: expected a number >= 1, got 0",
+        'tables[5].modee: unknown key; did you mean "mode"?',
+    ]
+    lines = stderr.splitlines()
+    for text in expected:
+        assert sum(text in line for line in lines) == 1, (text, stderr)
+    assert "tables[5]: " not in stderr, "the typo'd mode is not taken for a missing one"
+    assert "destination table a.b" not in stderr, "one pair, said once"
+    assert len([line for line in lines if "tables-config.json: " in line]) == len(expected)
+
+
 def test_missing_config_file_is_exit_2(project):
     result = project.run("status")
     assert result.exit_code == 2

@@ -170,6 +170,69 @@ def test_a_table_loaded_before_ownership_records_stays_the_tools(
     assert recorded == 1
 
 
+def test_a_dropped_bookkeeping_schema_is_named_as_such_and_the_next_sync_carries_on(
+    cdc_project, shop, writer, source_conn, dest_conn
+):
+    """`DROP SCHEMA _replicator CASCADE` in the destination: the next sync says that is what
+    happened (not "an earlier replicator version"), once, records the tables again from the
+    sync-state, and reloads the cdc table whose log position went with it; every copy exact."""
+    dest_conn.execute(sql.SQL("DROP TABLE {}").format(sql.Identifier(shop, "orders")))
+    writer.execute(
+        sql.SQL("CREATE TABLE {} (id int PRIMARY KEY, note text)").format(
+            sql.Identifier(shop, "events")
+        )
+    )
+    writer.execute(
+        sql.SQL("INSERT INTO {} SELECT g, 'e' || g FROM generate_series(1, 40) g").format(
+            sql.Identifier(shop, "events")
+        )
+    )
+    cdc_project.write_config(
+        {
+            "tables": [
+                {"name": f"{shop}.orders", "replication_key": "updated_at"},
+                {"name": f"{shop}.events", "mode": "cdc"},
+            ]
+        }
+    )
+    assert cdc_project.run("sync").exit_code == 0
+    dest_conn.execute("DROP SCHEMA _replicator CASCADE")
+    writer.execute(
+        sql.SQL(
+            "UPDATE {} SET note = 'changed', updated_at = now() + interval '1 min' WHERE id <= 10"
+        ).format(sql.Identifier(shop, "orders"))
+    )
+    writer.execute(sql.SQL("DELETE FROM {} WHERE id > 30").format(sql.Identifier(shop, "events")))
+    synced = cdc_project.run("sync")
+    assert synced.exit_code == 0, synced.output
+    log = synced.stderr
+    assert "earlier replicator version" not in log, log
+    assert (
+        log.count(
+            "replicator's bookkeeping in the destination was dropped (schema "
+            "_replicator is gone): the tables this project's sync-state says it loaded "
+            "are recorded as replicator's again; the rest of it is gone too: cdc tables "
+            "reload in full"
+        )
+        == 1
+    ), log
+    for name in ("orders", "events"):
+        assert (
+            f"{shop}.{name}: destination table {shop}.{name} recorded as replicator's again, "
+            "from this project's sync-state" in log
+        ), log
+    assert f"{shop}.orders: incremental" in log, log
+    assert f"{shop}.events: full_reload" in log and "no log position in the destination" in log
+    assert assert_same_table(source_conn, dest_conn, shop, "orders") == 100
+    assert assert_same_table(source_conn, dest_conn, shop, "events") == 30
+    (recorded,) = dest_conn.execute(
+        "SELECT count(*) FROM _replicator.owned_tables WHERE schema_name = %s", (shop,)
+    ).fetchone()
+    assert recorded == 2
+    again = cdc_project.run("sync")
+    assert again.exit_code == 0 and "recorded as replicator's" not in again.stderr, again.stderr
+
+
 def test_the_swap_itself_refuses_a_table_it_does_not_own(pg_servers, dest_conn, schema):
     """The last line of defence, under the swap's lock: a table that became someone
     else's while the load ran is left alone."""

@@ -9,6 +9,7 @@ import re
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import psycopg
 import pytest
@@ -249,3 +250,62 @@ def test_a_view_a_superuser_owns_never_asks_for_superuser_membership(
     with psycopg.connect(warehouse.admin_url, autocommit=True) as dest:
         (rows,) = dest.execute("SELECT count(*) FROM analytics.big_orders").fetchone()
         assert rows == 134
+
+
+def test_an_extension_the_role_may_not_create_is_named_with_the_statement(
+    db_project, warehouse, source_conn, schema
+):
+    """A citext column, and a loading role without CREATE on the database: `check` and the
+    sync name the column's type, the extension and the statement for a DBA, before anything
+    is copied; once the role may create it (citext is trusted), the sync creates it."""
+    if not Path("/usr/share/postgresql/15/extension/citext.control").exists():
+        pytest.skip("citext is not installed with this PostgreSQL (the contrib modules)")
+    s = sql.Identifier(schema)
+    for statement in (
+        "CREATE EXTENSION citext SCHEMA {s}",
+        "CREATE TABLE {s}.people (id int PRIMARY KEY, name {s}.citext)",
+        "INSERT INTO {s}.people SELECT g, 'Name ' || g FROM generate_series(1, 20) g",
+    ):
+        source_conn.execute(sql.SQL(statement).format(s=s))
+    _owned_schemas(warehouse, "_replicator", schema)
+    db_project.env["REPLICATOR_DEST_URL"] = warehouse.loader_url
+    db_project.write_config({"tables": [{"name": f"{schema}.people", "mode": "full-refresh"}]})
+    loader, database = warehouse.loader, warehouse.database
+    expected = (
+        f"column name uses type {schema}.citext of extension citext, which the destination "
+        f"lacks; role {loader} may not create extension citext (a trusted extension: it needs "
+        f"CREATE on database {database}); fix: CREATE EXTENSION IF NOT EXISTS citext SCHEMA "
+        f"{schema} (as a superuser or the database owner), or GRANT CREATE ON DATABASE "
+        f"{database} TO {loader}"
+    )
+    checked = db_project.run("check")
+    assert checked.exit_code == 1
+    assert f"error {schema}.people: {expected}" in checked.stdout, checked.stdout
+    synced = db_project.run("sync", "-v")
+    assert synced.exit_code == 1
+    assert f"{schema}.people: failed after" in synced.stderr and expected in synced.stderr, (
+        synced.stderr
+    )
+    assert "copied" not in synced.stderr, "it failed before copying anything"
+    with psycopg.connect(warehouse.admin_url) as dest:
+        (table,) = dest.execute(
+            "SELECT to_regclass(%s)", (sql.Identifier(schema, "people").as_string(dest),)
+        ).fetchone()
+        assert table is None
+    _admin(
+        warehouse,
+        [
+            sql.SQL("GRANT CREATE ON DATABASE {} TO {}").format(
+                sql.Identifier(database), sql.Identifier(loader)
+            )
+        ],
+    )
+    checked = db_project.run("check")
+    assert checked.exit_code == 0, checked.stdout
+    assert f"ok    {schema}.people: extension citext will be created by the first sync" in (
+        checked.stdout
+    )
+    synced = db_project.run("sync")
+    assert synced.exit_code == 0, synced.output
+    with psycopg.connect(warehouse.admin_url) as dest:
+        assert assert_same_table(source_conn, dest, schema, "people") == 20

@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import resource
+import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from dbcompare import assert_same_table
+from psycopg import sql
 
 from replicator.base.errors import StateError
 from replicator.base.identifiers import TableName
@@ -166,3 +171,107 @@ def test_state_folder_is_portable(tmp_path):
     (tmp_path / "a").rename(moved)
     assert StateStore(moved).read(ORDERS) == _state()
     assert not any(str(tmp_path / "a") in p.read_text() for p in Path(moved).iterdir())
+
+
+class _FullDisk:
+    """The project's sync-state folder on a 256 KiB tmpfs that `fill` fills up (root may
+    mount one). Where mount is refused, a file size limit on the sync's process instead:
+    its state write then fails with EFBIG rather than ENOSPC."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        mounted = os.geteuid() == 0 and (
+            subprocess.run(
+                ["mount", "-t", "tmpfs", "-o", "size=256k,mode=0755", "tmpfs", str(folder)],
+                capture_output=True,
+            ).returncode
+            == 0
+        )
+        self.mounted = mounted
+        self.cause = "No space left on device" if mounted else "File too large"
+        self.full = False
+
+    def fill(self) -> None:
+        self.full = True
+        if not self.mounted:
+            return
+        with open(self.folder / "filler", "wb", buffering=0) as handle:
+            try:
+                while True:
+                    handle.write(b"x" * 4096)
+            except OSError as exc:
+                assert exc.errno == errno.ENOSPC, exc
+
+    def free(self) -> None:
+        self.full = False
+        (self.folder / "filler").unlink(missing_ok=True)
+
+    def limit(self) -> None:
+        """preexec_fn of the sync's process: the fallback's limit while the disk is 'full'."""
+        if self.full and not self.mounted:
+            signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # EFBIG instead of a kill
+            resource.setrlimit(resource.RLIMIT_FSIZE, (64, 64))
+
+    def close(self) -> None:
+        if self.mounted:
+            subprocess.run(["umount", str(self.folder)], check=True)
+
+
+def _sync_process(project, disk: _FullDisk) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "replicator", "sync", "--project-dir", str(project.path)],
+        env={**os.environ, **project.env},
+        capture_output=True,
+        text=True,
+        stdin=subprocess.DEVNULL,
+        preexec_fn=disk.limit,
+        timeout=300,
+    )
+
+
+def test_a_full_disk_names_the_state_file_and_the_next_run_converges(
+    db_project, source_conn, dest_conn, schema, monkeypatch
+):
+    """The state write after a merge fails for want of space: the sync says which file and
+    why, removes its temporary file, leaves the old state as it was and keeps the merged
+    rows; once there is room, the next run converges."""
+    monkeypatch.setenv("REPLICATOR_SPARK_MIN_ROWS", "1000000")  # no JVM under the limit
+    table = sql.Identifier(schema, "orders")
+    source_conn.execute(
+        sql.SQL(
+            "CREATE TABLE {} (id int PRIMARY KEY, updated_at timestamptz NOT NULL DEFAULT now())"
+        ).format(table)
+    )
+    source_conn.execute(sql.SQL("INSERT INTO {} SELECT generate_series(1, 100)").format(table))
+    db_project.write_config(
+        {"tables": [{"name": f"{schema}.orders", "replication_key": "updated_at"}]}
+    )
+    folder = db_project.path / "sync-state"
+    disk = _FullDisk(folder)
+    try:
+        assert _sync_process(db_project, disk).returncode == 0
+        state_file = StateStore(folder).path_for(TableName(schema, "orders"))
+        before = state_file.read_bytes()
+        source_conn.execute(
+            sql.SQL(
+                "INSERT INTO {} SELECT g, now() + interval '1 min' FROM generate_series(101, 150) g"
+            ).format(table)
+        )
+        disk.fill()
+        failed = _sync_process(db_project, disk)
+        assert failed.returncode == 1, failed.stderr
+        assert f"{state_file}: cannot write sync-state: {disk.cause}" in failed.stderr
+        assert "then run again" in failed.stderr
+        assert "internal error" not in failed.stderr and "Traceback" not in failed.stderr
+        assert failed.stderr.count("cannot write sync-state") == 1, failed.stderr
+        assert not [p.name for p in folder.iterdir() if ".tmp-" in p.name]
+        assert state_file.read_bytes() == before, "the old state is untouched"
+        (rows,) = dest_conn.execute(sql.SQL("SELECT count(*) FROM {}").format(table)).fetchone()
+        assert rows == 150, "the merge committed before the state write stays"
+        disk.free()
+        again = _sync_process(db_project, disk)
+        assert again.returncode == 0, again.stderr
+        assert assert_same_table(source_conn, dest_conn, schema, "orders") == 150
+        assert StateStore(folder).read(TableName(schema, "orders")).last_run.status == "success"
+    finally:
+        disk.close()

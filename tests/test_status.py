@@ -4,7 +4,17 @@ and the destination's row count."""
 
 from __future__ import annotations
 
+import fcntl
 import json
+import os
+import pty
+import re
+import select
+import struct
+import subprocess
+import sys
+import termios
+import time
 
 import pytest
 from psycopg import sql
@@ -62,6 +72,65 @@ def test_a_run_that_could_not_connect_is_the_last_run(db_project, orders):
     assert after["cursor"] == synced["cursor"]
     grid = db_project.run("status", env={"REPLICATOR_DEST_URL": unreachable}).stdout
     assert "failure" in grid and "destination not inspected: cannot connect" in grid
+
+
+def _on_a_terminal(project, *args, env) -> tuple[int, str, str]:
+    """`replicator <args>` as its own process with stdout on a pseudo-terminal 250 columns
+    wide (where the summary table is shown): exit code, stdout without colours, stderr."""
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 50, 250, 0, 0))
+    with subprocess.Popen(
+        [sys.executable, "-m", "replicator", *args, "--project-dir", str(project.path)],
+        env={**os.environ, **project.env, **env, "TERM": "xterm", "COLUMNS": "250"},
+        stdin=subprocess.DEVNULL,
+        stdout=slave,
+        stderr=subprocess.PIPE,
+        text=True,
+    ) as process:
+        os.close(slave)
+        out, deadline = b"", time.monotonic() + 120
+        while time.monotonic() < deadline:
+            if select.select([master], [], [], 1)[0]:
+                try:
+                    chunk = os.read(master, 65536)
+                except OSError:  # EIO: the process closed its end
+                    break
+                if not chunk:
+                    break
+                out += chunk
+        os.close(master)
+        stderr = process.stderr.read()
+        code = process.wait(timeout=30)
+    return code, re.sub(r"\x1b\[[0-9;?]*[a-zA-Z]", "", out.decode()), stderr
+
+
+def test_an_unreachable_database_is_said_once_not_once_per_table(db_project, orders, source_conn):
+    """Four tables, a destination nobody listens on: the error is logged once with how many
+    tables were not synced, and the summary says it once; every table's state records the
+    failed run, and the webhook lists every table."""
+    for name in ("b", "c", "d"):
+        source_conn.execute(
+            sql.SQL("CREATE TABLE {} (id int PRIMARY KEY)").format(sql.Identifier(orders, name))
+        )
+    names = [f"{orders}.{n}" for n in ("orders", "b", "c", "d")]
+    db_project.write_config({"tables": [{"name": n, "mode": "full-refresh"} for n in names]})
+    assert db_project.run("sync", "-s", names[0]).exit_code == 0
+    unreachable = f"postgresql://postgres@127.0.0.1:{free_port()}/postgres?connect_timeout=2"
+    code, summary, stderr = _on_a_terminal(
+        db_project, "sync", env={"REPLICATOR_DEST_URL": unreachable}
+    )
+    assert code == 1, stderr
+    error = "cannot connect to the destination database"
+    assert stderr.count(error) == 1, stderr
+    assert "4 of 4 table(s) not synced" in stderr, stderr
+    assert "sync finished: 0 succeeded, 4 failed" in stderr
+    assert summary.count(error) == 1, summary
+    assert "│ 4 tables: " in summary and " and 1 more " in summary, summary
+    rows = json.loads(
+        db_project.run("status", "--json", env={"REPLICATOR_DEST_URL": unreachable}).stdout
+    )
+    assert [(r["name"], r["last_status"]) for r in rows] == [(n, "failure") for n in names]
+    assert all(r["last_error"].startswith(error) for r in rows)
 
 
 def test_next_is_the_plan_the_sync_will_follow(db_project, orders, source_conn, dest_conn):

@@ -56,6 +56,11 @@ class StateError(ReplicatorError):
     """A sync-state file cannot be trusted (corrupt, truncated, future format)."""
 
 
+class StateWriteError(ReplicatorError):
+    """A sync-state file could not be written (a full disk, a read-only folder). The old
+    file is left as it was, so the next run redoes what this one could not record."""
+
+
 class TemplateError(ReplicatorError):
     """A model or macro does not render or does not parse; names the file and line."""
 

@@ -29,6 +29,7 @@ from ..report.results import utc_now
 from ..report.webhook import build_payload, post
 from .check_capture import capture_findings
 from .check_spark import spark_findings
+from .check_types import extension_findings
 from .findings import Finding
 
 
@@ -73,6 +74,7 @@ def run_checks(project: Project, ping: bool = False) -> list[Finding]:
                 findings.extend(_check_table(source, table, project))
             if source is not None and dest is not None:
                 findings.extend(_check_plan(source, dest, table, project))
+                findings.extend(extension_findings(source, dest, table, project))
     finally:
         for conn in (source, dest):
             if conn is not None:

@@ -122,7 +122,7 @@ def read_signature(conn: psycopg.Connection[Any], source: TableInfo, built: Tabl
         columns=columns,
         primary_key=built.primary_key,
         replication_key=built.table.replication_key,
-        types=describe_types(conn, [c.type_oid for c in built.columns]),
+        types=describe_types(conn, built.columns),
         model=model_fingerprint(built.model),
         model_origin=built.model.origin,
     )

@@ -1,17 +1,18 @@
 """Enum, domain and composite types a table uses, created in the destination first.
 
-The closure of user-defined types is read from the source (array elements, domain bases,
-composite attributes, range subtypes), then created deepest-first. Existing enums gain the
-labels they lack, in the source's order. Existing domains take the source's default, NOT NULL
-and checks (a changed domain reloads the table through schema drift, and its new rows must
-fit); a domain whose base type or collation changed fails the table with the fix (PostgreSQL
-cannot change it in place). Existing composites gain attributes added at the end; any other
-difference fails the table with the fix.
+The closure of user-defined types is read from the source (type_closure.py), then created
+deepest-first, after the extensions whose types it uses (dest_extensions.py: a type that
+belongs to an extension is never created by hand). Existing enums gain the labels they lack,
+in the source's order. Existing domains take the source's default, NOT NULL and checks (a
+changed domain reloads the table through schema drift, and its new rows must fit); a domain
+whose base type or collation changed fails the table with the fix (PostgreSQL cannot change
+it in place). Existing composites gain attributes added at the end; any other difference
+fails the table with the fix.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,36 +20,11 @@ import psycopg
 from psycopg import sql
 
 from ..base.errors import TableProblem
-from .database import Step, execute, fetch_all, run_steps, transaction
-from .dest_schema import missing_schemas, schema_steps
+from .catalog import Column
+from .database import Step, execute, fetch_all, transaction
+from .dest_extensions import extension_needs
+from .type_closure import read_closure
 
-_CLOSURE = """
-WITH RECURSIVE used(oid, depth) AS (
-    SELECT unnest(%s::oid[]), 0
-  UNION ALL
-    SELECT dep.oid, used.depth + 1
-    FROM used JOIN pg_catalog.pg_type ty ON ty.oid = used.oid
-    CROSS JOIN LATERAL (
-        SELECT ty.typelem AS oid WHERE ty.typcategory = 'A' AND ty.typelem <> 0
-        UNION ALL SELECT ty.typbasetype WHERE ty.typtype = 'd'
-        UNION ALL SELECT a.atttypid FROM pg_catalog.pg_attribute a
-                  WHERE ty.typtype = 'c' AND a.attrelid = ty.typrelid
-                    AND a.attnum > 0 AND NOT a.attisdropped
-        UNION ALL SELECT r.rngsubtype FROM pg_catalog.pg_range r WHERE r.rngtypid = ty.oid
-    ) dep
-    WHERE used.depth < 32
-)
-SELECT ty.oid, n.nspname, ty.typname, ty.typtype, max(used.depth) AS depth
-FROM used
-JOIN pg_catalog.pg_type ty ON ty.oid = used.oid
-JOIN pg_catalog.pg_namespace n ON n.oid = ty.typnamespace
-WHERE n.nspname NOT IN ('pg_catalog', 'information_schema')
-  AND (ty.typtype IN ('e', 'd')
-       OR (ty.typtype = 'c' AND (SELECT relkind FROM pg_catalog.pg_class
-                                 WHERE oid = ty.typrelid) = 'c'))
-GROUP BY ty.oid, n.nspname, ty.typname, ty.typtype
-ORDER BY depth DESC, ty.oid
-"""
 _ENUM_LABELS = (
     "SELECT enumlabel FROM pg_catalog.pg_enum WHERE enumtypid = %s ORDER BY enumsortorder"
 )
@@ -86,39 +62,36 @@ class TypeWork:
     steps: list[Step]
 
 
-def ensure_types(
-    source: psycopg.Connection[Any], dest: psycopg.Connection[Any], type_oids: Iterable[int]
-) -> None:
-    """Create the user-defined types behind these columns in the destination, or bring
-    them in line."""
-    work = type_work(source, dest, type_oids)
-    run_steps(dest, [*schema_steps(missing_schemas(dest, work.schemas)), *work.steps])
-
-
 def type_work(
-    source: psycopg.Connection[Any], dest: psycopg.Connection[Any], type_oids: Iterable[int]
+    source: psycopg.Connection[Any], dest: psycopg.Connection[Any], columns: Sequence[Column]
 ) -> TypeWork:
     """Reads both catalogs, writes nothing. TableProblem when a type cannot be aligned in
-    place."""
+    place, or an extension it belongs to cannot be created by the loading role."""
+    used = read_closure(source, [(c.name, c.type_oid) for c in columns])
     steps: list[Step] = []
+    for need in extension_needs(dest, used):
+        if need.problem is not None:
+            raise TableProblem(need.error)
+        steps.append(Step("destination", need.statement))
     with transaction(source):
         execute(source, "SET LOCAL search_path = pg_catalog, pg_temp")
-        types = fetch_all(source, _CLOSURE, (sorted(set(type_oids)),))
-        for oid, schema, name, kind, _ in types:
-            qualified = sql.Identifier(schema, name)
-            existing = fetch_all(dest, _EXISTS, (schema, name))
-            if kind == "e":
-                statements = _enum(source, dest, oid, qualified, existing)
-            elif kind == "d" and existing:
-                statements = _align_domain(source, dest, oid, existing[0][0], qualified)
+        for t in used:
+            if t.extension or not t.creatable:
+                continue
+            qualified = sql.Identifier(t.schema, t.name)
+            existing = fetch_all(dest, _EXISTS, (t.schema, t.name))
+            if t.kind == "e":
+                statements = _enum(source, dest, t.oid, qualified, existing)
+            elif t.kind == "d" and existing:
+                statements = _align_domain(source, dest, t.oid, existing[0][0], qualified)
             elif existing:
-                statements = _check_composite(source, dest, oid, existing[0][0], qualified)
-            elif kind == "d":
-                statements = [_domain(source, oid, qualified)]
+                statements = _check_composite(source, dest, t.oid, existing[0][0], qualified)
+            elif t.kind == "d":
+                statements = [_domain(source, t.oid, qualified)]
             else:
-                statements = [_composite(source, oid, qualified)]
+                statements = [_composite(source, t.oid, qualified)]
             steps += [Step("destination", statement) for statement in statements]
-    return TypeWork(list(dict.fromkeys(row[1] for row in types)), steps)
+    return TypeWork(list(dict.fromkeys(t.schema for t in used)), steps)
 
 
 def _enum(
@@ -276,24 +249,24 @@ def _composite(
     return sql.SQL("CREATE TYPE {} AS ({})").format(qualified, sql.SQL(", ").join(fields))
 
 
-def describe_types(conn: psycopg.Connection[Any], type_oids: Iterable[int]) -> dict[str, Any]:
-    """The user-defined types behind these columns, by qualified name, as comparable JSON:
-    enum labels in order, a domain's definition, a composite's attributes."""
+def describe_types(conn: psycopg.Connection[Any], columns: Sequence[Column]) -> dict[str, Any]:
+    """The enums, domains and composites behind these columns, by qualified name, as
+    comparable JSON: enum labels in order, a domain's definition, a composite's attributes."""
     out: dict[str, Any] = {}
+    used = [t for t in read_closure(conn, [(c.name, c.type_oid) for c in columns]) if t.creatable]
     with transaction(conn):
         execute(conn, "SET LOCAL search_path = pg_catalog, pg_temp")
-        for oid, schema, name, kind, _ in fetch_all(conn, _CLOSURE, (sorted(set(type_oids)),)):
-            qualified = f"{schema}.{name}"
-            if kind == "e":
-                labels = [row[0] for row in fetch_all(conn, _ENUM_LABELS, (oid,))]
-                out[qualified] = {"kind": "enum", "labels": labels}
-            elif kind == "d":
-                ident = sql.Identifier(schema, name)
-                out[qualified] = {
+        for t in used:
+            if t.kind == "e":
+                labels = [row[0] for row in fetch_all(conn, _ENUM_LABELS, (t.oid,))]
+                out[t.qualified] = {"kind": "enum", "labels": labels}
+            elif t.kind == "d":
+                ident = sql.Identifier(t.schema, t.name)
+                out[t.qualified] = {
                     "kind": "domain",
-                    "definition": _domain(conn, oid, ident).as_string(conn),
+                    "definition": _domain(conn, t.oid, ident).as_string(conn),
                 }
             else:
-                attributes = [list(row) for row in fetch_all(conn, _COMPOSITE, (oid,))]
-                out[qualified] = {"kind": "composite", "attributes": attributes}
+                attributes = [list(row) for row in fetch_all(conn, _COMPOSITE, (t.oid,))]
+                out[t.qualified] = {"kind": "composite", "attributes": attributes}
     return out

@@ -9,7 +9,9 @@ same name is not the tool's any more.
 
 Tables loaded by a replicator version that kept no records are recognized once by their
 sync-state (a load recorded there, and no record of any table under that name) and recorded
-then.
+then. So are the tables of a destination whose `_replicator` schema (or registry) someone
+dropped; a run says which of the two it was (`bookkeeping_gone`), read before the run's first
+table creates the registry again.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from typing import Any, Literal
 import psycopg
 from psycopg import sql
 
-from ..base.identifiers import TableName
+from ..base.identifiers import INTERNAL_SCHEMA, TableName
 from ..project.config import TableConfig
 from ..project.state import TableState
 from .database import Step, execute, fetch_all, run_steps, transaction
@@ -119,12 +121,32 @@ def take_ownership(dest: psycopg.Connection[Any], table: TableConfig) -> None:
         record_owned(dest, table.target)
 
 
-def adopt_legacy(dest: psycopg.Connection[Any], table: TableConfig) -> None:
-    """A table this project's sync-state says the tool loaded, from before ownership records."""
+def bookkeeping_gone(dest: psycopg.Connection[Any]) -> str | None:
+    """What of replicator's bookkeeping the destination lost, when its ownership registry is
+    missing (`schema _replicator is gone`); None when the registry is there."""
+    (schema, registry) = fetch_all(
+        dest,
+        "SELECT EXISTS (SELECT FROM pg_catalog.pg_namespace WHERE nspname = %s), "
+        "to_regclass(%s) IS NOT NULL",
+        (INTERNAL_SCHEMA, OWNED_TABLE.sql()),
+    )[0]
+    if registry:
+        return None
+    return f"table {OWNED_TABLE} is gone" if schema else f"schema {INTERNAL_SCHEMA} is gone"
+
+
+def adopt_legacy(
+    dest: psycopg.Connection[Any], table: TableConfig, dropped: str | None = None
+) -> None:
+    """A table this project's sync-state says the tool loaded, without a record: from before
+    ownership records, or (`dropped`: what `bookkeeping_gone` said at the run's start) from
+    before someone dropped replicator's bookkeeping in the destination."""
     take_ownership(dest, table)
-    log.info(
-        "%s: destination table %s was loaded by an earlier replicator version; recorded as "
-        "replicator's",
-        table.written_name,
-        table.target,
-    )
+    if dropped is None:
+        why = "was loaded by an earlier replicator version; recorded as replicator's"
+    else:
+        why = (
+            "recorded as replicator's again, from this project's sync-state (replicator's "
+            f"bookkeeping in the destination was dropped: {dropped})"
+        )
+    log.info("%s: destination table %s %s", table.written_name, table.target, why)

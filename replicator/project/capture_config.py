@@ -3,32 +3,34 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Annotated, Any
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, model_validator
 
 
-def check_cdc_table(table: Any) -> None:
-    """A `cdc` table reads every change from the log: a cursor, its lookback, a start
+def check_cdc_table(values: Mapping[str, Any]) -> str | None:
+    """What a `cdc` table (its keys as written) sets in vain: a cursor, its lookback, a start
     without backfill or a delete check would have nothing to do (all named at once)."""
     wrong = [
         key
         for key, given in (
-            ("replication_key", table.replication_key is not None),
-            ("lookback", "lookback" in table.model_fields_set),
-            ("initial_load", table.initial_load != "full"),
-            ("deletes", table.deletes != "ignore"),
-            ("deletes_interval", table.deletes_interval != 0),
+            ("replication_key", values.get("replication_key") is not None),
+            ("lookback", "lookback" in values),
+            ("initial_load", values.get("initial_load", "full") != "full"),
+            ("deletes", values.get("deletes", "ignore") != "ignore"),
+            ("deletes_interval", values.get("deletes_interval", 0) != 0),
         )
         if given
     ]
-    if wrong:
-        keys = ", ".join(f'"{key}"' for key in wrong)
-        raise ValueError(
-            f'{keys} {"does" if len(wrong) == 1 else "do"} not apply to mode "cdc" (every '
-            "insert, update, delete and truncate comes from the log): remove "
-            f"{'it' if len(wrong) == 1 else 'them'}, or choose another mode"
-        )
+    if not wrong:
+        return None
+    keys = ", ".join(f'"{key}"' for key in wrong)
+    return (
+        f'{keys} {"does" if len(wrong) == 1 else "do"} not apply to mode "cdc" (every '
+        "insert, update, delete and truncate comes from the log): remove "
+        f"{'it' if len(wrong) == 1 else 'them'}, or choose another mode"
+    )
 
 
 def _slot_name(value: str) -> str:

@@ -22,8 +22,9 @@ from pydantic import (
 )
 
 from ..base.errors import ConfigError
-from ..base.identifiers import INTERNAL_SCHEMA, TableName, parse_column, split_name
-from .capture_config import CdcConfig, check_cdc_table
+from ..base.identifiers import TableName, parse_column, split_name
+from .capture_config import CdcConfig
+from .config_rules import rule_problems
 from .spark_remote import checked_url
 
 CONFIG_FILE = "tables-config.json"
@@ -70,37 +71,10 @@ def _not_empty(value: tuple[Any, ...]) -> tuple[Any, ...]:
     return value
 
 
-def _distinct_tables(tables: tuple[TableConfig, ...]) -> tuple[TableConfig, ...]:
+def _some_tables(tables: tuple[TableConfig, ...]) -> tuple[TableConfig, ...]:
     if not tables:
         raise ValueError("expected at least one table")
-    for what, names in (
-        ("source table", [t.name for t in tables]),
-        ("destination table", [t.target for t in tables]),
-    ):
-        seen: dict[TableName, int] = {}
-        for index, name in enumerate(names):
-            if name in seen:
-                raise ValueError(
-                    f"{what} {name} is listed twice (tables[{seen[name]}] and tables[{index}])"
-                )
-            seen[name] = index
     return tables
-
-
-def _check_destination_schema(target: TableName) -> None:
-    """Schemas replicator must never write a table into: its own bookkeeping schema, and
-    PostgreSQL's system schemas."""
-    schema = target.schema
-    if schema == INTERNAL_SCHEMA:
-        why = "replicator's own bookkeeping schema (partition markers, ownership records)"
-    elif schema.startswith("pg_") or schema == "information_schema":
-        why = "a PostgreSQL system schema"
-    else:
-        return
-    raise ValueError(
-        f'destination {target} is in {why}; set "destination" to a table in another '
-        'schema (e.g. "warehouse.<table>")'
-    )
 
 
 TableNameField = Annotated[TableName, BeforeValidator(_table_name)]
@@ -135,36 +109,13 @@ class TableConfig(_Frozen):
     written_name: str = Field(default="", exclude=True)
 
     @model_validator(mode="after")
-    def _default_mode(self) -> TableConfig:
+    def _defaults(self) -> TableConfig:
+        """The defaults that depend on other keys. The rules between keys are checked on the
+        document as written (config_rules.py), so that they run whatever else failed."""
         if self.mode is None:
-            if self.replication_key is None:
-                raise ValueError(
-                    'set "replication_key" for an incremental table, '
-                    'or "mode": "full-refresh" to reload it every run'
-                )
             object.__setattr__(self, "mode", "incremental-deduped")
-        elif self.mode == "cdc":
-            check_cdc_table(self)
-        elif self.mode != "full-refresh" and self.replication_key is None:
-            raise ValueError(f'mode "{self.mode}" needs a "replication_key"')
-        if self.initial_load == "skip" and self.mode == "full-refresh":
-            raise ValueError(
-                '"initial_load": "skip" needs an incremental mode (full-refresh copies '
-                "every row every run)"
-            )
-        if self.deletes != "ignore" and self.mode == "full-refresh":
-            raise ValueError(
-                '"deletes" applies to incremental modes (a full-refresh table is exact after '
-                "every run)"
-            )
-        if self.deletes == "mark" and self.mode != "incremental-deduped":
-            raise ValueError(
-                '"deletes": "mark" needs mode incremental-deduped (a row that comes back '
-                'is updated, and its mark cleared); use "delete" for an append table'
-            )
         if self.destination is None:
             object.__setattr__(self, "destination", self.name)
-        _check_destination_schema(self.target)
         return self
 
     @property
@@ -195,9 +146,7 @@ class SparkConfig(_Frozen):
 class ProjectConfig(_Frozen):
     """The whole tables-config.json."""
 
-    tables: Annotated[
-        tuple[TableConfig, ...], Field(strict=False), AfterValidator(_distinct_tables)
-    ]
+    tables: Annotated[tuple[TableConfig, ...], Field(strict=False), AfterValidator(_some_tables)]
     webhook: WebhookConfig | None = None
     spark: SparkConfig = Field(default_factory=SparkConfig)
     on_schema_change: SchemaPolicy = "full_reload"
@@ -283,9 +232,14 @@ def parse_config(text: str, filename: str = CONFIG_FILE) -> ProjectConfig:
         raise ConfigError([f'{filename}: expected a JSON object like {{"tables": [...]}}'])
     written = _written_names(document)
     try:
-        config = ProjectConfig.model_validate(document)
+        config: ProjectConfig | None = ProjectConfig.model_validate(document)
+        errors: list[Any] = []
     except ValidationError as exc:
-        raise ConfigError([_describe(err, filename) for err in exc.errors()]) from None
+        config, errors = None, exc.errors()
+    problems = [_describe(err, filename) for err in errors]
+    problems += [f"{filename}: {p}" for p in rule_problems(document, _unsure_keys(errors))]
+    if problems or config is None:
+        raise ConfigError(problems)
     for table, name in zip(config.tables, written, strict=True):
         object.__setattr__(table, "written_name", name)
     return config
@@ -335,7 +289,7 @@ def _describe(err: dict[str, Any], filename: str) -> str:
     if kind == "extra_forbidden":
         key = str(loc[-1])
         allowed = _allowed_keys(loc[:-1])
-        close = difflib.get_close_matches(key, allowed, n=1, cutoff=0.6)
+        close = _nearest(key, allowed)
         hint = f'did you mean "{close[0]}"?' if close else f"expected one of: {', '.join(allowed)}"
         return f"{filename}: {path}: unknown key; {hint}"
     if kind == "missing":
@@ -377,6 +331,25 @@ _EXPECTED = {
     "int_type": "expected a whole number",
     "less_than_equal": "expected a smaller number",
 }
+
+
+def _unsure_keys(errors: list[Any]) -> dict[int, set[str]]:
+    """By table index, the keys pydantic refused, and those a misspelt key was probably meant
+    to be (its value is not known): the rules between keys leave them out."""
+    unsure: dict[int, set[str]] = {}
+    for err in errors:
+        loc = _drop_validator_frames(tuple(err["loc"]))
+        if len(loc) < 3 or loc[0] != "tables" or not isinstance(loc[1], int):
+            continue
+        key = str(loc[2])
+        if err["type"] == "extra_forbidden":
+            key = next(iter(_nearest(key, _allowed_keys(loc[:2]))), key)
+        unsure.setdefault(loc[1], set()).add(key)
+    return unsure
+
+
+def _nearest(key: str, allowed: list[str]) -> list[str]:
+    return difflib.get_close_matches(key, allowed, n=1, cutoff=0.6)
 
 
 def _drop_validator_frames(loc: tuple[Any, ...]) -> tuple[Any, ...]:

@@ -8,6 +8,7 @@ reset (a reset would mean a full reload the user did not ask for).
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
 import os
@@ -16,7 +17,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from ..base.errors import StateError
+from ..base.errors import StateError, StateWriteError
 from ..base.failpoints import failpoint
 from ..base.identifiers import TableName
 
@@ -154,20 +155,51 @@ def read_state_file(path: Path) -> bytes | None:
 
 
 def write_atomically(directory: Path, path: Path, data: str) -> Path:
-    """Temp file, fsync, rename, fsync the folder: a crash leaves the old file or the new."""
-    directory.mkdir(parents=True, exist_ok=True)
+    """Temp file, fsync, rename, fsync the folder: a crash leaves the old file or the new.
+
+    Any OSError (ENOSPC, EDQUOT, EROFS, EACCES...) is a StateWriteError naming the file and
+    the cause, with the temporary file removed and the old file untouched: what the run
+    committed in the destination stays, and the next run, finding the old state, redoes the
+    rest (a reload is replaced again, a batch merged again idempotently)."""
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "w", encoding="utf-8") as handle:
-        handle.write(data)
-        handle.flush()
-        os.fsync(handle.fileno())
-    failpoint("state-before-rename")
-    os.replace(tmp, path)
-    _fsync_dir(directory)
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        with open(tmp, "w", encoding="utf-8") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        failpoint("state-before-rename")
+        os.replace(tmp, path)
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise StateWriteError(
+            f"{path}: cannot write sync-state: {exc.strerror or exc}; the previous file is "
+            f"unchanged and what this run committed in the destination stays (the next run "
+            f"redoes the rest): {_remedy(exc, directory)}, then run again"
+        ) from None
+    try:
+        _fsync_dir(directory)
+    except OSError as exc:
+        raise StateWriteError(
+            f"{path}: sync-state written, but its folder could not be synced to disk: "
+            f"{exc.strerror or exc}; check the file system of {directory}"
+        ) from None
     for stale in directory.glob(f".{path.name}.tmp-*"):
         with contextlib.suppress(OSError):
             stale.unlink()
     return path
+
+
+def _remedy(exc: OSError, directory: Path) -> str:
+    """What a person does about a failed write into `directory`."""
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return f"free space on the file system of {directory}"
+    if exc.errno == errno.EFBIG:
+        return "raise the file size limit (ulimit -f) of the process that runs replicator"
+    if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        return f"make {directory} writable for the user that runs replicator"
+    return f"fix the file system of {directory}"
 
 
 def _parse(raw: bytes, path: Path, name: TableName) -> TableState:

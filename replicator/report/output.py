@@ -67,17 +67,37 @@ class SyncOutput:
         table = Table(title=f"sync: {len(results) - failed} succeeded, {failed} failed")
         for title in ("table", "action", "rows", "seconds", "reason or error"):
             table.add_column(title, overflow="fold")
-        for r in results:
+        for group in _by_error(results):
+            r = group[0]
+            if len(group) > 1:  # one error, say a database out of reach: said once
+                names = ", ".join(g.name for g in group[:3])
+                more = f" and {len(group) - 3:,} more" if len(group) > 3 else ""
+                cells = (f"{len(group):,} tables: {names}{more}", "-", "-", "-")
+            else:
+                rows = "-" if r.rows is None else f"{r.rows:,}"
+                cells = (r.name, r.action or "-", rows, f"{r.seconds:.1f}")
             table.add_row(
-                r.name,
-                r.action or "-",
-                "-" if r.rows is None else f"{r.rows:,}",
-                f"{r.seconds:.1f}",
+                *map(escape, cells),
                 escape(r.reason or "")
                 if r.status == "success"
                 else f"[red]{escape(r.error or '')}[/red]",
             )
         self.console.print(table)
+
+
+def _by_error(results: list[TableResult]) -> list[list[TableResult]]:
+    """The results in order, failures with the same error text in one group (at the place
+    of the first); every other result alone."""
+    groups: list[list[TableResult]] = []
+    failed: dict[str, list[TableResult]] = {}
+    for r in results:
+        if r.status == "failure" and r.error in failed:
+            failed[r.error].append(r)
+            continue
+        groups.append([r])
+        if r.status == "failure" and r.error is not None:
+            failed[r.error] = groups[-1]
+    return groups
 
 
 def describe(counts: Counts) -> str:

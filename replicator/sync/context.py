@@ -10,6 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from ..base.errors import StateWriteError
 from ..base.redact import redact
 from ..plan.decide import Plan
 from ..plan.drift import Observed, Planned
@@ -64,6 +65,10 @@ class RunContext:
             # Every batch goes to it: connecting (about a second, mostly the client's
             # imports) overlaps the catalog reads and planning.
             self.spark.warm_up()
+        # what of `_replicator` was missing as the run began (ownership.bookkeeping_gone),
+        # and whether the run has said what that means
+        self.bookkeeping_gone: str | None = None
+        self.said_gone = False
         # `sync --follow`: decides whether a run's webhook is posted (follow.py)
         self.notify: Callable[[dict[str, Any], bool], None] | None = None
 
@@ -193,5 +198,6 @@ def record_failure(
             base.model_copy(update={"last_run": outcome(run, started_at, utc_now(), result)}),
             table.name,
         )
-    except OSError as exc:
-        log.error("%s: could not record the failure in sync-state: %s", table.written_name, exc)
+    except StateWriteError as exc:
+        if redact(str(exc)) != result.error:  # else the table's own error says it already
+            log.error("%s: could not record the failure in sync-state: %s", table.written_name, exc)

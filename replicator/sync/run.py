@@ -28,7 +28,7 @@ from ..plan.decide import Plan
 from ..plan.drift import plan_now
 from ..postgres.database import connect
 from ..postgres.endpoints import Endpoints
-from ..postgres.ownership import adopt_legacy
+from ..postgres.ownership import adopt_legacy, bookkeeping_gone
 from ..postgres.table_lock import table_lock
 from ..project.config import TableConfig
 from ..project.project import Project
@@ -138,6 +138,8 @@ def _sync_all(
             connect(connections.destination, "destination") as dest,
         ):
             ends = Endpoints(source, dest, connections.source, connections.destination)
+            # before a table (or the capture's set-up) creates the registry again
+            run.bookkeeping_gone = bookkeeping_gone(dest)
             capture = CaptureRun(run) if any(t.mode == "cdc" for t in tables) else None
             if capture is not None:
                 capture.set_up(ends, tables)
@@ -159,16 +161,35 @@ def _sync_all(
                 order = {t.written_name: i for i, t in enumerate(tables)}
                 results.sort(key=lambda r: order.get(r.name, 0))
     except ReplicatorError as exc:  # a database could not be reached: every table not done
-        done = {r.name for r in results}
-        for table in tables:
-            if table.written_name in done:
-                continue
-            result = failure(table, str(exc), 0.0)
-            _record_unreachable(run, table, result)
-            log.error(result.line())
-            results.append(result)
+        _fail_the_rest(run, tables, exc)
     finally:
         run.spark.finish()
+
+
+def _fail_the_rest(run: RunContext, tables: tuple[TableConfig, ...], exc: ReplicatorError) -> None:
+    """Every table not done fails with the run's error, which is logged once with their
+    count: the same line for each of 160 tables would bury everything else. Each one's
+    state still records the failed run (`status`), and the webhook still lists each one."""
+    done = {r.name for r in run.results}
+    rest = [t for t in tables if t.written_name not in done]
+    for table in rest:
+        result = failure(table, str(exc), 0.0)
+        _record_unreachable(run, table, result)
+        run.results.append(result)
+    log.error(
+        "%s; %d of %d table(s) not synced: the next run tries them again",
+        redact(str(exc)),
+        len(rest),
+        len(tables),
+        extra={
+            "fields": {
+                "event": "run.unreachable",
+                "run_id": run.run_id,
+                "error": redact(str(exc)),
+                "tables": [t.written_name for t in rest],
+            }
+        },
+    )
 
 
 def _notify(
@@ -288,7 +309,7 @@ def _sync_locked_table(
             planned = capture.adjust(ends, planned)
             plan = planned.plan
         if planned.observed.ownership == "legacy":
-            adopt_legacy(ends.dest, table)
+            _adopt(run, ends, table)
         job = TableJob(run, ends, table, planned, state, output, started, started_at)
         if plan.action == "incremental" and table.mode == "cdc" and capture is not None:
             capture.defer(job)
@@ -311,6 +332,22 @@ def _sync_locked_table(
         result = failure(table, f"internal error: {one_line(exc)}", time.monotonic() - started)
         record_failure(run, table, state, started_at, result)
     return result
+
+
+def _adopt(run: RunContext, ends: Endpoints, table: TableConfig) -> None:
+    """Record a table the sync-state says the tool loaded; the first in a run whose
+    bookkeeping was dropped says what that means, once."""
+    dropped = run.bookkeeping_gone
+    if dropped is not None and not run.said_gone:
+        run.said_gone = True
+        log.warning(
+            "replicator's bookkeeping in the destination was dropped (%s): the tables this "
+            "project's sync-state says it loaded are recorded as replicator's again; the rest "
+            "of it is gone too: cdc tables reload in full (their log positions were kept "
+            "there) and unfinished resumable loads start over",
+            dropped,
+        )
+    adopt_legacy(ends.dest, table, dropped)
 
 
 def _record_unreachable(run: RunContext, table: TableConfig, result: TableResult) -> None:

@@ -48,7 +48,7 @@ class DestinationFacts:
         is looked for."""
         if not types:
             return cls(tuple(missing_schemas(dest, [INTERNAL_SCHEMA])), ())
-        work = type_work(source, dest, [c.type_oid for c in built.columns])
+        work = type_work(source, dest, built.columns)
         wanted = [built.table.target.schema, *work.schemas, INTERNAL_SCHEMA]
         return cls(tuple(missing_schemas(dest, wanted)), tuple(work.steps))
 

@@ -1,0 +1,88 @@
+"""The user-defined types a table's columns use, read from one catalog: the columns' own
+types and everything they are built on (array elements, domain bases, composite attributes,
+range subtypes), deepest first.
+
+A type that belongs to an extension (pg_depend deptype 'e') is the extension's to create:
+`extension` names it, and such a type is never created by hand (dest_extensions.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+
+from .database import execute, fetch_all, transaction
+
+_CLOSURE = """
+WITH RECURSIVE used(col, oid, depth) AS (
+    SELECT c.col, c.oid, 0 FROM unnest(%s::text[], %s::oid[]) AS c(col, oid)
+  UNION ALL
+    SELECT used.col, dep.oid, used.depth + 1
+    FROM used JOIN pg_catalog.pg_type ty ON ty.oid = used.oid
+    CROSS JOIN LATERAL (
+        SELECT ty.typelem AS oid WHERE ty.typcategory = 'A' AND ty.typelem <> 0
+        UNION ALL SELECT ty.typbasetype WHERE ty.typtype = 'd'
+        UNION ALL SELECT a.atttypid FROM pg_catalog.pg_attribute a
+                  WHERE ty.typtype = 'c' AND a.attrelid = ty.typrelid
+                    AND a.attnum > 0 AND NOT a.attisdropped
+        UNION ALL SELECT r.rngsubtype FROM pg_catalog.pg_range r WHERE r.rngtypid = ty.oid
+    ) dep
+    WHERE used.depth < 32
+)
+SELECT oid, nspname, typname, typtype, creatable, extname, extversion,
+       array_agg(DISTINCT col ORDER BY col), max(depth) AS depth
+FROM (
+    SELECT ty.oid, n.nspname, ty.typname, ty.typtype, x.extname, x.extversion, used.col,
+           used.depth,
+           n.nspname NOT IN ('pg_catalog', 'information_schema')
+           AND (ty.typtype IN ('e', 'd')
+                OR (ty.typtype = 'c' AND (SELECT relkind FROM pg_catalog.pg_class
+                                          WHERE oid = ty.typrelid) = 'c')) AS creatable
+    FROM used
+    JOIN pg_catalog.pg_type ty ON ty.oid = used.oid
+    JOIN pg_catalog.pg_namespace n ON n.oid = ty.typnamespace
+    LEFT JOIN LATERAL (
+        SELECT e.extname, e.extversion
+        FROM pg_catalog.pg_depend d JOIN pg_catalog.pg_extension e ON e.oid = d.refobjid
+        WHERE d.classid = 'pg_catalog.pg_type'::pg_catalog.regclass AND d.objid = ty.oid
+          AND d.refclassid = 'pg_catalog.pg_extension'::pg_catalog.regclass
+          AND d.deptype = 'e'
+    ) x ON true
+) found
+WHERE creatable OR extname IS NOT NULL
+GROUP BY oid, nspname, typname, typtype, creatable, extname, extversion
+ORDER BY depth DESC, oid
+"""
+
+
+@dataclass(frozen=True)
+class UsedType:
+    """A user-defined type some columns use, directly or through another type."""
+
+    oid: int
+    schema: str
+    name: str
+    kind: str  # pg_type.typtype: 'e' enum, 'd' domain, 'c' composite, 'b' base, ...
+    creatable: bool  # an enum, domain or free-standing composite (not a table's row type)
+    extension: str | None  # the extension it belongs to, if any
+    extension_version: str | None
+    columns: tuple[str, ...]  # the columns that use it
+
+    @property
+    def qualified(self) -> str:
+        return f"{self.schema}.{self.name}"
+
+
+def read_closure(
+    conn: psycopg.Connection[Any], columns: Iterable[tuple[str, int]]
+) -> list[UsedType]:
+    """The types behind these (column name, type oid) pairs, deepest first; built-in types
+    are left out, extension types are in wherever they live."""
+    pairs = sorted(set(columns))
+    with transaction(conn):
+        execute(conn, "SET LOCAL search_path = pg_catalog, pg_temp")
+        rows = fetch_all(conn, _CLOSURE, ([p[0] for p in pairs], [p[1] for p in pairs]))
+    return [UsedType(*row[:7], tuple(row[7])) for row in rows]

@@ -1,0 +1,156 @@
+"""The rules between keys of tables-config.json: within a table (what a mode needs or
+forbids, where its destination may be) and across tables (none listed twice).
+
+pydantic checks each key on its own, and runs a model's own validators only when every
+key of it passed, so a typo in one table used to hide a table listed twice, and an invalid
+key hid its table's other problems. These rules read the document as written, once pydantic
+has checked the keys: a key that failed, or that a misspelt key was probably meant to be, is
+left out of the rules that read it, so one run lists every problem in the file.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from ..base.identifiers import INTERNAL_SCHEMA, TableName
+from .capture_config import check_cdc_table
+
+# A table's keys that a rule cannot trust: by table index (pydantic refused them).
+Unsure = Mapping[int, set[str]]
+
+
+def rule_problems(document: Mapping[str, Any], unsure: Unsure) -> list[str]:
+    """Each problem as `path: message` (`tables[1]: ...`, `tables: ...`)."""
+    tables = document.get("tables")
+    if not isinstance(tables, list):
+        return []
+    entries = {i: t for i, t in enumerate(tables) if isinstance(t, dict)}
+    problems = [
+        f"tables[{i}]: {problem}"
+        for i, table in entries.items()
+        for problem in table_problems(table, unsure.get(i, set()))
+    ]
+    return problems + [f"tables: {p}" for p in duplicates(entries, unsure)]
+
+
+def table_problems(table: Mapping[str, Any], unsure: set[str]) -> list[str]:
+    """Every rule of one table whose keys are all trustworthy."""
+    values = {k: v for k, v in table.items() if k not in unsure}
+    found = []
+    for keys, rule in _RULES:
+        if keys & unsure:
+            continue
+        problem = rule(values)
+        if problem is not None:
+            found.append(problem)
+    return found
+
+
+def duplicates(entries: Mapping[int, Mapping[str, Any]], unsure: Unsure) -> list[str]:
+    """Tables listed twice, by source name and by destination: each entry that repeats an
+    earlier one (a pair once, though its destinations, the same names, repeat too)."""
+    problems, pairs = [], set()
+    for what, name_of in (("source table", _source), ("destination table", _target)):
+        seen: dict[TableName, int] = {}
+        for index, table in entries.items():
+            name = name_of(table, unsure.get(index, set()))
+            if name is None:
+                continue
+            if name not in seen:
+                seen[name] = index
+            elif (seen[name], index) not in pairs:
+                pairs.add((seen[name], index))
+                problems.append(
+                    f"{what} {name} is listed twice (tables[{seen[name]}] and tables[{index}])"
+                )
+    return problems
+
+
+def _source(table: Mapping[str, Any], unsure: set[str]) -> TableName | None:
+    return _parsed(table, "name", unsure)
+
+
+def _target(table: Mapping[str, Any], unsure: set[str]) -> TableName | None:
+    """The destination table (the source's name by default); None when not known."""
+    if "destination" in table or "destination" in unsure:
+        return _parsed(table, "destination", unsure)
+    return _parsed(table, "name", unsure)
+
+
+def _parsed(table: Mapping[str, Any], key: str, unsure: set[str]) -> TableName | None:
+    value = table.get(key)
+    if key in unsure or not isinstance(value, str):
+        return None
+    try:
+        return TableName.parse(value)
+    except ValueError:
+        return None
+
+
+def _needs_key(values: Mapping[str, Any]) -> str | None:
+    mode = values.get("mode")
+    if values.get("replication_key") is not None or mode in ("full-refresh", "cdc"):
+        return None
+    if mode is None:
+        return (
+            'set "replication_key" for an incremental table, '
+            'or "mode": "full-refresh" to reload it every run'
+        )
+    return f'mode "{mode}" needs a "replication_key"'
+
+
+def _cdc(values: Mapping[str, Any]) -> str | None:
+    return check_cdc_table(values) if values.get("mode") == "cdc" else None
+
+
+def _skip_needs_cursor(values: Mapping[str, Any]) -> str | None:
+    if values.get("initial_load") == "skip" and values.get("mode") == "full-refresh":
+        return (
+            '"initial_load": "skip" needs an incremental mode (full-refresh copies every row '
+            "every run)"
+        )
+    return None
+
+
+def _deletes_need_cursor(values: Mapping[str, Any]) -> str | None:
+    deletes, mode = values.get("deletes", "ignore"), values.get("mode")
+    if deletes != "ignore" and mode == "full-refresh":
+        return (
+            '"deletes" applies to incremental modes (a full-refresh table is exact after every run)'
+        )
+    if deletes == "mark" and mode not in (None, "incremental-deduped", "full-refresh", "cdc"):
+        return (
+            '"deletes": "mark" needs mode incremental-deduped (a row that comes back is '
+            'updated, and its mark cleared); use "delete" for an append table'
+        )
+    return None
+
+
+def _destination_schema(values: Mapping[str, Any]) -> str | None:
+    """Schemas replicator must never write a table into: its own bookkeeping schema, and
+    PostgreSQL's system schemas."""
+    target = _target(values, set())
+    if target is None:
+        return None
+    schema = target.schema
+    if schema == INTERNAL_SCHEMA:
+        why = "replicator's own bookkeeping schema (partition markers, ownership records)"
+    elif schema.startswith("pg_") or schema == "information_schema":
+        why = "a PostgreSQL system schema"
+    else:
+        return None
+    return (
+        f'destination {target} is in {why}; set "destination" to a table in another '
+        'schema (e.g. "warehouse.<table>")'
+    )
+
+
+# Each rule, with the keys it reads: skipped when one of them cannot be trusted.
+_RULES: tuple[tuple[frozenset[str], Callable[[Mapping[str, Any]], str | None]], ...] = (
+    (frozenset({"mode", "replication_key"}), _needs_key),
+    (frozenset({"mode"}), _cdc),
+    (frozenset({"mode", "initial_load"}), _skip_needs_cursor),
+    (frozenset({"mode", "deletes"}), _deletes_need_cursor),
+    (frozenset({"name", "destination"}), _destination_schema),
+)

@@ -1,0 +1,86 @@
+"""Columns of a type an extension defines (citext): the destination gets the extension, never
+a hand-made imitation of its type, and `check` says so before the first sync. The loading
+role that may not create it is tested in test_privileges.py."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from dbcompare import assert_same_table
+from psycopg import sql
+
+pytestmark = pytest.mark.spark
+
+CITEXT = Path("/usr/share/postgresql/15/extension/citext.control")
+
+
+@pytest.fixture
+def emails(source_conn, schema) -> str:
+    """A table with a citext column, a citext[] one and a domain over citext; the extension
+    lives in the test's schema on the source (dropped with it)."""
+    if not CITEXT.exists():
+        pytest.skip("citext is not installed with this PostgreSQL (the contrib modules)")
+    s = sql.Identifier(schema)
+    for statement in (
+        "CREATE EXTENSION citext SCHEMA {s}",
+        "CREATE DOMAIN {s}.email AS {s}.citext CHECK (VALUE LIKE '%@%')",
+        "CREATE TABLE {s}.people (id int PRIMARY KEY, name {s}.citext NOT NULL, "
+        "tags {s}.citext[], mail {s}.email, updated_at timestamptz NOT NULL DEFAULT now())",
+        "INSERT INTO {s}.people (id, name, tags, mail) SELECT g, 'Ünïcode ' || g, "
+        "ARRAY['A', NULL, 'b ' || g]::{s}.citext[], 'User' || g || '@Example.com' "
+        "FROM generate_series(1, 50) g",
+        "INSERT INTO {s}.people (id, name) VALUES (51, '')",
+    ):
+        source_conn.execute(sql.SQL(statement).format(s=s))
+    return schema
+
+
+def test_a_citext_column_gets_its_extension_created_and_copies_exactly(
+    db_project, source_conn, dest_conn, emails
+):
+    db_project.write_config(
+        {"tables": [{"name": f"{emails}.people", "replication_key": "updated_at"}]}
+    )
+    statement = f"CREATE EXTENSION IF NOT EXISTS citext SCHEMA {emails}"
+    checked = db_project.run("check")
+    assert checked.exit_code == 0, checked.stdout
+    assert (
+        f"ok    {emails}.people: extension citext will be created by the first sync "
+        f"({statement}): columns mail, name, tags use type "
+        f"{emails}.citext of extension citext, which the destination lacks" in checked.stdout
+    ), checked.stdout
+    compiled = db_project.run("compile", "--json")
+    assert compiled.exit_code == 0, compiled.output
+    script = json.loads(compiled.stdout)[0]["sql"]["full_reload"]
+    created = [i for i, text in enumerate(script) if text.startswith("CREATE EXTENSION")]
+    domain = [i for i, text in enumerate(script) if text.startswith("CREATE DOMAIN")]
+    assert len(created) == 1 and len(domain) == 1 and created[0] < domain[0], script
+    assert "CREATE TYPE" not in "\n".join(script), "an extension's type is never made by hand"
+
+    synced = db_project.run("sync")
+    assert synced.exit_code == 0, synced.output
+    assert assert_same_table(source_conn, dest_conn, emails, "people") == 51
+    (where,) = dest_conn.execute(
+        "SELECT n.nspname FROM pg_extension e JOIN pg_namespace n ON n.oid = e.extnamespace "
+        "WHERE e.extname = 'citext'"
+    ).fetchone()
+    assert where == emails
+    dest_conn.execute(sql.SQL("SET search_path = {}").format(sql.Identifier(emails)))
+    (matched,) = dest_conn.execute(
+        "SELECT count(*) FROM people WHERE mail = 'USER7@example.COM' AND 'b 7' = ANY(tags)"
+    ).fetchone()
+    dest_conn.execute("RESET search_path")
+    assert matched == 1, "the copy compares case-insensitively: it is citext"
+
+    source_conn.execute(
+        sql.SQL(
+            "UPDATE {} SET name = 'Changed', updated_at = now() + interval '1 min' WHERE id = 3"
+        ).format(sql.Identifier(emails, "people"))
+    )
+    assert db_project.run("sync", "-f").exit_code == 0
+    assert db_project.run("sync").exit_code == 0
+    assert assert_same_table(source_conn, dest_conn, emails, "people") == 51
+    checked = db_project.run("check")
+    assert checked.exit_code == 0 and "extension citext" not in checked.stdout, checked.stdout
