@@ -87,9 +87,11 @@ def test_a_tty_gets_progress_and_a_summary_table_a_pipe_only_log_lines(db_projec
     assert any(f"{tables}.good: full_reload, 20 rows" in line for line in lines)
 
 
-# Each row waits a millisecond in the source: a 3,000-row copy takes a few seconds.
+# Each row (16 kB: the copy streams MiB blocks) waits 6 ms in the source, so a 400-row copy
+# takes at least 2.4 s however fast the machine: many progress intervals (0.2 s here) and
+# polls (0.5 s).
 SLOW_MODEL = (
-    "SELECT t.id, t.v, t.updated_at FROM {{ source }} AS t WHERE pg_sleep(0.001)::text = ''"
+    "SELECT t.id, t.v, t.updated_at FROM {{ source }} AS t WHERE pg_sleep(0.006)::text = ''"
 )
 PROGRESS_LINE = re.compile(
     r"(?P<table>\S+): copying: (?P<rows>[\d,]+) of ~(?P<estimate>[\d,]+) rows, [\d,.]+ MB, "
@@ -108,7 +110,7 @@ def slow(db_project, source_conn, schema):
     )
     source_conn.execute(
         sql.SQL(
-            "INSERT INTO {} (id, v) SELECT g, repeat('v', 2000) FROM generate_series(1, 3000) g"
+            "INSERT INTO {} (id, v) SELECT g, repeat('v', 16000) FROM generate_series(1, 400) g"
         ).format(table)
     )
     source_conn.execute(sql.SQL("ANALYZE {}").format(table))
@@ -121,16 +123,16 @@ def slow(db_project, source_conn, schema):
 def test_a_long_copy_logs_its_progress_off_a_terminal(db_project, slow, min_rows):
     done = db_project.run_process(
         "sync",
-        env={"REPLICATOR_PROGRESS_INTERVAL": "0.5", "REPLICATOR_SPARK_MIN_ROWS": min_rows},
+        env={"REPLICATOR_PROGRESS_INTERVAL": "0.2", "REPLICATOR_SPARK_MIN_ROWS": min_rows},
     )
     assert done.returncode == 0, done.stderr
     lines = [m for m in map(PROGRESS_LINE.search, done.stderr.splitlines()) if m]
     assert len(lines) >= 2, done.stderr
     rows = [int(m["rows"].replace(",", "")) for m in lines]
     assert rows == sorted(rows) and rows[-1] > 0, rows
-    assert {m["estimate"] for m in lines} == {"3,000"}, "the planner's estimate"
+    assert {m["estimate"] for m in lines} == {"400"}, "the planner's estimate"
     assert all(m["table"] == f"{slow}.slow" and m["parts"] == "1" for m in lines)
-    quiet = db_project.run_process("sync", "-q", env={"REPLICATOR_PROGRESS_INTERVAL": "0.5"})
+    quiet = db_project.run_process("sync", "-q", env={"REPLICATOR_PROGRESS_INTERVAL": "0.2"})
     assert quiet.returncode == 0 and quiet.stderr == "", quiet.stderr
 
 
@@ -164,7 +166,7 @@ def test_a_slow_step_before_the_copy_is_logged_with_its_name(db_project, source_
 
 def test_a_terminal_gets_a_live_progress_line_but_not_under_q(db_project, slow):
     typescript = _tty_run(db_project, "sync")
-    assert re.search(r"[\d,]+ of ~3,000 rows, [\d.]+ MB, [\d,]+ rows/s", typescript), typescript
+    assert re.search(r"[\d,]+ of ~400 rows, [\d.]+ MB, [\d,]+ rows/s", typescript), typescript
     assert "partitions 0/1" in typescript
     assert "sync: 1 succeeded, 0 failed" in typescript
     quiet = _tty_run(db_project, "sync", "-q")
