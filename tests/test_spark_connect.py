@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -48,7 +49,7 @@ class Server:
             "REPLICATOR_DEST_URL": pg_servers.dest_url,
         }
         (folder / "sync-state").mkdir(parents=True)
-        self.spark_conf = spark_conf
+        self.spark = {"conf": spark_conf}
         self.configure([{"name": "public.not_synced", "mode": "full-refresh"}])
         started = self.cli("spark", "start")
         assert started.returncode == 0, started.stderr + started.stdout
@@ -57,7 +58,7 @@ class Server:
         self.address = self.state.address  # what is printed
 
     def configure(self, tables: list[dict]) -> None:
-        document = {"tables": tables, "spark": {"conf": self.spark_conf}}
+        document = {"tables": tables, "spark": self.spark}
         (self.project / "tables-config.json").write_text(json.dumps(document))
 
     def read_state(self):
@@ -264,7 +265,7 @@ def test_sigterm_mid_copy_interrupts_the_job_on_the_server(
 ):
     """SIGTERM while the server's tasks copy: the run cancels its job there (by tag) and
     exits 143 without waiting for the tasks; the next run converges."""
-    run = _paused_sync(warm, table, source_conn, tmp_path)
+    run = _paused_sync(warm.project, warm.env, warm.spark, table, source_conn, tmp_path)
     try:
         stopped_at = time.monotonic()
         run.send_signal(signal.SIGTERM)
@@ -284,18 +285,29 @@ def test_sigterm_mid_copy_interrupts_the_job_on_the_server(
     assert assert_same_table(source_conn, dest_conn, table, "t") == ROWS
 
 
-def _paused_sync(server: Server, schema: str, source_conn, tmp_path: Path) -> subprocess.Popen:
-    """A `sync` process of the table through PAUSING_MODEL, returned once both of its copy
-    tasks are in their pause; its stderr goes to tmp_path/killed.err."""
-    server.configure([_table(schema)])
-    models = server.project / "models" / schema
+def _paused_sync(
+    folder: Path,
+    env: dict[str, str],
+    spark: dict,
+    schema: str,
+    source_conn,
+    tmp_path: Path,
+    *args: str,
+    then: tuple[str, ...] = (),
+) -> subprocess.Popen:
+    """A `sync <args>` process of the project in `folder`: the table through PAUSING_MODEL,
+    then the tables named in `then`. Returned once both of the first table's copy tasks
+    are in their pause; its stderr goes to tmp_path/killed.err."""
+    tables = [_table(schema), *({"name": f"{schema}.{n}", "mode": "full-refresh"} for n in then)]
+    (folder / "tables-config.json").write_text(json.dumps({"tables": tables, "spark": spark}))
+    models = folder / "models" / schema
     models.mkdir(parents=True)
     (models / "t.sql").write_text(PAUSING_MODEL)
     merged = {k: v for k, v in os.environ.items() if k != "REPLICATOR_SPARK_MIN_ROWS"}
     with (tmp_path / "killed.err").open("w") as err:
         run = subprocess.Popen(
-            [sys.executable, "-m", "replicator", "sync", "--project-dir", str(server.project)],
-            env={**merged, **server.env},
+            [sys.executable, "-m", "replicator", "sync", *args, "--project-dir", str(folder)],
+            env={**merged, **env},
             stdout=subprocess.DEVNULL,
             stderr=err,
             stdin=subprocess.DEVNULL,
@@ -309,29 +321,85 @@ def _paused_sync(server: Server, schema: str, source_conn, tmp_path: Path) -> su
     return run
 
 
-def test_the_warm_server_killed_mid_run_fails_the_table_and_the_next_run_converges(
-    warm, table, source_conn, dest_conn, tmp_path
-):
-    """Runs last (it kills the module's warm server). The run fails the table saying which
-    server stopped answering, nothing half-copied stays, and the next run (the server
-    down: this process starts Spark itself again) converges."""
-    run = _paused_sync(warm, table, source_conn, tmp_path)
+def _killed_mid_copy(server: Server, run: subprocess.Popen, tmp_path: Path) -> tuple[int, str]:
+    """Kill the server's process group (the paused tasks' workers with it); the run's exit
+    code and stderr."""
     try:
-        os.killpg(warm.state.pid, signal.SIGKILL)
-        code = run.wait(timeout=120)
+        os.killpg(server.state.pid, signal.SIGKILL)
+        code = run.wait(timeout=180)
     finally:
         run.kill()
-    stderr = (tmp_path / "killed.err").read_text()
+    return code, (tmp_path / "killed.err").read_text()
+
+
+def _small_tables(source_conn, schema: str, names: tuple[str, ...]) -> None:
+    for name in names:
+        table = sql.Identifier(schema, name)
+        source_conn.execute(sql.SQL("CREATE TABLE {} (id int PRIMARY KEY, v text)").format(table))
+        source_conn.execute(
+            sql.SQL("INSERT INTO {} SELECT g, md5(g::text) FROM generate_series(1, 2000) g").format(
+                table
+            )
+        )
+
+
+# What a lost server's errors must not show: the client's warning, gRPC's objects, reprs.
+CLIENT_DEBRIS = ("UserWarning", "RETRIES_EXCEEDED", "_MultiThreadedRendezvous", "object at 0x")
+
+
+def test_a_spark_remote_killed_mid_run_fails_the_rest_of_the_run_at_once(
+    db_project, bare, table, source_conn, dest_conn, tmp_path
+):
+    """Runs after every other use of the bare server (it kills it). A configured
+    spark.remote is not replaced by a Spark of this run's own: the table it was copying
+    fails saying which server stopped answering, and the tables after it fail with the same
+    line at once, without sending the server another job (nor waiting for it again)."""
+    later = ("a", "b")
+    _small_tables(source_conn, table, later)
+    spark = {"remote": bare.url, "min_rows": 0}
+    run = _paused_sync(
+        db_project.path, db_project.env, spark, table, source_conn, tmp_path, "-v", then=later
+    )
+    code, stderr = _killed_mid_copy(bare, run, tmp_path)
     assert code == 1, stderr
-    assert f"the warm Spark server at {warm.address} stopped answering" in stderr, stderr
-    assert "sync finished: 0 succeeded, 1 failed" in stderr
+    lost = f"the Spark Connect server at {bare.address} stopped answering"
+    for name in ("t", *later):
+        assert re.search(rf"{table}\.{name}: failed after [\d.]+ s: {lost}", stderr), stderr
+    assert "sync finished: 0 succeeded, 3 failed" in stderr
+    assert stderr.count(f"task(s) on the Spark Connect server at {bare.address}") == 1, stderr
+    errors = "\n".join(line for line in stderr.splitlines() if " failed after " in line)
+    assert not [debris for debris in CLIENT_DEBRIS if debris in errors], errors
+    targets = [TableName(table, name) for name in ("t", *later)]
+    assert leftovers(dest_conn, targets) == []
+
+
+def test_the_warm_server_killed_mid_run_fails_one_table_and_the_run_goes_on_without_it(
+    warm, table, source_conn, dest_conn, tmp_path
+):
+    """Runs last (it kills the module's warm server). The table whose copy it was running
+    fails saying which server stopped answering, with nothing half-copied left; the run
+    says once that it goes on as it would without the server (spark.master, with the
+    configured spark.min_rows: these small tables in this process) and syncs the tables
+    after it; the next run (the server down) converges."""
+    later = ("a", "b")
+    _small_tables(source_conn, table, later)
+    run = _paused_sync(warm.project, warm.env, warm.spark, table, source_conn, tmp_path, then=later)
+    code, stderr = _killed_mid_copy(warm, run, tmp_path)
+    assert code == 1, stderr
+    lost = f"the warm Spark server at {warm.address} stopped answering"
+    assert re.search(rf"{table}\.t: failed after [\d.]+ s: {lost}", stderr), stderr
+    assert stderr.count(f"{lost}: the rest of this run runs without it") == 1, stderr
+    assert "sync finished: 2 succeeded, 1 failed" in stderr, stderr
+    assert not [debris for debris in CLIENT_DEBRIS if debris in stderr], stderr
+    for name in later:
+        assert assert_same_table(source_conn, dest_conn, table, name) == 2000
     assert leftovers(dest_conn, [TableName(table, "t")]) == []
 
     status = warm.cli("spark", "status")
     assert status.returncode == 1
     assert "not running" in status.stdout
+    assert "sync starts Spark itself (local[*])" in status.stdout
     (warm.project / "models" / table / "t.sql").unlink()
     again = warm.cli("sync")
     assert again.returncode == 0, again.stderr
     assert assert_same_table(source_conn, dest_conn, table, "t") == ROWS
-    assert "sync starts Spark itself (local[*])" in status.stdout

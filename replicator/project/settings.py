@@ -248,6 +248,8 @@ class Settings:
     # project's warm server when it is up (`warm_server`; then min_rows defaults to 0).
     spark_remote: str | None = None
     warm_server: ServerState | None = None
+    # min_rows as it is without the warm server: what a run that loses it goes on with.
+    min_rows_without_server: int = 0
 
     def unfit(self, server: ServerState) -> str | None:
         """Why the warm server cannot run these settings' tasks (None when it can)."""
@@ -260,7 +262,7 @@ class Settings:
         values: dict[str, Any] = {}
         remote, warm = _spark_remote(config, env, root, problems)
         for name, read in (
-            ("min_rows", lambda: _min_rows(config, env, warm is not None)),
+            ("min_rows_without_server", lambda: _min_rows(config, env)),
             ("webhook", lambda: _webhook(config, env)),
             ("progress_interval", lambda: _progress_interval(env)),
         ):
@@ -270,7 +272,10 @@ class Settings:
                 problems.extend(exc.problems)
         if problems:
             raise ConfigError(problems)
+        # 0 on the warm server unless set: it has no JVM to start, every batch goes there.
+        unset = env.get(SPARK_MIN_ROWS) is None and "min_rows" not in config.spark.model_fields_set
         return cls(
+            min_rows=0 if warm is not None and unset else values["min_rows_without_server"],
             spark_master=env.get(SPARK_MASTER) or config.spark.master,
             spark_conf=dict(config.spark.conf),
             ship_environment=config.spark.ship_environment,
@@ -318,13 +323,10 @@ def unfit_server(
     return None
 
 
-def _min_rows(config: ProjectConfig, env: Environment, warm: bool) -> int:
-    """spark.min_rows, or REPLICATOR_SPARK_MIN_ROWS when set (a whole number); 0 by default
-    on a warm server, which has no JVM to start: every batch goes through Spark."""
+def _min_rows(config: ProjectConfig, env: Environment) -> int:
+    """spark.min_rows, or REPLICATOR_SPARK_MIN_ROWS when set (a whole number)."""
     value = env.get(SPARK_MIN_ROWS)
     if value is None:
-        if warm and "min_rows" not in config.spark.model_fields_set:
-            return 0
         return config.spark.min_rows
     if not value.isdigit():
         raise ConfigError([f"{SPARK_MIN_ROWS} must be a whole number of rows, got {value!r}"])

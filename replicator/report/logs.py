@@ -89,10 +89,12 @@ def configure_logging(verbose: int = 0, quiet: bool = False, log_format: str = "
     logger.propagate = False
     logger.setLevel(logging.DEBUG if verbose else logging.WARNING if quiet else logging.INFO)
     # Libraries' own records (psycopg's "error ignored in rollback", py4j's broken calls when
-    # a run is interrupted) would reach stderr unformatted: their warnings under -v, their
-    # chatter (every connection poll, every py4j command) only under -vv; redacted.
+    # a run is interrupted) and Python warnings (pyspark's Connect client warns when it gives
+    # up on a server) would reach stderr unformatted: their warnings under -v, their chatter
+    # (every connection poll, every py4j command) only under -vv; redacted.
+    logging.captureWarnings(True)
     library_level = {0: logging.CRITICAL, 1: logging.WARNING}.get(verbose, logging.DEBUG)
-    for name in ("psycopg", "py4j"):
+    for name in ("psycopg", "py4j", "py.warnings"):
         library = logging.getLogger(name)
         library.handlers.clear()
         library.addHandler(handler if verbose else logging.NullHandler())

@@ -7,6 +7,11 @@ Starting takes seconds (a JVM) or about a second (a Connect client): a run start
 it knows a table needs data moved, and keeps inspecting catalogs and writing DDL meanwhile.
 A run that moves nothing never starts a JVM; with the warm server up, every run connects
 to it from its start (every batch goes there).
+
+A Connect server that stops answering mid-job fails that table (the client retries for
+about 14 s first). Then the rest of the run does without it: after the warm server, as a
+run without it would (spark.master, the configured spark.min_rows); after a configured
+spark.remote, whose loss no Spark here replaces, each table that needs Spark fails at once.
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ from ..base.interrupts import on_interrupt, raise_if_requested, requested
 from ..base.redact import redact
 from ..project.settings import Settings
 from ..project.spark_server_state import ServerState
-from .connect_session import Remote
+from .connect_session import Remote, abandon, unavailable
 from .copy_stream import CopyResult, CopyTask, TaskError, run_copy_task
 from .executor_env import ALIAS
 from .jvm_archive import ArchivePlan, plan_archive, publish_archive
@@ -49,12 +54,15 @@ class SparkRunner:
         *,
         quiet: bool = True,
         min_rows: int = 0,
+        min_rows_without_server: int | None = None,
         ship_environment: bool = True,
         remote: str | None = None,
         warm_server: ServerState | None = None,
     ):
         self.master, self.conf, self.quiet = master, dict(conf), quiet
         self.min_rows = min_rows
+        # What the run goes on with after losing the warm server (settings.py).
+        self.min_rows_without_server = min_rows_without_server
         self.ship_environment = ship_environment
         self.remote = Remote.parse(remote) if remote else None
         self.warm_server = warm_server
@@ -66,6 +74,8 @@ class SparkRunner:
         self._archive: ArchivePlan | None = None
         # Release the Connect session at the end: all but the warm server's shared one.
         self._release = warm_server is None
+        self._gone = False  # the warm server did not answer: start again without it
+        self._lost: str | None = None  # spark.remote stopped answering: the tables' error
 
     @classmethod
     def for_run(cls, settings: Settings, verbose: int) -> SparkRunner:
@@ -76,6 +86,7 @@ class SparkRunner:
             settings.spark_conf,
             quiet=verbose == 0,
             min_rows=settings.min_rows,
+            min_rows_without_server=settings.min_rows_without_server,
             ship_environment=settings.ship_environment,
             remote=settings.spark_remote,
             warm_server=settings.warm_server,
@@ -91,7 +102,7 @@ class SparkRunner:
 
     @property
     def started(self) -> bool:
-        return self._thread is not None
+        return self._thread is not None and not self._gone
 
     def warm_up(self) -> None:
         """Start the session in a background thread, if not started yet."""
@@ -103,9 +114,10 @@ class SparkRunner:
         try:
             if self.warm_server is not None:  # its session's Python workers are up already
                 self._session = self._attach(self.warm_server)
+                self._gone = self._session is None
                 if self._session is not None:
                     self._parallelism = self.warm_server.parallelism
-                    return
+                return
             session, warm = self._connect() if self.remote else self._start_jvm()
             if self.remote is not None:
                 self._parallelism = default_parallelism(session)
@@ -123,8 +135,8 @@ class SparkRunner:
     def _attach(self, server: ServerState) -> Any:
         """The warm server's own session, else a new one on it if it forgot that one. When
         it does not answer (stopped or dead since the settings were read), None: the run
-        starts Spark itself, as it would have without the server. Nothing is shipped: the
-        server runs this machine's replicator (the same code, or no run uses it)."""
+        goes on as it would have without the server. Nothing is shipped: the server runs
+        this machine's replicator (the same code, or no run uses it)."""
         from .connect_session import attach, connect
 
         assert self.remote is not None
@@ -135,8 +147,7 @@ class SparkRunner:
                 session = connect(self.remote)
             return session
         except ReplicatorError as exc:
-            log.warning("%s; this run starts Spark itself (spark.master)", exc)
-            self.remote = self.warm_server = None
+            log.warning("%s; this run %s", exc, self._without_server())
             return None
 
     def _connect(self) -> tuple[Any, bool]:
@@ -177,10 +188,36 @@ class SparkRunner:
             return session, True
         return SparkSession(context), False
 
+    def _without_server(self) -> str:
+        """Go on as a run without the warm server would; says how. Spark here starts
+        when a table needs it (`_start_over`)."""
+        self.remote = self.warm_server = None
+        if self.min_rows_without_server is not None:
+            self.min_rows = self.min_rows_without_server
+        self._release = True
+        if self.min_rows == 0:
+            return f"runs without it, on {self.where}"
+        return (
+            f"runs without it, on {self.where} from {self.min_rows:,} rows (spark.min_rows), "
+            "smaller copies in this process"
+        )
+
+    def _start_over(self) -> bool:
+        """After the warm server was found gone: not started, as in a run without it."""
+        if not self._gone:
+            return False
+        assert self._thread is not None
+        self._thread.join()
+        self._gone = False
+        self._thread, self._sized = None, threading.Event()
+        return True
+
     def session(self) -> Any:
         self.warm_up()
         assert self._thread is not None
         self._thread.join()
+        if self._start_over():
+            return self.session()
         if self._error is not None:
             if isinstance(self._error, ReplicatorError):
                 raise ReplicatorError(f"Spark did not start: {self._error}")
@@ -193,6 +230,8 @@ class SparkRunner:
         """Spark's task slots; known before the session is ready on a JVM here."""
         self.warm_up()
         self._sized.wait()
+        if self._start_over():
+            return self.parallelism()
         if self._error is not None:
             self.session()  # raises it
         return self._parallelism
@@ -218,6 +257,8 @@ class SparkRunner:
     def map_tasks(self, function: Callable[[T], R], tasks: list[T], description: str) -> list[R]:
         """Run `function` over the tasks as one Spark job, one partition per task; a SIGTERM
         or SIGINT cancels the job."""
+        if self._lost is not None:  # spark.remote stopped answering earlier in this run
+            raise ReplicatorError(self._lost)
         session = self.session()
         log.debug("%s: %d task(s) on %s", description, len(tasks), self.where)
         tag = f"replicator-{uuid.uuid4().hex}"
@@ -226,7 +267,9 @@ class SparkRunner:
             return run_job(session, function, tasks, ALIAS)
         except Exception as exc:
             raise_if_requested()  # the job failed because the run was interrupted
-            message = spark_error_message(exc) + self._lost_server(exc)
+            if self.remote is not None and unavailable(exc):
+                raise ReplicatorError(self._server_lost(session)) from None
+            message = spark_error_message(exc)
             raise ReplicatorError(message + self._executor_hint(message)) from None
         finally:
             stop_cancelling()
@@ -247,16 +290,18 @@ class SparkRunner:
         context.setJobGroup(tag, description, interruptOnCancel=True)
         return on_interrupt(lambda: context.cancelJobGroup(tag))
 
-    def _lost_server(self, exc: BaseException) -> str:
-        """When a Connect server stopped answering mid-job, say which one and what next."""
-        if self.remote is None or not _unavailable(exc):
-            return ""
-        after = (
-            "the next run starts Spark itself unless the server is back"
-            if self.warm_server
-            else "the next run copies it again once the server answers"
-        )
-        return f" ({self.where} stopped answering: the table's work was rolled back; {after})"
+    def _server_lost(self, session: Any) -> str:
+        """The table's error once the Connect server stopped answering; what the rest of
+        the run does instead (see the module's docstring)."""
+        abandon(session)
+        lost = f"{self.where} stopped answering"
+        error = f"{lost}: the table's work was rolled back"
+        if self.warm_server is None:
+            self._lost = f"{error}; the next run copies it again once the server answers"
+            return self._lost
+        self._session, self._thread, self._sized = None, None, threading.Event()
+        log.warning("%s: the rest of this run %s", lost, self._without_server())
+        return f"{error}; the next run copies it again"
 
     def _executor_hint(self, message: str) -> str:
         """What to do when a cluster's executors could not import our code."""
@@ -300,23 +345,6 @@ class SparkRunner:
             and stop_jvm(session.sparkContext, graceful=True)
         ):
             publish_archive(self._archive)
-
-
-def _unavailable(exc: BaseException) -> bool:
-    """Whether the error (or what caused it) is gRPC's UNAVAILABLE: the server is gone."""
-    import grpc
-
-    seen: BaseException | None = exc
-    while seen is not None:
-        code = getattr(seen, "getGrpcStatusCode", None)
-        if code is not None and code() == grpc.StatusCode.UNAVAILABLE:
-            return True
-        if isinstance(seen, grpc.RpcError) and seen.code() == grpc.StatusCode.UNAVAILABLE:
-            return True
-        if type(seen).__name__ == "RetriesExceeded":  # the client gave up reconnecting
-            return True
-        seen = seen.__cause__ or seen.__context__
-    return False
 
 
 # "... most recent failure: Lost task 1.0 in stage 0.0 (TID 1) (host executor driver):

@@ -7,20 +7,19 @@ libpostgresql-jdbc-java (/usr/share/java/postgresql.jar), else `spark.jars.packa
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
 import sys
-import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from importlib import resources
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from ..base.interrupts import requested
+from ..base.errors import ReplicatorError
+from .jvm_output import JvmOutput
 
 if TYPE_CHECKING:
-    from pyspark import SparkContext
+    from pyspark import SparkConf, SparkContext
     from pyspark.sql import SparkSession
 
 JDBC_JAR_ENV = "REPLICATOR_JDBC_JAR"
@@ -161,10 +160,29 @@ def start_spark_context(
     from pyspark import SparkConf, SparkContext
 
     spark_config = SparkConf().setAll(list(settings.items()))
-    if not quiet:
+    with SparkContext._lock:
+        if SparkContext._gateway is None:  # a new JVM: its stderr goes to the log (-v)
+            SparkContext._ensure_initialized(gateway=_launch_gateway(spark_config))
         return SparkContext.getOrCreate(spark_config)
-    with _filtered_stderr():
-        return SparkContext.getOrCreate(spark_config)
+
+
+def _launch_gateway(spark_config: SparkConf) -> Any:
+    """Start the driver JVM with a pipe as its stderr (jvm_output.py); when it exits
+    before answering, the error says what it printed first (no java, a bad option)."""
+    from pyspark.java_gateway import launch_gateway
+
+    output = JvmOutput()
+    try:
+        return launch_gateway(spark_config, popen_kwargs={"stderr": output.write_end})
+    except Exception as exc:
+        failure = exc
+    finally:
+        output.launched()
+    said = output.first_words(timeout=5.0)
+    if said is None:
+        raise failure
+    first = next(iter(str(failure).strip().splitlines()), type(failure).__name__)
+    raise ReplicatorError(f"{first} ({said.splitlines()[0]})") from None
 
 
 def _choose_executor_python(settings: Mapping[str, str]) -> None:
@@ -190,52 +208,3 @@ def start_spark(
     from pyspark.sql import SparkSession
 
     return SparkSession(start_spark_context(master, conf, quiet=quiet))
-
-
-# Lines the JVM prints at start that carry no information for a user.
-_JVM_NOISE = (
-    "WARNING: Using incubator modules",
-    'Setting default log level to "',
-    "To adjust logging level use sc.setLogLevel",
-)
-
-
-@contextlib.contextmanager
-def _filtered_stderr() -> Iterator[None]:
-    """Give the JVM (started now, inherits fd 2) a stderr that drops known noise lines.
-
-    Whatever else the JVM writes there, for its whole life, is forwarded to the real stderr.
-    """
-    read_end, write_end = os.pipe()
-    real = os.dup(2)
-    forward_to = os.dup(2)
-    threading.Thread(
-        target=_forward, args=(read_end, forward_to), name="jvm-stderr", daemon=True
-    ).start()
-    os.dup2(write_end, 2)
-    try:
-        yield
-    finally:
-        os.dup2(real, 2)
-        os.close(real)
-        os.close(write_end)
-
-
-# Spark's own error line for a failed job, which the run reports in its words.
-_ABORTED_JOB = re.compile(r" spark ERROR TaskSetManager: Task \S+ in stage \S+ failed \d+ times")
-
-
-def _forward(read_end: int, forward_to: int) -> None:
-    with os.fdopen(read_end, "rb") as lines:
-        for line in lines:
-            if _worth_showing(line.decode(errors="replace")):
-                os.write(forward_to, line)
-
-
-def _worth_showing(text: str) -> bool:
-    """Not start-up noise, not the job failure the run reports itself, and nothing once the
-    run was interrupted: tasks still stopping then fail as their snapshot goes (the run's
-    own `run interrupted` line says what happened)."""
-    if requested() is not None:
-        return False
-    return not text.startswith(_JVM_NOISE) and _ABORTED_JOB.search(text) is None
