@@ -140,7 +140,7 @@ def test_hostile_names_get_distinct_files_on_disk(tmp_path):
 _KILLED_WRITER = """
 import sys
 from pathlib import Path
-from replicator.identifiers import TableName
+from replicator.base.identifiers import TableName
 from replicator.project.state import StateStore, TableState, Cursor
 store = StateStore(Path(sys.argv[1]))
 store.write(TableState(table="public.orders", cursor=Cursor(value="NEW", type="text"),
