@@ -23,8 +23,10 @@ format: $(STAMP)
 	$(BIN)/ruff format .
 	$(BIN)/ruff check --fix .
 
+# Two workers by default (TEST_JOBS=1 for one process); a file's tests stay on one worker.
+TEST_JOBS ?= 2
 test: system-deps $(STAMP) lint
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q -n $(TEST_JOBS) --dist loadfile
 
 # The long soak (writers + killed syncs; `make test` runs a 60-second version).
 SOAK_SECONDS ?= 600

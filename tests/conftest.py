@@ -1,4 +1,5 @@
-"""Shared fixtures: one throwaway PostgreSQL pair and one local Spark session per test run.
+"""Shared fixtures: one throwaway PostgreSQL pair and one local Spark session per test run
+(per pytest-xdist worker under `make test`).
 
 Set REPLICATOR_TEST_SOURCE_URL and REPLICATOR_TEST_DEST_URL to use existing servers instead.
 Each test that needs a database gets its own schema on both sides, dropped afterwards.
