@@ -10,7 +10,7 @@ old key too) are collected. A pending TRUNCATE of the table touches every key.
 from __future__ import annotations
 
 import time
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from typing import Any
 
 import psycopg
@@ -18,7 +18,7 @@ import psycopg
 from ..base.errors import DatabaseError, TableProblem
 from ..base.identifiers import TableName
 from ..postgres.database import connect, note
-from .pgoutput import Begin, Delete, Insert, Relation, Row, Truncate, Update, decode
+from .pgoutput import Begin, Delete, Insert, Message, Relation, Row, Truncate, Update, decode
 from .read import quote_publication
 
 Key = tuple[Any, ...]
@@ -41,70 +41,69 @@ def pending_keys(
 ) -> set[Key] | None:
     """The keys among `wanted` that pending changes of `table` touch; None when a pending
     TRUNCATE touches them all. `since`: the table's applied position."""
+    touched = _Touched(table, tuple(key), since)
+    for message in _peeked(source_url, slot, publication):
+        if touched.take(message):
+            return None
+    return touched.keys & set(wanted)
+
+
+def _peeked(source_url: str, slot: str, publication: str) -> Iterator[Message]:
+    """Every message the slot holds, oldest first; while a sync reads the slot (it is
+    "active" then), its read is waited for."""
     deadline = time.monotonic() + BUSY_SECONDS
     while True:
         try:
-            return _peek(source_url, slot, publication, table, key, since, set(wanted))
-        except DatabaseError as exc:
+            with connect(source_url, "source") as source:
+                note(source, _PEEK)
+                with source.cursor(name="replicator_pending", binary=True, withhold=True) as rows:
+                    rows.itersize = 5_000
+                    rows.execute(_PEEK, (slot, quote_publication(publication)))
+                    yield from (decode(data) for (data,) in rows)
+                    return
+        except psycopg.Error as exc:
             if exc.sqlstate != OBJECT_IN_USE or time.monotonic() > deadline:
                 raise TableProblem(
                     f"cannot read replication slot {slot} to tell changes not yet applied "
-                    f"from differences: {exc}"
+                    f"from differences: {exc.diag.message_primary or exc}"
                 ) from None
-            time.sleep(0.2)  # a sync is reading the slot: it lets go within its read
+        except DatabaseError as exc:  # connecting
+            raise TableProblem(f"cannot read replication slot {slot}: {exc}") from None
+        time.sleep(0.2)
 
 
-def _peek(
-    source_url: str,
-    slot: str,
-    publication: str,
-    table: TableName,
-    key: Sequence[str],
-    since: int,
-    wanted: set[Key],
-) -> set[Key] | None:
-    found: set[Key] = set()
-    positions: dict[int, tuple[int, ...]] = {}  # relation oid -> key column positions
-    final_lsn = 0
-    with connect(source_url, "source") as source:
-        note(source, _PEEK)
-        with source.cursor(name="replicator_pending", binary=True, withhold=True) as cursor:
-            cursor.itersize = 5_000
-            try:
-                cursor.execute(_PEEK, (slot, quote_publication(publication)))
-                for (data,) in cursor:
-                    message = decode(data)
-                    if isinstance(message, Begin):
-                        final_lsn = message.final_lsn
-                    elif isinstance(message, Relation):
-                        if TableName(message.schema, message.name) == table:
-                            names = [c.name for c in message.columns]
-                            positions[message.oid] = tuple(names.index(k) for k in key)
-                    elif final_lsn >= since and _touches_all(message, positions):
-                        return None
-                    elif final_lsn >= since:
-                        found.update(_keys(message, positions))
-            except psycopg.Error as exc:
-                raise DatabaseError(
-                    f"source: {exc.diag.message_primary or exc}", exc.sqlstate
-                ) from None
-    return found & wanted
+class _Touched:
+    """The keys of `table` that transactions committed at or after `since` touch."""
 
+    def __init__(self, table: TableName, key: tuple[str, ...], since: int) -> None:
+        self.table, self.key, self.since = table, key, since
+        self.keys: set[Key] = set()
+        self._positions: dict[int, tuple[int, ...]] = {}  # relation oid -> key positions
+        self._final_lsn = 0
 
-def _touches_all(message: Any, positions: dict[int, tuple[int, ...]]) -> bool:
-    return isinstance(message, Truncate) and any(oid in positions for oid in message.relations)
+    def take(self, message: Message) -> bool:
+        """Note one message; True when it truncates the table (every key touched)."""
+        if isinstance(message, Begin):
+            self._final_lsn = message.final_lsn
+        elif isinstance(message, Relation):
+            if TableName(message.schema, message.name) == self.table:
+                names = [c.name for c in message.columns]
+                self._positions[message.oid] = tuple(names.index(k) for k in self.key)
+        elif self._final_lsn < self.since:
+            return False  # in the copy already
+        elif isinstance(message, Truncate):
+            return any(oid in self._positions for oid in message.relations)
+        elif isinstance(message, Insert | Update | Delete):
+            self.keys.update(self._keys(message))
+        return False
 
-
-def _keys(message: Any, positions: dict[int, tuple[int, ...]]) -> list[Key]:
-    """The keys an insert, update or delete of the table touches."""
-    if not isinstance(message, Insert | Update | Delete):
-        return []
-    where = positions.get(message.relation)
-    if where is None:
-        return []
-    rows: list[Row] = []
-    if isinstance(message, Insert | Update):
-        rows.append(message.new)
-    if isinstance(message, Update | Delete) and message.old is not None:
-        rows.append(message.old)
-    return [tuple(row[i] for i in where) for row in rows]
+    def _keys(self, message: Insert | Update | Delete) -> list[Key]:
+        where = self._positions.get(message.relation)
+        if where is None:
+            return []
+        rows: list[Row] = []
+        if isinstance(message, Insert | Update):
+            rows.append(message.new)
+        if isinstance(message, Update | Delete) and message.old is not None:
+            rows.append(message.old)
+        return [tuple(row[i] for i in where) for row in rows]
