@@ -84,3 +84,51 @@ def test_a_citext_column_gets_its_extension_created_and_copies_exactly(
     assert assert_same_table(source_conn, dest_conn, emails, "people") == 51
     checked = db_project.run("check")
     assert checked.exit_code == 0 and "extension citext" not in checked.stdout, checked.stdout
+
+
+def test_a_key_respelled_as_its_type_allows_takes_the_sources_spelling(
+    cdc_project, source_conn, dest_conn, writer, schema
+):
+    """citext's `a@x` = `A@x`: an update that changes only the case of a key conflicts with
+    the copy's old spelling. The merge kept that spelling and the delete check then deleted
+    the row (it read the source's spelling as missing, the copy's as gone); the log's apply
+    kept it too. Both copies take the source's spelling, and nothing is deleted."""
+    if not CITEXT.exists():
+        pytest.skip("citext is not installed with this PostgreSQL (the contrib modules)")
+    s = sql.Identifier(schema)
+    for statement in (
+        "CREATE EXTENSION citext SCHEMA {s}",
+        "CREATE TABLE {s}.users (email {s}.citext PRIMARY KEY, name text, "
+        "updated_at timestamptz NOT NULL DEFAULT now() - interval '1 hour')",
+        "CREATE TABLE {s}.accounts (email {s}.citext PRIMARY KEY, note text)",
+        "INSERT INTO {s}.users (email, name) SELECT 'user' || g || '@example.com', 'n' "
+        "FROM generate_series(1, 20) g",
+        "INSERT INTO {s}.accounts SELECT 'user' || g || '@example.com', 'n' "
+        "FROM generate_series(1, 20) g",
+    ):
+        writer.execute(sql.SQL(statement).format(s=s))
+    cdc_project.write_config(
+        {
+            "tables": [
+                {"name": f"{schema}.users", "replication_key": "updated_at", "deletes": "delete"},
+                {"name": f"{schema}.accounts", "mode": "cdc"},
+            ]
+        }
+    )
+    assert cdc_project.run("sync").exit_code == 0
+    writer.execute(
+        sql.SQL(
+            "UPDATE {s}.users SET email = 'User3@Example.com', updated_at = now() "
+            "WHERE email = 'user3@example.com'; "
+            "UPDATE {s}.accounts SET email = 'USER4@example.com', note = 'x' "
+            "WHERE email = 'user4@example.com'"
+        ).format(s=s)
+    )
+    synced = cdc_project.run("sync")
+    assert synced.exit_code == 0, synced.output
+    assert "no longer in the source" not in synced.stderr, synced.stderr
+    for table in ("users", "accounts"):
+        assert assert_same_table(source_conn, dest_conn, schema, table, key="email") == 20
+    verified = cdc_project.run("verify")
+    assert verified.exit_code == 0, verified.output
+    assert "different" not in verified.stderr.replace("0 different", "")

@@ -105,18 +105,15 @@ def _upsert(
     after: sql.Composable,
 ) -> sql.Composable:
     columns = [sql.Identifier(c) for c in stage.columns]
-    others = [sql.Identifier(c) for c in stage.columns if c not in key]
-    conflict = (
-        # Compared as text, as the merge macros do: json, xml or point have no `=`.
-        sql.SQL(
-            "DO UPDATE SET {sets} WHERE ROW({current})::text IS DISTINCT FROM ROW({new})::text"
-        ).format(
-            sets=sql.SQL(", ").join(sql.SQL("{0} = EXCLUDED.{0}").format(c) for c in others),
-            current=sql.SQL(", ").join(sql.SQL("d.{}").format(c) for c in others),
-            new=sql.SQL(", ").join(sql.SQL("EXCLUDED.{}").format(c) for c in others),
-        )
-        if others
-        else sql.SQL("DO NOTHING")
+    # Every column, the key's too: a key type whose equality is coarser than its text
+    # (citext, numeric) conflicts with the copy's old spelling, which must not stay.
+    # Compared as text, as the merge macros do: json, xml or point have no `=`.
+    conflict = sql.SQL(
+        "DO UPDATE SET {sets} WHERE ROW({current})::text IS DISTINCT FROM ROW({new})::text"
+    ).format(
+        sets=sql.SQL(", ").join(sql.SQL("{0} = EXCLUDED.{0}").format(c) for c in columns),
+        current=sql.SQL(", ").join(sql.SQL("d.{}").format(c) for c in columns),
+        new=sql.SQL(", ").join(sql.SQL("EXCLUDED.{}").format(c) for c in columns),
     )
     return sql.SQL(
         "INSERT INTO {target} AS d ({columns}) SELECT {columns} FROM {rows} "

@@ -151,12 +151,13 @@ def build_table_sql(
             staging=staging.sql(),
             columns=quoted,
             key_columns=quoted_key,
-            # a marked row that comes back is updated: its mark is cleared (EXCLUDED's is
-            # the column default, NULL, as the staging table has no such column)
-            update_columns=[
-                q for q, c in zip(quoted, columns, strict=True) if c.name not in primary_key
-            ]
-            + ([quote_ident(MARK_COLUMN)] if table.deletes == "mark" else []),
+            # The key columns too: a key whose type's equality is coarser than its text
+            # (citext's 'a@x' = 'A@x', numeric's 1.0 = 1.00) conflicts with the copy's old
+            # spelling, which would stay (and a delete check would then find the source's
+            # spelling missing and the copy's gone). A marked row that comes back is updated:
+            # its mark is cleared (EXCLUDED's is the column default, NULL, as the staging
+            # table has no such column).
+            update_columns=quoted + ([quote_ident(MARK_COLUMN)] if table.deletes == "mark" else []),
             replication_key=quote_ident(table.replication_key or primary_key[0]),
         )
     elif table.mode == "incremental-append":
