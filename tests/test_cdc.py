@@ -787,3 +787,125 @@ def test_only_cdc_tables_join_the_publication(cdc_project, schema, writer, sourc
     ).fetchall()
     assert published == [("orders",)]
     assert "publication" not in _sync(cdc_project).stderr
+
+
+def _dba_slot(source_conn, schema, name, *tables, plugin="pgoutput"):
+    """A publication of `tables` and a slot, both called `name`, as a DBA makes them."""
+    source_conn.execute(
+        sql.SQL("CREATE PUBLICATION {} FOR TABLE {}").format(
+            sql.Identifier(name), sql.SQL(", ").join(sql.Identifier(schema, t) for t in tables)
+        )
+    )
+    source_conn.execute("SELECT pg_create_logical_replication_slot(%s, %s)", (name, plugin))
+
+
+def _drop_dba_slots(source_conn, *names):
+    for name in names:
+        source_conn.execute(
+            "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots "
+            "WHERE slot_name = %s",
+            (name,),
+        )
+        source_conn.execute(sql.SQL("DROP PUBLICATION IF EXISTS {}").format(sql.Identifier(name)))
+
+
+def test_a_dba_publication_that_withholds_changes_fails_the_table_with_the_fix(
+    cdc_project, schema, writer, source_conn
+):
+    """A DBA's publication without deletes, with a row filter or with a column list would
+    silently lose changes (found by a newcomer trial: check said 0 errors, the copy kept
+    deleted rows). check and the sync both say what it withholds and give the statements."""
+    name = f"dba_{uuid.uuid4().hex[:12]}"
+    _create(writer, schema)
+    _dba_slot(source_conn, schema, name, "orders")
+    pub, table = sql.Identifier(name), sql.Identifier(schema, "orders")
+    try:
+        _config(
+            cdc_project, schema, "orders", cdc={"slot": name, "publication": name, "create": False}
+        )
+        for statement, says in (
+            (
+                "ALTER PUBLICATION {p} SET (publish = 'insert, update')",
+                "it does not publish deletes or truncates",
+            ),
+            (
+                "ALTER PUBLICATION {p} SET TABLE {t} WHERE (id > 10)",
+                "a row filter (WHERE (id > 10)) leaves rows out",
+            ),
+            (
+                "ALTER PUBLICATION {p} SET TABLE {t} (id, note)",
+                "its column list leaves out amount, big",
+            ),
+        ):
+            source_conn.execute(sql.SQL(statement).format(p=pub, t=table))
+            checked = cdc_project.run("check")
+            assert checked.exit_code == 1, checked.output
+            assert f"publication {name} (named in tables-config.json `cdc`) withholds changes" in (
+                checked.output
+            )
+            assert says in checked.output, checked.output
+            synced = cdc_project.run("sync")
+            assert synced.exit_code == 1 and says in synced.stderr, synced.stderr
+            assert "fix" in checked.output and f'ALTER PUBLICATION "{name}"' in checked.output
+            source_conn.execute(
+                sql.SQL(
+                    "ALTER PUBLICATION {p} SET (publish = 'insert, update, delete, truncate'); "
+                    "ALTER PUBLICATION {p} SET TABLE {t}"
+                ).format(p=pub, t=table)
+            )
+        assert cdc_project.run("check").exit_code == 0
+        _sync(cdc_project)
+    finally:
+        _drop_dba_slots(source_conn, name)
+
+
+def test_pointing_cdc_at_another_slot_reloads_every_copy(
+    cdc_project, schema, writer, source_conn, dest_conn
+):
+    """The copies' positions are in the old slot's stream: a new slot holds none of the
+    changes in between (a newcomer trial's sync went on and lost them). A slot of another
+    plugin is refused with the statements that make it again."""
+    first, second, decoded = (f"dba_{uuid.uuid4().hex[:12]}" for _ in range(3))
+    _create(writer, schema)
+    _dba_slot(source_conn, schema, first, "orders")
+    try:
+        _config(
+            cdc_project,
+            schema,
+            "orders",
+            cdc={"slot": first, "publication": first, "create": False},
+        )
+        _sync(cdc_project)
+        _run(writer, schema, "UPDATE {t} SET note = 'between the slots' WHERE id = 4")
+        _run(writer, schema, "DELETE FROM {t} WHERE id = 5")
+        source_conn.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (second,))
+        _config(
+            cdc_project,
+            schema,
+            "orders",
+            cdc={"slot": second, "publication": first, "create": False},
+        )
+        moved = _sync(cdc_project)
+        assert f"reason: replication slot changed: {first} -> {second}" in moved.stderr, (
+            moved.stderr
+        )
+        assert_same_table(source_conn, dest_conn, schema, "orders")
+        source_conn.execute(
+            "SELECT pg_create_logical_replication_slot(%s, 'test_decoding')", (decoded,)
+        )
+        _config(
+            cdc_project,
+            schema,
+            "orders",
+            cdc={"slot": decoded, "publication": first, "create": False},
+        )
+        for result, text in (
+            (cdc_project.run("check"), "output"),
+            (cdc_project.run("sync"), "stderr"),
+        ):
+            assert result.exit_code == 1
+            said = getattr(result, text)
+            assert f"replication slot {decoded} decodes with the test_decoding plugin" in said, said
+            assert f"pg_create_logical_replication_slot('{decoded}', 'pgoutput')" in said
+    finally:
+        _drop_dba_slots(source_conn, first, second, decoded)

@@ -68,6 +68,16 @@ def slot_info(source: psycopg.Connection[Any], slot: str) -> SlotInfo | None:
     )
 
 
+def wrong_plugin(info: SlotInfo) -> str:
+    """Why a slot of another output plugin cannot serve, and how to make it again."""
+    return (
+        f"replication slot {info.name} decodes with the {info.plugin} plugin; replicator reads "
+        f"{PLUGIN} (every managed PostgreSQL has it): make it again with "
+        f"{drop_slot_statement(info.name)}; {create_slot_statement(info.name)} (the next sync "
+        "then reloads every cdc table)"
+    )
+
+
 def flushed_lsn(source: psycopg.Connection[Any]) -> int:
     """The WAL position flushed now: logical decoding reads only flushed WAL, so a run reads
     up to here (a later commit is the next run's)."""

@@ -11,8 +11,10 @@ import psycopg
 
 from ..base.errors import ReplicatorError
 from ..base.identifiers import TableName, display_ident
+from ..capture.dba_publication import publication_problem
 from ..capture.preflight import IDENTITY_NAMES, capture_problem, replica_identity
 from ..capture.slot import (
+    PLUGIN,
     add_table_statement,
     create_publication_statement,
     create_slot_statement,
@@ -20,6 +22,7 @@ from ..capture.slot import (
     publication_exists,
     published_tables,
     slot_info,
+    wrong_plugin,
 )
 from ..plan.inspect_table import inspect_source
 from ..postgres.database import fetch_all
@@ -143,6 +146,10 @@ def _slot(source: psycopg.Connection[Any], names: Any) -> Iterator[Finding]:
             fix,
         )
         return
+    if info.plugin != PLUGIN:
+        problem, _, fix = wrong_plugin(info).partition(": make it again with ")
+        yield Finding("error", "cdc", problem, fix)
+        return
     level = "error" if info.lost else "ok"
     yield Finding(
         level,
@@ -198,6 +205,11 @@ def _table(
             "changes would never arrive, and its sync fails",
             f"a DBA adds it: {add_table_statement(names.publication, table.name)}",
         )
+    elif published is not None:
+        columns = [c.name for c in info.columns]
+        withheld = publication_problem(source, names.publication, table.name, columns)
+        if withheld is not None:
+            yield Finding("error", table.written_name, *withheld)
     if publisher is not None and not fetch_all(source, _OWNS, (info.oid,))[0][0]:
         yield Finding(
             "error",

@@ -1,8 +1,8 @@
 """The `cdc` tables of one run (README: How cdc works).
 
-1. Set-up, once: the slot and publication names (sync-state/cdc.json), the publication
-   listing the `cdc` tables, the slot (created when missing; a lost one is made again and
-   every `cdc` table reloads with reason `slot lost`).
+1. Set-up, once (capture_setup.py): the slot and publication names (sync-state/cdc.json),
+   the publication listing the `cdc` tables, the slot (created when missing; a lost one is
+   made again and every `cdc` table reloads with reason `slot lost`).
 2. Each selected table is planned like any other (run.py); a full reload loads it from a
    snapshot with its log position (capture/slot_snapshot.py), one that goes on from the log
    is deferred here.
@@ -20,69 +20,30 @@ from dataclasses import replace
 import psycopg
 
 from ..base.errors import Interrupted, ReplicatorError, TableLocked, TableProblem, one_line
-from ..base.identifiers import TableName
-from ..capture.applied import applied_positions, ensure_applied_table, forget_applied
+from ..capture.applied import applied_positions, forget_applied
 from ..capture.capture_table import CaptureTable
+from ..capture.dba_publication import publication_problem
 from ..capture.drain import drain
 from ..capture.lsn import lsn_text
 from ..capture.preflight import capture_problem
 from ..capture.slot import (
     add_table_statement,
-    create_slot,
-    create_slot_statement,
-    drop_publication_statement,
-    drop_slot,
-    drop_slot_statement,
-    ensure_publication,
     flushed_lsn,
     published_tables,
     slot_info,
 )
 from ..plan.decide import Plan
 from ..plan.drift import Planned, destination_has_rows
-from ..plan.inspect_table import inspect_source
 from ..postgres.endpoints import Endpoints
 from ..postgres.table_lock import table_lock
-from ..project.capture_state import (
-    CaptureState,
-    read_capture_state,
-    rejoin_mark,
-    resolve_names,
-    write_capture_state,
-)
+from ..project.capture_state import CaptureState
 from ..project.config import TableConfig
-from ..project.state import LSN_CURSOR_TYPE, Cursor, TableState
+from ..project.state import LSN_CURSOR_TYPE, Cursor
 from ..report.results import TableResult, utc_now
+from .capture_setup import set_up_capture
 from .context import RunContext, TableJob, failure, record_failure
 
 log = logging.getLogger("replicator.sync")
-
-SLOT_LOST = "slot lost"
-
-
-def _warn_abandoned(stored: CaptureState | None, names: CaptureState) -> None:
-    """The config renamed what this project made: the old slot would keep WAL forever."""
-    if stored is None or not stored.created:
-        return
-    if stored.slot != names.slot:
-        log.warning(
-            "source: replication slot %s (made by this project) is no longer used and keeps "
-            "WAL until dropped: %s",
-            stored.slot,
-            drop_slot_statement(stored.slot),
-        )
-    if stored.publication != names.publication:
-        log.warning(
-            "source: publication %s (made by this project) is no longer used: %s",
-            stored.publication,
-            drop_publication_statement(stored.publication),
-        )
-
-
-def _in_the_log(state: TableState | None) -> bool:
-    """Whether a table's copy goes on from a log position (a table just switched to cdc
-    has none: it loads from a slot snapshot anyway)."""
-    return state is not None and state.cursor is not None and state.cursor.type == LSN_CURSOR_TYPE
 
 
 class CaptureRun:
@@ -98,105 +59,14 @@ class CaptureRun:
     # ------------------------------------------------------------ 1. set-up
 
     def set_up(self, ends: Endpoints, selected: tuple[TableConfig, ...]) -> None:
-        """Names, publication and slot; an error here fails every selected `cdc` table."""
-        project = self.run.project
-        every = [t for t in project.config.tables if t.mode == "cdc"]
-        selected = tuple(t for t in selected if t.mode == "cdc")
+        """Names, publication and slot (capture_setup.py); an error here fails every
+        selected `cdc` table."""
         try:
-            stored = read_capture_state(project.state_dir)
-            names = resolve_names(project.config.cdc, stored)
-            ensure_applied_table(ends.dest)
-            self._rejoined(ends, names, every)
-            followed = tuple(str(t.name) for t in every)
-            if names != stored or names.tables != followed:
-                _warn_abandoned(stored, names)
-                names = names.model_copy(update={"tables": followed})
-                write_capture_state(project.state_dir, names)
-            ready = [t.name for t in selected if self._capturable(ends, t)]
-            keep = {t.name for t in every}
-            targets = {t.name: t.target for t in selected}
-
-            def forget(joining: list[TableName]) -> None:
-                for name in joining:  # a table back in the publication missed changes
-                    forget_applied(ends.dest, targets[name])
-
-            published_now = ensure_publication(ends.source, names, ready, keep, forget)
-            self._ensure_slot(ends, names, published_now, every)
+            self.names = set_up_capture(self.run.project, ends, selected)
             self.positions = applied_positions(ends.dest)
-            self.names = names
         except (ReplicatorError, psycopg.Error) as exc:
             self.setup_error = f"log capture set-up: {one_line(exc)}"
             log.error("%s", self.setup_error)
-
-    def _rejoined(self, ends: Endpoints, names: CaptureState, every: list[TableConfig]) -> None:
-        """Tables back among the config's `cdc` tables since the slot was last read: the slot
-        moved on without them (a DBA's publication still listed them, but no run applied
-        their changes), so each copy reloads instead of going on from its old position.
-        Marked, then its position forgotten, before the new list is written: a crash in
-        between marks it again."""
-        store = self.run.project.store
-        for table in every:
-            marked = rejoin_mark(names, table, store.read(table.name))
-            if marked is not None:
-                store.write(marked, table.name)
-                forget_applied(ends.dest, table.target)
-
-    def _capturable(self, ends: Endpoints, table: TableConfig) -> bool:
-        """Whether the table may join the publication (run.py reports why not, later)."""
-        try:
-            info, built = inspect_source(ends.source, table, self.run.project.templates)
-        except (ReplicatorError, psycopg.Error):
-            return False
-        return capture_problem(ends.source, info, built) is None
-
-    def _ensure_slot(
-        self,
-        ends: Endpoints,
-        names: CaptureState,
-        published_now: bool,
-        every: list[TableConfig],
-    ) -> bool:
-        """The slot exists and is usable; True when it was (re)created while copies existed,
-        which are then marked for a reload first (a crash after that loses nothing)."""
-        info = slot_info(ends.source, names.slot)
-        if info is not None and not info.lost and not published_now:
-            return False
-        if not names.created:
-            # Whatever slot the DBA makes next starts later than the copies' positions: the
-            # changes in between are in no slot, so every copy reloads (marked first).
-            self._mark_every_table_for_reload(every)
-            create = create_slot_statement(names.slot)
-            if info is None:
-                problem, fix = "does not exist", f"create it ({create})"
-            else:
-                problem = "is lost (its WAL was removed)"
-                fix = f"drop it and create it again ({drop_slot_statement(names.slot)}; {create})"
-            raise TableProblem(
-                f"replication slot {names.slot} (named in tables-config.json `cdc`) {problem}: "
-                f"{fix}; the next sync then reloads every cdc table"
-            )
-        store = self.run.project.store
-        reset = info is not None or any(_in_the_log(store.read(t.name)) for t in every)
-        if reset:
-            self._mark_every_table_for_reload(every)
-        if info is not None:
-            why = "lost" if info.lost else "older than its publication"
-            log.warning("source: replication slot %s is %s: making it again", names.slot, why)
-            drop_slot(ends.source, names.slot)
-        create_slot(ends.source, names.slot)
-        return reset
-
-    def _mark_every_table_for_reload(self, every: list[TableConfig]) -> None:
-        store = self.run.project.store
-        for table in every:
-            state = store.read(table.name)
-            if state is not None and state.last_synced_at and not state.pending_full_reload:
-                store.write(
-                    state.model_copy(
-                        update={"pending_full_reload": True, "pending_reason": SLOT_LOST}
-                    ),
-                    table.name,
-                )
 
     # ------------------------------------------------------------ 2. planning
 
@@ -221,6 +91,15 @@ class CaptureRun:
                 "tables-config.json `cdc`): its changes would never arrive; add it "
                 f"({add_table_statement(names.publication, table.name)})"
             )
+        if foreign:
+            withheld = publication_problem(
+                ends.source,
+                names.publication,
+                table.name,
+                [c.name for c in planned.source.columns],
+            )
+            if withheld is not None:
+                raise TableProblem(f"{table.written_name}: {withheld[0]}: {withheld[1]}")
         plan = planned.plan
         if plan.action == "incremental":
             position = self.positions.get(table.target)

@@ -1,0 +1,69 @@
+"""What a publication a DBA made (`"cdc": {"create": false}`) must give a table, or its copy
+silently misses changes: every kind of change published (a publication made with `publish =
+'insert, update'` never sends the deletes), and the table's rows and columns whole (a
+PostgreSQL 15 row filter leaves rows out, a column list leaves columns out: the log would
+then show a shape change on every run). The tool's own publications are always made so.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+from ..base.identifiers import TableName
+from ..postgres.database import fetch_all
+
+_PUBLISHES = """
+SELECT p.pubinsert, p.pubupdate, p.pubdelete, p.pubtruncate
+FROM pg_catalog.pg_publication p WHERE p.pubname = %s
+"""
+_TABLE = """
+SELECT t.rowfilter, t.attnames
+FROM pg_catalog.pg_publication_tables t
+WHERE t.pubname = %s AND t.schemaname = %s AND t.tablename = %s
+"""
+KINDS = ("insert", "update", "delete", "truncate")
+
+
+def publication_problem(
+    source: psycopg.Connection[Any], publication: str, table: TableName, columns: list[str]
+) -> tuple[str, str] | None:
+    """What the DBA's publication withholds from the table, and the statements that give
+    it; None when it publishes every change of every row and column."""
+    flags = fetch_all(source, _PUBLISHES, (publication,))
+    rows = fetch_all(source, _TABLE, (publication, table.schema, table.name))
+    if not flags or not rows:
+        return None  # missing, or without the table: said elsewhere
+    problems, fixes = [], []
+    left_out = [kind for kind, published in zip(KINDS, flags[0], strict=True) if not published]
+    if left_out:
+        problems.append("it does not publish " + " or ".join(f"{kind}s" for kind in left_out))
+        fixes.append(
+            sql.SQL("ALTER PUBLICATION {} SET (publish = 'insert, update, delete, truncate')")
+            .format(sql.Identifier(publication))
+            .as_string(None)
+        )
+    row_filter, published_columns = rows[0]
+    missing = [c for c in columns if c not in (published_columns or [])]
+    if row_filter is not None:
+        problems.append(f"a row filter (WHERE {row_filter}) leaves rows out")
+    if missing:
+        problems.append(f"its column list leaves out {', '.join(missing)}")
+    if row_filter is not None or missing:
+        statements = [
+            sql.SQL("ALTER PUBLICATION {} {} TABLE {}")
+            .format(sql.Identifier(publication), sql.SQL(verb), table.identifier())
+            .as_string(None)
+            for verb in ("DROP", "ADD")
+        ]
+        fixes.append("; ".join(statements) + f", then `replicator refresh {table}`")
+    if not problems:
+        return None
+    problem = (
+        f"publication {publication} (named in tables-config.json `cdc`) withholds changes: "
+        + "; ".join(problems)
+        + ", so the copy would silently miss them"
+    )
+    return problem, "a DBA runs " + "; ".join(fixes)

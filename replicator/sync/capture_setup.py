@@ -1,0 +1,179 @@
+"""Log capture's set-up, once per run (sync/capture_run.py): the slot and publication
+names (sync-state/cdc.json), every copy whose position no longer holds marked for a reload
+(a slot that changed, was lost or made again; a table back in the config), the publication
+listing the `cdc` tables, and the slot (created when missing)."""
+
+from __future__ import annotations
+
+import logging
+
+import psycopg
+
+from ..base.errors import ReplicatorError, TableProblem
+from ..base.identifiers import TableName
+from ..capture.applied import ensure_applied_table, forget_applied
+from ..capture.preflight import capture_problem
+from ..capture.slot import (
+    PLUGIN,
+    create_slot,
+    create_slot_statement,
+    drop_publication_statement,
+    drop_slot,
+    drop_slot_statement,
+    ensure_publication,
+    slot_info,
+    wrong_plugin,
+)
+from ..plan.inspect_table import inspect_source
+from ..postgres.endpoints import Endpoints
+from ..project.capture_state import (
+    CaptureState,
+    read_capture_state,
+    rejoin_mark,
+    resolve_names,
+    write_capture_state,
+)
+from ..project.config import TableConfig
+from ..project.project import Project
+from ..project.state import LSN_CURSOR_TYPE, TableState
+
+log = logging.getLogger("replicator.sync")
+
+SLOT_LOST = "slot lost"
+
+
+def _warn_abandoned(stored: CaptureState | None, names: CaptureState) -> None:
+    """The config renamed what this project made: the old slot would keep WAL forever."""
+    if stored is None or not stored.created:
+        return
+    if stored.slot != names.slot:
+        log.warning(
+            "source: replication slot %s (made by this project) is no longer used and keeps "
+            "WAL until dropped: %s",
+            stored.slot,
+            drop_slot_statement(stored.slot),
+        )
+    if stored.publication != names.publication:
+        log.warning(
+            "source: publication %s (made by this project) is no longer used: %s",
+            stored.publication,
+            drop_publication_statement(stored.publication),
+        )
+
+
+def _in_the_log(state: TableState | None) -> bool:
+    """Whether a table's copy goes on from a log position (a table just switched to cdc
+    has none: it loads from a slot snapshot anyway)."""
+    return state is not None and state.cursor is not None and state.cursor.type == LSN_CURSOR_TYPE
+
+
+def set_up_capture(
+    project: Project, ends: Endpoints, selected: tuple[TableConfig, ...]
+) -> CaptureState:
+    """Names, publication and slot, ready for the run's drain; ReplicatorError (or a
+    database error) when they cannot be, which fails every selected `cdc` table."""
+    every = [t for t in project.config.tables if t.mode == "cdc"]
+    selected = tuple(t for t in selected if t.mode == "cdc")
+    stored = read_capture_state(project.state_dir)
+    names = resolve_names(project.config.cdc, stored)
+    ensure_applied_table(ends.dest)
+    if stored is not None and stored.slot != names.slot:
+        # The copies' positions are in the old slot's stream: the new one holds none of
+        # the changes in between (marked before the new name is written).
+        changed = f"replication slot changed: {stored.slot} -> {names.slot}"
+        _mark_every_table_for_reload(project, every, changed)
+    _rejoined(project, ends, names, every)
+    followed = tuple(str(t.name) for t in every)
+    if names != stored or names.tables != followed:
+        _warn_abandoned(stored, names)
+        names = names.model_copy(update={"tables": followed})
+        write_capture_state(project.state_dir, names)
+    ready = [t.name for t in selected if _capturable(project, ends, t)]
+    keep = {t.name for t in every}
+    targets = {t.name: t.target for t in selected}
+
+    def forget(joining: list[TableName]) -> None:
+        for name in joining:  # a table back in the publication missed changes
+            forget_applied(ends.dest, targets[name])
+
+    published_now = ensure_publication(ends.source, names, ready, keep, forget)
+    _ensure_slot(project, ends, names, published_now, every)
+    return names
+
+
+def _rejoined(
+    project: Project, ends: Endpoints, names: CaptureState, every: list[TableConfig]
+) -> None:
+    """Tables back among the config's `cdc` tables since the slot was last read: the slot
+    moved on without them (a DBA's publication still listed them, but no run applied
+    their changes), so each copy reloads instead of going on from its old position.
+    Marked, then its position forgotten, before the new list is written: a crash in
+    between marks it again."""
+    store = project.store
+    for table in every:
+        marked = rejoin_mark(names, table, store.read(table.name))
+        if marked is not None:
+            store.write(marked, table.name)
+            forget_applied(ends.dest, table.target)
+
+
+def _capturable(project: Project, ends: Endpoints, table: TableConfig) -> bool:
+    """Whether the table may join the publication (run.py reports why not, later)."""
+    try:
+        info, built = inspect_source(ends.source, table, project.templates)
+    except (ReplicatorError, psycopg.Error):
+        return False
+    return capture_problem(ends.source, info, built) is None
+
+
+def _ensure_slot(
+    project: Project,
+    ends: Endpoints,
+    names: CaptureState,
+    published_now: bool,
+    every: list[TableConfig],
+) -> bool:
+    """The slot exists and is usable; True when it was (re)created while copies existed,
+    which are then marked for a reload first (a crash after that loses nothing)."""
+    info = slot_info(ends.source, names.slot)
+    if info is not None and info.plugin != PLUGIN:
+        raise TableProblem(wrong_plugin(info))
+    if info is not None and not info.lost and not published_now:
+        return False
+    if not names.created:
+        # Whatever slot the DBA makes next starts later than the copies' positions: the
+        # changes in between are in no slot, so every copy reloads (marked first).
+        _mark_every_table_for_reload(project, every)
+        create = create_slot_statement(names.slot)
+        if info is None:
+            problem, fix = "does not exist", f"create it ({create})"
+        else:
+            problem = "is lost (its WAL was removed)"
+            fix = f"drop it and create it again ({drop_slot_statement(names.slot)}; {create})"
+        raise TableProblem(
+            f"replication slot {names.slot} (named in tables-config.json `cdc`) {problem}: "
+            f"{fix}; the next sync then reloads every cdc table"
+        )
+    store = project.store
+    reset = info is not None or any(_in_the_log(store.read(t.name)) for t in every)
+    if reset:
+        _mark_every_table_for_reload(project, every)
+    if info is not None:
+        why = "lost" if info.lost else "older than its publication"
+        log.warning("source: replication slot %s is %s: making it again", names.slot, why)
+        drop_slot(ends.source, names.slot)
+    create_slot(ends.source, names.slot)
+    return reset
+
+
+def _mark_every_table_for_reload(
+    project: Project, every: list[TableConfig], reason: str = SLOT_LOST
+) -> None:
+    store = project.store
+    for table in every:
+        state = store.read(table.name)
+        if state is not None and state.last_synced_at and not state.pending_full_reload:
+            store.write(
+                state.model_copy(update={"pending_full_reload": True, "pending_reason": reason}),
+                table.name,
+            )
