@@ -290,6 +290,8 @@ def test_a_lost_slot_reloads_every_cdc_table(cdc_project, schema, writer, source
     finally:
         source_conn.execute("ALTER SYSTEM RESET max_slot_wal_keep_size")
         source_conn.execute("SELECT pg_reload_conf()")
+    status = json.loads(cdc_project.run("status", "--json").stdout)
+    assert status[0]["next_action"] == "full_reload: slot lost", status  # it said incremental
     synced = _sync(cdc_project)
     assert "is lost: making it again" in synced.stderr
     assert "reason: slot lost" in synced.stderr
@@ -750,7 +752,7 @@ def test_a_table_switched_to_cdc_reloads_as_compile_says(
     cdc_project.write_config({"tables": [{"name": f"{schema}.orders", "mode": "full-refresh"}]})
     _sync(cdc_project)
     _config(cdc_project, schema, "orders")
-    reason = "no log position in the destination"
+    reason = "mode changed to cdc: the copy has no log position"
     compiled = cdc_project.run("compile")
     assert f"-- next sync: full_reload ({reason})" in compiled.stdout, compiled.stdout
     status = json.loads(cdc_project.run("status", "--json").stdout)
@@ -909,3 +911,35 @@ def test_pointing_cdc_at_another_slot_reloads_every_copy(
             assert f"pg_create_logical_replication_slot('{decoded}', 'pgoutput')" in said
     finally:
         _drop_dba_slots(source_conn, first, second, decoded)
+
+
+def test_status_and_compile_follow_a_table_between_cdc_and_a_cursor_mode(
+    cdc_project, schema, writer, source_conn, dest_conn
+):
+    """A cursor table switched to cdc, and back: status crashed on the timestamp cursor
+    (read as a log position), and compile and status predicted a failure (the log position
+    cast to the key's type) where the sync reloads; each says the reload the sync does."""
+    writer.execute(
+        sql.SQL(
+            "CREATE TABLE {t} (id int PRIMARY KEY, note text, updated_at timestamptz NOT NULL "
+            "DEFAULT now()); INSERT INTO {t} (id, note) SELECT g, 'n' FROM generate_series(1, 30) g"
+        ).format(t=sql.Identifier(schema, "orders"))
+    )
+    cursor = {"tables": [{"name": f"{schema}.orders", "replication_key": "updated_at"}]}
+    cdc_project.write_config(cursor)
+    _sync(cdc_project)
+    for config, reason in (
+        ({"tables": [{"name": f"{schema}.orders", "mode": "cdc"}]}, "mode changed to cdc"),
+        (cursor, "schema changed: replication key changed: none -> updated_at"),
+    ):
+        cdc_project.write_config(config)
+        status = cdc_project.run("status", "--json")
+        assert status.exit_code == 0, status.output
+        assert json.loads(status.stdout)[0]["next_action"].startswith(f"full_reload: {reason}")
+        compiled = cdc_project.run("compile")
+        assert compiled.exit_code == 0, compiled.output
+        assert f"-- next sync: full_reload ({reason}" in compiled.stdout
+        synced = _sync(cdc_project)
+        assert f"{schema}.orders: full_reload" in synced.stderr
+        assert f"reason: {reason}" in synced.stderr, synced.stderr
+        assert_same_table(source_conn, dest_conn, schema, "orders")

@@ -620,3 +620,20 @@ def test_an_emptied_destination_table_is_reloaded(
     code, events = sync_events(db_project)
     assert code == 0
     assert events[f"{schema}.orders"]["action"] == "noop"
+
+
+def test_status_gives_no_cursor_advice_for_a_table_it_reloads(synced, schema):
+    """A model that leaves the newest rows out puts the cursor past the model's newest key:
+    status advised `state set-cursor` (and showed a negative lag) for a table whose next
+    sync reloads it anyway (a newcomer trial)."""
+    _model(synced, schema, f"SELECT * FROM {schema}.orders WHERE id < 400")
+    shown = synced.run("status")
+    assert shown.exit_code == 0, shown.output
+    assert "set-cursor" not in shown.stdout and "is past the source's newest key" not in (
+        shown.stdout
+    ), shown.stdout
+    row = next(
+        r for r in json.loads(synced.run("status", "--json").stdout) if "orders" in r["name"]
+    )
+    assert row["next_action"].startswith("full_reload: model changed")
+    assert row["lag"] is None and row["cursor_ahead"] is None

@@ -383,6 +383,16 @@ def test_changes_not_yet_applied_are_not_yet_synced_in_every_mode(
     assert (logged["different"], logged["not_yet_synced"]) == (1, 5)
     assert logged["examples"] == [{"key": {"id": 30}, "kind": "different"}]
     assert cdc_project.run("sync").exit_code == 0
+    writer.execute(sql.SQL("TRUNCATE {}").format(sql.Identifier(schema, "gone")))
+    refused = cdc_project.run("sync", "-s", f"{schema}.gone")
+    assert refused.exit_code == 1 and "more than half" in refused.stderr, refused.stderr
+    result, verdicts = _verify(cdc_project, "-s", f"{schema}.gone")
+    assert result.exit_code == 1, "the sync refuses to delete them: not pending, different"
+    assert (verdicts[f"{schema}.gone"]["extra"], verdicts[f"{schema}.gone"]["not_yet_synced"]) == (
+        999,
+        0,
+    )
+    assert cdc_project.run("sync", "--deletes", "--force", "-s", f"{schema}.gone").exit_code == 0
     repaired, verdicts = _verify(cdc_project, "--repair")
     assert repaired.exit_code == 0, repaired.output
     for table in ("gone", "logged"):

@@ -13,8 +13,16 @@ from ..capture.lsn import parse_lsn
 from ..capture.slot import create_slot_statement, flushed_lsn, slot_info
 from ..project.config import TableConfig
 from ..project.project import Project
+from ..project.state import LSN_CURSOR_TYPE
 
 RETAINED_WARN_BYTES = 1 << 30
+
+
+def _plan_each(rows: list[dict[str, Any]], next_action: str) -> None:
+    for row in rows:
+        if row["next_action"] == "incremental":
+            reloads = next_action.startswith("full_reload")
+            row.update(next_action=next_action, pending_full_reload=reloads, lag=None)
 
 
 def size_text(size: int) -> str:
@@ -39,17 +47,24 @@ def capture_notes(
         return ["cdc: no replication slot yet (the first sync creates it)"]
     info = slot_info(source, names.slot)
     flushed = flushed_lsn(source)
-    for table, row in zip(tables, rows, strict=True):
-        if table.mode == "cdc" and row["cursor"]:
-            behind = max(flushed - parse_lsn(row["cursor"]), 0)
-            row["slot_lag_bytes"] = behind
-            row["lag"] = f"{size_text(behind)} of log"
+    copies = [
+        row
+        for table, row in zip(tables, rows, strict=True)
+        if table.mode == "cdc" and row["cursor"] and row["cursor_type"] == LSN_CURSOR_TYPE
+    ]
+    for row in copies:  # a copy that goes on from the log (not one just switched to cdc)
+        behind = max(flushed - parse_lsn(row["cursor"]), 0)
+        row["slot_lag_bytes"] = behind
+        row["lag"] = f"{size_text(behind)} of log"
     if info is None and not names.created:
+        _plan_each(copies, f"fail: replication slot {names.slot} does not exist")
         return [
             f"cdc: replication slot {names.slot} (named in tables-config.json `cdc`) does not "
             f"exist in the source: the next sync cannot run until a DBA creates it "
             f"({create_slot_statement(names.slot)})"
         ]
+    if info is None or info.lost:  # what the next sync does to every copy (capture_setup)
+        _plan_each(copies, "full_reload: slot lost")
     if info is None:
         return [
             f"cdc: replication slot {names.slot} does not exist in the source: the next sync "

@@ -25,7 +25,7 @@ from ..base.errors import DatabaseError, ReplicatorError, StateError
 from ..base.redact import redact
 from ..plan.decide import Plan, plan_table
 from ..plan.drift import Planned, plan_now
-from ..plan.table_sql import MODEL_ALIAS
+from ..plan.table_sql import MODEL_ALIAS, TableSql, fitting_cursor
 from ..postgres.database import connect, execute, transaction
 from ..project.config import TableConfig
 from ..project.project import Project
@@ -181,14 +181,8 @@ def _observe_live(
             try:
                 planned = plan_now(source, dest, table, project.templates, state)
                 _set_plan(row, planned.plan)
-                try:
-                    row["source_max"], row["lag"] = _position(source, planned, state)
-                    row["cursor_ahead"] = False if row["cursor"] is not None else None
-                except _SlowModel as slow:
-                    notes.append(str(slow))
-                except _CursorAhead as ahead:
-                    row.update(source_max=ahead.args[0], lag=None, cursor_ahead=True)
-                    notes.append(ahead.args[1])
+                if planned.plan.action == "incremental":  # else the copy is rebuilt: no lag
+                    _show_position(source, planned, state, row, notes)
                 if dest is not None and planned.observed.destination is not None:
                     row["rows"] = _count(dest, table)
                 if dest is not None:
@@ -200,6 +194,25 @@ def _observe_live(
     if dest is None:
         notes.append("rows (in the destination) not shown; the plan did not look at it")
     return notes
+
+
+def _show_position(
+    source: psycopg.Connection[Any],
+    planned: Planned,
+    state: TableState | None,
+    row: dict[str, Any],
+    notes: list[str],
+) -> None:
+    """The source's newest key and the lag behind it; a note when the model is slow or
+    the cursor is past the newest key."""
+    try:
+        row["source_max"], row["lag"] = _position(source, planned, state)
+        row["cursor_ahead"] = False if row["cursor"] is not None else None
+    except _SlowModel as slow:
+        notes.append(str(slow))
+    except _CursorAhead as ahead:
+        row.update(source_max=ahead.args[0], lag=None, cursor_ahead=True)
+        notes.append(ahead.args[1])
 
 
 def _show_resumable(
@@ -255,7 +268,7 @@ def _position(
     if key is None:
         return None, None
     key_type = built.replication_key_type
-    copied = _copied_positions(state)
+    copied = _copied_positions(built, state)
     lag = (
         sql.SQL(_LAG).format(type=sql.SQL(key_type))
         if any(copied.values()) and key_type.startswith(_SUBTRACTABLE)
@@ -279,6 +292,8 @@ def _position(
                 ),
             )
             newest, behind, ahead = execute(conn, query, copied).fetchone()
+            if behind is not None and behind.startswith("-"):  # a row read, since filtered
+                behind = "00:00:00" if ":" in behind else "0"
     except DatabaseError as exc:
         if exc.sqlstate != QUERY_CANCELED:
             raise
@@ -296,10 +311,11 @@ def _position(
     return newest, behind
 
 
-def _copied_positions(state: TableState | None) -> dict[str, str | None]:
+def _copied_positions(built: TableSql, state: TableState | None) -> dict[str, str | None]:
     """The keys the last runs copied up to: the cursor, the newest key read past it, and a
-    newest key read but held back (pending) while source transactions were open."""
-    if state is None:
+    newest key read but held back (pending) while source transactions were open. None of
+    them when they are not values of the key as it is now (its mode or type changed)."""
+    if state is None or fitting_cursor(built, state.cursor) is None:
         return {"cursor": None, "read": None, "pending": None}
     return {
         "cursor": state.cursor.value if state.cursor else None,

@@ -178,13 +178,14 @@ def _set_aside_pending(
     """Differences the next sync resolves are not yet synced (a cursor table's rows at or
     past its cursor were set aside while they were read, `_fresh`):
     - `deletes: delete` or `mark`: a row gone from the source since the last delete check
-      is deleted (or marked) by the next one;
+      is deleted (or marked) by the next one (unless they are more than half of the copy:
+      the check refuses those until `sync --deletes --force`, so they stay differences);
     - `cdc`: a row whose change is still in the slot.
     A full-refresh table's differences stay differences: which rows changed since its
     reload cannot be told from a tampered copy (README: Verify)."""
     if not found.differences:
         return
-    if table.deletes != "ignore":
+    if table.deletes != "ignore" and not _too_many(found):
         found.set_aside(lambda _: True, ("extra",))
     if table.mode == "cdc" and pending is not None and found.differences:
         differing = [*found.missing, *found.extra, *found.different]

@@ -67,8 +67,7 @@ def plan_table(
             "destination table emptied: it held rows at the last sync and holds none now "
             "(a TRUNCATE or DELETE there); no cursor brings them back",
         )
-    if plan.action == "incremental" and mode == "cdc" and not _log_position(state):
-        plan = Plan("full_reload", "no log position in the destination")
+
     if not_owned is not None and plan.action != "skip_backfill":
         return Plan("fail", "destination table exists and was not created by replicator", not_owned)
     return plan
@@ -97,6 +96,8 @@ def _plan(
         return Plan("full_reload", "no state")
     if not destination_exists:
         return Plan("full_reload", "destination table missing")
+    if mode == "cdc" and not _log_position(state):  # the user's own change: reload, not fail
+        return Plan("full_reload", "mode changed to cdc: the copy has no log position")
     if schema_change:
         if on_schema_change == "fail":
             return Plan(

@@ -19,6 +19,7 @@ from ..postgres import ddl
 from ..postgres.catalog import Column, TableInfo
 from ..postgres.naming import MARK_COLUMN, MARK_TYPE, staging_table
 from ..project.config import TableConfig
+from ..project.state import Cursor
 from ..project.templates import Model, Templates
 
 MODEL_ALIAS = "_replicator_model"
@@ -69,6 +70,15 @@ class TableSql:
         """Whether the model's replication key may be NULL (no NOT NULL to rely on)."""
         key = self.table.replication_key
         return any(c.name == key and not c.not_null for c in self.columns)
+
+
+def fitting_cursor(built: TableSql, cursor: Cursor | None) -> Cursor | None:
+    """The stored cursor when it is a value of the replication key's type now; None when
+    the key, its type or the mode changed since it was stored (a `cdc` table's cursor is a
+    log position): the table reloads, and no statement may compare the key with it."""
+    if cursor is None or cursor.type != built.replication_key_type:
+        return None
+    return cursor
 
 
 def destination_columns(table: TableConfig, columns: tuple[Column, ...]) -> tuple[Column, ...]:

@@ -17,7 +17,13 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from ..base.errors import StateError
 from .config import CdcConfig, TableConfig
-from .state import FORMAT_VERSION, TableState, read_state_file, write_atomically
+from .state import (
+    FORMAT_VERSION,
+    LSN_CURSOR_TYPE,
+    TableState,
+    read_state_file,
+    write_atomically,
+)
 
 FILE_NAME = "cdc.json"
 
@@ -51,7 +57,9 @@ def rejoin_mark(
     not, or was never loaded. `sync` writes it; `status` and `compile` show it."""
     if stored is None or stored.tables is None or str(table.name) in stored.tables:
         return None
-    if state is None or state.last_synced_at is None or table.mode != "cdc":
+    if table.mode != "cdc" or state is None or state.cursor is None:
+        return None
+    if state.cursor.type != LSN_CURSOR_TYPE:  # just switched to cdc: it loads anyway
         return None
     return state.model_copy(update={"pending_full_reload": True, "pending_reason": REJOINED})
 

@@ -18,7 +18,7 @@ import psycopg
 from psycopg import sql
 
 from ..plan.decide import Plan
-from ..plan.table_sql import TableSql
+from ..plan.table_sql import TableSql, fitting_cursor
 from ..postgres.catalog import TableInfo
 from ..postgres.database import Step, execute
 from ..postgres.naming import default_key_name
@@ -106,7 +106,9 @@ def action_scripts(
     resumes = plan.action == "full_reload"  # else `sync -f` (or `refresh`) would start over
     scripts.full_reload = _full_reload(inputs, built, source, facts, version, scripts, resumes)
     if built.merge is not None:
-        state = state or TableState(table=str(built.table.name))
+        if state is None or fitting_cursor(built, state.cursor) is None:
+            # no cursor of this key (no state, or another key or mode): read from the start
+            state = TableState(table=str(built.table.name))
         batch_facts = _incremental_facts(inputs, built)
         scripts.staging = staging_steps(built, batch_facts)
         found = _unfinished(inputs, built)
