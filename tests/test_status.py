@@ -174,17 +174,22 @@ def test_lag_is_behind_the_newest_copied_key_and_rows_are_the_destinations(
     assert row["last_run_rows"] == 6, "what the last run read: 5 changed, 1 at the cursor"
 
 
-def test_a_slow_model_does_not_make_status_hang(db_project, orders, monkeypatch):
+def test_a_slow_model_does_not_make_status_hang(db_project, orders, source_conn, monkeypatch):
     """status reads the newest key through the model; a model slower than the limit gets a
     note instead of a hang (the limit shortened here from its 10 s)."""
     from replicator.commands import status
 
     _config(db_project, orders)
-    assert db_project.run("sync").exit_code == 0
+    # The model's text stays what the copy was loaded with (another text would reload it);
+    # how long it sleeps is a value in the source, 0 during the sync, 3 s after it.
+    source_conn.execute(f"CREATE TABLE {orders}.slowness AS SELECT 0 AS seconds")
     db_project.write(
         f"models/{orders}/orders.sql",
-        "SELECT t.* FROM {{ source }} AS t CROSS JOIN (SELECT pg_sleep(3)) AS slow",
+        "SELECT t.* FROM {{ source }} AS t CROSS JOIN "
+        f"(SELECT pg_sleep(seconds) FROM {orders}.slowness) AS slow",
     )
+    assert db_project.run("sync").exit_code == 0
+    source_conn.execute(f"UPDATE {orders}.slowness SET seconds = 3")
     monkeypatch.setattr(status, "POSITION_TIMEOUT_SECONDS", 1)
     done = db_project.run("status")
     assert done.exit_code == 0, done.output
