@@ -20,6 +20,7 @@ from ..transfer.jvm_stop import stop_spark_on_exit
 from .help_text import ENVIRONMENT, EXAMPLES, EXIT_CODES, examples
 from .options import common, json_option, quiet_broken_pipe, select_option, shared_options
 from .spark_commands import spark
+from .state_commands import cdc, state
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
@@ -272,83 +273,6 @@ def adopt(project_dir: Path, tables: tuple[str, ...]) -> int:
     return adopt_tables(Project.load(project_dir), tables)
 
 
-@cli.group(context_settings=CONTEXT, short_help="Inspect or edit sync-state.")
-@shared_options
-def state(**_: Any) -> None:
-    """Inspect or edit sync-state (one JSON file per table in sync-state/)."""
-
-
-@state.command(
-    "show",
-    short_help="Print tables' sync-state as JSON.",
-    epilog=examples("replicator state show public.orders"),
-)
-@click.argument("tables", nargs=-1)
-@common
-def state_show(project_dir: Path, tables: tuple[str, ...]) -> int:
-    """Print the sync-state of TABLES (default: all) as one JSON object (null: no state)."""
-    from ..commands.state_commands import show_state
-
-    return show_state(Project.load(project_dir), tables)
-
-
-@state.command(
-    "reset",
-    short_help="Forget tables' state: full reload next.",
-    epilog=examples("replicator state reset public.orders"),
-)
-@click.argument("tables", nargs=-1, required=True)
-@common
-def state_reset(project_dir: Path, tables: tuple[str, ...]) -> int:
-    """Forget TABLES' state: their next sync is a full reload."""
-    from ..commands.state_commands import reset_state
-
-    return reset_state(Project.load(project_dir), tables)
-
-
-@state.command(
-    "set-cursor",
-    short_help="Set a table's cursor by hand.",
-    epilog=examples("replicator state set-cursor public.orders '2026-11-20 00:00:00+00'"),
-)
-@click.argument("table")
-@click.argument("value")
-@click.option("--force", is_flag=True, help="Set it even past the source's newest key.")
-@common
-def state_set_cursor(project_dir: Path, table: str, value: str, force: bool) -> int:
-    """Set TABLE's cursor to VALUE, cast by the source to the replication key's type and
-    stored as PostgreSQL prints it (exit 2 when it is not of that type, or when it is past
-    the source's newest key, unless --force)."""
-    from ..commands.state_commands import set_cursor
-
-    return set_cursor(Project.load(project_dir), table, value, force)
-
-
-@cli.group(
-    context_settings=CONTEXT,
-    short_help="Manage the log capture of cdc tables.",
-    epilog=examples("replicator cdc drop   # an abandoned project: stop the source keeping WAL"),
-)
-@shared_options
-def cdc(**_: Any) -> None:
-    """The replication slot and publication the project's `mode: "cdc"` tables read."""
-
-
-@cdc.command(
-    "drop",
-    short_help="Drop the project's slot and publication.",
-    epilog=examples("replicator cdc drop"),
-)
-@common
-def cdc_drop(project_dir: Path) -> int:
-    """Drop the replication slot and publication replicator created for this project, so
-    the source stops keeping WAL for it (an abandoned slot keeps WAL until the disk fills).
-    The cdc tables reload in full at their next sync, from a new slot."""
-    from ..commands.capture_commands import drop_capture
-
-    return drop_capture(Project.load(project_dir))
-
-
 @cli.command(
     short_help="Find what a sync would trip on; say how to fix it.",
     epilog=examples("replicator check", "replicator check --ping"),
@@ -365,7 +289,8 @@ def check(project_dir: Path, ping: bool) -> int:
     return print_checks(Project.load(project_dir), ping)
 
 
-cli.add_command(spark)
+for group in (state, cdc, spark):
+    cli.add_command(group)
 
 
 def main() -> None:

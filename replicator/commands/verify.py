@@ -160,7 +160,8 @@ def _print(verdicts: list[Verdict], as_json: bool, repair: bool) -> None:
         if v.error:
             console.print(f"{v.name}: {v.error}", markup=False)
         for example in v.examples:
-            console.print(f"{v.name}: {example['kind']} {json.dumps(example['key'])}", markup=False)
+            key = json.dumps(example["key"], ensure_ascii=False)
+            console.print(f"{v.name}: {example['kind']} {key}", markup=False)
         more = v.differences - len(v.examples)
         if v.examples and more > 0:
             console.print(f"{v.name}: ... and {more:,} more (all of them with --repair)")

@@ -122,11 +122,13 @@ def reload_blockers(views: list[Dependent], target: TableName, role: str) -> tup
                 f"{described}: its owner lacks CREATE on schema "
                 f"{display_ident(view.name.schema)}, which owning the recreated view needs"
             )
-            fixes.append(_grant(("CREATE",), view.name.schema, view.owner))
+            fixes.append(
+                _grant(("CREATE",), view.name.schema, view.owner) + " (as an administrator)"
+            )
     if not problems:
         return None
     fix = "; ".join(fixes) + (
-        " (as an administrator), or drop the views before the reload and create them again after it"
+        ", or drop the views before the reload and create them again after it"
     )
     return "; ".join(problems), fix
 
@@ -146,23 +148,22 @@ def _grants(view: Dependent, role: str) -> str:
         statements.append(_grant(privileges, view.name.schema, role))
     if not view.is_owner:
         statements.append(f"GRANT {display_ident(view.owner)} TO {display_ident(role)}")
-    return "; ".join(statements)
+    return "; ".join(statements) + " (as an administrator)"
 
 
 def _new_owner(view: Dependent, role: str) -> str:
     """For a view a superuser owns: hand it to the loading role (it then reads its tables
     with that role's privileges), instead of making the loading role a superuser."""
-    statements = [
-        f"ALTER VIEW {view.name} OWNER TO {display_ident(role)} (as {display_ident(view.owner)} "
-        f"or another superuser; the view then reads its tables with {display_ident(role)}'s "
-        "privileges)"
-    ]
+    statements = [f"ALTER VIEW {view.name} OWNER TO {display_ident(role)}"]
     privileges = tuple(
         p for p, held in (("USAGE", view.has_usage), ("CREATE", view.has_create)) if not held
     )
     if privileges:
         statements.append(_grant(privileges, view.name.schema, role))
-    return "; ".join(statements)
+    return (
+        "; ".join(statements) + f" (as {display_ident(view.owner)} or another superuser; the "
+        f"view then reads its tables with {display_ident(role)}'s privileges)"
+    )
 
 
 def _grant(privileges: tuple[str, ...], schema: str, role: str) -> str:

@@ -7,6 +7,7 @@ Rendered SQL is parsed by sqlglot; a syntax error names the file and line.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import resources
@@ -185,6 +186,11 @@ _VERBATIM = frozenset(
 )
 
 
+# A quoted name that PostgreSQL would fold to itself unquoted (keywords stay apart: they
+# compare in upper case).
+_PLAIN_NAME = re.compile(r"[a-z_][a-z0-9_$]*")
+
+
 def canonical_sql(text: str) -> str:
     """A model's SQL with what does not change its meaning taken out: whitespace, comments,
     trailing semicolons, the case of keywords and of unquoted names. Two models with the
@@ -192,7 +198,9 @@ def canonical_sql(text: str) -> str:
     parts = []
     for token in _tokens(text):
         kind = token.token_type
-        if kind in _VERBATIM:
+        if kind == TokenType.IDENTIFIER and _PLAIN_NAME.fullmatch(token.text):
+            parts.append(token.text)  # `"status"` is `status`
+        elif kind in _VERBATIM:
             parts.append(f"{kind.name}:{token.text}")
         elif kind == TokenType.VAR:
             parts.append(token.text.lower())

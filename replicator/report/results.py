@@ -26,9 +26,10 @@ class TableResult:
     cursor_from: str | None = None
     cursor_to: str | None = None
     deleted: int = 0  # rows deleted here because the source no longer has them
+    marked: bool = False  # `deletes: mark`: they were marked deleted, not deleted
 
     def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return {k: v for k, v in asdict(self).items() if k != "marked"}
 
     def line(self) -> str:
         """One log line: what happened, how much, how fast, and why."""
@@ -40,7 +41,7 @@ class TableResult:
         if self.bytes:
             text += f", {self.bytes / 1e6:,.1f} MB"
         if self.deleted:
-            text += f", {self.deleted:,} deleted"
+            text += f", {self.deleted:,} {'marked deleted' if self.marked else 'deleted'}"
         text += f" in {self.seconds:.1f} s"
         if self.rows and self.seconds > 0:
             text += f" ({self.rows / self.seconds:,.0f} rows/s)"

@@ -179,7 +179,8 @@ def failure(
         action=action,
         rows=None,
         reason=reason,
-        error=redact(error),
+        # The result names the table: its error need not start with the name again.
+        error=redact(error.removeprefix(f"{table.written_name}: ")),
         seconds=seconds,
     )
 

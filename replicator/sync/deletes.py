@@ -51,7 +51,7 @@ def propagate_deletes(job: TableJob, result: TableResult) -> TableResult:
         )
         _record(job, failure, checked=False)
         return failure
-    done = dataclasses.replace(result, deleted=deleted)
+    done = dataclasses.replace(result, deleted=deleted, marked=job.table.deletes == "mark")
     _record(job, done, checked=True)
     return done
 
