@@ -131,6 +131,11 @@ def test_an_unreachable_database_is_said_once_not_once_per_table(db_project, ord
     )
     assert [(r["name"], r["last_status"]) for r in rows] == [(n, "failure") for n in names]
     assert all(r["last_error"].startswith(error) for r in rows)
+    verified = db_project.run("verify", env={"REPLICATOR_DEST_URL": unreachable})
+    assert verified.exit_code == 1
+    assert verified.stderr.count(error) == 1, verified.stderr
+    assert verified.stdout.count(error) == 1 and "4 tables: " in verified.stdout, verified.stdout
+    assert "4 of 4 table(s) not verified" in verified.stderr
 
 
 def test_next_is_the_plan_the_sync_will_follow(db_project, orders, source_conn, dest_conn):

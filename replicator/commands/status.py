@@ -152,10 +152,10 @@ def _print_grid(rows: list[dict[str, Any]], notes: list[str]) -> None:
         )
     console.print(grid)
     for note in notes:
-        console.print(note, markup=False)
+        console.print(note, markup=False, soft_wrap=True)
     for row in rows:
         if row["last_error"]:
-            console.print(f"{row['name']}: {row['last_error']}", markup=False)
+            console.print(f"{row['name']}: {row['last_error']}", markup=False, soft_wrap=True)
 
 
 def _observe_live(

@@ -25,6 +25,7 @@ from ..postgres.endpoints import Endpoints
 from ..project.config import TableConfig
 from ..project.project import Project
 from ..report.logs import json_output, quiet
+from ..report.output import some_tables
 from ..report.results import utc_now
 from ..report.webhook import build_verify_payload, post
 from ..transfer.spark_runner import SparkRunner
@@ -57,10 +58,9 @@ def run_verify(
                 verdicts.append(_verify_one(project, ends, table, spark, repair, force))
     except ReplicatorError as exc:  # a database could not be reached: every table not done
         done = {v.name for v in verdicts}
-        for table in tables:
-            if table.written_name not in done:
-                verdicts.append(_failed(table, str(exc)))
-                log.error(verdicts[-1].line())
+        rest = [t for t in tables if t.written_name not in done]
+        verdicts += [_failed(table, str(exc)) for table in rest]
+        log.error("%s; %d of %d table(s) not verified", redact(str(exc)), len(rest), len(tables))
     finally:
         spark.finish()
     if settings.webhook is not None:
@@ -156,12 +156,17 @@ def _print(verdicts: list[Verdict], as_json: bool, repair: bool) -> None:
         ]
         grid.add_row(*row, *([f"{v.repaired:,}"] if repair else []))
     console.print(grid)
+    errors: dict[str, list[str]] = {}  # one error of many tables (a database out of reach)
     for v in verdicts:
         if v.error:
-            console.print(f"{v.name}: {v.error}", markup=False)
+            errors.setdefault(v.error, []).append(v.name)
+    for error, names in errors.items():
+        said = names[0] if len(names) == 1 else some_tables(names)
+        console.print(f"{said}: {error}", markup=False, soft_wrap=True)
+    for v in verdicts:
         for example in v.examples:
             key = json.dumps(example["key"], ensure_ascii=False)
-            console.print(f"{v.name}: {example['kind']} {key}", markup=False)
+            console.print(f"{v.name}: {example['kind']} {key}", markup=False, soft_wrap=True)
         more = v.differences - len(v.examples)
         if v.examples and more > 0:
             console.print(f"{v.name}: ... and {more:,} more (all of them with --repair)")

@@ -70,9 +70,7 @@ class SyncOutput:
         for group in _by_error(results):
             r = group[0]
             if len(group) > 1:  # one error, say a database out of reach: said once
-                names = ", ".join(g.name for g in group[:3])
-                more = f" and {len(group) - 3:,} more" if len(group) > 3 else ""
-                cells = (f"{len(group):,} tables: {names}{more}", "-", "-", "-")
+                cells = (some_tables([g.name for g in group]), "-", "-", "-")
             else:
                 rows = "-" if r.rows is None else f"{r.rows:,}"
                 cells = (r.name, r.action or "-", rows, f"{r.seconds:.1f}")
@@ -83,6 +81,12 @@ class SyncOutput:
                 else f"[red]{escape(r.error or '')}[/red]",
             )
         self.console.print(table)
+
+
+def some_tables(names: list[str]) -> str:
+    """`4 tables: a, b, c and 1 more`: many tables in one line."""
+    more = f" and {len(names) - 3:,} more" if len(names) > 3 else ""
+    return f"{len(names):,} tables: {', '.join(names[:3])}{more}"
 
 
 def _by_error(results: list[TableResult]) -> list[list[TableResult]]:
