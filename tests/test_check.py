@@ -150,5 +150,7 @@ def test_ping_sends_the_webhook_a_test_payload(db_project, tables, httpserver):
     result = db_project.run("check", "--ping")
     assert result.exit_code == 0, result.output
     assert "ok    webhook: test payload delivered" in result.stdout
-    assert json.loads(httpserver.log[0][0].data)["event"] == "check.ping"
+    posted = json.loads(httpserver.log[0][0].data)
+    assert posted["event"] == "check.ping"
+    assert posted["text"] == "replicator check --ping: a test post, no sync ran", "not a sync's"
     assert db_project.run("check").exit_code == 0 and len(httpserver.log) == 1

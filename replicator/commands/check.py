@@ -64,7 +64,8 @@ def run_checks(project: Project, ping: bool = False) -> list[Finding]:
     dest = _connect(connections.destination, "destination", "REPLICATOR_DEST_URL", findings)
     try:
         if source is not None:
-            findings.extend(_source_activity_visibility(source))
+            if any(t.mode != "cdc" and t.replication_key for t in project.config.tables):
+                findings.extend(_source_activity_visibility(source))
             findings.extend(capture_findings(source, project))
         if dest is not None:
             findings.extend(_destination_privileges(dest, project))
@@ -89,7 +90,8 @@ def _ping_webhook(project: Project) -> Finding:
         return Finding("warn", "webhook", "--ping: no webhook configured")
     now = utc_now()
     payload = build_payload("check-ping", now, now, [], status="success")
-    payload["event"] = "check.ping"
+    # Not a sync's: a chat channel shows `text` as it is.
+    payload.update(event="check.ping", text="replicator check --ping: a test post, no sync ran")
     problem = post(target, payload)
     if problem is None:
         return Finding("ok", "webhook", "test payload delivered")

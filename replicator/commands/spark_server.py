@@ -78,7 +78,7 @@ def print_server_status(project: Project, as_json: bool) -> int:
         "not_used_because": unfit or None,
         "min_rows": settings.min_rows,
     }
-    if as_json:
+    if as_json or json_output():  # under --log-format json every line printed is JSON
         print(json.dumps(report, indent=None if json_output() else 2))
     else:
         print(_describe(live, settings.spark_remote, settings.warm_server is not None))
