@@ -637,3 +637,20 @@ def test_status_gives_no_cursor_advice_for_a_table_it_reloads(synced, schema):
     )
     assert row["next_action"].startswith("full_reload: model changed")
     assert row["lag"] is None and row["cursor_ahead"] is None
+
+
+def test_a_misnamed_model_file_is_an_error_in_check_and_a_warning_in_sync(synced, schema):
+    """`models/<schema>/ordrs.sql` for table orders was silently never read: a filter in
+    it (one that keeps PII out, say) did not apply (a newcomer trial)."""
+    synced.write(f"models/{schema}/ordrs.sql", f"SELECT * FROM {schema}.orders WHERE id < 9")
+    checked = synced.run("check")
+    assert checked.exit_code == 1
+    assert (
+        f"error models: models/{schema}/ordrs.sql is the model of no table in "
+        f"tables-config.json: it is never read; fix: rename it to models/{schema}/orders.sql"
+    ) in checked.stdout, checked.stdout
+    code, _ = sync_events(synced)
+    assert code == 0
+    warned = synced.run("sync")
+    assert f"models/{schema}/ordrs.sql is the model of no table" in warned.stderr
+    assert f"(did you mean models/{schema}/orders.sql?)" in warned.stderr

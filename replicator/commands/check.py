@@ -24,6 +24,7 @@ from ..postgres.dest_schema import missing_schemas
 from ..postgres.naming import INTERNAL_SCHEMA
 from ..project.config import TableConfig
 from ..project.project import Project
+from ..project.templates import stray_models
 from ..report.logs import json_output, quiet
 from ..report.results import utc_now
 from ..report.webhook import build_payload, post
@@ -57,6 +58,7 @@ def run_checks(project: Project, ping: bool = False) -> list[Finding]:
     """Check connections, privileges, keys, indexes, Java and the driver; never writes
     anything (`ping` sends the webhook a test payload)."""
     findings: list[Finding] = list(spark_findings(project))
+    findings.extend(_stray_models(project))
     if ping:
         findings.append(_ping_webhook(project))
     connections = project.connections()
@@ -81,6 +83,18 @@ def run_checks(project: Project, ping: bool = False) -> list[Finding]:
             if conn is not None:
                 conn.close()
     return findings
+
+
+def _stray_models(project: Project) -> Iterator[Finding]:
+    """A model file that no configured table reads is a mistake (a misspelt name)."""
+    tables = [t.name for t in project.config.tables]
+    for path, near in stray_models(project.templates, tables):
+        yield Finding(
+            "error",
+            "models",
+            f"{path} is the model of no table in tables-config.json: it is never read",
+            f"rename it to {near}" if near else "remove it, or add its table to the config",
+        )
 
 
 def _ping_webhook(project: Project) -> Finding:

@@ -7,6 +7,7 @@ Rendered SQL is parsed by sqlglot; a syntax error names the file and line.
 
 from __future__ import annotations
 
+import difflib
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -125,6 +126,22 @@ class Templates:
             line = getattr(exc, "lineno", None)
             raise TemplateError(f"{origin}{f':{line}' if line else ''}: {exc}") from None
         return Model(validate_select(text, origin), origin, False)
+
+
+def stray_models(templates: Templates, tables: list[TableName]) -> list[tuple[str, str | None]]:
+    """Model files no configured table reads (a typo in a file name would silently leave a
+    filter, say one that keeps PII out, unapplied): each as `models/...` with the nearest
+    file a table does read, if one is close."""
+    folder = templates.project_dir / MODELS_DIR
+    if not folder.is_dir():
+        return []
+    wanted = {str(templates.model_path(t).relative_to(templates.project_dir)) for t in tables}
+    found = sorted(str(p.relative_to(templates.project_dir)) for p in folder.rglob("*.sql"))
+    return [
+        (path, next(iter(difflib.get_close_matches(path, sorted(wanted), n=1)), None))
+        for path in found
+        if path not in wanted
+    ]
 
 
 def _builtin_sources() -> list[tuple[str, str]]:

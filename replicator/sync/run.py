@@ -35,6 +35,7 @@ from ..project.project import Project
 from ..project.runlock import run_lock
 from ..project.settings import Connections
 from ..project.state import TableState
+from ..project.templates import stray_models
 from ..report.output import SyncOutput
 from ..report.results import TableResult, utc_now
 from ..report.webhook import build_payload, post
@@ -65,6 +66,12 @@ def run_sync(
     and merge it, leaving its cursor where it is. `notify` decides about the webhook instead
     of posting every run (`sync --follow`): it gets the payload and whether the run failed."""
     tables = project.select(names)
+    for path, near in stray_models(project.templates, [t.name for t in project.config.tables]):
+        log.warning(
+            "%s is the model of no table in tables-config.json and is not read%s",
+            path,
+            f" (did you mean {near}?)" if near else "",
+        )
     if check_deletes and all(t.deletes == "ignore" for t in tables):
         log.warning("--deletes: no selected table has `deletes` set: there is nothing to check")
     connections = project.connections()
