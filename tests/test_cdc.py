@@ -652,6 +652,11 @@ def test_a_table_the_log_cannot_carry_says_why(cdc_project, schema, writer):
     failed = cdc_project.run("sync")
     assert failed.exit_code == 1
     assert "generated column" in failed.stderr, failed.stderr
+    # compile and status say the same before a sync (they predicted a full reload)
+    compiled = cdc_project.run("compile")
+    assert compiled.exit_code == 1 and "generated column" in compiled.stdout, compiled.output
+    status = json.loads(cdc_project.run("status", "--json").stdout)
+    assert status[0]["next_action"].startswith("fail: ") and "generated" in status[0]["next_action"]
 
 
 def test_renaming_the_slot_in_the_config_names_the_old_one_to_drop(

@@ -54,7 +54,11 @@ def capture_problem(
             "or use a cursor mode"
         )
     if info.kind != "table":
-        return f"{name}: mode cdc reads a table's changes from the log; this is a {info.kind}"
+        return (
+            f"{name}: mode cdc reads a table's changes from the log, and this is a "
+            f"{info.kind}, which it cannot read yet: use a cursor mode (replication_key), "
+            "or full-refresh"
+        )
     identity, keys, generated = fetch_all(source, _IDENTITY, (info.oid,))[0]
     if generated:
         columns = ", ".join(map(display_ident, generated))

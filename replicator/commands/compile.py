@@ -18,9 +18,10 @@ from typing import Any
 import click
 import psycopg
 
-from ..base.errors import ReplicatorError
+from ..base.errors import ReplicatorError, TableProblem
 from ..base.identifiers import display_ident
 from ..base.redact import redact
+from ..capture.preflight import capture_problem
 from ..plan.drift import Planned, plan_now
 from ..postgres.database import Step, connect, display, render
 from ..project.config import TableConfig
@@ -283,6 +284,10 @@ def _compile_table(
 ) -> CompiledTable:
     state = project.planning_state(table)
     planned = plan_now(inputs.source, inputs.dest, table, project.templates, state)
+    if table.mode == "cdc":  # what the sync fails such a table for, before any plan
+        problem = capture_problem(inputs.source, planned.source, planned.built)
+        if problem is not None:
+            raise TableProblem(problem)
     scripts = action_scripts(
         inputs,
         planned.built,

@@ -21,8 +21,9 @@ from psycopg import sql
 from rich.console import Console
 from rich.table import Table
 
-from ..base.errors import DatabaseError, ReplicatorError, StateError
+from ..base.errors import DatabaseError, ReplicatorError, StateError, TableProblem
 from ..base.redact import redact
+from ..capture.preflight import capture_problem
 from ..plan.decide import Plan, plan_table
 from ..plan.drift import Planned, plan_now
 from ..plan.table_sql import MODEL_ALIAS, TableSql, fitting_cursor
@@ -180,6 +181,10 @@ def _observe_live(
                 continue
             try:
                 planned = plan_now(source, dest, table, project.templates, state)
+                if table.mode == "cdc":  # what the sync fails such a table for, first
+                    problem = capture_problem(source, planned.source, planned.built)
+                    if problem is not None:
+                        raise TableProblem(problem)
                 _set_plan(row, planned.plan)
                 if planned.plan.action == "incremental":  # else the copy is rebuilt: no lag
                     _show_position(source, planned, state, row, notes)
