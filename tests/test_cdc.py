@@ -948,3 +948,23 @@ def test_status_and_compile_follow_a_table_between_cdc_and_a_cursor_mode(
         assert f"{schema}.orders: full_reload" in synced.stderr
         assert f"reason: {reason}" in synced.stderr, synced.stderr
         assert_same_table(source_conn, dest_conn, schema, "orders")
+
+
+def test_the_drain_says_the_position_its_result_starts_from(cdc_project, schema, writer):
+    """A table without changes for a few runs: `applying the log (lsn X)` named its last
+    applied change's position while the result said `lsn Y -> Z` (a newcomer trial)."""
+    _create(writer, schema, "orders")
+    _create(writer, schema, "items")
+    _config(cdc_project, schema, "orders", "items")
+    _sync(cdc_project)
+    for n in range(2):  # changes to items only: the slot and orders' state move on
+        _run(writer, schema, "UPDATE {t} SET note = %s WHERE id = 1", f"n{n}", table="items")
+        _sync(cdc_project)
+    _run(writer, schema, "UPDATE {t} SET note = 'now' WHERE id = 1")
+    stderr = _sync(cdc_project, "--log-format", "json").stderr
+    events = [json.loads(line) for line in stderr.splitlines()]
+    orders = f"{schema}.orders"
+    started = next(e for e in events if e.get("event") == "table.started" and e["name"] == orders)
+    finished = next(e for e in events if e.get("event") == "table.finished" and e["name"] == orders)
+    assert started["reason"] == f"lsn {finished['cursor_from']}", (started, finished)
+    assert finished["reason"].startswith(f"lsn {finished['cursor_from']} -> ")

@@ -24,7 +24,7 @@ from ..capture.applied import applied_positions, forget_applied
 from ..capture.capture_table import CaptureTable
 from ..capture.dba_publication import publication_problem
 from ..capture.drain import drain
-from ..capture.lsn import lsn_text
+from ..capture.lsn import lsn_text, parse_lsn
 from ..capture.preflight import capture_problem
 from ..capture.slot import (
     add_table_statement,
@@ -38,7 +38,7 @@ from ..postgres.endpoints import Endpoints
 from ..postgres.table_lock import table_lock
 from ..project.capture_state import CaptureState
 from ..project.config import TableConfig
-from ..project.state import LSN_CURSOR_TYPE, Cursor
+from ..project.state import LSN_CURSOR_TYPE, Cursor, TableState
 from ..report.results import TableResult, utc_now
 from .capture_setup import set_up_capture
 from .context import RunContext, TableJob, failure, record_failure
@@ -70,7 +70,7 @@ class CaptureRun:
 
     # ------------------------------------------------------------ 2. planning
 
-    def adjust(self, ends: Endpoints, planned: Planned) -> Planned:
+    def adjust(self, ends: Endpoints, planned: Planned, state: TableState | None) -> Planned:
         """A `cdc` table's plan: the set-up's failure, a table the log cannot carry, a
         reload whose reason the log gives (`slot lost`, a shape change it showed), a copy
         whose position is not in the destination."""
@@ -105,8 +105,9 @@ class CaptureRun:
             position = self.positions.get(table.target)
             if position is None:
                 plan = Plan("full_reload", "no log position in the destination")
-            else:
-                plan = Plan("incremental", f"lsn {lsn_text(position)}")
+            else:  # the copy holds every commit before both (the state's moves every run)
+                reached = parse_lsn(state.cursor.value) if state and state.cursor else 0
+                plan = Plan("incremental", f"lsn {lsn_text(max(position, reached))}")
         return replace(planned, plan=plan)
 
     def defer(self, job: TableJob) -> None:

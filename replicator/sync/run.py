@@ -313,7 +313,7 @@ def _sync_locked_table(
                 f"reload first ({plan.reason}); run `replicator sync -s {table.written_name}`"
             )
         if table.mode == "cdc" and capture is not None:
-            planned = capture.adjust(ends, planned)
+            planned = capture.adjust(ends, planned, state)
             plan = planned.plan
         if planned.observed.ownership == "legacy":
             _adopt(run, ends, table)
