@@ -144,3 +144,19 @@ def test_a_task_killed_at_every_attempt_fails_the_table(db_project, source_conn,
     assert again.returncode == 0, again.stderr
     assert assert_same_table(source_conn, dest_conn, schema, "t") == 3000
     assert _leftovers(dest_conn, schema) == []
+
+
+def test_a_task_that_would_fail_again_is_not_retried(db_project, source_conn, dest_conn, schema):
+    """A division by zero in the model fails every attempt the same way: Spark tried the
+    task four times (about 8 s) before the table failed (a newcomer trial). Under -v,
+    Spark logs each failed attempt (`Lost task 0.N`): there is none, the task reported it."""
+    _create(source_conn, schema)
+    db_project.write(
+        f"models/{schema}/t.sql", "SELECT t.* FROM {{ source }} AS t WHERE 1 / (t.id - 7) <> 0"
+    )
+    db_project.write_config({"tables": [{"name": f"{schema}.t", "mode": "full-refresh"}]})
+    failed = db_project.run_process("sync", "-v")
+    assert failed.returncode == 1
+    assert "Spark task failed: source: division by zero" in failed.stderr, failed.stderr[-2000:]
+    assert "Lost task" not in failed.stderr, failed.stderr[-4000:]
+    assert _leftovers(dest_conn, schema) == []

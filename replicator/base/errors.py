@@ -80,10 +80,25 @@ class DatabaseError(ReplicatorError):
         self.detail = detail  # PostgreSQL's DETAIL line, when it sent one
 
 
+# SQLSTATE classes of errors that happen again on a retry with the same data: data
+# exceptions (22: division by zero), integrity (23), syntax or access (42), unsupported
+# (0A), cardinality (21), and PL/pgSQL's RAISE (P0). Connections, cancels and locks pass.
+LASTING_CLASSES = frozenset(("21", "22", "23", "42", "0A", "P0"))
+
+
 class TaskError(Exception):
     """A copy task's failure in one line that names the side (and, on the source, the
     model): `source: division by zero (reading models/shop/orders.sql)`. Raised in Spark's
-    workers, so not a ReplicatorError: the driver turns it into one."""
+    workers, so not a ReplicatorError: the driver turns it into one. `lasting`: another
+    attempt would fail the same way (its SQLSTATE says so), so Spark need not retry it."""
+
+    def __init__(self, message: str, sqlstate: str | None = None) -> None:
+        super().__init__(message)
+        self.sqlstate = sqlstate
+
+    @property
+    def lasting(self) -> bool:
+        return (self.sqlstate or "")[:2] in LASTING_CLASSES
 
 
 class Interrupted(KeyboardInterrupt):

@@ -45,7 +45,7 @@ def run_query_task(task: QueryTask) -> list[tuple[Any, ...]]:
                 execute(conn, setting)
             rows = execute(conn, task.query, task.params).fetchall()
     except DatabaseError as exc:
-        raise TaskError(str(exc)) from None
+        raise TaskError(str(exc), exc.sqlstate) from None
     return [exact(row) for row in rows]
 
 

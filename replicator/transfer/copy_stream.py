@@ -113,16 +113,25 @@ def run_copy_task(task: CopyTask) -> CopyResult:
     try:
         return _copy_once(task)
     except _SourceFailure as exc:
-        raise TaskError(f"source: {exc}{where}") from None
+        raise TaskError(f"source: {exc}{where}", exc.sqlstate) from None
     except DatabaseError as exc:  # from the executor: it names the side already
         text = str(exc)
-        raise TaskError(text + where if text.startswith("source: ") else text) from None
+        source = text.startswith("source: ")
+        raise TaskError(text + where if source else text, exc.sqlstate) from None
     except psycopg.Error as exc:  # the COPY into the destination
-        raise TaskError(f"destination: {_first_line(exc)}") from None
+        raise TaskError(f"destination: {_first_line(exc)}", exc.sqlstate) from None
 
 
 class _SourceFailure(Exception):
     """A libpq error while streaming from the source, told apart from the destination's."""
+
+    def __init__(self, message: str, sqlstate: str | None = None) -> None:
+        super().__init__(message)
+        self.sqlstate = sqlstate
+
+
+def _source_failure(exc: psycopg.Error) -> _SourceFailure:
+    return _SourceFailure(_first_line(exc), exc.sqlstate)
 
 
 def _first_line(exc: BaseException | str) -> str:
@@ -187,7 +196,7 @@ def _stream(task: CopyTask, dest: psycopg.Connection) -> tuple[int, int]:
                 pgconn.send_query(task.copy_out.encode())
                 _expect(_next_result(pgconn), pq.ExecStatus.COPY_OUT)
             except psycopg.Error as exc:
-                raise _SourceFailure(_first_line(exc)) from None
+                raise _source_failure(exc) from None
             buffer, read, consume = bytearray(), pgconn.get_copy_data, pgconn.consume_input
             while True:
                 try:
@@ -197,7 +206,7 @@ def _stream(task: CopyTask, dest: psycopg.Connection) -> tuple[int, int]:
                         consume()
                         continue
                 except psycopg.Error as exc:
-                    raise _SourceFailure(_first_line(exc)) from None
+                    raise _source_failure(exc) from None
                 if count < 0:
                     break
                 buffer += data
@@ -214,7 +223,7 @@ def _stream(task: CopyTask, dest: psycopg.Connection) -> tuple[int, int]:
                 while _next_result(pgconn) is not None:
                     pass
             except psycopg.Error as exc:
-                raise _SourceFailure(_first_line(exc)) from None
+                raise _source_failure(exc) from None
     return in_cursor.rowcount, size
 
 
@@ -237,4 +246,8 @@ def _next_result(pgconn: pq.abc.PGconn) -> pq.abc.PGresult | None:
 def _expect(result: pq.abc.PGresult | None, status: pq.ExecStatus) -> None:
     if result is None or result.status != status:
         message = result.error_message.decode(errors="replace") if result else "no result"
-        raise _SourceFailure(_first_line(message) if message.strip() else "COPY failed")
+        code = result.error_field(pq.DiagnosticField.SQLSTATE) if result else None
+        raise _SourceFailure(
+            _first_line(message) if message.strip() else "COPY failed",
+            code.decode() if code else None,
+        )

@@ -265,6 +265,8 @@ class SparkRunner:
         stop_cancelling = self._cancellable(session, tag, description)
         try:
             return run_job(session, function, tasks, ALIAS)
+        except TaskError as exc:  # a task's lasting failure, returned rather than retried
+            raise ReplicatorError(redact(f"Spark task failed: {exc}")) from None
         except Exception as exc:
             raise_if_requested()  # the job failed because the run was interrupted
             if self.remote is not None and unavailable(exc):

@@ -18,12 +18,17 @@ import pickle
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from ..base.errors import TaskError
+
 T = TypeVar("T")
 R = TypeVar("R")
 
 
 def task_entry(payloads: list[bytes], alias: str) -> Callable[[int], bytes]:
-    """The UDF: task `index` -> pickled (index, result)."""
+    """The UDF: task `index` -> pickled (index, result, None), or (index, None, message)
+    when the task failed in a way another attempt would repeat (an error whose `lasting`
+    says so: a division by zero in a model). That one is returned, not raised, so Spark
+    does not try the task again (four times locally, spark.task.maxFailures on a cluster)."""
 
     def run(index: int) -> bytes:
         import os
@@ -33,7 +38,12 @@ def task_entry(payloads: list[bytes], alias: str) -> Callable[[int], bytes]:
         if os.path.isdir(shipped) and shipped not in sys.path:
             sys.path.insert(0, shipped)
         function, task = pickle.loads(payloads[index])
-        return pickle.dumps((index, function(task)))
+        try:
+            return pickle.dumps((index, function(task), None))
+        except Exception as exc:
+            if not getattr(exc, "lasting", False):
+                raise
+            return pickle.dumps((index, None, str(exc)))
 
     return run
 
@@ -51,7 +61,13 @@ def run_job(session: Any, function: Callable[[T], R], tasks: list[T], alias: str
     call = functions.udf(entry, BinaryType(), useArrow=False).asNondeterministic()
     count = len(tasks)
     rows = session.range(0, count, 1, count).select(call(functions.col("id"))).collect()
-    results = dict(pickle.loads(row[0]) for row in rows)
+    results, failures = {}, {}
+    for index, result, failure in (pickle.loads(row[0]) for row in rows):
+        results[index] = result
+        if failure is not None:
+            failures[index] = failure
+    if failures:
+        raise TaskError(failures[min(failures)])
     return [results[index] for index in range(count)]
 
 
