@@ -156,7 +156,8 @@ def _print_grid(rows: list[dict[str, Any]], notes: list[str]) -> None:
         console.print(note, markup=False, soft_wrap=True)
     for row in rows:
         if row["last_error"]:
-            console.print(f"{row['name']}: {row['last_error']}", markup=False, soft_wrap=True)
+            error = row["last_error"].removeprefix(f"{row['name']}: ")
+            console.print(f"{row['name']}: {error}", markup=False, soft_wrap=True)
 
 
 def _observe_live(

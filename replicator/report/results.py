@@ -33,8 +33,9 @@ class TableResult:
 
     def line(self) -> str:
         """One log line: what happened, how much, how fast, and why."""
-        if self.status == "failure":
-            return f"{self.name}: failed after {self.seconds:.1f} s: {self.error}"
+        if self.status == "failure":  # its error may name the table too: said once
+            error = (self.error or "").removeprefix(f"{self.name}: ")
+            return f"{self.name}: failed after {self.seconds:.1f} s: {error}"
         text = f"{self.name}: {self.action}"
         if self.rows is not None:
             text += f", {self.rows:,} rows"

@@ -179,8 +179,7 @@ def failure(
         action=action,
         rows=None,
         reason=reason,
-        # The result names the table: its error need not start with the name again.
-        error=redact(error.removeprefix(f"{table.written_name}: ")),
+        error=redact(error),
         seconds=seconds,
     )
 
