@@ -1,10 +1,11 @@
 """kill -9 at every failpoint, in every mode: the next run converges to the source exactly.
 
-Each case: a first sync, changes in the source, a sync killed (SIGKILL) at the point, then a
-sync to completion. After it the destination equals the source row for row (md5 of each row
-by key), no key appears twice, `_replicator` holds no side or staging table, and the state
-file parses. Copies run in the replicator process here (fast, and the kill hits the process
-that runs the point); the Spark path's executor-side kill has its own case.
+Each case: a first sync, changes in the source, a sync killed (SIGKILL) at the point (in a
+process of its own), then a sync to completion. After it the destination equals the source
+row for row (md5 of each row by key), no key appears twice, `_replicator` holds no side or
+staging table, and the state file parses. Copies run in the replicator process here (fast,
+and the kill hits the process that runs the point); the Spark path's executor-side kill
+has its own case.
 """
 
 from __future__ import annotations
@@ -72,8 +73,8 @@ def test_a_kill_at_the_point_converges(db_project, source_conn, dest_conn, schem
     if mode != "full-refresh":
         table["replication_key"] = "updated_at"
     db_project.write_config({"tables": [table]})
-    first = db_project.run_process("sync", env=IN_PROCESS)
-    assert first.returncode == 0, first.stderr
+    first = db_project.run("sync", env=IN_PROCESS)  # only the killed run needs its process
+    assert first.exit_code == 0, first.output
     _change(source_conn, schema, mode)
     killed = db_project.run_process("sync", env={**IN_PROCESS, "REPLICATOR_FAILPOINT": point})
     assert killed.returncode == -9, f"the run did not reach {point}: {killed.stderr}"
@@ -84,8 +85,8 @@ def test_a_kill_at_the_point_converges(db_project, source_conn, dest_conn, schem
         "after-swap-commit",
     ):
         assert _leftovers(dest_conn, schema), "the killed run left its table behind"
-    again = db_project.run_process("sync", env=IN_PROCESS)
-    assert again.returncode == 0, again.stderr
+    again = db_project.run("sync", env=IN_PROCESS)
+    assert again.exit_code == 0, again.output
     assert assert_same_table(source_conn, dest_conn, schema, "t") == 3400
     (duplicates,) = dest_conn.execute(
         sql.SQL("SELECT count(*) - count(DISTINCT id) FROM {}").format(sql.Identifier(schema, "t"))
@@ -104,14 +105,14 @@ def test_a_reload_after_a_killed_batch_leaves_no_staging_table(
     no-ops (the soak found this order): nothing is left behind."""
     _create(source_conn, schema)
     db_project.write_config({"tables": [{"name": f"{schema}.t", "replication_key": "updated_at"}]})
-    assert db_project.run_process("sync", env=IN_PROCESS).returncode == 0
+    assert db_project.run("sync", env=IN_PROCESS).exit_code == 0
     _change(source_conn, schema, "incremental-deduped")
     killed = db_project.run_process(
         "sync", env={**IN_PROCESS, "REPLICATOR_FAILPOINT": "after-staging-copy"}
     )
     assert killed.returncode == -9 and _leftovers(dest_conn, schema)
-    assert db_project.run_process("sync", "-f", env=IN_PROCESS).returncode == 0
-    assert db_project.run_process("sync", env=IN_PROCESS).returncode == 0
+    assert db_project.run("sync", "-f", env=IN_PROCESS).exit_code == 0
+    assert db_project.run("sync", env=IN_PROCESS).exit_code == 0
     assert _leftovers(dest_conn, schema) == []
     assert assert_same_table(source_conn, dest_conn, schema, "t") == 3400
 

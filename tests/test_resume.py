@@ -117,7 +117,7 @@ def _killed(db_project, point: str, *args: str):
 
 
 def _resumable(db_project) -> dict | None:
-    listed = db_project.run_process("status", "--json", env=IN_PROCESS)
+    listed = db_project.run("status", "--json", env=IN_PROCESS)
     return json.loads(listed.stdout)[0]["resumable"]
 
 
@@ -143,14 +143,14 @@ def test_a_killed_load_resumes_and_catches_up_under_writers(
         time.sleep(0.5)  # more changes between the two snapshots
         if not writers_during_resume:
             writers.stop()
-        resumed = db_project.run_process("sync", env=IN_PROCESS)
+        resumed = db_project.run("sync", env=IN_PROCESS)
     finally:
         writers.stop()
-    assert resumed.returncode == 0, resumed.stderr
+    assert resumed.exit_code == 0, resumed.stderr
     assert f"resuming the load: {loaded} of 10 partitions loaded" in resumed.stderr
     assert "caught up after the resumed load: " in resumed.stderr
     if writers_during_resume:  # the catch-up's snapshot is already behind the writers
-        assert db_project.run_process("sync", env=IN_PROCESS).returncode == 0
+        assert db_project.run("sync", env=IN_PROCESS).exit_code == 0
     assert assert_same_table(source_conn, dest_conn, table, "t") > ROWS
     assert leftovers(dest_conn, [TableName(table, "t")]) == []
     state = json.loads(db_project.run("state", "show", f"{table}.t").stdout)[f"{table}.t"]
@@ -163,8 +163,8 @@ def test_a_resumed_load_killed_again_resumes_again(db_project, table, source_con
     second = _killed(db_project, "task-before-commit@4")
     assert "resuming the load: 2 of 10 partitions loaded, copying 8" in second.stderr
     assert _resumable(db_project) == {"loaded": 5, "partitions": 10}
-    third = db_project.run_process("sync", env=IN_PROCESS)
-    assert third.returncode == 0, third.stderr
+    third = db_project.run("sync", env=IN_PROCESS)
+    assert third.exit_code == 0, third.stderr
     assert "resuming the load: 5 of 10 partitions loaded, copying 5" in third.stderr
     assert assert_same_table(source_conn, dest_conn, table, "t") == ROWS
     assert leftovers(dest_conn, [TableName(table, "t")]) == []
@@ -194,8 +194,8 @@ def test_a_resume_that_cannot_be_trusted_starts_over(
     else:  # its catch-up would start from a cursor on another column
         _configure(db_project, table, replication_key="id")
         expected = "the source or its model changed shape since"
-    again = db_project.run_process(*args, env=IN_PROCESS)
-    assert again.returncode == 0, again.stderr
+    again = db_project.run(*args, env=IN_PROCESS)
+    assert again.exit_code == 0, again.stderr
     assert (
         f"not resuming the unfinished load (5 of 10 partitions loaded): {expected}; "
         "starting over" in again.stderr
@@ -209,15 +209,15 @@ def test_a_killed_full_refresh_is_dropped_when_the_table_goes_on_incrementally(
     db_project, table, source_conn, dest_conn
 ):
     _configure(db_project, table)
-    assert db_project.run_process("sync", env=IN_PROCESS).returncode == 0
+    assert db_project.run("sync", env=IN_PROCESS).exit_code == 0
     _killed(db_project, "task-before-commit@4", "-f")
     source_conn.execute(
         sql.SQL("UPDATE {} SET v = 'x', updated_at = clock_timestamp() WHERE id < 50").format(
             sql.Identifier(table, "t")
         )
     )
-    again = db_project.run_process("sync", env=IN_PROCESS)
-    assert again.returncode == 0, again.stderr
+    again = db_project.run("sync", env=IN_PROCESS)
+    assert again.exit_code == 0, again.stderr
     assert "dropped an unfinished reload (3 of 10 partitions loaded)" in again.stderr
     assert "t: incremental" in again.stderr
     assert assert_same_table(source_conn, dest_conn, table, "t") == ROWS
@@ -275,8 +275,8 @@ def test_an_interrupted_load_keeps_its_partitions_for_the_next_run(
     source_conn.execute(sql.SQL("DELETE FROM {}").format(sql.Identifier(table, "pause")))
     loaded = _resumable(db_project)
     assert loaded is not None and loaded["loaded"] >= int(kept[1])
-    resumed = db_project.run_process("sync", env=env)
-    assert resumed.returncode == 0, resumed.stderr
+    resumed = db_project.run("sync", env=env)
+    assert resumed.exit_code == 0, resumed.stderr
     assert f"resuming the load: {loaded['loaded']} of 10 partitions loaded" in resumed.stderr
     assert assert_same_table(source_conn, dest_conn, table, "t") == ROWS
     assert leftovers(dest_conn, [TableName(table, "t")]) == []
@@ -291,8 +291,8 @@ def test_a_killed_start_over_never_resumes_the_load_it_dropped(
     _killed(db_project, "task-before-commit@6")
     _killed(db_project, "after-snapshot-export", "-f")
     assert _resumable(db_project) is None
-    last = db_project.run_process("sync", env=IN_PROCESS)
-    assert last.returncode == 0, last.stderr
+    last = db_project.run("sync", env=IN_PROCESS)
+    assert last.exit_code == 0, last.stderr
     assert "resuming the load" not in last.stderr
     assert assert_same_table(source_conn, dest_conn, table, "t") == ROWS
     assert leftovers(dest_conn, [TableName(table, "t")]) == []
@@ -303,8 +303,8 @@ def test_an_append_table_read_by_pages_starts_over(db_project, table, source_con
     _configure(db_project, table, mode="incremental-append", deletes="ignore")
     _killed(db_project, "task-before-commit@4")
     assert _resumable(db_project) is None
-    again = db_project.run_process("sync", env=IN_PROCESS)
-    assert again.returncode == 0, again.stderr
+    again = db_project.run("sync", env=IN_PROCESS)
+    assert again.exit_code == 0, again.stderr
     assert "resuming the load" not in again.stderr
     assert assert_same_table(source_conn, dest_conn, table, "t") == ROWS
 
