@@ -128,13 +128,13 @@ def test_errors_name_the_side_and_the_file(db_project, shop, source_conn):
         "SELECT id, (100 / (amount - 7))::int AS amount, updated_at FROM {{ source }}",
     )
     for min_rows in ("0", "1000000000"):  # on Spark, and in this process
-        failed = db_project.run_process("sync", env={"REPLICATOR_SPARK_MIN_ROWS": min_rows})
-        assert failed.returncode == 1
+        failed = db_project.run("sync", env={"REPLICATOR_SPARK_MIN_ROWS": min_rows})
+        assert failed.exit_code == 1
         assert f"source: division by zero (reading models/{shop}/orders.sql)" in failed.stderr, (
             failed.stderr
         )
     db_project.write(f"models/{shop}/orders.sql", "SELECT * FROM {{ source }}")
-    assert db_project.run_process("sync").returncode == 0
+    assert db_project.run("sync").exit_code == 0
     db_project.write(
         "macros/merge.sql",
         "{% macro merge_deduped(target, staging, columns) %}"
@@ -146,8 +146,8 @@ def test_errors_name_the_side_and_the_file(db_project, shop, source_conn):
             "UPDATE {} SET amount = 0, updated_at = now() + interval '1 min' WHERE id = 1"
         ).format(sql.Identifier(shop, "orders"))
     )
-    failed = db_project.run_process("sync", "-v")
-    assert failed.returncode == 1
+    failed = db_project.run("sync", "-v")
+    assert failed.exit_code == 1
     assert (
         'destination: column "no_such_column" does not exist (in the merge, macro '
         "merge_deduped (" in failed.stderr
