@@ -251,3 +251,24 @@ def cdc_project(db_project, source_conn):
         source_conn.execute(
             sql.SQL("DROP PUBLICATION IF EXISTS {}").format(sql.Identifier(names["publication"]))
         )
+
+
+# The longest files, started first: `make test`'s two workers take whole files in collection
+# order, and a long file collected last would keep one worker busy after the other is done.
+LONGEST_FIRST = (
+    "test_spark_connect.py",
+    "test_soak.py",
+    "test_spark_cluster.py",
+    "test_operations.py",
+    "test_crashes.py",
+    "test_cli.py",
+    "test_resume.py",
+)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    def rank(item: pytest.Item) -> int:
+        name = item.path.name
+        return LONGEST_FIRST.index(name) if name in LONGEST_FIRST else len(LONGEST_FIRST)
+
+    items.sort(key=rank)  # stable: the rest keeps its order
