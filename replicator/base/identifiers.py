@@ -18,6 +18,7 @@ MAX_IDENTIFIER_BYTES = 63
 INTERNAL_SCHEMA = "_replicator"
 # PostgreSQL's lexer: ident_start [A-Za-z\200-\377_], ident_cont adds digits and $.
 _UNQUOTED = re.compile("[A-Za-z_\u0080-\U0010ffff][A-Za-z0-9_$\u0080-\U0010ffff]*")
+_UNQUOTED_GLOB = re.compile("[A-Za-z_*?\u0080-\U0010ffff][A-Za-z0-9_$*?\u0080-\U0010ffff]*")
 _SIMPLE = re.compile(r"[a-z_][a-z0-9_$]*")
 
 
@@ -33,11 +34,19 @@ def display_ident(name: str) -> str:
 
 def split_name(text: str) -> list[str]:
     """Split a dotted name into identifier parts, applying PostgreSQL's quoting rules."""
-    parts: list[str] = []
+    return [part for part, _quoted in split_parts(text)]
+
+
+def split_parts(text: str, globs: bool = False) -> list[tuple[str, bool]]:
+    """Each part of a dotted name with whether it was quoted. With `globs`, an unquoted part
+    may also hold `*` and `?` (a table pattern: project/selection.py)."""
+    unquoted = _UNQUOTED_GLOB if globs else _UNQUOTED
+    parts: list[tuple[str, bool]] = []
     i, n = 0, len(text)
     while True:
         i = _skip_space(text, i)
-        if i < n and text[i] == '"':
+        quoted = i < n and text[i] == '"'
+        if quoted:
             j, buf = i + 1, []
             while True:
                 k = text.find('"', j)
@@ -54,12 +63,12 @@ def split_name(text: str) -> list[str]:
             if not part:
                 raise ValueError(f"empty quoted identifier in {text!r}")
         else:
-            m = _UNQUOTED.match(text, i)
+            m = unquoted.match(text, i)
             if not m:
                 raise ValueError(f"expected an identifier at position {i + 1} of {text!r}")
             part = m.group(0).translate(_ASCII_LOWER)
             i = m.end()
-        parts.append(part)
+        parts.append((part, quoted))
         i = _skip_space(text, i)
         if i == n:
             return parts

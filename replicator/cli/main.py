@@ -18,7 +18,14 @@ from ..project.project import Project
 from ..report.logs import configure_logging, error_line, json_output, say
 from ..transfer.jvm_stop import stop_spark_on_exit
 from .help_text import ENVIRONMENT, EXAMPLES, EXIT_CODES, examples
-from .options import common, json_option, quiet_broken_pipe, select_option, shared_options
+from .options import (
+    common,
+    json_option,
+    load_expanded,
+    quiet_broken_pipe,
+    select_option,
+    shared_options,
+)
 from .spark_commands import spark
 from .state_commands import cdc, state
 
@@ -82,7 +89,7 @@ def compile_command(
     are read; nothing is written. Exit 1 when a table cannot be compiled."""
     from ..commands.compile import compile_tables
 
-    project = Project.load(project_dir)
+    project = load_expanded(project_dir)
     return compile_tables(project, names, as_json or json_output(), since, until)
 
 
@@ -208,7 +215,7 @@ def verify(
     if force and not repair:
         raise UsageError("--force goes with --repair: `replicator verify --repair --force`")
     verbose = click.get_current_context().meta["replicator.verbose"]
-    project = Project.load(project_dir)
+    project = load_expanded(project_dir)
     return run_verify(project, names, repair, as_json or json_output(), verbose, force)
 
 
@@ -227,6 +234,23 @@ def demo(project_dir: Path, keep: bool) -> int:
 
     verbose = click.get_current_context().meta["replicator.verbose"]
     return run_demo(project_dir, keep, verbose)
+
+
+@cli.command(
+    "ls",
+    short_help="The tables the config selects, patterns expanded.",
+    epilog=examples("replicator ls", "replicator ls -s 'sales.orders' --json"),
+)
+@select_option
+@json_option
+@common
+def ls(project_dir: Path, names: tuple[str, ...], as_json: bool) -> int:
+    """List the tables a sync works on, each pattern of tables-config.json ("sales.*")
+    matched against the source's catalog now: name, destination, mode, replication key,
+    primary key, and the entry (`tables[i]`, and its pattern) that chose it."""
+    from ..commands.ls import list_tables
+
+    return list_tables(load_expanded(project_dir), names, as_json or json_output())
 
 
 @cli.command(
@@ -255,7 +279,7 @@ def refresh(project_dir: Path, tables: tuple[str, ...]) -> int:
     committed."""
     from ..commands.state_commands import mark_for_refresh
 
-    return mark_for_refresh(Project.load(project_dir), tables)
+    return mark_for_refresh(load_expanded(project_dir), tables)
 
 
 @cli.command(
@@ -270,7 +294,7 @@ def adopt(project_dir: Path, tables: tuple[str, ...]) -> int:
     them from the source unless their state says otherwise."""
     from ..commands.adopt import adopt_tables
 
-    return adopt_tables(Project.load(project_dir), tables)
+    return adopt_tables(load_expanded(project_dir), tables)
 
 
 @cli.command(

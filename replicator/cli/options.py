@@ -12,7 +12,7 @@ import sys
 import traceback
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 from click.core import ParameterSource
@@ -21,6 +21,9 @@ from ..base import interrupts
 from ..base.errors import ConfigError, ReplicatorError, UsageError
 from ..base.redact import redact
 from ..report.logs import configure_logging, error_line
+
+if TYPE_CHECKING:
+    from ..project.project import Project
 
 log = logging.getLogger("replicator.cli")
 
@@ -127,3 +130,12 @@ def quiet_broken_pipe() -> None:
     with contextlib.suppress(OSError):
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     sys.exit(0)
+
+
+def load_expanded(project_dir: Path) -> Project:
+    """The project with its table patterns expanded against the source's catalog (a
+    command that works on the selected tables; imported late: plan/ pulls in psycopg)."""
+    from ..plan.selection import expand_project
+    from ..project.project import Project
+
+    return expand_project(Project.load(project_dir))

@@ -8,9 +8,8 @@ from typing import Any
 
 import click
 
-from ..project.project import Project
 from .help_text import examples
-from .options import common, shared_options
+from .options import common, load_expanded, shared_options
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
@@ -32,7 +31,7 @@ def state_show(project_dir: Path, tables: tuple[str, ...]) -> int:
     """Print the sync-state of TABLES (default: all) as one JSON object (null: no state)."""
     from ..commands.state_commands import show_state
 
-    return show_state(Project.load(project_dir), tables)
+    return show_state(load_expanded(project_dir), tables)
 
 
 @state.command(
@@ -46,7 +45,7 @@ def state_reset(project_dir: Path, tables: tuple[str, ...]) -> int:
     """Forget TABLES' state: their next sync is a full reload."""
     from ..commands.state_commands import reset_state
 
-    return reset_state(Project.load(project_dir), tables)
+    return reset_state(load_expanded(project_dir), tables)
 
 
 @state.command(
@@ -66,7 +65,7 @@ def state_set_cursor(project_dir: Path, table: str, value: str, force: bool) -> 
     it)."""
     from ..commands.state_commands import set_cursor
 
-    return set_cursor(Project.load(project_dir), table, value, force)
+    return set_cursor(load_expanded(project_dir), table, value, force)
 
 
 @click.group(
@@ -91,4 +90,4 @@ def cdc_drop(project_dir: Path) -> int:
     The cdc tables reload in full at their next sync, from a new slot."""
     from ..commands.capture_commands import drop_capture
 
-    return drop_capture(Project.load(project_dir))
+    return drop_capture(load_expanded(project_dir))

@@ -17,6 +17,7 @@ from ..base.redact import redact
 from ..plan.cursor_limits import cursor_limits
 from ..plan.drift import plan_now
 from ..plan.inspect_table import inspect_table
+from ..plan.selection import expand_project, has_patterns, without_patterns
 from ..postgres.catalog import describe_table, leading_index_columns
 from ..postgres.database import connect, execute, fetch_all
 from ..postgres.dependent_views import reload_problem
@@ -58,13 +59,14 @@ def run_checks(project: Project, ping: bool = False) -> list[Finding]:
     """Check connections, privileges, keys, indexes, Java and the driver; never writes
     anything (`ping` sends the webhook a test payload)."""
     findings: list[Finding] = list(spark_findings(project))
-    findings.extend(_stray_models(project))
     if ping:
         findings.append(_ping_webhook(project))
     connections = project.connections()
     source = _connect(connections.source, "source", "REPLICATOR_SOURCE_URL", findings)
     dest = _connect(connections.destination, "destination", "REPLICATOR_DEST_URL", findings)
     try:
+        project = _expanded(project, source, findings)
+        findings.extend(_stray_models(project))
         if source is not None:
             if any(t.mode != "cdc" and t.replication_key for t in project.config.tables):
                 findings.extend(_source_activity_visibility(source))
@@ -83,6 +85,40 @@ def run_checks(project: Project, ping: bool = False) -> list[Finding]:
             if conn is not None:
                 conn.close()
     return findings
+
+
+def _expanded(
+    project: Project, source: psycopg.Connection[Any] | None, findings: list[Finding]
+) -> Project:
+    """The project with its patterns matched against the source's catalog now; each
+    pattern's matches (or none) and each table one chose before that is gone, said."""
+    if not has_patterns(project):
+        return project
+    if source is None:
+        findings.append(
+            Finding(
+                "error",
+                "tables",
+                "the table patterns cannot be matched: the source cannot be reached",
+                "fix the source connection (above)",
+            )
+        )
+        return without_patterns(project)
+    expanded = expand_project(project, source)
+    for entry in project.config.tables:
+        matched = [
+            str(t.name) for t in expanded.config.tables if t.pattern and t.entry == entry.entry
+        ]
+        if entry.is_pattern and matched:
+            more = f" and {len(matched) - 5} more" if len(matched) > 5 else ""
+            message = (
+                f"tables[{entry.entry}] ({entry.written_name}) matches {len(matched)} "
+                f"table(s): {', '.join(matched[:5])}{more}"
+            )
+            findings.append(Finding("ok", "tables", message))
+    findings.extend(Finding("warn", "tables", line) for line in expanded.unmatched)
+    findings.extend(Finding("warn", "tables", v.line()) for v in expanded.vanished)
+    return expanded
 
 
 def _stray_models(project: Project) -> Iterator[Finding]:

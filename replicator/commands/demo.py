@@ -20,6 +20,7 @@ from pathlib import Path
 from psycopg import sql
 
 from ..plan.inspect_table import inspect_table
+from ..plan.selection import expand_project
 from ..postgres.database import connect, execute
 from ..postgres.pgcluster import PgCluster
 from ..project.config import CONFIG_FILE, load_config
@@ -184,7 +185,7 @@ def _verify(project: Project, source_url: str, dest_url: str) -> None:
         "SELECT count(*), md5(string_agg(md5(t::text), '' ORDER BY md5(t::text))) FROM {} AS t"
     )
     with connect(source_url, "source") as source, connect(dest_url, "destination") as dest:
-        for table in project.config.tables:
+        for table in expand_project(project, source).config.tables:
             model = inspect_table(source, table, project.templates).model.sql
             left = execute(source, query.format(sql.SQL("({})").format(sql.SQL(model)))).fetchone()
             target = sql.Identifier(table.target.schema, table.target.name)

@@ -77,7 +77,7 @@ def set_cursor(project: Project, name: str, value: str, force: bool = False) -> 
     """Set a table's cursor, cast by the source to the replication key's type and reprinted.
     A cursor past the source's newest key (a typo in the year) needs `force`: until the
     source caught up, no sync would read a row."""
-    table = project.config.find(name)
+    table = project.find(name)
     if table.mode == "cdc":
         raise UsageError(
             f"{table.written_name}: mode cdc has no cursor to set: its copy goes on from its "

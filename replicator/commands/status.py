@@ -21,11 +21,12 @@ from psycopg import sql
 from rich.console import Console
 from rich.table import Table
 
-from ..base.errors import DatabaseError, ReplicatorError, StateError, TableProblem
+from ..base.errors import DatabaseError, ReplicatorError, StateError, TableProblem, one_line
 from ..base.redact import redact
 from ..capture.preflight import capture_problem
 from ..plan.decide import Plan, plan_table
 from ..plan.drift import Planned, plan_now
+from ..plan.selection import expand_project, known_tables
 from ..plan.table_sql import MODEL_ALIAS, TableSql, fitting_cursor
 from ..postgres.database import connect, execute, transaction
 from ..project.config import TableConfig
@@ -96,7 +97,9 @@ def table_status(project: Project, table: TableConfig) -> tuple[dict[str, Any], 
     except StateError as exc:
         row.update(last_status="error", last_error=redact(str(exc)))
         return row, None
-    _set_plan(row, plan_table(table.mode or "", state, name=table.written_name))
+    _set_plan(
+        row, plan_table(table.mode or "", state, name=table.written_name, pattern=table.pattern)
+    )
     if state is None:
         return row, None
     if state.cursor is not None:
@@ -120,10 +123,11 @@ def _set_plan(row: dict[str, Any], plan: Plan) -> None:
 
 
 def print_status(project: Project, as_json: bool) -> int:
+    project, notes = _expanded(project)
     tables = project.config.tables
     read = [table_status(project, t) for t in tables]
     rows = [row for row, _ in read]
-    notes = _observe_live(project, tables, read)
+    notes += _observe_live(project, tables, read)
     if as_json:
         # One line under --log-format json (every line printed is one JSON value).
         print(json.dumps(rows, indent=None if json_output() else 2, ensure_ascii=False))
@@ -132,6 +136,21 @@ def print_status(project: Project, as_json: bool) -> int:
     else:
         _print_grid(rows, notes)
     return 1 if any(r["last_status"] == "error" for r in rows) else 0
+
+
+def _expanded(project: Project) -> tuple[Project, list[str]]:
+    """The project with its patterns matched now; with the source out of reach, matched
+    against the tables its sync-state knows (status still shows the last runs)."""
+    try:
+        project = expand_project(project)
+    except ReplicatorError as exc:
+        known = known_tables(project.store)
+        project = expand_project(project, catalog=known)
+        return project, [
+            f"{one_line(exc)}: the table patterns are matched against the tables of "
+            "sync-state/, not the source's catalog"
+        ]
+    return project, [*project.unmatched, *(v.line() for v in project.vanished)]
 
 
 def _print_grid(rows: list[dict[str, Any]], notes: list[str]) -> None:

@@ -36,6 +36,7 @@ def plan_table(
     name: str = "<table>",
     model_change: str | None = None,
     destination_emptied: bool = False,
+    pattern: str | None = None,
 ) -> Plan:
     """Full reload when anything says so, else incremental from the stored cursor.
 
@@ -47,7 +48,7 @@ def plan_table(
     created;
     `not_owned` is the fix when the destination table exists but is not the tool's: only a
     start without backfill (which adopts a matching table) may touch it. `name` is the table
-    as the config writes it, for the fixes."""
+    as the config writes it, for the fixes; `pattern` the pattern that chose it, if one did."""
     plan = _plan(
         mode,
         state,
@@ -59,6 +60,8 @@ def plan_table(
         initial_load,
         name,
     )
+    if pattern is not None and plan.reason == "no state":
+        plan = Plan("full_reload", f"no state: new table matched {pattern}")
     if plan.action == "incremental" and model_change:
         plan = Plan("full_reload", f"model changed: {model_change}")
     if plan.action == "incremental" and destination_emptied:

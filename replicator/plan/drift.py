@@ -134,6 +134,7 @@ def plan_observed(
             else None
         ),
         name=table.written_name,
+        pattern=table.pattern,
     )
 
 

@@ -24,7 +24,9 @@ def inspect_source(
     conn: psycopg.Connection[Any], table: TableConfig, templates: Templates
 ) -> tuple[TableInfo, TableSql]:
     """The source table as the catalog describes it, and the table's statements."""
-    source = describe_table(conn, table.name)
+    if table.problem is not None:  # a pattern's match that cannot be synced (selection.py)
+        raise TableProblem(table.problem)
+    source = describe_table(conn, table.source)
     if source is None:
         raise TableProblem(f"{table.written_name}: source table does not exist")
     model = templates.model(table.name, [c.name for c in source.columns])

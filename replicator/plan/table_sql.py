@@ -102,7 +102,7 @@ def resolve_primary_key(table: TableConfig, source: TableInfo) -> tuple[str, ...
             f"{table.written_name}: the source table has no primary key, which mode "
             f"{table.mode} needs (to merge rows, or to append each row exactly once): set "
             '"primary_key" in tables-config.json, add one to the source table, or use '
-            '"mode": "full-refresh"'
+            f'"mode": "full-refresh"{table.pattern_fix()}'
         )
     return tuple(key)
 
@@ -116,6 +116,7 @@ def check_replication_key(table: TableConfig, source: TableInfo) -> Column | Non
         raise TableProblem(
             f"{table.written_name}: replication key column "
             f"{display_ident(table.replication_key)} does not exist in the source table"
+            f"{table.pattern_fix()}"
         )
     return column
 

@@ -22,7 +22,8 @@ from pydantic import (
 )
 
 from ..base.errors import ConfigError
-from ..base.identifiers import TableName, parse_column, split_name
+from ..base.identifiers import TableName, parse_column
+from ..base.name_patterns import NamePattern, is_pattern
 from .capture_config import CdcConfig
 from .config_rules import rule_problems
 from .spark_remote import checked_url
@@ -44,6 +45,14 @@ def _table_name(value: Any) -> TableName:
     if not isinstance(value, str):
         raise ValueError('expected a string like "schema.table"')
     return TableName.parse(value)
+
+
+def _table_or_pattern(value: Any) -> TableName | NamePattern:
+    if isinstance(value, TableName | NamePattern):
+        return value
+    if isinstance(value, str) and is_pattern(value):
+        return NamePattern.parse(value)
+    return _table_name(value)
 
 
 def _column(value: Any) -> str:
@@ -78,6 +87,8 @@ def _some_tables(tables: tuple[TableConfig, ...]) -> tuple[TableConfig, ...]:
 
 
 TableNameField = Annotated[TableName, BeforeValidator(_table_name)]
+# A table's name or a pattern of names (`sales.*`): project/selection.py expands it.
+NameOrPattern = Annotated[TableName | NamePattern, BeforeValidator(_table_or_pattern)]
 ColumnField = Annotated[str, BeforeValidator(_column)]
 # strict=False: a JSON list becomes the tuple (a string is still refused).
 ColumnList = Annotated[tuple[ColumnField, ...], Field(strict=False), AfterValidator(_not_empty)]
@@ -92,12 +103,14 @@ class _Frozen(BaseModel):
 class TableConfig(_Frozen):
     """One replicated table: where it comes from, where it goes, and how it is kept in sync."""
 
-    name: TableNameField
+    name: NameOrPattern
     replication_key: ColumnField | None = None
     mode: Mode | None = None
     # strict=False: a JSON list becomes the tuple (a string is still refused).
     primary_key: ColumnList | None = None
-    destination: TableNameField | None = None
+    destination: NameOrPattern | None = None
+    # For a pattern name: the tables it must not match (patterns or names).
+    exclude: Annotated[tuple[NameOrPattern, ...], Field(strict=False)] = ()
     partitions: Annotated[int, Field(ge=1, le=10_000)] | None = None
     lookback: Annotated[int, Field(ge=0, le=86_400)] = 5
     # None: the top-level `on_schema_change` (resolved when the project config is read).
@@ -107,6 +120,11 @@ class TableConfig(_Frozen):
     deletes_interval: Annotated[int, Field(ge=0, le=31_536_000)] = 0  # seconds; 0: every sync
     # The name exactly as written in the config: the webhook and logs use it.
     written_name: str = Field(default="", exclude=True)
+    # Set on the tables a pattern entry expands to (project/selection.py): the index of the
+    # entry in `tables`, its pattern as written, and a problem that fails the table alone.
+    entry: int = Field(default=0, exclude=True)
+    pattern: str | None = Field(default=None, exclude=True)
+    problem: str | None = Field(default=None, exclude=True)
 
     @model_validator(mode="after")
     def _defaults(self) -> TableConfig:
@@ -118,10 +136,30 @@ class TableConfig(_Frozen):
             object.__setattr__(self, "destination", self.name)
         return self
 
+    def pattern_fix(self) -> str:
+        """For a problem of a table a pattern chose: how to take it out of the pattern."""
+        if self.pattern is None:
+            return ""
+        return (
+            f"; or leave it out of tables[{self.entry}] ({self.pattern}): add "
+            f'"{self.written_name}" to its "exclude", or give it an entry of its own'
+        )
+
+    @property
+    def is_pattern(self) -> bool:
+        """Whether this entry names a pattern of tables (expanded at every run)."""
+        return isinstance(self.name, NamePattern)
+
+    @property
+    def source(self) -> TableName:
+        """The source table (an expanded entry: never a pattern)."""
+        assert isinstance(self.name, TableName), "a pattern entry is expanded first"
+        return self.name
+
     @property
     def target(self) -> TableName:
         """The destination table (defaults to the source's name)."""
-        assert self.destination is not None
+        assert isinstance(self.destination, TableName), "a pattern entry is expanded first"
         return self.destination
 
 
@@ -158,33 +196,6 @@ class ProjectConfig(_Frozen):
             if table.on_schema_change is None:
                 object.__setattr__(table, "on_schema_change", self.on_schema_change)
         return self
-
-    def find(self, text: str) -> TableConfig:
-        """The configured table a user named on the command line (schema optional if unique)."""
-        return find_table(self.tables, text)
-
-
-def find_table(tables: tuple[TableConfig, ...], text: str) -> TableConfig:
-    """Resolve a table named on the command line; exit 2 if it is not configured."""
-    try:
-        parts = split_name(text.strip())
-    except ValueError as exc:
-        raise ConfigError([f"{text}: {exc}"]) from None
-    if len(parts) == 2:
-        matches = [t for t in tables if t.name == TableName(*parts)]
-    elif len(parts) == 1:
-        matches = [t for t in tables if t.name.name == parts[0]]
-    else:
-        matches = []
-    if len(matches) == 1:
-        return matches[0]
-    known = [str(t.name) for t in tables]
-    if len(matches) > 1:
-        hint = "it is ambiguous; qualify it with its schema"
-    else:
-        close = difflib.get_close_matches(text, known, n=1)
-        hint = f"did you mean {close[0]}?" if close else f"configured: {', '.join(known)}"
-    raise ConfigError([f"table {text} is not in {CONFIG_FILE}: {hint}"])
 
 
 # ---------------------------------------------------------------- loading and errors
@@ -240,8 +251,9 @@ def parse_config(text: str, filename: str = CONFIG_FILE) -> ProjectConfig:
     problems += [f"{filename}: {p}" for p in rule_problems(document, _unsure_keys(errors))]
     if problems or config is None:
         raise ConfigError(problems)
-    for table, name in zip(config.tables, written, strict=True):
+    for index, (table, name) in enumerate(zip(config.tables, written, strict=True)):
         object.__setattr__(table, "written_name", name)
+        object.__setattr__(table, "entry", index)
     return config
 
 

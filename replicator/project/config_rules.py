@@ -14,6 +14,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from ..base.identifiers import INTERNAL_SCHEMA, TableName
+from ..base.name_patterns import NamePattern, is_pattern
 from .capture_config import check_cdc_table
 
 # A table's keys that a rule cannot trust: by table index (pydantic refused them).
@@ -71,8 +72,21 @@ def _source(table: Mapping[str, Any], unsure: set[str]) -> TableName | None:
     return _parsed(table, "name", unsure)
 
 
+def _target_schema(table: Mapping[str, Any]) -> str | None:
+    """The schema the table (or a pattern's tables: `raw.*`) is written into."""
+    destination = table.get("destination")
+    if isinstance(destination, str) and is_pattern(destination):
+        try:
+            return NamePattern.parse(destination).literal_schema
+        except ValueError:
+            return None
+    target = _target(table, set())
+    return None if target is None else target.schema
+
+
 def _target(table: Mapping[str, Any], unsure: set[str]) -> TableName | None:
-    """The destination table (the source's name by default); None when not known."""
+    """The destination table (the source's name by default); None when not known or a
+    pattern's."""
     if "destination" in table or "destination" in unsure:
         return _parsed(table, "destination", unsure)
     return _parsed(table, "name", unsure)
@@ -127,21 +141,51 @@ def _deletes_need_cursor(values: Mapping[str, Any]) -> str | None:
     return None
 
 
+def _pattern_keys(values: Mapping[str, Any]) -> str | None:
+    """A pattern's destination is `schema.*` (each match keeps its name there); a single
+    table's destination is one table, and only a pattern has tables to exclude."""
+    name, destination = values.get("name"), values.get("destination")
+    named_pattern = isinstance(name, str) and is_pattern(name)
+    if isinstance(destination, str) and is_pattern(destination):
+        if not named_pattern:
+            return (
+                f"destination {destination!r} is a pattern, but name {name!r} is one table; "
+                'write the destination as "schema.table"'
+            )
+        try:
+            parsed = NamePattern.parse(destination)
+        except ValueError as exc:
+            return f"destination: {exc}"
+        if parsed.literal_schema is None or not parsed.any_table:
+            return (
+                f'destination {destination!r}: a pattern\'s destination is "schema.*" (each '
+                'matched table keeps its name in that schema), e.g. "raw.*"'
+            )
+    elif destination is not None and named_pattern:
+        return (
+            f'name {name!r} is a pattern: its destination must be "schema.*" (each matched '
+            f"table keeps its name there), not the one table {destination!r}"
+        )
+    if values.get("exclude") and not named_pattern:
+        return f'"exclude" applies to a pattern name ("schema.*"); {name!r} is one table'
+    return None
+
+
 def _destination_schema(values: Mapping[str, Any]) -> str | None:
     """Schemas replicator must never write a table into: its own bookkeeping schema, and
     PostgreSQL's system schemas."""
-    target = _target(values, set())
-    if target is None:
+    schema = _target_schema(values)
+    if schema is None:
         return None
-    schema = target.schema
     if schema == INTERNAL_SCHEMA:
         why = "replicator's own bookkeeping schema (partition markers, ownership records)"
     elif schema.startswith("pg_") or schema == "information_schema":
         why = "a PostgreSQL system schema"
     else:
         return None
+    written = values.get("destination", values.get("name"))
     return (
-        f'destination {target} is in {why}; set "destination" to a table in another '
+        f'destination {written} is in {why}; set "destination" to a table in another '
         'schema (e.g. "warehouse.<table>")'
     )
 
@@ -153,4 +197,5 @@ _RULES: tuple[tuple[frozenset[str], Callable[[Mapping[str, Any]], str | None]], 
     (frozenset({"mode", "initial_load"}), _skip_needs_cursor),
     (frozenset({"mode", "deletes"}), _deletes_need_cursor),
     (frozenset({"name", "destination"}), _destination_schema),
+    (frozenset({"name", "destination", "exclude"}), _pattern_keys),
 )

@@ -2,15 +2,35 @@
 
 from __future__ import annotations
 
+import difflib
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 
+from ..base.errors import ConfigError
+from ..base.identifiers import TableName, split_name
 from .capture_state import CaptureState, read_capture_state, rejoin_mark, resolve_names
-from .config import ProjectConfig, TableConfig, load_config
+from .config import CONFIG_FILE, ProjectConfig, TableConfig, load_config
 from .settings import Connections, Environment, Settings
 from .state import STATE_DIR, StateStore, TableState
 from .templates import Templates
+
+
+@dataclass(frozen=True)
+class Vanished:
+    """A table a pattern chose at an earlier run that the source no longer has."""
+
+    name: TableName
+    entry: int
+    pattern: str
+    state_file: Path
+
+    def line(self) -> str:
+        return (
+            f"{self.name} matched tables[{self.entry}] ({self.pattern}) at an earlier run and "
+            "is gone from the source: its copy is kept, and so is its sync-state "
+            f"({self.state_file}) until you delete it"
+        )
 
 
 @dataclass(frozen=True)
@@ -18,6 +38,11 @@ class Project:
     root: Path
     config: ProjectConfig
     env: Environment
+    # Set by plan/selection.py once the pattern entries of `config.tables` are replaced by
+    # the tables they match: every command works on the expanded list.
+    expanded: bool = False
+    vanished: tuple[Vanished, ...] = ()
+    unmatched: tuple[str, ...] = ()  # a line for each pattern that matched no table
 
     @classmethod
     def load(cls, root: Path) -> Project:
@@ -71,9 +96,37 @@ class Project:
             return None
         return resolve_names(configured, stored)
 
+    def find(self, text: str) -> TableConfig:
+        """The configured table a user named on the command line (schema optional if
+        unique); ConfigError (exit 2) when none or several are."""
+        return find_table(self.config.tables, text)
+
     def select(self, names: tuple[str, ...]) -> tuple[TableConfig, ...]:
         """The tables named on the command line in config order; all of them when none."""
         if not names:
             return self.config.tables
-        chosen = {self.config.find(n).name for n in names}
+        chosen = {self.find(n).name for n in names}
         return tuple(t for t in self.config.tables if t.name in chosen)
+
+
+def find_table(tables: tuple[TableConfig, ...], text: str) -> TableConfig:
+    """Resolve a table named on the command line; exit 2 if it is not configured."""
+    try:
+        parts = split_name(text.strip())
+    except ValueError as exc:
+        raise ConfigError([f"{text}: {exc}"]) from None
+    if len(parts) == 2:
+        matches = [t for t in tables if t.name == TableName(*parts)]
+    elif len(parts) == 1:
+        matches = [t for t in tables if t.name.name == parts[0]]
+    else:
+        matches = []
+    if len(matches) == 1:
+        return matches[0]
+    known = [str(t.name) for t in tables]
+    if len(matches) > 1:
+        hint = "it is ambiguous; qualify it with its schema"
+    else:
+        close = difflib.get_close_matches(text, known, n=1)
+        hint = f"did you mean {close[0]}?" if close else f"configured: {', '.join(known)}"
+    raise ConfigError([f"table {text} is not in {CONFIG_FILE}: {hint}"])

@@ -133,6 +133,15 @@ class StateStore:
         data = json.dumps(state.model_dump(mode="json"), indent=2, ensure_ascii=False) + "\n"
         return write_atomically(self.directory, path, data)
 
+    def name_in(self, path: Path) -> TableName | None:
+        """The table a state file is about (None when it cannot be read: the command that
+        reads it as the table's state says why)."""
+        try:
+            document = json.loads(path.read_bytes())
+            return TableName.parse(document["table"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+
     def delete(self, name: TableName) -> bool:
         """Forget the table's state (its next sync is a full reload); False if it had none."""
         path = self.path_for(name)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import time
+import uuid
 from collections.abc import Callable
 from traceback import format_exception
 from typing import Any
@@ -26,6 +27,7 @@ from ..base.interrupts import raise_if_requested, stop_requested
 from ..base.redact import redact
 from ..plan.decide import Plan
 from ..plan.drift import plan_now
+from ..plan.selection import expand_project
 from ..postgres.database import connect
 from ..postgres.endpoints import Endpoints
 from ..postgres.ownership import adopt_legacy, bookkeeping_gone
@@ -65,6 +67,9 @@ def run_sync(
     With `since` (and `until`), re-read that replication-key range of the one selected table
     and merge it, leaving its cursor where it is. `notify` decides about the webhook instead
     of posting every run (`sync --follow`): it gets the payload and whether the run failed."""
+    project = _expanded(project, notify)
+    for line in [*project.unmatched, *(v.line() for v in project.vanished)]:
+        log.warning("%s", line)
     tables = project.select(names)
     for path, near in stray_models(project.templates, [t.name for t in project.config.tables]):
         log.warning(
@@ -116,6 +121,24 @@ def run_sync(
         return 0
     # Every failure was a table another host is syncing: "try again later", like the run lock.
     return TableLocked.exit_code if failures <= run.locked else 1
+
+
+def _expanded(project: Project, notify: Callable[[dict[str, Any], bool], None] | None) -> Project:
+    """The project with its patterns matched against the source now (plan/selection.py);
+    a source that cannot be reached fails the run once, webhook included."""
+    started_at = utc_now()
+    try:
+        return expand_project(project)
+    except ReplicatorError as exc:
+        webhook = project.settings.webhook
+        if webhook is not None:
+            error = redact(f"{exc}: the table patterns cannot be matched")
+            payload = build_payload(uuid.uuid4().hex, started_at, utc_now(), [], "failure", error)
+            if notify is not None:
+                notify(payload, True)
+            else:
+                post(webhook, payload, within=60.0)
+        raise
 
 
 def _sync_all(

@@ -1,0 +1,235 @@
+"""`tables[].name` as a pattern (`"sales.*"`): matched against the source's catalog at every
+run, with `exclude`, a `schema.*` destination, explicit entries winning, partitions never
+matched alone, `replicator ls`, and a table created (or dropped) between two runs."""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import pytest
+from dbcompare import assert_same_table
+from psycopg import sql
+
+pytestmark = pytest.mark.spark
+
+
+def _table(conn, schema, name, rows=200, key=True):
+    target = sql.Identifier(schema, name)
+    updated = ", updated_at timestamptz NOT NULL DEFAULT now()" if key else ""
+    conn.execute(
+        sql.SQL(f"CREATE TABLE {{}} (id int PRIMARY KEY, note text{updated})").format(target)
+    )
+    conn.execute(
+        sql.SQL(
+            "INSERT INTO {} (id, note) SELECT g, 'n' || g FROM generate_series(1, %s) g"
+        ).format(target),
+        (rows,),
+    )
+
+
+def _writes_until(stop, url, schema, name):
+    """Rows inserted into one matched table while a sync runs (a live source)."""
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        next_id = 100_000
+        while not stop.is_set():
+            conn.execute(
+                sql.SQL("INSERT INTO {} (id, note) VALUES (%s, 'live')").format(
+                    sql.Identifier(schema, name)
+                ),
+                (next_id,),
+            )
+            next_id += 1
+
+
+def test_a_pattern_syncs_its_matches_and_a_table_created_between_two_runs(
+    db_project, schema, source_conn, dest_conn, pg_servers
+):
+    for name in ("alpha", "beta", "gamma_tmp"):
+        _table(source_conn, schema, name)
+    events = sql.Identifier(schema, "events")
+    source_conn.execute(
+        sql.SQL(
+            "CREATE TABLE {} (id int, at date NOT NULL, updated_at timestamptz NOT NULL "
+            "DEFAULT now(), PRIMARY KEY (id, at)) PARTITION BY RANGE (at)"
+        ).format(events)
+    )
+    for part, low, high in (
+        ("events_2025", "2025-01-01", "2026-01-01"),
+        ("events_2026", "2026-01-01", "2027-01-01"),
+    ):
+        source_conn.execute(
+            sql.SQL("CREATE TABLE {} PARTITION OF {} FOR VALUES FROM ({}) TO ({})").format(
+                sql.Identifier(schema, part), events, sql.Literal(low), sql.Literal(high)
+            )
+        )
+    source_conn.execute(
+        sql.SQL(
+            "INSERT INTO {} (id, at) SELECT g, date '2025-06-01' + g FROM generate_series(1, 400) g"
+        ).format(events)
+    )
+    db_project.write_config(
+        {
+            "tables": [
+                {
+                    "name": f"{schema}.*",
+                    "replication_key": "updated_at",
+                    "exclude": [f"{schema}.*_tmp"],
+                },
+                {"name": f"{schema}.beta", "mode": "full-refresh"},
+            ]
+        }
+    )
+
+    listed = db_project.run("ls", "--json")
+    assert listed.exit_code == 0, listed.output
+    rows = json.loads(listed.stdout)
+    assert [(r["name"], r["entry"], r["pattern"], r["mode"]) for r in rows] == [
+        (f"{schema}.alpha", 0, f"{schema}.*", "incremental-deduped"),
+        (f"{schema}.events", 0, f"{schema}.*", "incremental-deduped"),
+        (f"{schema}.beta", 1, None, "full-refresh"),
+    ]
+    assert rows[1]["primary_key"] == ["id", "at"] and rows[1]["replication_key"] == "updated_at"
+
+    checked = db_project.run("check")
+    assert (
+        f"ok    tables: tables[0] ({schema}.*) matches 2 table(s): {schema}.alpha, {schema}.events"
+        in checked.stdout
+    ), checked.stdout
+    first = db_project.run("sync")
+    assert first.exit_code == 0, first.output
+    assert f"{schema}.alpha: full_reload" in first.stderr
+    assert f"reason: no state: new table matched {schema}.*" in first.stderr
+    for name in ("alpha", "beta", "events"):
+        assert_same_table(source_conn, dest_conn, schema, name, key="id")
+    assert dest_conn.execute(
+        "SELECT count(*) FROM pg_tables WHERE schemaname = %s AND tablename LIKE %s",
+        (schema, "%_20%"),
+    ).fetchone() == (0,), "a partition was copied on its own"
+
+    # Between two runs: a new table appears, one matched table goes away, one has no
+    # replication key; a writer keeps inserting into another while the run goes on.
+    _table(source_conn, schema, "delta", rows=300)
+    _table(source_conn, schema, "epsilon", rows=10, key=False)
+    source_conn.execute(sql.SQL("DROP TABLE {}").format(sql.Identifier(schema, "alpha")))
+    stop = threading.Event()
+    live = threading.Thread(
+        target=_writes_until, args=(stop, pg_servers.source_url, schema, "beta")
+    )
+    live.start()
+    try:
+        second = db_project.run("sync")
+    finally:
+        stop.set()
+        live.join()
+    assert second.exit_code == 1, second.output  # epsilon fails, alone
+    assert f"{schema}.delta: full_reload" in second.stderr
+    assert f"reason: no state: new table matched {schema}.*" in second.stderr
+    assert f"{schema}.alpha matched tables[0] ({schema}.*) at an earlier run and is gone" in (
+        second.stderr
+    )
+    assert f'add "{schema}.epsilon" to its "exclude"' in second.stderr
+    assert dest_conn.execute(
+        sql.SQL("SELECT count(*) FROM {}").format(sql.Identifier(schema, "alpha"))
+    ).fetchone() == (200,), "the copy of a table gone from the source is kept"
+
+    db_project.write_config(
+        {
+            "tables": [
+                {
+                    "name": f"{schema}.*",
+                    "replication_key": "updated_at",
+                    "exclude": [f"{schema}.*_tmp", f"{schema}.epsilon"],
+                },
+                {"name": f"{schema}.beta", "mode": "full-refresh"},
+            ]
+        }
+    )
+    third = db_project.run("sync")
+    assert third.exit_code == 0, third.output
+    for name in ("beta", "delta", "events"):
+        assert_same_table(source_conn, dest_conn, schema, name, key="id")
+    verified = db_project.run("verify", "--json")
+    assert verified.exit_code == 0, verified.output
+    assert [v["name"] for v in json.loads(verified.stdout)] == [
+        f"{schema}.delta",
+        f"{schema}.events",
+        f"{schema}.beta",
+    ]
+    status = db_project.run("status", "--json")
+    assert [r["name"] for r in json.loads(status.stdout)] == [
+        f"{schema}.delta",
+        f"{schema}.events",
+        f"{schema}.beta",
+    ]
+
+
+def test_a_pattern_copies_into_another_schema_and_a_clash_fails_that_table_alone(
+    db_project, schema, source_conn, dest_conn
+):
+    other = f"{schema}_b"
+    raw = f"{schema}_raw"
+    source_conn.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(other)))
+    try:
+        _table(source_conn, schema, "orders")
+        _table(source_conn, schema, "items")
+        _table(source_conn, other, "orders", rows=5)
+        db_project.write_config(
+            {
+                "tables": [
+                    {"name": f"{schema}.*", "mode": "full-refresh", "destination": f"{raw}.*"},
+                    {"name": f"{other}.*", "mode": "full-refresh", "destination": f"{raw}.*"},
+                ]
+            }
+        )
+        listed = json.loads(db_project.run("ls", "--json").stdout)
+        assert [(r["name"], r["destination"]) for r in listed] == [
+            (f"{schema}.items", f"{raw}.items"),
+            (f"{schema}.orders", f"{raw}.orders"),
+            (f"{other}.orders", f"{raw}.orders"),
+        ]
+        synced = db_project.run("sync")
+        assert synced.exit_code == 1, synced.output
+        assert (
+            f"{other}.orders: failed after" in synced.stderr
+            and f"its destination {raw}.orders is already the copy of {schema}.orders"
+            in synced.stderr
+        )
+        copied = dest_conn.execute(
+            sql.SQL("SELECT count(*) FROM {}").format(sql.Identifier(raw, "orders"))
+        ).fetchone()
+        assert copied == (200,), "the clashing match never wrote the first one's copy"
+    finally:
+        source_conn.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(other)))
+        dest_conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(raw)))
+
+
+@pytest.mark.parametrize(
+    ("entry", "message"),
+    [
+        (
+            {"name": "sales.*", "mode": "full-refresh", "destination": "raw.orders"},
+            'its destination must be "schema.*"',
+        ),
+        (
+            {"name": "sales.orders", "mode": "full-refresh", "destination": "raw.*"},
+            "is a pattern, but name 'sales.orders' is one table",
+        ),
+        (
+            {"name": "sales.orders", "mode": "full-refresh", "exclude": ["sales.x"]},
+            '"exclude" applies to a pattern name',
+        ),
+        (
+            {"name": "sales.*", "mode": "full-refresh", "destination": "r*.*"},
+            'a pattern\'s destination is "schema.*"',
+        ),
+        ({"name": "*", "mode": "full-refresh"}, 'expected a pattern like "schema.*"'),
+    ],
+)
+def test_a_pattern_entry_that_cannot_work_is_refused_before_anything_runs(project, entry, message):
+    project.write_config({"tables": [entry]})
+    result = project.run("ls")
+    assert result.exit_code == 2
+    assert "tables[0]" in result.stderr and message in result.stderr, result.stderr
