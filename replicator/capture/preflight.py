@@ -47,6 +47,11 @@ def capture_problem(
 ) -> str | None:
     """Why the table cannot be captured from the log, with the fix; None when it can."""
     name = built.table.written_name
+    if built.model.shaping is not None:
+        return (
+            f"{name}: mode cdc does not apply `columns` or `where` yet: use a cursor mode or "
+            "full-refresh for this table"
+        )
     if not built.model.reads_table_as_is:
         return (
             f"{name}: mode cdc copies the table as the log carries it, and a model "

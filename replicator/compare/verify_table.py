@@ -126,8 +126,8 @@ def _comparable(table: TableConfig, planned: Planned) -> None:
         )
     if planned.observed.model_change:
         raise TableProblem(
-            f"{name}: the model changed since the last load ({planned.observed.model_change}): "
-            f"the next sync reloads the table; run `replicator sync -s {name}` first"
+            f"{name}: {planned.observed.model_change} (since the last load): the next sync "
+            f"reloads the table; run `replicator sync -s {name}` first"
         )
     model = [(c.name, c.type) for c in planned.built.columns]
     there = [

@@ -63,7 +63,7 @@ def plan_table(
     if pattern is not None and plan.reason == "no state":
         plan = Plan("full_reload", f"no state: new table matched {pattern}")
     if plan.action == "incremental" and model_change:
-        plan = Plan("full_reload", f"model changed: {model_change}")
+        plan = Plan("full_reload", model_change)
     if plan.action == "incremental" and destination_emptied:
         plan = Plan(
             "full_reload",

@@ -21,7 +21,15 @@ from ..project.state import TableState
 from ..project.templates import Templates
 from .decide import Plan, plan_table
 from .inspect_table import inspect_source
-from .schema_diff import Change, MarkColumnChanged, ModelChanged, describe, diff, model_change
+from .schema_diff import (
+    Change,
+    MarkColumnChanged,
+    ModelChanged,
+    ShapingChanged,
+    describe,
+    diff,
+    model_change,
+)
 from .signature import Signature, destination_signature, read_signature
 from .table_sql import TableSql
 
@@ -35,7 +43,8 @@ class Observed:
     schema_changes: tuple[Change, ...]  # the source against the stored signature
     destination_changes: tuple[Change, ...]  # the destination table against it
     ownership: Ownership = "missing"  # "missing" also when the destination was not looked at
-    model_changed: ModelChanged | None = None  # the model's SQL against the stored hash
+    # the model's SQL (or its shaping) against the stored ones
+    model_changed: ModelChanged | ShapingChanged | None = None
     # Whether the destination table holds a row now (None: not looked at).
     destination_has_rows: bool | None = None
 
@@ -45,7 +54,8 @@ class Observed:
 
     @property
     def model_change(self) -> str | None:
-        return self.model_changed.detail() if self.model_changed else None
+        changed = self.model_changed
+        return f"{changed.kind}: {changed.detail()}" if changed else None
 
     @property
     def destination_change(self) -> str | None:
@@ -79,7 +89,11 @@ def observe(
         before = Signature.from_json(stored)
         schema_changes = diff(before, signature)
         changed_model = model_change(before, signature)
-        if destination is not None:
+        if isinstance(changed_model, ShapingChanged):
+            # The user's own change explains the columns that differ: a reload, never a
+            # failure under on_schema_change "fail".
+            schema_changes = []
+        elif destination is not None:
             has_mark = destination.column(MARK_COLUMN) is not None
             actual = destination_signature(destination)
             if has_mark:  # the metadata column is compared with the config, not the source

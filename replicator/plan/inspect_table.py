@@ -10,6 +10,7 @@ from ..base.errors import DatabaseError
 from ..postgres.catalog import TableInfo, describe_query, describe_table
 from ..project.config import TableConfig
 from ..project.templates import Templates
+from .shaping import readable_columns, shape_model, shaping_of
 from .table_sql import TableProblem, TableSql, build_table_sql
 
 
@@ -29,12 +30,16 @@ def inspect_source(
     source = describe_table(conn, table.source)
     if source is None:
         raise TableProblem(f"{table.written_name}: source table does not exist")
-    model = templates.model(table.name, [c.name for c in source.columns])
+    shaping = shaping_of(conn, table)
+    readable = readable_columns(source, shaping, table.written_name)
+    model = templates.model(table.source, readable)
     if model.is_default:
-        output = source.columns
+        output = tuple(c for c in source.columns if c.name in readable)
     else:
         try:
             output = describe_query(conn, model.sql)
         except DatabaseError as exc:
             raise TableProblem(f"{table.written_name}: model {model.origin}: {exc}") from None
+    if shaping is not None:
+        model, output = shape_model(conn, table, source, model, output, shaping)
     return source, build_table_sql(table, source, model, output, templates)

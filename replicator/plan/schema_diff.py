@@ -250,9 +250,24 @@ class ModelChanged(Change):
         return f"{old} -> {new}"
 
 
-def model_change(old: Signature, new: Signature) -> ModelChanged | None:
-    """The model's change since the copy was loaded; None when it is the same in canonical
-    form, or when the old signature predates model fingerprints."""
+@dataclass(frozen=True)
+class ShapingChanged(Change):
+    """`tables[].columns` or `where` changed (or the hash salt): the copy holds other
+    columns, values or rows than the config asks for now, so it is reloaded."""
+
+    kind: ClassVar[str] = "columns or where changed"
+    old: str | None
+    new: str | None
+
+    def detail(self) -> str:
+        return f"{self.old or 'nothing shaped'} -> {self.new or 'nothing shaped'}"
+
+
+def model_change(old: Signature, new: Signature) -> ModelChanged | ShapingChanged | None:
+    """The model's change since the copy was loaded (its shaping first); None when it is the
+    same in canonical form, or when the old signature predates model fingerprints."""
+    if old.shaping != new.shaping:
+        return ShapingChanged(old.shaping, new.shaping)
     if old.model is None or new.model is None or old.model == new.model:
         return None
     return ModelChanged(old.model_origin, new.model_origin)

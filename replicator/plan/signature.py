@@ -47,6 +47,8 @@ class Signature:
     # state written before models were fingerprinted, or the destination's side).
     model: str | None = None
     model_origin: str | None = None  # the file (or macro) the model came from
+    # What `columns` and `where` do to the model's rows (plan/shaping.py); None: nothing.
+    shaping: str | None = None
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -61,6 +63,7 @@ class Signature:
             "types": self.types,
             "model": self.model,
             "model_origin": self.model_origin,
+            "shaping": self.shaping,
         }
 
     @classmethod
@@ -87,6 +90,7 @@ class Signature:
             types=dict(document.get("types") or {}),
             model=document.get("model"),
             model_origin=document.get("model_origin"),
+            shaping=document.get("shaping"),
         )
 
     def as_created(self) -> Signature:
@@ -104,6 +108,7 @@ class Signature:
             types={},
             model=None,
             model_origin=None,
+            shaping=None,
         )
 
     def without_column(self, name: str) -> Signature:
@@ -123,8 +128,9 @@ def read_signature(conn: psycopg.Connection[Any], source: TableInfo, built: Tabl
         primary_key=built.primary_key,
         replication_key=built.table.replication_key,
         types=describe_types(conn, built.columns),
-        model=model_fingerprint(built.model),
+        model=model_fingerprint(built.model.base or built.model),
         model_origin=built.model.origin,
+        shaping=built.model.shaping,
     )
 
 

@@ -22,10 +22,19 @@ from pydantic import (
 )
 
 from ..base.errors import ConfigError
-from ..base.identifiers import TableName, parse_column
-from ..base.name_patterns import NamePattern, is_pattern
+from ..base.identifiers import TableName
+from ..base.name_patterns import NamePattern
 from .capture_config import CdcConfig
 from .config_rules import rule_problems
+from .config_values import (
+    column,
+    http_url,
+    not_empty,
+    spark_keys,
+    table_name,
+    table_or_pattern,
+    where_expression,
+)
 from .spark_remote import checked_url
 
 CONFIG_FILE = "tables-config.json"
@@ -39,65 +48,32 @@ InitialLoad = Literal["full", "skip"]
 Deletes = Literal["ignore", "delete", "mark"]
 
 
-def _table_name(value: Any) -> TableName:
-    if isinstance(value, TableName):
-        return value
-    if not isinstance(value, str):
-        raise ValueError('expected a string like "schema.table"')
-    return TableName.parse(value)
-
-
-def _table_or_pattern(value: Any) -> TableName | NamePattern:
-    if isinstance(value, TableName | NamePattern):
-        return value
-    if isinstance(value, str) and is_pattern(value):
-        return NamePattern.parse(value)
-    return _table_name(value)
-
-
-def _column(value: Any) -> str:
-    if not isinstance(value, str):
-        raise ValueError("expected a column name (string)")
-    return parse_column(value)
-
-
-def _http_url(value: str) -> str:
-    if not value.startswith(("http://", "https://")):
-        raise ValueError("expected an http:// or https:// URL")
-    return value
-
-
-def _spark_keys(conf: dict[str, str]) -> dict[str, str]:
-    bad = [key for key in conf if not key.startswith("spark.")]
-    if bad:
-        raise ValueError(f"Spark settings start with 'spark.': {', '.join(bad)}")
-    return conf
-
-
-def _not_empty(value: tuple[Any, ...]) -> tuple[Any, ...]:
-    if not value:
-        raise ValueError("expected at least one entry")
-    return value
-
-
 def _some_tables(tables: tuple[TableConfig, ...]) -> tuple[TableConfig, ...]:
     if not tables:
         raise ValueError("expected at least one table")
     return tables
 
 
-TableNameField = Annotated[TableName, BeforeValidator(_table_name)]
+TableNameField = Annotated[TableName, BeforeValidator(table_name)]
 # A table's name or a pattern of names (`sales.*`): project/selection.py expands it.
-NameOrPattern = Annotated[TableName | NamePattern, BeforeValidator(_table_or_pattern)]
-ColumnField = Annotated[str, BeforeValidator(_column)]
+NameOrPattern = Annotated[TableName | NamePattern, BeforeValidator(table_or_pattern)]
+ColumnField = Annotated[str, BeforeValidator(column)]
 # strict=False: a JSON list becomes the tuple (a string is still refused).
-ColumnList = Annotated[tuple[ColumnField, ...], Field(strict=False), AfterValidator(_not_empty)]
+ColumnList = Annotated[tuple[ColumnField, ...], Field(strict=False), AfterValidator(not_empty)]
 
 
 class _Frozen(BaseModel):
     model_config = ConfigDict(
         extra="forbid", frozen=True, strict=True, arbitrary_types_allowed=True
     )
+
+
+class ColumnsConfig(_Frozen):
+    """Columns shaped on their way out of the source (plan/shaping.py)."""
+
+    # strict=False: a JSON list becomes the tuple (a string is still refused).
+    exclude: Annotated[tuple[ColumnField, ...], Field(strict=False)] = ()
+    hash: Annotated[tuple[ColumnField, ...], Field(strict=False)] = ()
 
 
 class TableConfig(_Frozen):
@@ -112,6 +88,8 @@ class TableConfig(_Frozen):
     # For a pattern name: the tables it must not match (patterns or names).
     exclude: Annotated[tuple[NameOrPattern, ...], Field(strict=False)] = ()
     partitions: Annotated[int, Field(ge=1, le=10_000)] | None = None
+    columns: ColumnsConfig | None = None
+    where: Annotated[str, AfterValidator(where_expression)] | None = None
     lookback: Annotated[int, Field(ge=0, le=86_400)] = 5
     # None: the top-level `on_schema_change` (resolved when the project config is read).
     on_schema_change: SchemaPolicy | None = None
@@ -164,7 +142,7 @@ class TableConfig(_Frozen):
 
 
 class WebhookConfig(_Frozen):
-    url: Annotated[str, AfterValidator(_http_url)]
+    url: Annotated[str, AfterValidator(http_url)]
     secret: str | None = None
     # `sync --follow`: successful runs are summed up in one post at most this often
     summary_interval: Annotated[int, Field(ge=1, le=86_400)] = 60
@@ -176,7 +154,7 @@ class SparkConfig(_Frozen):
     # Batches (and tables) estimated below this many rows are copied by the replicator
     # process itself, with the same COPY streaming: no JVM start for a small batch.
     min_rows: Annotated[int, Field(ge=0)] = 500_000
-    conf: Annotated[dict[str, str], AfterValidator(_spark_keys)] = Field(default_factory=dict)
+    conf: Annotated[dict[str, str], AfterValidator(spark_keys)] = Field(default_factory=dict)
     # Ship replicator and its dependencies to a cluster's executors or a Connect server
     ship_environment: bool = True
 
@@ -206,6 +184,7 @@ _MODELS: dict[str, type[BaseModel]] = {
     "webhook": WebhookConfig,
     "spark": SparkConfig,
     "cdc": CdcConfig,
+    "columns": ColumnsConfig,
 }
 
 
@@ -294,7 +273,7 @@ def json_path(loc: tuple[int | str, ...]) -> str:
 
 
 def _describe(err: dict[str, Any], filename: str) -> str:
-    loc = tuple(p for p in err["loc"] if p not in ("function-after[_http_url(), str]",))
+    loc = tuple(p for p in err["loc"] if p not in ("function-after[http_url(), str]",))
     loc = _drop_validator_frames(loc)
     path = json_path(loc)
     kind, value = err["type"], err.get("input")

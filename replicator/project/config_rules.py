@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from ..base.identifiers import INTERNAL_SCHEMA, TableName
+from ..base.identifiers import INTERNAL_SCHEMA, TableName, parse_column
 from ..base.name_patterns import NamePattern, is_pattern
 from .capture_config import check_cdc_table
 
@@ -190,6 +190,58 @@ def _destination_schema(values: Mapping[str, Any]) -> str | None:
     )
 
 
+def _shaped_columns(values: Mapping[str, Any]) -> str | None:
+    """The columns a copy finds rows by (its key) or orders them by (its cursor) reach the
+    destination as they are: neither excluded nor hashed; a column is one or the other."""
+    columns = values.get("columns")
+    if not isinstance(columns, Mapping):
+        return None
+    excluded, hashed = _column_set(columns.get("exclude")), _column_set(columns.get("hash"))
+    both = sorted(excluded & hashed)
+    if both:
+        return f"columns: {', '.join(both)} both excluded and hashed: choose one"
+    shaped = excluded | hashed
+    cursor = _column_set([values.get("replication_key")])
+    if cursor & shaped:
+        return (
+            f"columns: the replication key {', '.join(sorted(cursor))} cannot be excluded or "
+            "hashed (each sync reads its value to know where to go on from)"
+        )
+    key = sorted(_column_set(values.get("primary_key")) & shaped)
+    if key:
+        return (
+            f"columns: primary key column(s) {', '.join(key)} cannot be excluded or hashed "
+            "(the copy finds its rows by them)"
+        )
+    return None
+
+
+def _where_needs_deletes(values: Mapping[str, Any]) -> str | None:
+    """A cursor table's filter: a row updated out of it is no longer read, and only the
+    delete check removes it from the copy."""
+    if values.get("where") is None or values.get("mode") in ("full-refresh", "cdc"):
+        return None
+    if values.get("deletes", "ignore") != "ignore":
+        return None
+    return (
+        '"where" on a cursor table needs "deletes": "delete" (or "mark"): a row updated '
+        "out of the filter is no longer read, and the delete check is what removes it from "
+        'the copy (use "mode": "full-refresh" or "cdc" to need none)'
+    )
+
+
+def _column_set(value: Any) -> set[str]:
+    if not isinstance(value, list):
+        return set()
+    out = set()
+    for item in value:
+        try:
+            out.add(parse_column(item))
+        except (ValueError, AttributeError):
+            continue
+    return out
+
+
 # Each rule, with the keys it reads: skipped when one of them cannot be trusted.
 _RULES: tuple[tuple[frozenset[str], Callable[[Mapping[str, Any]], str | None]], ...] = (
     (frozenset({"mode", "replication_key"}), _needs_key),
@@ -198,4 +250,6 @@ _RULES: tuple[tuple[frozenset[str], Callable[[Mapping[str, Any]], str | None]], 
     (frozenset({"mode", "deletes"}), _deletes_need_cursor),
     (frozenset({"name", "destination"}), _destination_schema),
     (frozenset({"name", "destination", "exclude"}), _pattern_keys),
+    (frozenset({"columns", "replication_key", "primary_key"}), _shaped_columns),
+    (frozenset({"where", "mode", "deletes"}), _where_needs_deletes),
 )

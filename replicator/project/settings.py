@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from dotenv import dotenv_values
-from psycopg.conninfo import conninfo_to_dict
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from ..base.errors import ConfigError
 from ..base.redact import redact, register_connection_string, register_secret
@@ -32,6 +32,10 @@ SPARK_MASTER = "REPLICATOR_SPARK_MASTER"
 SPARK_MIN_ROWS = "REPLICATOR_SPARK_MIN_ROWS"
 SPARK_REMOTE = "REPLICATOR_SPARK_REMOTE"
 PROGRESS_INTERVAL = "REPLICATOR_PROGRESS_INTERVAL"
+# The salt of `tables[].columns.hash`; each source session holds it in SALT_SETTING, so no
+# statement (log line, compile output, pg_stat_activity) ever shows it.
+HASH_SALT = "REPLICATOR_HASH_SALT"
+SALT_SETTING = "replicator.hash_salt"
 DEFAULT_PROGRESS_INTERVAL = 10.0
 
 
@@ -49,6 +53,7 @@ KNOWN = frozenset(
         SPARK_MIN_ROWS,
         SPARK_REMOTE,
         PROGRESS_INTERVAL,
+        HASH_SALT,
         "REPLICATOR_JDBC_JAR",
         "REPLICATOR_CACHE_DIR",
         "REPLICATOR_PG_BIN",
@@ -95,7 +100,7 @@ class Environment:
             file_values = {k: v for k, v in values.items() if v is not None}
         _warn_unknown(file_values, path)
         merged = {**file_values, **{k: v for k, v in os.environ.items() if v != ""}}
-        for name in (WEBHOOK_SECRET, "PGPASSWORD"):
+        for name in (WEBHOOK_SECRET, "PGPASSWORD", HASH_SALT):
             register_secret(merged.get(name))
         for name in (SOURCE_URL, DEST_URL):
             register_connection_string(merged.get(name))
@@ -221,7 +226,19 @@ class Connections:
                 problems.extend(exc.problems)
         if problems:
             raise ConfigError(problems)
-        return cls(urls[SOURCE_URL], urls[DEST_URL])
+        return cls(salted(urls[SOURCE_URL], env.get(HASH_SALT)), urls[DEST_URL])
+
+
+def salted(conninfo: str, salt: str | None) -> str:
+    """The source's connection string with the hash salt as a session setting (libpq's
+    `options`, `-c replicator.hash_salt=...`): every session opened from it, Spark's tasks
+    included, hashes with it, and no statement holds it."""
+    if not salt:
+        return conninfo
+    escaped = salt.replace("\\", "\\\\").replace(" ", "\\ ")
+    options = conninfo_to_dict(conninfo).get("options") or ""
+    setting = f"-c {SALT_SETTING}={escaped}"
+    return make_conninfo(conninfo, options=f"{options} {setting}".strip())
 
 
 @dataclass(frozen=True)

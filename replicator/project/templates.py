@@ -37,6 +37,10 @@ class Model:
     is_default: bool
     # The built-in default_model, not shadowed: a plain SELECT of the source's columns.
     reads_table_as_is: bool = False
+    # A model wrapped by the table's `columns` and `where` (plan/shaping.py): the model as
+    # written, and what the wrapping does.
+    base: Model | None = None
+    shaping: str | None = None
 
 
 class _LazyMacro:

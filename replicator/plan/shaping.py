@@ -1,0 +1,165 @@
+"""Columns and rows shaped on their way out of the source, in every mode:
+`tables[].columns.exclude` (never read), `tables[].columns.hash` (the hex SHA-256 of the
+salted text form) and `tables[].where` (the rows the copy holds).
+
+The table's model (the built-in one or the project's) is wrapped, so every path that reads
+the model (full loads, batches, delete checks, verify, lag) reads the shaped rows: the
+built-in model becomes `SELECT <columns> FROM <table> WHERE (<where>)`, where the filter may
+use any column of the table, excluded ones included; a project's model becomes
+`SELECT <columns> FROM (<model>) AS _replicator_model WHERE (<where>)`, the filter over
+the model's columns. The salt (`REPLICATOR_HASH_SALT`) never appears in a statement: each
+source session holds it in the `replicator.hash_salt` setting (project/settings.py).
+`cdc` tables get the same result from the log: capture/shaped_log.py.
+"""
+
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+
+from ..base.errors import DatabaseError, TableProblem
+from ..base.identifiers import display_ident, quote_ident
+from ..postgres.catalog import Column, TableInfo, describe_query
+from ..postgres.database import fetch_all
+from ..project.config import TableConfig
+from ..project.settings import SALT_SETTING
+from ..project.templates import Model
+
+MODEL_ALIAS = "_replicator_model"
+TEXT_OID = 25
+# Which salt a session hashes with, as a fingerprint: a copy hashed with another salt is
+# reloaded (the salt itself never leaves the session's setting).
+_SALT_ID = f"""
+SELECT CASE WHEN coalesce(current_setting('{SALT_SETTING}', true), '') = '' THEN NULL
+  ELSE left(encode(sha256(convert_to('replicator hash salt ' ||
+    current_setting('{SALT_SETTING}', true), 'UTF8')), 'hex'), 12) END
+"""
+_salt_ids: weakref.WeakKeyDictionary[Any, str | None] = weakref.WeakKeyDictionary()
+
+
+@dataclass(frozen=True)
+class Shaping:
+    """A table's shaping keys, as the config holds them."""
+
+    exclude: tuple[str, ...]
+    hash: tuple[str, ...]
+    where: str | None
+    salt_id: str | None  # which salt the hashes were made with (a fingerprint, not the salt)
+
+    def describe(self) -> str:
+        """For signatures and messages: what is shaped, and how."""
+        parts = []
+        if self.exclude:
+            parts.append(f"exclude {', '.join(map(display_ident, self.exclude))}")
+        if self.hash:
+            salt = f" (salt {self.salt_id})" if self.salt_id else " (no salt)"
+            parts.append(f"hash {', '.join(map(display_ident, self.hash))}{salt}")
+        if self.where:
+            parts.append(f"where {self.where}")
+        return "; ".join(parts)
+
+
+def shaping_of(conn: psycopg.Connection[Any], table: TableConfig) -> Shaping | None:
+    """The table's shaping; None when it has none (its model is read as it is). The
+    source session `conn` says which salt its hashes use."""
+    columns = table.columns
+    exclude = columns.exclude if columns else ()
+    hashed = columns.hash if columns else ()
+    if not exclude and not hashed and table.where is None:
+        return None
+    return Shaping(tuple(exclude), tuple(hashed), table.where, salt_id(conn) if hashed else None)
+
+
+def salt_id(conn: psycopg.Connection[Any]) -> str | None:
+    """The fingerprint of the session's hash salt (read once per session); None: no salt."""
+    if conn not in _salt_ids:
+        _salt_ids[conn] = fetch_all(conn, _SALT_ID)[0][0]
+    return _salt_ids[conn]
+
+
+def hash_sql(column: str) -> str:
+    """The pinned hash of a column's value (DESIGN: `tables[].columns`): NULL stays NULL."""
+    return (
+        "encode(sha256(convert_to(coalesce(current_setting("
+        f"'{SALT_SETTING}', true), '') || {quote_ident(column)}::text, 'UTF8')), 'hex')"
+    )
+
+
+def readable_columns(source: TableInfo, shaping: Shaping | None, name: str) -> list[str]:
+    """The source's columns a model may read: all but the excluded ones. TableProblem
+    when a shaped column is not in the source."""
+    if shaping is None:
+        return [c.name for c in source.columns]
+    names = {c.name for c in source.columns}
+    unknown = [c for c in (*shaping.exclude, *shaping.hash) if c not in names]
+    if unknown:
+        raise TableProblem(
+            f"{name}: columns: no column {', '.join(map(display_ident, unknown))} in the source "
+            f"table (it has {', '.join(map(display_ident, sorted(names)))})"
+        )
+    return [c.name for c in source.columns if c.name not in shaping.exclude]
+
+
+def shape_model(
+    conn: psycopg.Connection[Any],
+    table: TableConfig,
+    source: TableInfo,
+    model: Model,
+    output: tuple[Column, ...],
+    shaping: Shaping,
+) -> tuple[Model, tuple[Column, ...]]:
+    """The model wrapped by the table's shaping, and its output columns."""
+    name = table.written_name
+    shown = [c.name for c in output]
+    leaked = [c for c in shaping.exclude if c in shown]
+    if leaked:
+        raise TableProblem(
+            f"{name}: the model ({model.origin}) reads excluded column(s) "
+            f"{', '.join(map(display_ident, leaked))}: remove them from it"
+        )
+    absent = [c for c in shaping.hash if c not in shown]
+    if absent:
+        raise TableProblem(
+            f"{name}: columns.hash: the model ({model.origin}) has no column "
+            f"{', '.join(map(display_ident, absent))}"
+        )
+    key = table.primary_key or source.primary_key
+    keyed = [c for c in shaping.hash if c in key] + [c for c in shaping.exclude if c in key]
+    if keyed:
+        raise TableProblem(
+            f"{name}: primary key column(s) {', '.join(map(display_ident, keyed))} cannot be "
+            'excluded or hashed (the copy finds its rows by them): remove them from "columns"'
+        )
+    projection = ", ".join(
+        f"{hash_sql(c.name)} AS {quote_ident(c.name)}"
+        if c.name in shaping.hash
+        else quote_ident(c.name)
+        for c in output
+    )
+    if model.reads_table_as_is:  # the filter sees every column of the table
+        text = f"SELECT {projection}\nFROM {source.name.sql()}"
+    else:
+        text = f"SELECT {projection}\nFROM (\n{model.sql}\n) AS {quote_ident(MODEL_ALIAS)}"
+    if shaping.where is not None:
+        text += f"\nWHERE ({shaping.where}\n)"
+    shaped = Model(
+        text,
+        model.origin,
+        model.is_default,
+        reads_table_as_is=model.reads_table_as_is and shaping.where is None,
+        base=model,
+        shaping=shaping.describe(),
+    )
+    columns = tuple(
+        Column(c.name, "text", False, TEXT_OID) if c.name in shaping.hash else c for c in output
+    )
+    if shaping.where is not None:  # PostgreSQL checks the filter, and names its problem
+        try:
+            describe_query(conn, shaped.sql)
+        except DatabaseError as exc:
+            message = str(exc).removeprefix("source: ")
+            raise TableProblem(f"{name}: where: {message}") from None
+    return shaped, columns

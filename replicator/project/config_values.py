@@ -1,0 +1,63 @@
+"""The values of tables-config.json checked one at a time: table names (or patterns),
+column names, URLs, Spark settings, filters. Each raises ValueError with what was expected;
+config.py turns it into the file's error list."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..base.identifiers import TableName, parse_column
+from ..base.name_patterns import NamePattern, is_pattern
+from .sql_text import expression_only
+
+
+def table_name(value: Any) -> TableName:
+    if isinstance(value, TableName):
+        return value
+    if not isinstance(value, str):
+        raise ValueError('expected a string like "schema.table"')
+    return TableName.parse(value)
+
+
+def table_or_pattern(value: Any) -> TableName | NamePattern:
+    if isinstance(value, TableName | NamePattern):
+        return value
+    if isinstance(value, str) and is_pattern(value):
+        return NamePattern.parse(value)
+    return table_name(value)
+
+
+def column(value: Any) -> str:
+    if not isinstance(value, str):
+        raise ValueError("expected a column name (string)")
+    return parse_column(value)
+
+
+def http_url(value: str) -> str:
+    if not value.startswith(("http://", "https://")):
+        raise ValueError("expected an http:// or https:// URL")
+    return value
+
+
+def spark_keys(conf: dict[str, str]) -> dict[str, str]:
+    bad = [key for key in conf if not key.startswith("spark.")]
+    if bad:
+        raise ValueError(f"Spark settings start with 'spark.': {', '.join(bad)}")
+    return conf
+
+
+def not_empty(value: tuple[Any, ...]) -> tuple[Any, ...]:
+    if not value:
+        raise ValueError("expected at least one entry")
+    return value
+
+
+def where_expression(value: str) -> str:
+    """A boolean SQL expression: not empty, one expression (PostgreSQL checks the rest when
+    the table is inspected, and names the problem)."""
+    text = value.strip()
+    if not text:
+        raise ValueError("expected a boolean SQL expression, e.g. \"status <> 'test'\"")
+    if not expression_only(text):
+        raise ValueError("expected one SQL expression (no `;`, balanced parentheses)")
+    return text

@@ -1,0 +1,242 @@
+"""`tables[].columns` (exclude, hash) and `tables[].where`: columns that never leave the
+source, hashed with a salt no statement shows, and a filter whose rows enter and leave the
+copy, in cursor and full-refresh modes (cdc: test_cdc_shaping.py)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from psycopg import sql
+
+pytestmark = pytest.mark.spark
+
+SALT = "pep per\\salt"  # a space and a backslash: libpq's options escaping
+
+
+def _people(conn, schema, name="people", rows=120):
+    table = sql.Identifier(schema, name)
+    conn.execute(
+        sql.SQL(
+            "CREATE TABLE {} (id int PRIMARY KEY, name text NOT NULL, ssn text, email text, "
+            "status text NOT NULL, updated_at timestamptz NOT NULL DEFAULT now())"
+        ).format(table)
+    )
+    conn.execute(
+        sql.SQL(
+            "INSERT INTO {} (id, name, ssn, email, status) SELECT g, 'name ' || g, "
+            "'ssn-' || g, CASE WHEN g %% 7 = 0 THEN NULL ELSE 'user' || g || '@x.test' END, "
+            "CASE WHEN g %% 5 = 0 THEN 'test' ELSE 'live' END FROM generate_series(1, %s) g"
+        ).format(table),
+        (rows,),
+    )
+
+
+def _expected(conn, schema, name, salt, hashed=("email",), where="status <> 'test'"):
+    """What the copy must hold, computed by the source itself with the salt written out."""
+    columns = []
+    for column in ("id", "name", "email", "status"):
+        ident = sql.Identifier(column)
+        if column in hashed:
+            columns.append(
+                sql.SQL("encode(sha256(convert_to({} || {}::text, 'UTF8')), 'hex')").format(
+                    sql.Literal(salt), ident
+                )
+            )
+        else:
+            columns.append(ident)
+    query = sql.SQL("SELECT {} FROM {} WHERE {} ORDER BY 1").format(
+        sql.SQL(", ").join(columns), sql.Identifier(schema, name), sql.SQL(where)
+    )
+    return conn.execute(query).fetchall()
+
+
+def _copy(conn, schema, name):
+    return conn.execute(
+        sql.SQL("SELECT id, name, email, status FROM {} ORDER BY 1").format(
+            sql.Identifier(schema, name)
+        )
+    ).fetchall()
+
+
+def _columns(conn, schema, name):
+    return [
+        row[0]
+        for row in conn.execute(
+            "SELECT column_name FROM information_schema.columns WHERE table_schema = %s "
+            "AND table_name = %s ORDER BY ordinal_position",
+            (schema, name),
+        )
+    ]
+
+
+@pytest.fixture
+def column_reader(source_conn, schema):
+    """A source role that may read every column of the test's tables but `ssn`: a sync
+    that read an excluded column would fail with permission denied."""
+    role = f"reader_{schema[-8:]}"
+    source_conn.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(role)))
+    source_conn.execute(
+        sql.SQL("GRANT USAGE ON SCHEMA {} TO {}").format(
+            sql.Identifier(schema), sql.Identifier(role)
+        )
+    )
+    yield role
+    source_conn.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(role)))
+    source_conn.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))
+
+
+def _grant_all_but_ssn(conn, schema, name, role):
+    conn.execute(
+        sql.SQL("GRANT SELECT (id, name, email, status, updated_at) ON {} TO {}").format(
+            sql.Identifier(schema, name), sql.Identifier(role)
+        )
+    )
+
+
+def test_excluded_hashed_and_filtered_columns_in_a_cursor_and_a_full_refresh_table(
+    db_project, schema, source_conn, dest_conn, column_reader
+):
+    for name in ("people", "accounts"):
+        _people(source_conn, schema, name)
+        _grant_all_but_ssn(source_conn, schema, name, column_reader)
+    shaped = {"columns": {"exclude": ["ssn"], "hash": ["email"]}, "where": "status <> 'test'"}
+    db_project.write_config(
+        {
+            "tables": [
+                {
+                    "name": f"{schema}.people",
+                    "replication_key": "updated_at",
+                    "deletes": "delete",
+                    **shaped,
+                },
+                {"name": f"{schema}.accounts", "mode": "full-refresh", **shaped},
+            ]
+        }
+    )
+    url = db_project.env["REPLICATOR_SOURCE_URL"].replace("postgres@", f"{column_reader}@")
+    env = {"REPLICATOR_SOURCE_URL": url, "REPLICATOR_HASH_SALT": SALT}
+
+    compiled = db_project.run("compile", env=env)
+    assert compiled.exit_code == 0, compiled.output
+    assert "current_setting('replicator.hash_salt', true)" in compiled.stdout
+    first = db_project.run("-v", "sync", env=env)
+    assert first.exit_code == 0, first.output
+    assert "pep per" not in first.output + compiled.output, "the salt was printed"
+    for name in ("people", "accounts"):
+        assert _columns(dest_conn, schema, name) == ["id", "name", "email", "status", "updated_at"]
+        assert _copy(dest_conn, schema, name) == _expected(source_conn, schema, name, SALT)
+
+    # Rows enter and leave the filter; a hashed value changes; a NULL stays NULL.
+    for name in ("people", "accounts"):
+        table = sql.Identifier(schema, name)
+        source_conn.execute(
+            sql.SQL("UPDATE {} SET status = 'test', updated_at = now() WHERE id IN (1, 2)").format(
+                table
+            )
+        )
+        source_conn.execute(
+            sql.SQL("UPDATE {} SET status = 'live', updated_at = now() WHERE id = 5").format(table)
+        )
+        source_conn.execute(
+            sql.SQL(
+                "UPDATE {} SET email = 'changed@x.test', updated_at = now() WHERE id = 3"
+            ).format(table)
+        )
+        source_conn.execute(
+            sql.SQL(
+                "INSERT INTO {} (id, name, ssn, email, status) "
+                "VALUES (500, 'new', 's', NULL, 'live')"
+            ).format(table)
+        )
+    second = db_project.run("sync", env=env)
+    assert second.exit_code == 0, second.output
+    for name in ("people", "accounts"):
+        assert _copy(dest_conn, schema, name) == _expected(source_conn, schema, name, SALT)
+    verified = db_project.run("verify", "--json", env=env)
+    assert verified.exit_code == 0, verified.output
+    assert [v["status"] for v in json.loads(verified.stdout)] == ["equal", "equal"]
+
+    # Another salt, and one more hashed column: the cursor table reloads, and says why.
+    config = json.loads((db_project.path / "tables-config.json").read_text())
+    config["tables"][0]["columns"]["hash"] = ["email", "name"]
+    db_project.write_config(config)
+    env["REPLICATOR_HASH_SALT"] = "another salt"
+    third = db_project.run("sync", "-s", f"{schema}.people", env=env)
+    assert third.exit_code == 0, third.output
+    assert "reason: columns or where changed: exclude ssn; hash email (salt " in third.stderr
+    assert _copy(dest_conn, schema, "people") == _expected(
+        source_conn, schema, "people", "another salt", hashed=("email", "name")
+    )
+
+
+def test_a_model_composes_with_the_shaping_and_no_salt_hashes_the_bare_value(
+    db_project, schema, source_conn, dest_conn
+):
+    _people(source_conn, schema)
+    db_project.write(
+        f"models/{schema}/people.sql",
+        "SELECT id, name, email, status, updated_at FROM {{ source }} WHERE id <= 100",
+    )
+    db_project.write_config(
+        {
+            "tables": [
+                {
+                    "name": f"{schema}.people",
+                    "replication_key": "updated_at",
+                    "deletes": "delete",
+                    "columns": {"hash": ["email"]},
+                    "where": "status <> 'test'",
+                }
+            ]
+        }
+    )
+    synced = db_project.run("sync")
+    assert synced.exit_code == 0, synced.output
+    expected = [row for row in _expected(source_conn, schema, "people", "") if row[0] <= 100]
+    assert _copy(dest_conn, schema, "people") == expected
+
+
+@pytest.mark.parametrize(
+    ("table", "message"),
+    [
+        (
+            {"columns": {"exclude": ["updated_at"]}},
+            "the replication key updated_at cannot be excluded or hashed",
+        ),
+        (
+            {"primary_key": ["id"], "columns": {"hash": ["id"]}},
+            "primary key column(s) id cannot be excluded or hashed",
+        ),
+        ({"columns": {"exclude": ["a"], "hash": ["a"]}}, "a both excluded and hashed"),
+        ({"where": "x = 1; DROP TABLE t"}, "expected one SQL expression"),
+        ({"where": "status <> 'test'"}, '"where" on a cursor table needs "deletes"'),
+        (
+            {"columns": {"hide": ["a"]}},
+            "tables[0].columns.hide: unknown key; expected one of: exclude, hash",
+        ),
+    ],
+)
+def test_shaping_that_cannot_work_is_refused_before_anything_runs(project, table, message):
+    project.write_config(
+        {"tables": [{"name": "s.people", "replication_key": "updated_at", **table}]}
+    )
+    result = project.run("compile")
+    assert result.exit_code == 2
+    assert message in result.stderr, result.stderr
+
+
+def test_a_source_key_column_or_an_unknown_column_fails_the_table_with_the_fix(
+    db_project, schema, source_conn
+):
+    _people(source_conn, schema)
+    for columns, message in (
+        ({"hash": ["id"]}, "primary key column(s) id cannot be excluded or hashed"),
+        ({"exclude": ["sssn"]}, "columns: no column sssn in the source table"),
+    ):
+        db_project.write_config(
+            {"tables": [{"name": f"{schema}.people", "mode": "full-refresh", "columns": columns}]}
+        )
+        result = db_project.run("sync")
+        assert result.exit_code == 1
+        assert message in result.stderr, result.stderr
