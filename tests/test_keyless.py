@@ -15,6 +15,7 @@ from psycopg import sql
 pytestmark = pytest.mark.spark
 
 IN_PROCESS = {"REPLICATOR_SPARK_MIN_ROWS": "1000000"}
+EVENTS = "Events.Log"
 
 
 def _run(conn, schema, statement, table):
@@ -43,11 +44,12 @@ def _multiset(conn, schema, table):
 
 
 def _keys(conn, schema, table):
-    """The primary key's columns of a table."""
+    """The primary key's columns of a table, in order."""
     rows = conn.execute(
-        "SELECT a.attname FROM pg_index i CROSS JOIN LATERAL unnest(i.indkey) AS k(n) "
+        "SELECT a.attname FROM pg_index i "
+        "CROSS JOIN LATERAL unnest(i.indkey) WITH ORDINALITY AS k(n, o) "
         "JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.n "
-        "WHERE i.indrelid = %s::regclass AND i.indisprimary",
+        "WHERE i.indrelid = %s::regclass AND i.indisprimary ORDER BY k.o",
         (sql.Identifier(schema, table).as_string(conn),),
     ).fetchall()
     return [r[0] for r in rows]
@@ -94,6 +96,11 @@ def test_a_unique_index_keys_an_incremental_table(db_project, schema, source_con
     verdict = verdicts[f"{schema}.orders"]
     assert (verdict["status"], verdict["rows_compared"]) == ("equal", 301)
 
+    _run(source_conn, schema, "DROP INDEX {t}", "orders_code_key")  # the next one keys it
+    third = _sync(db_project)
+    assert "reason: schema changed: primary key changed: (code) -> (shop, id)" in third.stderr
+    assert _keys(dest_conn, schema, "orders") == ["shop", "id"]
+
 
 def test_check_names_the_unique_index_and_a_configured_key_wins(db_project, schema, source_conn):
     _orders(source_conn, schema)
@@ -110,11 +117,11 @@ def test_check_names_the_unique_index_and_a_configured_key_wins(db_project, sche
 
 
 def _events(conn, schema, table="events"):
-    """No usable key, and rows that repeat (NULLs included)."""
+    """No usable key, rows that repeat (NULLs included), and a name with a `%`."""
     _run(
         conn,
         schema,
-        "CREATE TABLE {t} (kind text, n int, at date, ref int); "
+        'CREATE TABLE {t} ("Kind %s" text, n int, at date, ref int); '
         "CREATE UNIQUE INDEX ON {t} (ref); "  # NULL-able: not a key
         "INSERT INTO {t} SELECT 'k' || (g % 7), g % 400, date '2026-01-01' + g % 3, "
         "CASE WHEN g <= 10 THEN g END FROM generate_series(1, 3000) g; "
@@ -126,53 +133,56 @@ def _events(conn, schema, table="events"):
 def test_a_table_without_a_key_is_copied_verified_and_repaired_as_a_multiset(
     db_project, schema, source_conn, dest_conn
 ):
-    _events(source_conn, schema)
-    db_project.write_config({"tables": [{"name": f"{schema}.events", "mode": "full-refresh"}]})
+    _events(source_conn, schema, EVENTS)
+    name = f'{schema}."{EVENTS}"'
+    db_project.write_config({"tables": [{"name": name, "mode": "full-refresh"}]})
     _sync(db_project)
-    expected = _multiset(source_conn, schema, "events")
+    expected = _multiset(source_conn, schema, EVENTS)
     assert max(expected.values()) > 1, "the source holds duplicate rows"
-    assert _multiset(dest_conn, schema, "events") == expected
+    assert _multiset(dest_conn, schema, EVENTS) == expected
     checked = db_project.run("check")
-    assert f"{schema}.events: table, 4 columns, no key (no primary key, no unique index" in (
-        checked.stdout
-    )
+    assert f"{name}: table, 4 columns, no key (no primary key, no unique index" in checked.stdout
 
     result, verdicts = _verify(db_project)
     assert result.exit_code == 0, result.output
-    verdict = verdicts[f"{schema}.events"]
+    verdict = verdicts[name]
     assert (verdict["status"], verdict["rows_compared"]) == ("equal", 3003)
 
-    events = sql.Identifier(schema, "events")
+    events = sql.Identifier(schema, EVENTS)
     dest_conn.execute(  # one copy of a duplicate deleted, one row added
         sql.SQL(
-            "DELETE FROM {t} WHERE ctid = (SELECT ctid FROM {t} WHERE kind IS NULL LIMIT 1); "
+            'DELETE FROM {t} WHERE ctid = (SELECT ctid FROM {t} WHERE "Kind %s" IS NULL LIMIT 1); '
             "INSERT INTO {t} VALUES ('added', -1, date '2026-02-01', 11)"
         ).format(t=events)
     )
     before = dest_conn.execute(sql.SQL("SELECT xmin::text FROM {}").format(events)).fetchall()
     result, verdicts = _verify(db_project)
     assert result.exit_code == 1, result.output
-    verdict = verdicts[f"{schema}.events"]
+    verdict = verdicts[name]
     assert verdict["status"] == "different"
     assert (verdict["missing"], verdict["extra"], verdict["different"]) == (1, 1, 0)
     assert sorted(verdict["examples"], key=lambda e: e["kind"]) == [
         {
-            "key": {"kind": "added", "n": -1, "at": "2026-02-01", "ref": 11},
+            "key": {"Kind %s": "added", "n": -1, "at": "2026-02-01", "ref": 11},
             "kind": "extra",
             "count": 1,
         },
-        {"key": {"kind": None, "n": None, "at": None, "ref": None}, "kind": "missing", "count": 1},
+        {
+            "key": {"Kind %s": None, "n": None, "at": None, "ref": None},
+            "kind": "missing",
+            "count": 1,
+        },
     ]
 
     repaired, verdicts = _verify(db_project, "--repair")
     assert repaired.exit_code == 0, repaired.output
-    assert verdicts[f"{schema}.events"]["repaired"] == 2
-    assert _multiset(dest_conn, schema, "events") == expected
+    assert verdicts[name]["repaired"] == 2
+    assert _multiset(dest_conn, schema, EVENTS) == expected
     after = dest_conn.execute(sql.SQL("SELECT xmin::text FROM {}").format(events)).fetchall()
     written = Counter(after) - Counter(before)
     assert sum(written.values()) == 1, "only the missing copy is written"
     again, verdicts = _verify(db_project)
-    assert again.exit_code == 0 and verdicts[f"{schema}.events"]["status"] == "equal"
+    assert again.exit_code == 0 and verdicts[name]["status"] == "equal"
 
 
 @pytest.mark.parametrize("mode", ["incremental-deduped", "incremental-append"])

@@ -35,13 +35,16 @@ class TableKey:
 
     columns: tuple[str, ...]
     origin: KeyOrigin
-    index: str | None = None  # the unique index, for origin "unique index"
+    index: str | None = None  # the unique index (origin "none": one the model leaves out)
 
     def describe(self) -> str:
         """As `check` and `compile` print it."""
         names = ", ".join(map(display_ident, self.columns))
         if self.origin == "unique index":
             return f"key from unique index {display_ident(self.index or '')} ({names})"
+        if self.origin == "none" and self.index is not None:
+            index = display_ident(self.index)
+            return f"no key (the model leaves out columns of unique index {index})"
         if self.origin == "none":
             return "no key (no primary key, no unique index over NOT NULL columns)"
         return f"primary key ({names})"
@@ -76,4 +79,4 @@ def resolve_key(table: TableConfig, source: TableInfo, model_columns: Collection
             '"primary_key" in tables-config.json (columns that identify a row), or use '
             '"mode": "full-refresh"'
         )
-    return TableKey((), "none")
+    return TableKey((), "none", index.name if index is not None else None)
