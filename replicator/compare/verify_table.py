@@ -4,7 +4,8 @@ Each side is read in one snapshot. Rows the cursor has yet to reach (replication
 past the cursor in sync-state, or NULL) are counted as not yet synced, never as differences:
 the next sync copies them. With `repair`, the table's destination lock is held from before
 the snapshots until the last fix commits, so no sync of the table runs in between (a repair
-must never write an older row over one a sync has just merged).
+must never write an older row over one a sync has just merged). A table without a key is
+compared as a multiset of rows instead (multiset.py): a missing key never fails it.
 """
 
 from __future__ import annotations
