@@ -6,7 +6,8 @@ and DELETEs: that must never be the tool's doing).
   applied to a change;
 - a plain table, without generated columns (the log does not carry them);
 - a replica identity that names the rows by the table's key: the primary key (the default),
-  or REPLICA IDENTITY FULL with `primary_key` set.
+  REPLICA IDENTITY USING INDEX on the unique index that keys a table without one
+  (plan/table_key.py), or REPLICA IDENTITY FULL (the whole old row: any key works).
 """
 
 from __future__ import annotations
@@ -78,6 +79,18 @@ def capture_problem(
         return (
             f"{name}: replica identity NOTHING: the log names no row of an update or delete; "
             f"run `{fix_full}` in the source (and set primary_key)"
+        )
+    if sorted(keys or []) != sorted(built.primary_key) and built.key.origin == "unique index":
+        fix_index = (
+            f"ALTER TABLE {built.table.name} REPLICA IDENTITY USING INDEX "
+            f"{display_ident(built.key.index or '')}"
+        )
+        have = ", ".join(map(display_ident, keys or [])) or "none: the table has no primary key"
+        return (
+            f"{name}: mode cdc names rows by the {built.key.describe()}, but the log names "
+            f"them by ({have}), so their updates and deletes could not be applied: run "
+            f"`{fix_index}` in the source (or `{fix_full}`, which logs every column of the old "
+            "row)"
         )
     if sorted(keys or []) != sorted(built.primary_key):
         wanted = ", ".join(map(display_ident, built.primary_key))

@@ -275,8 +275,8 @@ def _check_table(
     except ReplicatorError as exc:
         yield Finding("error", subject, str(exc).removeprefix(f"{subject}: "))
         return
-    key = ", ".join(map(display_ident, built.primary_key)) or "none"
-    yield Finding("ok", subject, f"{info.kind}, {len(info.columns)} columns, primary key ({key})")
+    shape = f"{info.kind}, {len(info.columns)} columns, {built.key.describe()}"
+    yield Finding("ok", subject, shape)
     if table.replication_key is None:
         return
     (zone,) = execute(

@@ -181,11 +181,10 @@ class CompiledTable:
         """The readable compile output of one table."""
         built, scripts = self.built, self.scripts
         table = built.table
-        key = ", ".join(map(display_ident, built.primary_key)) or "none"
         plan = self.plan
         lines = [
             f"-- {table.written_name} -> {table.target}",
-            f"-- mode {table.mode}; primary key ({key}); replication key "
+            f"-- mode {table.mode}; {built.key.describe()}; replication key "
             f"{display_ident(table.replication_key) if table.replication_key else 'none'}",
             f"-- model: {built.model.origin}",
             f"-- next sync: {plan.action} ({plan.reason})",

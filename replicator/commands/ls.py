@@ -69,7 +69,8 @@ def _primary_keys(project: Project, tables: tuple[TableConfig, ...]) -> dict[Any
             for table in unknown:
                 info = describe_table(source, table.source)
                 if info is not None:
-                    keys[table.source] = info.primary_key
+                    index = info.unique_index  # the key a table without one uses
+                    keys[table.source] = info.primary_key or (index.columns if index else ())
     except ReplicatorError:  # the source is out of reach: the config's keys alone
         pass
     return keys

@@ -166,7 +166,9 @@ def _print(verdicts: list[Verdict], as_json: bool, repair: bool) -> None:
     for v in verdicts:
         for example in v.examples:
             key = json.dumps(example["key"], ensure_ascii=False)
-            console.print(f"{v.name}: {example['kind']} {key}", markup=False, soft_wrap=True)
-        more = v.differences - len(v.examples)
+            copies = example.get("count", 1)  # a table without a key: a row and its copies
+            times = f" ({copies:,} copies)" if copies > 1 else ""
+            console.print(f"{v.name}: {example['kind']} {key}{times}", markup=False, soft_wrap=True)
+        more = v.differences - sum(e.get("count", 1) for e in v.examples)
         if v.examples and more > 0:
             console.print(f"{v.name}: ... and {more:,} more (all of them with --repair)")

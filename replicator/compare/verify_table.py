@@ -4,7 +4,8 @@ Each side is read in one snapshot. Rows the cursor has yet to reach (replication
 past the cursor in sync-state, or NULL) are counted as not yet synced, never as differences:
 the next sync copies them. With `repair`, the table's destination lock is held from before
 the snapshots until the last fix commits, so no sync of the table runs in between (a repair
-must never write an older row over one a sync has just merged).
+must never write an older row over one a sync has just merged). A table without a key is
+compared as a multiset of rows instead (multiset.py): a missing key never fails it.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Callable, Collection
+from dataclasses import dataclass, field
 from typing import Any
 
 import psycopg
@@ -21,6 +23,7 @@ from ..base.errors import ReplicatorError, TableProblem, one_line
 from ..base.interrupts import raise_if_requested
 from ..plan.drift import Planned, plan_now
 from ..postgres.endpoints import Endpoints
+from ..postgres.snapshot import ExportedSnapshot
 from ..postgres.table_lock import table_lock
 from ..project.config import TableConfig
 from ..project.state import TableState
@@ -29,8 +32,10 @@ from ..transfer.spark_runner import SparkRunner
 from . import range_sql as q
 from .bisect import Found, Key
 from .comparison import compared, sides_of
+from .multiset import diff_multisets, examples, repair_multiset
+from .reader import RangeReader
 from .repair import MARK_COLUMN, repair
-from .thresholds import INTEGER_TYPES
+from .thresholds import INTEGER_TYPES, estimated_rows
 from .verdict import MAX_EXAMPLES, Verdict
 
 # A `cdc` table's keys that changes in the slot, not yet applied, touch (capture/pending.py;
@@ -65,9 +70,10 @@ def verify_table(
             else contextlib.nullcontext()
         )
         with lock:
-            found, repaired, shape = _compare(
-                ends, table, planned, state, spark, fix, force, pending
-            )
+            if planned.built.primary_key:
+                tally = _compare(ends, table, planned, state, spark, fix, force, pending)
+            else:
+                tally = _compare_keyless(ends, table, planned, fix, force)
     except (ReplicatorError, psycopg.Error) as exc:
         raise_if_requested()  # a query cancelled by SIGTERM/SIGINT: the run stops, not the table
         error = one_line(exc).removeprefix(f"{table.written_name}: ")  # the verdict names it
@@ -76,28 +82,47 @@ def verify_table(
         )
     return Verdict(
         table.written_name,
-        "different" if found.differences else "equal",
-        rows_compared=found.rows_compared,
-        missing=len(found.missing),
-        extra=len(found.extra),
-        different=len(found.different),
-        not_yet_synced=len(found.not_yet_synced),
-        repaired=repaired,
-        examples=_examples(shape, found),
-        error=_refusal(table, found) if fix and not force and repaired == 0 else None,
+        "different" if tally.differences else "equal",
+        rows_compared=tally.rows_compared,
+        missing=tally.missing,
+        extra=tally.extra,
+        different=tally.different,
+        not_yet_synced=tally.not_yet_synced,
+        repaired=tally.repaired,
+        examples=tally.examples,
+        error=_refusal(table, tally) if fix and not force and tally.repaired == 0 else None,
         seconds=time.monotonic() - started,
     )
 
 
-def _too_many(found: Found) -> bool:
-    return 2 * len(found.extra) > found.destination_rows
+@dataclass(frozen=True)
+class _Tally:
+    """What a comparison found and repaired, counted (rows, with their copies for a table
+    without a key)."""
+
+    rows_compared: int
+    destination_rows: int
+    missing: int
+    extra: int
+    different: int = 0
+    not_yet_synced: int = 0
+    repaired: int = 0
+    examples: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def differences(self) -> int:
+        return self.missing + self.extra + self.different
 
 
-def _refusal(table: TableConfig, found: Found) -> str | None:
-    if not (found.differences and _too_many(found)):
+def _too_many(extra: int, destination_rows: int) -> bool:
+    return 2 * extra > destination_rows
+
+
+def _refusal(table: TableConfig, tally: _Tally) -> str | None:
+    if not (tally.differences and _too_many(tally.extra, tally.destination_rows)):
         return None
     return (
-        f"repair refused: it would delete {len(found.extra):,} of {found.destination_rows:,} "
+        f"repair refused: it would delete {tally.extra:,} of {tally.destination_rows:,} "
         f"rows, more than half; if the source really lost them, run `replicator verify "
         f"--repair --force -s {table.written_name}`"
     )
@@ -112,11 +137,6 @@ def _comparable(table: TableConfig, planned: Planned) -> None:
         raise TableProblem(
             f"{name}: destination table {table.target} does not exist yet: "
             f"run `replicator sync -s {name}` first"
-        )
-    if not planned.built.primary_key:
-        raise TableProblem(
-            f"{name}: verify matches rows by primary key, and the table has none: set "
-            '"primary_key" in tables-config.json'
         )
     if planned.observed.schema_change:
         raise TableProblem(
@@ -150,7 +170,7 @@ def _compare(
     fix: bool,
     force: bool,
     pending: PendingLookup | None,
-) -> tuple[Found, int, q.Shape]:
+) -> _Tally:
     built = planned.built
     assert planned.observed.destination is not None
     # An append table keeps each key's first version by design: only its keys can differ.
@@ -167,9 +187,55 @@ def _compare(
     ):
         _set_aside_pending(table, planned.built.primary_key, found, pending)
         repaired = 0
-        if fix and found.differences and (force or not _too_many(found)):
+        if fix and found.differences and (force or not _found_too_many(found)):
             repaired = repair(ends.dest, reader, sides.shape, sides.source, sides.target, found)
-    return found, repaired, sides.shape
+    return _Tally(
+        found.rows_compared,
+        found.destination_rows,
+        missing=len(found.missing),
+        extra=len(found.extra),
+        different=len(found.different),
+        not_yet_synced=len(found.not_yet_synced),
+        repaired=repaired,
+        examples=_examples(sides.shape, found),
+    )
+
+
+def _found_too_many(found: Found) -> bool:
+    return _too_many(len(found.extra), found.destination_rows)
+
+
+def _compare_keyless(
+    ends: Endpoints, table: TableConfig, planned: Planned, fix: bool, force: bool
+) -> _Tally:
+    """A table without a key (full-refresh only), as a multiset of rows (multiset.py)."""
+    built = planned.built
+    assert planned.observed.destination is not None
+    sides = sides_of(ends, table, built, planned.observed.destination.columns)
+    rows, _ = estimated_rows(ends.dest, table.target)
+    with (
+        built.reading_model(),
+        ExportedSnapshot(ends.source_url, "source") as ours,
+        ExportedSnapshot(ends.dest_url, "destination") as theirs,
+    ):
+        reader = RangeReader(ours, theirs)
+        diff = diff_multisets(reader, sides.shape, sides.source, sides.destination, rows)
+        types = {c.name: c.type for c in built.columns}
+        shown = examples(reader, sides.shape, (sides.source, sides.destination), types, diff)
+        repaired = 0
+        allowed = force or not _too_many(diff.extra_rows, diff.destination_rows)
+        if fix and allowed and (diff.missing or diff.extra):
+            repaired = repair_multiset(
+                ends.dest, reader, sides.shape, sides.source, sides.target, diff
+            )
+    return _Tally(
+        diff.rows_compared,
+        diff.destination_rows,
+        missing=diff.missing_rows,
+        extra=diff.extra_rows,
+        repaired=repaired,
+        examples=shown,
+    )
 
 
 def _set_aside_pending(
@@ -185,7 +251,7 @@ def _set_aside_pending(
     reload cannot be told from a tampered copy (README: Verify)."""
     if not found.differences:
         return
-    if table.deletes != "ignore" and not _too_many(found):
+    if table.deletes != "ignore" and not _found_too_many(found):
         found.set_aside(lambda _: True, ("extra",))
     if table.mode == "cdc" and pending is not None and found.differences:
         differing = [*found.missing, *found.extra, *found.different]

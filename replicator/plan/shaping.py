@@ -126,7 +126,8 @@ def shape_model(
             f"{name}: columns.hash: the model ({model.origin}) has no column "
             f"{', '.join(map(display_ident, absent))}"
         )
-    key = table.primary_key or source.primary_key
+    index = source.unique_index
+    key = table.primary_key or source.primary_key or (index.columns if index else ())
     keyed = [c for c in shaping.hash if c in key] + [c for c in shaping.exclude if c in key]
     if keyed:
         raise TableProblem(

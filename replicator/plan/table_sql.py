@@ -21,6 +21,7 @@ from ..postgres.naming import MARK_COLUMN, MARK_TYPE, staging_table
 from ..project.config import TableConfig
 from ..project.state import Cursor
 from ..project.templates import Model, Templates
+from .table_key import TableKey, resolve_key
 
 MODEL_ALIAS = "_replicator_model"
 
@@ -37,6 +38,7 @@ class TableSql:
     full_extract: sql.Composable
     incremental_extract: sql.Composable | None
     merge: str | None
+    key: TableKey  # `primary_key` and where it comes from (table_key.py)
     merge_origin: str | None = None  # which macro (and file) the merge was rendered from
 
     @contextlib.contextmanager
@@ -88,25 +90,6 @@ def destination_columns(table: TableConfig, columns: tuple[Column, ...]) -> tupl
     return (*columns, Column(MARK_COLUMN, MARK_TYPE))
 
 
-def resolve_primary_key(table: TableConfig, source: TableInfo) -> tuple[str, ...]:
-    """The configured primary key, else the source's; checked against the source columns."""
-    key = table.primary_key or source.primary_key
-    missing = [c for c in key if source.column(c) is None]
-    if missing:
-        raise TableProblem(
-            f"{table.written_name}: primary_key column {', '.join(map(display_ident, missing))} "
-            f"does not exist in the source table"
-        )
-    if not key and table.mode != "full-refresh":
-        raise TableProblem(
-            f"{table.written_name}: the source table has no primary key, which mode "
-            f"{table.mode} needs (to merge rows, or to append each row exactly once): set "
-            '"primary_key" in tables-config.json, add one to the source table, or use '
-            f'"mode": "full-refresh"{table.pattern_fix()}'
-        )
-    return tuple(key)
-
-
 def check_replication_key(table: TableConfig, source: TableInfo) -> Column | None:
     """The replication-key column of the source; TableProblem when it is missing."""
     if table.replication_key is None:
@@ -139,15 +122,17 @@ def build_table_sql(
     templates: Templates,
 ) -> TableSql:
     """Build every statement of the table's sync."""
-    primary_key = resolve_primary_key(table, source)
-    check_replication_key(table, source)
     columns = model_columns(model_output, source)
     names = {c.name for c in columns}
+    key = resolve_key(table, source, names)
+    primary_key = key.columns
+    check_replication_key(table, source)
     required = [*primary_key, *([table.replication_key] if table.replication_key else [])]
     dropped = [c for c in dict.fromkeys(required) if c not in names]
     if dropped:
+        which = "primary key" if key.origin != "unique index" else key.describe()
         raise TableProblem(
-            f"{table.written_name}: the model ({model.origin}) must keep the primary key and "
+            f"{table.written_name}: the model ({model.origin}) must keep the {which} and "
             f"replication key columns; missing: {', '.join(map(display_ident, dropped))}"
         )
     target, staging = table.target, staging_table(table.target)
@@ -194,6 +179,7 @@ def build_table_sql(
         merge_origin=(
             f"macro {merge_macro} ({templates.origins[merge_macro]})" if merge_macro else None
         ),
+        key=key,
     )
 
 

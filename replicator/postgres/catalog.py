@@ -29,6 +29,14 @@ class Column:
 
 
 @dataclass(frozen=True)
+class UniqueIndex:
+    """A unique index that can stand in for a missing primary key (`_UNIQUE_KEY`)."""
+
+    name: str
+    columns: tuple[str, ...]
+
+
+@dataclass(frozen=True)
 class TableInfo:
     """A table (or view) as the catalog describes it."""
 
@@ -37,6 +45,8 @@ class TableInfo:
     kind: str
     columns: tuple[Column, ...]
     primary_key: tuple[str, ...]
+    # Without a primary key: the unique index that keys the rows as well, if there is one.
+    unique_index: UniqueIndex | None = None
 
     def column(self, name: str) -> Column | None:
         return next((c for c in self.columns if c.name == name), None)
@@ -62,6 +72,24 @@ JOIN pg_catalog.pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnu
 WHERE i.indrelid = %s AND i.indisprimary
 ORDER BY k.ord
 """
+# A unique index names each row as a primary key would when it is valid, immediate (a
+# deferred one may hold duplicates inside a transaction, and cannot be a replica identity),
+# not partial, on columns only (no expression, INCLUDE columns left out) and every one NOT
+# NULL (NULLs are never equal, so they would repeat). The replica identity's index first (the
+# log then names rows by the same key), then the fewest columns, then the name.
+_UNIQUE_KEY = """
+SELECT ci.relname, array_agg(a.attname::text ORDER BY k.ord)
+FROM pg_catalog.pg_index i
+JOIN pg_catalog.pg_class ci ON ci.oid = i.indexrelid
+CROSS JOIN LATERAL unnest(i.indkey) WITH ORDINALITY AS k(attnum, ord)
+JOIN pg_catalog.pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum
+WHERE i.indrelid = %s AND i.indisunique AND i.indisvalid AND i.indimmediate
+  AND i.indpred IS NULL AND i.indexprs IS NULL AND k.ord <= i.indnkeyatts
+GROUP BY ci.relname, i.indisreplident
+HAVING bool_and(a.attnotnull)
+ORDER BY i.indisreplident DESC, count(*), ci.relname
+LIMIT 1
+"""
 _LEADING_INDEXED = """
 SELECT DISTINCT a.attname
 FROM pg_catalog.pg_index i
@@ -78,14 +106,19 @@ KINDS = {
 
 
 def describe_table(conn: psycopg.Connection[Any], name: TableName) -> TableInfo | None:
-    """The table's columns and primary key; None when it does not exist."""
+    """The table's columns and primary key (else its usable unique index); None when it
+    does not exist."""
     rows = fetch_all(conn, _RELATION, (name.schema, name.name))
     if not rows:
         return None
     oid, kind = rows[0]
     columns = _columns(conn, oid)
     primary_key = tuple(row[0] for row in fetch_all(conn, _PRIMARY_KEY, (oid,)))
-    return TableInfo(name, oid, KINDS[kind], columns, primary_key)
+    unique = None
+    if not primary_key:
+        found = fetch_all(conn, _UNIQUE_KEY, (oid,))
+        unique = UniqueIndex(found[0][0], tuple(found[0][1])) if found else None
+    return TableInfo(name, oid, KINDS[kind], columns, primary_key, unique)
 
 
 def leading_index_columns(conn: psycopg.Connection[Any], oid: int) -> set[str]:
