@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 from ..base.identifiers import TableName
 from ..plan.table_sql import TableSql
+from .shaped_log import LogShape, LogShaping
 
 
 @dataclass
@@ -29,6 +30,10 @@ class CaptureTable:
     forgotten: bool = False  # its position was removed from the destination (it reloads)
     position: int = 0  # where its copy is current to after the drain
     key_positions: tuple[int, ...] = field(default=())
+    # `columns.exclude` / `hash` applied to the logged tuples (capture/shaped_log.py), and
+    # the shape of the relation the log described last
+    shaping: LogShaping | None = None
+    shape: LogShape | None = None
 
     def __post_init__(self) -> None:
         names = list(self.columns)

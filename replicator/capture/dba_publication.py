@@ -14,6 +14,7 @@ from psycopg import sql
 
 from ..base.identifiers import TableName
 from ..postgres.database import fetch_all
+from .log_filter import PublishedAs
 
 _PUBLISHES = """
 SELECT p.pubinsert, p.pubupdate, p.pubdelete, p.pubtruncate
@@ -28,10 +29,16 @@ KINDS = ("insert", "update", "delete", "truncate")
 
 
 def publication_problem(
-    source: psycopg.Connection[Any], publication: str, table: TableName, columns: list[str]
+    source: psycopg.Connection[Any],
+    publication: str,
+    table: TableName,
+    columns: list[str],
+    where: str | None = None,
 ) -> tuple[str, str] | None:
     """What the DBA's publication withholds from the table, and the statements that give
-    it; None when it publishes every change of every row and column."""
+    it; None when it publishes every change of the rows and `columns` the copy holds. With
+    the table's `where`, the publication must filter rows itself (its filter is taken to be
+    the same: PostgreSQL keeps it in another form, which cannot be compared)."""
     flags = fetch_all(source, _PUBLISHES, (publication,))
     rows = fetch_all(source, _TABLE, (publication, table.schema, table.name))
     if not flags or not rows:
@@ -47,16 +54,25 @@ def publication_problem(
         )
     row_filter, published_columns = rows[0]
     missing = [c for c in columns if c not in (published_columns or [])]
-    if row_filter is not None:
+    unfiltered = where is not None and row_filter is None
+    if row_filter is not None and where is None:
         problems.append(f"a row filter (WHERE {row_filter}) leaves rows out")
+    if unfiltered:
+        problems.append(
+            f"it has no row filter, so rows updated out of the table's where ({where}) would "
+            "stay in the copy"
+        )
     if missing:
         problems.append(f"its column list leaves out {', '.join(missing)}")
-    if row_filter is not None or missing:
+    if (row_filter is not None and where is None) or unfiltered or missing:
+        listing = PublishedAs(None, where).element(table.identifier())
         statements = [
-            sql.SQL("ALTER PUBLICATION {} {} TABLE {}")
-            .format(sql.Identifier(publication), sql.SQL(verb), table.identifier())
-            .as_string(None)
-            for verb in ("DROP", "ADD")
+            sql.SQL("ALTER PUBLICATION {} DROP TABLE {}")
+            .format(sql.Identifier(publication), table.identifier())
+            .as_string(None),
+            sql.SQL("ALTER PUBLICATION {} ADD TABLE {}")
+            .format(sql.Identifier(publication), listing)
+            .as_string(None),
         ]
         fixes.append("; ".join(statements) + f", then `replicator refresh {table}`")
     if not problems:

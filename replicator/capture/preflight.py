@@ -16,10 +16,13 @@ from typing import Any
 
 import psycopg
 
+from ..base.errors import TableProblem
 from ..base.identifiers import display_ident
 from ..plan.table_sql import TableSql
 from ..postgres.catalog import TableInfo
 from ..postgres.database import fetch_all
+from .log_filter import row_filter_problem, where_columns
+from .shaped_log import log_shaping
 
 _IDENTITY = """
 SELECT c.relreplident::text,
@@ -47,13 +50,12 @@ def capture_problem(
     source: psycopg.Connection[Any], info: TableInfo, built: TableSql
 ) -> str | None:
     """Why the table cannot be captured from the log, with the fix; None when it can."""
+    return _log_problem(source, info, built) or shaping_problem(source, info, built)
+
+
+def _log_problem(source: psycopg.Connection[Any], info: TableInfo, built: TableSql) -> str | None:
     name = built.table.written_name
-    if built.model.shaping is not None:
-        return (
-            f"{name}: mode cdc does not apply `columns` or `where` yet: use a cursor mode or "
-            "full-refresh for this table"
-        )
-    if not built.model.reads_table_as_is:
+    if not (built.model.base or built.model).reads_table_as_is:
         return (
             f"{name}: mode cdc copies the table as the log carries it, and a model "
             f"({built.model.origin}) cannot be applied to a change: remove the model file, "
@@ -98,5 +100,40 @@ def capture_problem(
         return (
             f"{name}: the log names rows by ({have}), the copy by its primary key ({wanted}): "
             f"run `{fix_full}` in the source, or set primary_key to the source's key"
+        )
+    return None
+
+
+def shaping_problem(
+    source: psycopg.Connection[Any], info: TableInfo, built: TableSql
+) -> str | None:
+    """Why the log cannot give the table's `columns` and `where`; None when it can."""
+    shaping = built.shaping
+    if shaping is None:
+        return None
+    name = built.table.written_name
+    try:
+        log_shaping(source, built, info, None)  # a hashed type the log cannot give
+    except TableProblem as exc:
+        return str(exc)
+    if shaping.where is None:
+        return None
+    identity, keys = replica_identity(source, info)
+    used = where_columns(source, info, shaping.where)
+    beyond = [c for c in used if c not in keys]
+    if identity != "f" and beyond:
+        return (
+            f"{name}: where reads {', '.join(map(display_ident, beyond))}, which the log's "
+            f"old rows do not carry (replica identity {IDENTITY_NAMES.get(identity)}): the "
+            "publication's row filter needs them to tell when an update takes a row out of "
+            "the filter, and PostgreSQL would refuse the source's UPDATEs and DELETEs; run "
+            f"`ALTER TABLE {built.table.name} REPLICA IDENTITY FULL` in the source"
+        )
+    refused = row_filter_problem(source, info, shaping.where)
+    if refused:
+        return (
+            f"{name}: where cannot filter the log (a publication's row filter): {refused}; "
+            "write it with immutable built-in functions and operators only, or use a cursor "
+            "mode for this table"
         )
     return None

@@ -141,6 +141,12 @@ def _drift(table: CaptureTable, message: Relation) -> str | None:
     logged = [(c.name, c.type_oid) for c in message.columns]
     if table.built is None:  # only watched: its shape is checked when it is synced
         return None
+    if table.shaping is not None:  # excluded columns dropped, hashed ones hashed
+        shape = table.shaping.for_relation(logged)
+        if isinstance(shape, str):
+            return shape
+        table.shape = shape
+        return None
     copied = [(c.name, c.type_oid) for c in table.built.columns]
     return None if logged == copied else _describe_drift(logged, copied)
 
@@ -185,6 +191,8 @@ def _stage_change(
     stager: Stager, stage: TableStage, table: CaptureTable, data: bytes, seq: int
 ) -> None:
     kind, old, old_is_key, new = change(data)
+    if table.shape is not None:
+        old, new = table.shape.apply(old), table.shape.apply(new)
     if kind == INSERT:
         stager.add(stage, seq, b"I", new)
     elif kind == DELETE:
@@ -217,7 +225,10 @@ def _stage_update(
     if UNCHANGED in new:  # values of the old key's row: resolved when applied
         message = decode(data, raw=True)
         assert isinstance(message, Update) and message.old is not None
-        stage.moves.append((seq, tuple(message.old[i] for i in positions)))  # type: ignore[misc]
+        raw_old = list(message.old)
+        if table.shape is not None:
+            raw_old = table.shape.apply(raw_old)  # type: ignore[arg-type]
+        stage.moves.append((seq, tuple(raw_old[i] for i in positions)))  # type: ignore[misc,index]
         stager.add(stage, seq, b"M", new)
     else:
         stager.add(stage, seq, b"U", new)

@@ -10,7 +10,7 @@ decode), and a table is added to the publication before the snapshot of its load
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,8 +19,9 @@ from psycopg import sql
 
 from ..base.errors import TableProblem
 from ..base.identifiers import TableName
-from ..postgres.database import execute, fetch_all
+from ..postgres.database import execute, fetch_all, transaction
 from ..project.capture_state import CaptureState
+from .log_filter import PublishedAs
 from .lsn import lsn_text
 
 log = logging.getLogger("replicator.capture")
@@ -101,12 +102,16 @@ def published_tables(source: psycopg.Connection[Any], publication: str) -> set[T
     return {TableName(schema, name) for schema, name in rows}
 
 
+PLAIN = PublishedAs().describe()  # a table listed whole
+
+
 def ensure_publication(
     source: psycopg.Connection[Any],
     names: CaptureState,
     tables: Sequence[TableName],
     keep: set[TableName],
     before_adding: Callable[[list[TableName]], None],
+    listings: Mapping[TableName, PublishedAs] | None = None,
 ) -> bool:
     """The publication lists `tables` (the `cdc` tables ready to be captured), and no table
     outside `keep` (every `cdc` table of the config). Returns True when it was created now
@@ -115,8 +120,17 @@ def ensure_publication(
 
     `before_adding` runs before tables join an existing publication: their changes while
     they were out of it are not in the log, so their copies' positions must go first (a
-    crash between the two then costs a reload, never a change)."""
+    crash between the two then costs a reload, never a change).
+
+    `listings`: a table's column list and row filter (capture/log_filter.py); a table whose
+    listing differs from the one cdc.json says it was given is listed again (its `columns`
+    or `where` changed, so its copy reloads anyway)."""
     ident = sql.Identifier(names.publication)
+    listings = listings or {}
+
+    def listed(table: TableName) -> sql.Composable:
+        return listings.get(table, PublishedAs()).element(table.identifier())
+
     if not publication_exists(source, names.publication):
         if not tables:
             raise TableProblem("no cdc table can be captured (the tables' errors say why)")
@@ -129,7 +143,7 @@ def ensure_publication(
         execute(
             source,
             sql.SQL("CREATE PUBLICATION {} FOR TABLE {}").format(
-                ident, sql.SQL(", ").join(t.identifier() for t in tables)
+                ident, sql.SQL(", ").join(listed(t) for t in tables)
             ),
         )
         log.info("source: created publication %s for %d table(s)", names.publication, len(tables))
@@ -144,10 +158,28 @@ def ensure_publication(
         execute(
             source,
             sql.SQL("ALTER PUBLICATION {} ADD TABLE {}").format(
-                ident, sql.SQL(", ").join(t.identifier() for t in added)
+                ident, sql.SQL(", ").join(listed(t) for t in added)
             ),
         )
         log.info("source: publication %s: added %s", names.publication, ", ".join(map(str, added)))
+    for table in tables:
+        wanted = listings.get(table, PublishedAs())
+        if table in added or names.listings.get(str(table), PLAIN) == wanted.describe():
+            continue
+        with transaction(source):
+            execute(
+                source,
+                sql.SQL("ALTER PUBLICATION {} DROP TABLE {}").format(ident, table.identifier()),
+            )
+            execute(
+                source, sql.SQL("ALTER PUBLICATION {} ADD TABLE {}").format(ident, listed(table))
+            )
+        log.info(
+            "source: publication %s: %s now listed with %s",
+            names.publication,
+            table,
+            wanted.describe(),
+        )
     if removed:
         execute(
             source,

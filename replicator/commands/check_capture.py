@@ -206,8 +206,11 @@ def _table(
             f"a DBA adds it: {add_table_statement(names.publication, table.name)}",
         )
     elif published is not None:
-        columns = [c.name for c in info.columns]
-        withheld = publication_problem(source, names.publication, table.name, columns)
+        shaping = built.shaping
+        excluded = shaping.exclude if shaping else ()
+        columns = [c.name for c in info.columns if c.name not in excluded]
+        where = shaping.where if shaping else None
+        withheld = publication_problem(source, names.publication, table.name, columns, where)
         if withheld is not None:
             yield Finding("error", table.written_name, *withheld)
     if publisher is not None and not fetch_all(source, _OWNS, (info.oid,))[0][0]:
@@ -225,6 +228,40 @@ def _table(
         table.written_name,
         f"replica identity {IDENTITY_NAMES[identity]}: the log names its rows",
     )
+    yield from _shaping_findings(table.written_name, built, identity)
+
+
+def _shaping_findings(name: str, built: Any, identity: str) -> Iterator[Finding]:
+    """What the log does with the table's `columns` and `where` (preflight refused what it
+    cannot do): where an excluded column goes, and who filters the rows."""
+    shaping = built.shaping
+    if shaping is None:
+        return
+    excluded = ", ".join(map(display_ident, shaping.exclude))
+    if shaping.exclude and identity == "f":
+        yield Finding(
+            "warn",
+            name,
+            f"REPLICA IDENTITY FULL: the log carries excluded column(s) {excluded} to "
+            "replicator (a publication's column list must hold every identity column), which "
+            "drops them before anything is staged; they never reach the destination",
+            "to keep them in the source, key the table's identity on its primary key "
+            f"(ALTER TABLE {built.table.name} REPLICA IDENTITY DEFAULT) and filter with key "
+            "columns only",
+        )
+    elif shaping.exclude:
+        yield Finding(
+            "ok",
+            name,
+            f"excluded column(s) {excluded} stay in the source (the publication's column list)",
+        )
+    if shaping.where:
+        yield Finding(
+            "ok",
+            name,
+            "where is the publication's row filter: an update that takes a row out of it "
+            "arrives as a delete, one that brings a row in as an insert",
+        )
 
 
 def _lost_fix(names: Any) -> str:

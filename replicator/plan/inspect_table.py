@@ -42,4 +42,4 @@ def inspect_source(
             raise TableProblem(f"{table.written_name}: model {model.origin}: {exc}") from None
     if shaping is not None:
         model, output = shape_model(conn, table, source, model, output, shaping)
-    return source, build_table_sql(table, source, model, output, templates)
+    return source, build_table_sql(table, source, model, output, templates, shaping)

@@ -21,9 +21,8 @@ from ..postgres.naming import MARK_COLUMN, MARK_TYPE, staging_table
 from ..project.config import TableConfig
 from ..project.state import Cursor
 from ..project.templates import Model, Templates
+from .shaping import MODEL_ALIAS, Shaping
 from .table_key import TableKey, resolve_key
-
-MODEL_ALIAS = "_replicator_model"
 
 
 @dataclass(frozen=True)
@@ -40,6 +39,7 @@ class TableSql:
     merge: str | None
     key: TableKey  # `primary_key` and where it comes from (table_key.py)
     merge_origin: str | None = None  # which macro (and file) the merge was rendered from
+    shaping: Shaping | None = None  # the table's `columns` and `where` (plan/shaping.py)
 
     @contextlib.contextmanager
     def reading_model(self) -> Iterator[None]:
@@ -120,6 +120,7 @@ def build_table_sql(
     model: Model,
     model_output: tuple[Column, ...],
     templates: Templates,
+    shaping: Shaping | None = None,
 ) -> TableSql:
     """Build every statement of the table's sync."""
     columns = model_columns(model_output, source)
@@ -166,6 +167,7 @@ def build_table_sql(
             key_columns=quoted_key,
         )
     return TableSql(
+        shaping=shaping,
         table=table,
         model=model,
         columns=columns,

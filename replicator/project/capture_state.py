@@ -13,7 +13,7 @@ import json
 import secrets
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ..base.errors import StateError
 from .config import CdcConfig, TableConfig
@@ -41,6 +41,9 @@ class CaptureState(BaseModel):
     publication: str
     created: bool
     tables: tuple[str, ...] | None = None
+    # How the tool's publication lists each shaped table (capture/log_filter.py): its
+    # column list and row filter as last given, to list it again when they change.
+    listings: dict[str, str] = Field(default_factory=dict)
 
 
 REJOINED = (

@@ -26,6 +26,7 @@ from ..capture.dba_publication import publication_problem
 from ..capture.drain import drain
 from ..capture.lsn import lsn_text, parse_lsn
 from ..capture.preflight import capture_problem
+from ..capture.shaped_log import log_shaping
 from ..capture.slot import (
     add_table_statement,
     flushed_lsn,
@@ -38,6 +39,7 @@ from ..postgres.endpoints import Endpoints
 from ..postgres.table_lock import table_lock
 from ..project.capture_state import CaptureState
 from ..project.config import TableConfig
+from ..project.settings import HASH_SALT
 from ..project.state import LSN_CURSOR_TYPE, Cursor, TableState
 from ..report.results import TableResult, utc_now
 from .capture_setup import set_up_capture
@@ -92,11 +94,17 @@ class CaptureRun:
                 f"({add_table_statement(names.publication, table.name)})"
             )
         if foreign:
+            shaping = planned.built.shaping
             withheld = publication_problem(
                 ends.source,
                 names.publication,
                 table.name,
-                [c.name for c in planned.source.columns],
+                [
+                    c.name
+                    for c in planned.source.columns
+                    if not shaping or c.name not in shaping.exclude
+                ],
+                shaping.where if shaping else None,
             )
             if withheld is not None:
                 raise TableProblem(f"{table.written_name}: {withheld[0]}: {withheld[1]}")
@@ -141,8 +149,14 @@ class CaptureRun:
         names = self.names
         # Read again: a table loaded earlier in this run has its position only now.
         self.positions = applied_positions(ends.dest)
+        salt = self.run.project.env.get(HASH_SALT)
         tables = [
-            CaptureTable(job.table.name, job.built, self.positions[job.table.target])
+            CaptureTable(
+                job.table.name,
+                job.built,
+                self.positions[job.table.target],
+                shaping=log_shaping(ends.source, job.built, job.planned.source, salt),
+            )
             for job in jobs
         ]
         tables += self._watched(jobs)

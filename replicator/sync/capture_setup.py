@@ -12,7 +12,8 @@ import psycopg
 from ..base.errors import ReplicatorError, TableProblem
 from ..base.identifiers import TableName
 from ..capture.applied import ensure_applied_table, forget_applied
-from ..capture.preflight import capture_problem
+from ..capture.log_filter import PublishedAs, published_as
+from ..capture.preflight import capture_problem, replica_identity
 from ..capture.slot import (
     PLUGIN,
     create_slot,
@@ -88,7 +89,8 @@ def set_up_capture(
         _warn_abandoned(stored, names)
         names = names.model_copy(update={"tables": followed})
         write_capture_state(project.state_dir, names)
-    ready = [t.name for t in selected if _capturable(project, ends, t)]
+    listings = {t.name: _listing(project, ends, t) for t in selected}
+    ready = [name for name, listing in listings.items() if listing is not None]
     keep = {t.name for t in every}
     targets = {t.name: t.target for t in selected}
 
@@ -96,7 +98,12 @@ def set_up_capture(
         for name in joining:  # a table back in the publication missed changes
             forget_applied(ends.dest, targets[name])
 
-    published_now = ensure_publication(ends.source, names, ready, keep, forget)
+    given = {name: listing for name, listing in listings.items() if listing is not None}
+    published_now = ensure_publication(ends.source, names, ready, keep, forget, given)
+    described = {str(name): listing.describe() for name, listing in given.items()}
+    if names.created and described != {k: v for k, v in names.listings.items() if k in described}:
+        names = names.model_copy(update={"listings": {**names.listings, **described}})
+        write_capture_state(project.state_dir, names)
     _ensure_slot(project, ends, names, published_now, every)
     return names
 
@@ -117,13 +124,20 @@ def _rejoined(
             forget_applied(ends.dest, table.target)
 
 
-def _capturable(project: Project, ends: Endpoints, table: TableConfig) -> bool:
-    """Whether the table may join the publication (run.py reports why not, later)."""
+def _listing(project: Project, ends: Endpoints, table: TableConfig) -> PublishedAs | None:
+    """How the table joins the publication (its column list and row filter); None when it
+    may not (run.py reports why, later)."""
     try:
         info, built = inspect_source(ends.source, table, project.templates)
+        if capture_problem(ends.source, info, built) is not None:
+            return None
+        shaping = built.shaping
+        if shaping is None:
+            return PublishedAs()
+        identity, _ = replica_identity(ends.source, info)
+        return published_as(identity, info, shaping.exclude, shaping.where)
     except (ReplicatorError, psycopg.Error):
-        return False
-    return capture_problem(ends.source, info, built) is None
+        return None
 
 
 def _ensure_slot(

@@ -1,0 +1,167 @@
+"""`columns` and `where` on `cdc` tables: an excluded column that never reaches the
+destination (and never leaves the source when the publication can list columns), hashes
+made from the log equal to those a load makes on the source, and rows that enter and leave
+the filter through updates, with a writer running."""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import pytest
+from psycopg import sql
+
+pytestmark = pytest.mark.spark
+
+SALT = "cdc salt"
+COLUMNS = ("id", "name", "email", "active", "code", "ip", "status")
+HASHED = ("email", "active", "code", "ip")
+
+
+def _create(conn, schema, name, identity_full):
+    table = sql.Identifier(schema, name)
+    conn.execute(
+        sql.SQL(
+            "CREATE TABLE {} (id int PRIMARY KEY, name text, ssn text, email text, "
+            "active boolean, code char(6), ip inet, status text NOT NULL)"
+        ).format(table)
+    )
+    if identity_full:
+        conn.execute(sql.SQL("ALTER TABLE {} REPLICA IDENTITY FULL").format(table))
+    conn.execute(
+        sql.SQL(
+            "INSERT INTO {} SELECT g, 'n' || g, 'ssn' || g, "
+            "CASE WHEN g % 9 = 0 THEN NULL ELSE 'e\\t' || g || '@x' END, g % 2 = 0, "
+            "'c' || g, ('10.0.' || g % 250 || '.1')::inet, "
+            "CASE WHEN g % 4 = 0 THEN 'test' ELSE 'live' END FROM generate_series(1, 200) g"
+        ).format(table)
+    )
+
+
+def _expected(conn, schema, name, where):
+    hashed = [
+        sql.SQL("encode(sha256(convert_to({} || {}::text, 'UTF8')), 'hex')").format(
+            sql.Literal(SALT), sql.Identifier(c)
+        )
+        if c in HASHED
+        else sql.Identifier(c)
+        for c in COLUMNS
+    ]
+    return conn.execute(
+        sql.SQL("SELECT {} FROM {} WHERE {} ORDER BY id").format(
+            sql.SQL(", ").join(hashed), sql.Identifier(schema, name), sql.SQL(where)
+        )
+    ).fetchall()
+
+
+def _copy(conn, schema, name):
+    return conn.execute(
+        sql.SQL("SELECT {} FROM {} ORDER BY id").format(
+            sql.SQL(", ").join(map(sql.Identifier, COLUMNS)), sql.Identifier(schema, name)
+        )
+    ).fetchall()
+
+
+def _writes(stop, url, schema):
+    """Updates moving rows in and out of the filter while a sync runs."""
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("SET synchronous_commit = on")
+        n = 0
+        while not stop.is_set():
+            n += 1
+            conn.execute(
+                sql.SQL(
+                    "UPDATE {} SET status = CASE status WHEN 'test' THEN 'live' ELSE 'test' END, "
+                    "email = email || 'x' WHERE id = %s"
+                ).format(sql.Identifier(schema, "people")),
+                (n % 200 + 1,),
+            )
+
+
+def test_a_cdc_table_leaves_out_hashes_and_filters_from_the_log(
+    cdc_project, schema, writer, source_conn, dest_conn, pg_servers
+):
+    _create(writer, schema, "people", identity_full=True)
+    _create(writer, schema, "accounts", identity_full=False)
+    _create(writer, schema, "orders", identity_full=False)
+    shaped = {"mode": "cdc", "columns": {"exclude": ["ssn"], "hash": list(HASHED)}}
+    cdc_project.write_config(
+        {
+            "tables": [
+                {"name": f"{schema}.people", **shaped, "where": "status <> 'test'"},
+                {"name": f"{schema}.accounts", **shaped},
+                {"name": f"{schema}.orders", "mode": "cdc", "where": "status <> 'test'"},
+            ]
+        }
+    )
+    env = {"REPLICATOR_HASH_SALT": SALT}
+    checked = cdc_project.run("check", env=env)
+    assert f"ALTER TABLE {schema}.orders REPLICA IDENTITY FULL" in checked.stdout
+    assert "REPLICA IDENTITY FULL: the log carries excluded column(s) ssn" in checked.stdout
+    assert "excluded column(s) ssn stay in the source" in checked.stdout
+    first = cdc_project.run("sync", env=env)
+    assert first.exit_code == 1, first.output  # orders fails alone, with the fix
+    assert f"ALTER TABLE {schema}.orders REPLICA IDENTITY FULL" in first.stderr
+    assert _copy(dest_conn, schema, "people") == _expected(
+        source_conn, schema, "people", "status <> 'test'"
+    )
+    assert _copy(dest_conn, schema, "accounts") == _expected(
+        source_conn, schema, "accounts", "true"
+    )
+    published = dict(
+        source_conn.execute(
+            "SELECT tablename, attnames FROM pg_publication_tables WHERE schemaname = %s",
+            (schema,),
+        ).fetchall()
+    )
+    assert "ssn" not in published["accounts"], "the column list keeps ssn in the source"
+    assert "ssn" in published["people"]  # REPLICA IDENTITY FULL: the drain drops it
+
+    for name in ("people", "accounts"):
+        table = sql.Identifier(schema, name)
+        writer.execute(sql.SQL("UPDATE {} SET status = 'test' WHERE id IN (1, 2)").format(table))
+        writer.execute(sql.SQL("UPDATE {} SET status = 'live' WHERE id IN (4, 8)").format(table))
+        writer.execute(
+            sql.SQL(
+                "UPDATE {} SET email = 'new\\\\mail', active = NOT active, code = 'zz', "
+                "ip = '::1', ssn = 'secret' WHERE id = 3"
+            ).format(table)
+        )
+        writer.execute(
+            sql.SQL(
+                "INSERT INTO {} VALUES (900, 'new', 's', NULL, NULL, NULL, NULL, 'live')"
+            ).format(table)
+        )
+        writer.execute(sql.SQL("DELETE FROM {} WHERE id = 5").format(table))
+    stop = threading.Event()
+    live = threading.Thread(target=_writes, args=(stop, pg_servers.source_url, schema))
+    live.start()
+    try:
+        during = cdc_project.run(
+            "sync", "-s", f"{schema}.people", "-s", f"{schema}.accounts", env=env
+        )
+    finally:
+        stop.set()
+        live.join()
+    assert during.exit_code == 0, during.output
+    after = cdc_project.run("sync", "-s", f"{schema}.people", "-s", f"{schema}.accounts", env=env)
+    assert after.exit_code == 0, after.output
+    assert f"{schema}.people: incremental" in after.stderr
+    assert _copy(dest_conn, schema, "people") == _expected(
+        source_conn, schema, "people", "status <> 'test'"
+    )
+    assert _copy(dest_conn, schema, "accounts") == _expected(
+        source_conn, schema, "accounts", "true"
+    )
+    assert "ssn" not in [
+        r[0]
+        for r in dest_conn.execute(
+            "SELECT column_name FROM information_schema.columns WHERE table_schema = %s",
+            (schema,),
+        )
+    ]
+    verified = cdc_project.run("verify", "--json", "-s", f"{schema}.people", env=env)
+    assert verified.exit_code == 0, verified.output
+    assert json.loads(verified.stdout)[0]["status"] == "equal"
