@@ -165,3 +165,31 @@ def test_a_cdc_table_leaves_out_hashes_and_filters_from_the_log(
     verified = cdc_project.run("verify", "--json", "-s", f"{schema}.people", env=env)
     assert verified.exit_code == 0, verified.output
     assert json.loads(verified.stdout)[0]["status"] == "equal"
+
+    # A narrower filter: the copy reloads, and the publication filters by the new one.
+    config = json.loads((cdc_project.path / "tables-config.json").read_text())
+    config["tables"][0]["where"] = "status <> 'test' AND id > 10"
+    cdc_project.write_config(config)
+    narrowed = cdc_project.run("sync", "-s", f"{schema}.people", env=env)
+    assert narrowed.exit_code == 0, narrowed.output
+    assert "reason: columns or where changed:" in narrowed.stderr
+    writer.execute(
+        sql.SQL("UPDATE {} SET status = 'live', id = 7000 WHERE id = 8").format(
+            sql.Identifier(schema, "people")
+        )
+    )
+    writer.execute(
+        sql.SQL("UPDATE {} SET name = 'out of the new filter' WHERE id IN (3, 6)").format(
+            sql.Identifier(schema, "people")
+        )
+    )
+    writer.execute(
+        sql.SQL("UPDATE {} SET status = 'live' WHERE id = 12").format(
+            sql.Identifier(schema, "people")
+        )
+    )
+    again = cdc_project.run("sync", "-s", f"{schema}.people", env=env)
+    assert again.exit_code == 0, again.output
+    assert _copy(dest_conn, schema, "people") == _expected(
+        source_conn, schema, "people", "status <> 'test' AND id > 10"
+    )
