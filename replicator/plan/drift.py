@@ -16,11 +16,13 @@ from ..postgres.catalog import TableInfo, describe_table
 from ..postgres.database import execute
 from ..postgres.naming import MARK_COLUMN
 from ..postgres.ownership import Ownership, classify, not_owned_fix, read_records
+from ..postgres.partition_tree import holding_rows
 from ..project.config import TableConfig
 from ..project.state import TableState
 from ..project.templates import Templates
 from .decide import Plan, plan_table
 from .inspect_table import inspect_source
+from .partition_change import PartitionsChanged, leaf_changes, partitions_change
 from .schema_diff import Change, MarkColumnChanged, ModelChanged, describe, diff, model_change
 from .signature import Signature, destination_signature, read_signature
 from .table_sql import TableSql
@@ -38,6 +40,8 @@ class Observed:
     model_changed: ModelChanged | None = None  # the model's SQL against the stored hash
     # Whether the destination table holds a row now (None: not looked at).
     destination_has_rows: bool | None = None
+    # A partitioned table's leaves against the stored ones (partition_change.py).
+    partitions_changed: PartitionsChanged | None = None
 
     @property
     def schema_change(self) -> str | None:
@@ -46,6 +50,10 @@ class Observed:
     @property
     def model_change(self) -> str | None:
         return self.model_changed.detail() if self.model_changed else None
+
+    @property
+    def partitions_change(self) -> str | None:
+        return self.partitions_changed.detail() if self.partitions_changed else None
 
     @property
     def destination_change(self) -> str | None:
@@ -71,6 +79,7 @@ def observe(
     schema_changes: list[Change] = []
     destination_changes: list[Change] = []
     changed_model = None
+    changed_leaves = None
     has_rows = None
     if dest_conn is not None and destination is not None and table.mode != "full-refresh":
         has_rows = destination_has_rows(dest_conn, table.target)
@@ -79,6 +88,9 @@ def observe(
         before = Signature.from_json(stored)
         schema_changes = diff(before, signature)
         changed_model = model_change(before, signature)
+        leaves = leaf_changes(before, signature, log_based=table.mode == "cdc")
+        holding = holding_rows(source_conn, leaves.gained_names()) if leaves.gained else []
+        changed_leaves = partitions_change(leaves, holding)
         if destination is not None:
             has_mark = destination.column(MARK_COLUMN) is not None
             actual = destination_signature(destination)
@@ -95,6 +107,7 @@ def observe(
         ownership,
         changed_model,
         has_rows,
+        changed_leaves,
     )
 
 
@@ -123,6 +136,7 @@ def plan_observed(
         destination_exists=observed.destination is not None or not destination_known,
         schema_change=observed.schema_change,
         model_change=observed.model_change,
+        partitions_change=observed.partitions_change,
         destination_change=observed.destination_change,
         destination_emptied=bool(state and state.holds_rows)
         and observed.destination_has_rows is False,
