@@ -22,10 +22,15 @@ from ..project.state import TableState
 from ..project.templates import Templates
 from .decide import Plan, plan_table
 from .inspect_table import inspect_source
-from .partition_change import PartitionsChanged, leaf_changes, partitions_change
+from .partition_change import (
+    PartitionsChanged,
+    behind_cursor,
+    leaf_changes,
+    partitions_change,
+)
 from .schema_diff import Change, MarkColumnChanged, ModelChanged, describe, diff, model_change
 from .signature import Signature, destination_signature, read_signature
-from .table_sql import TableSql
+from .table_sql import TableSql, fitting_cursor
 
 
 @dataclass(frozen=True)
@@ -89,8 +94,12 @@ def observe(
         schema_changes = diff(before, signature)
         changed_model = model_change(before, signature)
         leaves = leaf_changes(before, signature, log_based=table.mode == "cdc")
-        holding = holding_rows(source_conn, leaves.gained_names()) if leaves.gained else []
-        changed_leaves = partitions_change(leaves, holding)
+        holding: list[TableName] = []
+        where = behind_cursor(built, fitting_cursor(built, state.cursor if state else None))
+        if leaves.gained:  # what no read of the log or the cursor would bring
+            holding = holding_rows(source_conn, leaves.gained_names(), where)
+        rows = "rows" if where is None else "rows behind the cursor"
+        changed_leaves = partitions_change(leaves, holding, rows)
         if destination is not None:
             has_mark = destination.column(MARK_COLUMN) is not None
             actual = destination_signature(destination)

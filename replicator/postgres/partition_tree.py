@@ -77,16 +77,23 @@ def storage_digest(found: Sequence[Leaf]) -> int:
     return int(hashlib.sha256(facts.encode()).hexdigest()[:15], 16)
 
 
-def holding_rows(conn: psycopg.Connection[Any], names: Sequence[TableName]) -> list[TableName]:
-    """Those of the leaves that hold at least one row (one read each, at most). A leaf the
-    role may not read directly (SELECT on the root does not extend to it) counts as holding
-    rows: through the root, nothing would tell its rows from the others' but a full scan."""
+def holding_rows(
+    conn: psycopg.Connection[Any],
+    names: Sequence[TableName],
+    where: sql.Composable | None = None,
+) -> list[TableName]:
+    """Those of the leaves that hold at least one row (`where` it holds), one read each at
+    most. A leaf the role may not read directly (SELECT on the root does not extend to it)
+    counts as holding rows: through the root, only a full scan would tell its rows apart."""
     held = []
     for name in names:
         (readable,) = fetch_all(
             conn, "SELECT has_table_privilege(to_regclass(%s), 'SELECT')", (name.sql(),)
         )[0]
-        query = sql.SQL("SELECT EXISTS (SELECT FROM {})").format(name.identifier())
+        query = sql.SQL("SELECT EXISTS (SELECT FROM {}{})").format(
+            name.identifier(),
+            sql.SQL(" WHERE {}").format(where) if where is not None else sql.SQL(""),
+        )
         if not readable or fetch_all(conn, query)[0][0]:
             held.append(name)
     return held
