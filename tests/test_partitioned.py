@@ -251,6 +251,43 @@ def test_a_cursor_table_reloads_when_a_partition_brings_or_takes_rows(
     assert db_project.run("verify").exit_code == 0
 
 
+def test_the_tools_publication_made_before_gets_publish_via_partition_root(
+    cdc_project, schema, writer, source_conn, dest_conn
+):
+    """A publication an earlier version made (without the option) for plain tables is set to
+    publish through the root before a partitioned table joins it; the plain table's slot
+    position holds (no reload)."""
+    cdc_project.env.update(IN_PROCESS)
+    _events(writer, schema)
+    writer.execute(
+        sql.SQL("CREATE TABLE {} (id int PRIMARY KEY, note text)").format(
+            sql.Identifier(schema, "plain")
+        )
+    )
+    cdc_project.write_config({"tables": [{"name": f"{schema}.plain", "mode": "cdc"}]})
+    _sync(cdc_project)
+    names = json.loads((cdc_project.path / "sync-state" / "cdc.json").read_text())
+    publication = sql.Identifier(names["publication"])
+    source_conn.execute(
+        sql.SQL("ALTER PUBLICATION {} SET (publish_via_partition_root = false)").format(publication)
+    )
+    cdc_project.write_config(
+        {"tables": [{"name": f"{schema}.{t}", "mode": "cdc"} for t in ("plain", "events")]}
+    )
+    joined = _sync(cdc_project)
+    assert f"{schema}.events: full_reload" in joined.stderr, joined.stderr
+    assert f"{schema}.plain: noop" in joined.stderr
+    _run(writer, schema, "UPDATE {events} SET k = 150, region = 'eu' WHERE id = 3")
+    writer.execute(
+        sql.SQL("INSERT INTO {} VALUES (1, 'one')").format(sql.Identifier(schema, "plain"))
+    )
+    applied = _sync(cdc_project)
+    assert f"{schema}.events: incremental" in applied.stderr, applied.stderr
+    assert f"{schema}.plain: incremental" in applied.stderr
+    assert _same(source_conn, dest_conn, schema) == 500
+    assert assert_same_table(source_conn, dest_conn, schema, "plain") == 1
+
+
 def test_a_dba_publication_must_publish_through_the_root(
     cdc_project, schema, writer, source_conn, dest_conn
 ):

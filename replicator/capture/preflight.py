@@ -23,8 +23,8 @@ from ..postgres.catalog import TableInfo
 from ..postgres.database import fetch_all
 from ..postgres.partition_tree import PARTITIONED, leaves
 
-_IDENTITY = """
-SELECT c.relreplident::text,
+_IDENTITIES = """
+SELECT c.oid, c.relreplident::text,
        (SELECT array_agg(a.attname::text ORDER BY a.attname)
           FROM pg_catalog.pg_index i
           JOIN pg_catalog.pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = ANY(i.indkey)
@@ -33,7 +33,7 @@ SELECT c.relreplident::text,
        (SELECT array_agg(a.attname::text ORDER BY a.attnum) FROM pg_catalog.pg_attribute a
          WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped
            AND a.attgenerated <> '')
-FROM pg_catalog.pg_class c WHERE c.oid = %s
+FROM pg_catalog.pg_class c WHERE c.oid = ANY(%s)
 """
 _VIA_ROOT_SINCE = 130000  # publish_via_partition_root
 
@@ -42,7 +42,7 @@ IDENTITY_NAMES = {"d": "default", "f": "full", "i": "index", "n": "nothing"}
 
 def replica_identity(source: psycopg.Connection[Any], info: TableInfo) -> tuple[str, list[str]]:
     """The table's replica identity (d, f, i, n) and the key columns it names."""
-    identity, keys, _ = fetch_all(source, _IDENTITY, (info.oid,))[0]
+    _, identity, keys, _ = fetch_all(source, _IDENTITIES, ([info.oid],))[0]
     return identity, keys or []
 
 
@@ -70,7 +70,7 @@ def capture_problem(
             "publication that sends its partitions' changes under its name): use a cursor "
             "mode, or full-refresh"
         )
-    identity, keys, generated = fetch_all(source, _IDENTITY, (info.oid,))[0]
+    _, identity, keys, generated = fetch_all(source, _IDENTITIES, ([info.oid],))[0]
     if generated:
         columns = ", ".join(map(display_ident, generated))
         return (
@@ -80,15 +80,19 @@ def capture_problem(
     problem = _identity_problem(name, built, built.table.name, identity, keys)
     if problem is not None or not partitioned:
         return problem
-    for leaf in leaves(source, info.oid):
+    found = leaves(source, info.oid)
+    identities = {
+        oid: (identity, keys)
+        for oid, identity, keys, _ in fetch_all(source, _IDENTITIES, ([f.oid for f in found],))
+    }
+    for leaf in found:
         subject = f"{name}: partition {leaf.name}"
         if leaf.foreign:
             return (
                 f"{subject} is a foreign table, whose changes are not in the log: use a "
                 "cursor mode, or full-refresh"
             )
-        leaf_identity, leaf_keys, _ = fetch_all(source, _IDENTITY, (leaf.oid,))[0]
-        problem = _identity_problem(subject, built, leaf.name, leaf_identity, leaf_keys)
+        problem = _identity_problem(subject, built, leaf.name, *identities[leaf.oid])
         if problem is not None:
             return problem
     return None
