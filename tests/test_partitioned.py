@@ -288,6 +288,45 @@ def test_the_tools_publication_made_before_gets_publish_via_partition_root(
     assert assert_same_table(source_conn, dest_conn, schema, "plain") == 1
 
 
+def test_a_killed_load_resumes_only_while_the_leaves_are_the_same(
+    db_project, schema, writer, source_conn, dest_conn
+):
+    """A leaf attached between the two snapshots would hold rows behind the catch-up's
+    cursor: the load would start over; detached again, the same leaves resume."""
+    _events(writer, schema)
+    _run(writer, schema, "ALTER TABLE {events} ADD COLUMN rev int NOT NULL DEFAULT 1")
+    db_project.write_config(
+        {"tables": [{"name": f"{schema}.events", "replication_key": "rev", "partitions": 4}]}
+    )
+    killed = db_project.run_process(
+        "sync", env={**IN_PROCESS, "REPLICATOR_FAILPOINT": "task-before-commit@3"}
+    )
+    assert killed.returncode == -9, killed.stderr
+    status = db_project.run("status", "--json", env=IN_PROCESS)
+    resumable = json.loads(status.stdout)[0]["resumable"]
+    assert resumable["loaded"] == 2 and resumable["partitions"] >= 3, resumable
+
+    _loose_table(writer, schema, 400)
+    _run(writer, schema, "ALTER TABLE {loose} ADD COLUMN rev int NOT NULL DEFAULT 1")
+    _run(
+        writer,
+        schema,
+        "ALTER TABLE {events} ATTACH PARTITION {loose} FOR VALUES FROM (400) TO (500)",
+    )
+    compiled = db_project.run("compile", env=IN_PROCESS)
+    assert "starts an unfinished load over: the source table was rewritten since" in (
+        compiled.stdout
+    ), compiled.output
+    assert "a partition attached, detached or rewritten" in compiled.stdout
+
+    _run(writer, schema, "ALTER TABLE {events} DETACH PARTITION {loose}")
+    resumed = _sync(db_project)
+    assert f"resuming the load: 2 of {resumable['partitions']} partitions loaded" in (
+        resumed.stderr
+    ), resumed.stderr
+    assert _same(source_conn, dest_conn, schema) == 500
+
+
 def test_a_dba_publication_must_publish_through_the_root(
     cdc_project, schema, writer, source_conn, dest_conn
 ):
