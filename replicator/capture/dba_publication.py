@@ -2,7 +2,9 @@
 silently misses changes: every kind of change published (a publication made with `publish =
 'insert, update'` never sends the deletes), and the table's rows and columns whole (a
 PostgreSQL 15 row filter leaves rows out, a column list leaves columns out: the log would
-then show a shape change on every run). The tool's own publications are always made so.
+then show a shape change on every run), and a partitioned table's changes under its own name
+(`publish_via_partition_root`: without it they come under each partition's name, which no
+copy takes). The tool's own publications are always made so.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from psycopg import sql
 from ..base.identifiers import TableName
 from ..postgres.database import fetch_all
 from .log_filter import PublishedAs
+from .slot import publishes_via_root, via_root_statement
 
 _PUBLISHES = """
 SELECT p.pubinsert, p.pubupdate, p.pubdelete, p.pubtruncate
@@ -83,3 +86,18 @@ def publication_problem(
         + ", so the copy would silently miss them"
     )
     return problem, "a DBA runs " + "; ".join(fixes)
+
+
+def via_root_problem(
+    source: psycopg.Connection[Any], publication: str, table: TableName
+) -> tuple[str, str] | None:
+    """For a partitioned table: the DBA's publication sends its changes under each
+    partition's name (publish_via_partition_root off), and the statement that fixes it."""
+    if publishes_via_root(source, publication):
+        return None
+    return (
+        f"publication {publication} (named in tables-config.json `cdc`) has "
+        f"publish_via_partition_root off: the changes of partitioned table {table} would "
+        "arrive under its partitions' names, and the copy would never get them",
+        f"a DBA runs {via_root_statement(publication)}",
+    )

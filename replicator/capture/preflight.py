@@ -4,10 +4,13 @@ and DELETEs: that must never be the tool's doing).
 
 - the built-in model: the log carries the table's rows, and a model's SELECT cannot be
   applied to a change;
-- a plain table, without generated columns (the log does not carry them);
+- a plain or partitioned table (PostgreSQL 13+, whose publications send a partition's
+  changes under its root's name), without generated columns (the log does not carry them);
 - a replica identity that names the rows by the table's key: the primary key (the default),
   REPLICA IDENTITY USING INDEX on the unique index that keys a table without one
-  (plan/table_key.py), or REPLICA IDENTITY FULL (the whole old row: any key works).
+  (plan/table_key.py), or REPLICA IDENTITY FULL (the whole old row: any key works); for a
+  partitioned table, on every leaf too (the leaves' own setting decides what their updates
+  and deletes log).
 """
 
 from __future__ import annotations
@@ -17,15 +20,16 @@ from typing import Any
 import psycopg
 
 from ..base.errors import TableProblem
-from ..base.identifiers import display_ident
+from ..base.identifiers import TableName, display_ident
 from ..plan.table_sql import TableSql
 from ..postgres.catalog import TableInfo
 from ..postgres.database import fetch_all
+from ..postgres.partition_tree import PARTITIONED, leaves
 from .log_filter import row_filter_problem, where_columns
 from .shaped_log import log_shaping
 
-_IDENTITY = """
-SELECT c.relreplident::text,
+_IDENTITIES = """
+SELECT c.oid, c.relreplident::text,
        (SELECT array_agg(a.attname::text ORDER BY a.attname)
           FROM pg_catalog.pg_index i
           JOIN pg_catalog.pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = ANY(i.indkey)
@@ -34,15 +38,16 @@ SELECT c.relreplident::text,
        (SELECT array_agg(a.attname::text ORDER BY a.attnum) FROM pg_catalog.pg_attribute a
          WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped
            AND a.attgenerated <> '')
-FROM pg_catalog.pg_class c WHERE c.oid = %s
+FROM pg_catalog.pg_class c WHERE c.oid = ANY(%s)
 """
+_VIA_ROOT_SINCE = 130000  # publish_via_partition_root
 
 IDENTITY_NAMES = {"d": "default", "f": "full", "i": "index", "n": "nothing"}
 
 
 def replica_identity(source: psycopg.Connection[Any], info: TableInfo) -> tuple[str, list[str]]:
     """The table's replica identity (d, f, i, n) and the key columns it names."""
-    identity, keys, _ = fetch_all(source, _IDENTITY, (info.oid,))[0]
+    _, identity, keys, _ = fetch_all(source, _IDENTITIES, ([info.oid],))[0]
     return identity, keys or []
 
 
@@ -61,35 +66,67 @@ def _log_problem(source: psycopg.Connection[Any], info: TableInfo, built: TableS
             f"({built.model.origin}) cannot be applied to a change: remove the model file, "
             "or use a cursor mode"
         )
-    if info.kind != "table":
+    partitioned = info.kind == PARTITIONED
+    if info.kind != "table" and not partitioned:
         return (
             f"{name}: mode cdc reads a table's changes from the log, and this is a "
             f"{info.kind}, which it cannot read yet: use a cursor mode (replication_key), "
             "or full-refresh"
         )
-    identity, keys, generated = fetch_all(source, _IDENTITY, (info.oid,))[0]
+    if partitioned and source.info.server_version < _VIA_ROOT_SINCE:
+        return (
+            f"{name}: mode cdc on a partitioned table needs PostgreSQL 13 or later (a "
+            "publication that sends its partitions' changes under its name): use a cursor "
+            "mode, or full-refresh"
+        )
+    _, identity, keys, generated = fetch_all(source, _IDENTITIES, ([info.oid],))[0]
     if generated:
         columns = ", ".join(map(display_ident, generated))
         return (
             f"{name}: generated column(s) {columns} are not in the log (PostgreSQL 15): "
             "mode cdc cannot copy them; use a cursor mode"
         )
-    fix_full = f"ALTER TABLE {built.table.name} REPLICA IDENTITY FULL"
+    problem = _identity_problem(name, built, built.table.name, identity, keys)
+    if problem is not None or not partitioned:
+        return problem
+    found = leaves(source, info.oid)
+    identities = {
+        oid: (identity, keys)
+        for oid, identity, keys, _ in fetch_all(source, _IDENTITIES, ([f.oid for f in found],))
+    }
+    for leaf in found:
+        subject = f"{name}: partition {leaf.name}"
+        if leaf.foreign:
+            return (
+                f"{subject} is a foreign table, whose changes are not in the log: use a "
+                "cursor mode, or full-refresh"
+            )
+        problem = _identity_problem(subject, built, leaf.name, *identities[leaf.oid])
+        if problem is not None:
+            return problem
+    return None
+
+
+def _identity_problem(
+    subject: str, built: TableSql, table: TableName, identity: str, keys: list[str] | None
+) -> str | None:
+    """Why the table's (or a leaf's) replica identity does not name rows by the copy's key."""
+    fix_full = f"ALTER TABLE {table} REPLICA IDENTITY FULL"
     if identity == "f":
         return None
     if identity == "n":
         return (
-            f"{name}: replica identity NOTHING: the log names no row of an update or delete; "
+            f"{subject}: replica identity NOTHING: the log names no row of an update or delete; "
             f"run `{fix_full}` in the source (and set primary_key)"
         )
     if sorted(keys or []) != sorted(built.primary_key) and built.key.origin == "unique index":
         fix_index = (
-            f"ALTER TABLE {built.table.name} REPLICA IDENTITY USING INDEX "
+            f"ALTER TABLE {table} REPLICA IDENTITY USING INDEX "
             f"{display_ident(built.key.index or '')}"
         )
         have = ", ".join(map(display_ident, keys or [])) or "none: the table has no primary key"
         return (
-            f"{name}: mode cdc names rows by the {built.key.describe()}, but the log names "
+            f"{subject}: mode cdc names rows by the {built.key.describe()}, but the log names "
             f"them by ({have}), so their updates and deletes could not be applied: run "
             f"`{fix_index}` in the source (or `{fix_full}`, which logs every column of the old "
             "row)"
@@ -98,7 +135,7 @@ def _log_problem(source: psycopg.Connection[Any], info: TableInfo, built: TableS
         wanted = ", ".join(map(display_ident, built.primary_key))
         have = ", ".join(map(display_ident, keys or [])) or "none"
         return (
-            f"{name}: the log names rows by ({have}), the copy by its primary key ({wanted}): "
+            f"{subject}: the log names rows by ({have}), the copy by its primary key ({wanted}): "
             f"run `{fix_full}` in the source, or set primary_key to the source's key"
         )
     return None

@@ -5,6 +5,12 @@ Order matters: pgoutput looks publications up as of each change's position in th
 the publication is created before the slot (a slot older than its publication fails to
 decode), and a table is added to the publication before the snapshot of its load is taken
 (its changes are published only from the ALTER PUBLICATION on).
+
+The publication publishes through the partition root (`publish_via_partition_root`,
+PostgreSQL 13+): a partitioned table's changes arrive under its own name, whichever leaf
+they touched, and a row that moves to another partition is a delete and an insert of the
+root. It changes nothing for a plain table; a publication made before the tool set it gets
+it before any partitioned table joins.
 """
 
 from __future__ import annotations
@@ -27,6 +33,8 @@ from .lsn import lsn_text
 log = logging.getLogger("replicator.capture")
 
 PLUGIN = "pgoutput"
+VIA_ROOT = sql.SQL("publish_via_partition_root = true")
+VIA_ROOT_SINCE = 130000  # server_version_num of PostgreSQL 13
 
 
 @dataclass(frozen=True)
@@ -93,6 +101,19 @@ def publication_exists(source: psycopg.Connection[Any], publication: str) -> boo
     return bool(rows)
 
 
+def can_publish_via_root(source: psycopg.Connection[Any]) -> bool:
+    return source.info.server_version >= VIA_ROOT_SINCE
+
+
+def publishes_via_root(source: psycopg.Connection[Any], publication: str) -> bool:
+    """Whether the publication sends a partition's changes under its root's name."""
+    if not can_publish_via_root(source):
+        return False
+    query = "SELECT pubviaroot FROM pg_catalog.pg_publication WHERE pubname = %s"
+    rows = fetch_all(source, query, (publication,))
+    return bool(rows and rows[0][0])
+
+
 def published_tables(source: psycopg.Connection[Any], publication: str) -> set[TableName]:
     rows = fetch_all(
         source,
@@ -140,16 +161,16 @@ def ensure_publication(
                 f"exist in the source: create it (CREATE PUBLICATION {ident.as_string(None)} "
                 'FOR TABLE ...), or remove "create": false to let replicator make one'
             )
-        execute(
-            source,
-            sql.SQL("CREATE PUBLICATION {} FOR TABLE {}").format(
-                ident, sql.SQL(", ").join(listed(t) for t in tables)
-            ),
+        create = create_publication_statement(
+            names.publication, tables, via_root=can_publish_via_root(source), listings=listings
         )
+        execute(source, create)
         log.info("source: created publication %s for %d table(s)", names.publication, len(tables))
         return True
     if not names.created:
         return False
+    if can_publish_via_root(source) and not publishes_via_root(source, names.publication):
+        execute(source, via_root_statement(names.publication))  # made by an earlier version
     current = published_tables(source, names.publication)
     added = [t for t in tables if t not in current]
     removed = sorted(current - keep, key=str)
@@ -254,10 +275,31 @@ def add_table_statement(publication: str, table: TableName) -> str:
     )
 
 
-def create_publication_statement(publication: str, tables: Sequence[TableName]) -> str:
+def create_publication_statement(
+    publication: str,
+    tables: Sequence[TableName],
+    via_root: bool = True,
+    listings: Mapping[TableName, PublishedAs] | None = None,
+) -> str:
+    """`listings`: a table's column list and row filter (capture/log_filter.py)."""
+    listings = listings or {}
     return (
-        sql.SQL("CREATE PUBLICATION {} FOR TABLE {}")
-        .format(sql.Identifier(publication), sql.SQL(", ").join(t.identifier() for t in tables))
+        sql.SQL("CREATE PUBLICATION {} FOR TABLE {}{}")
+        .format(
+            sql.Identifier(publication),
+            sql.SQL(", ").join(
+                listings.get(t, PublishedAs()).element(t.identifier()) for t in tables
+            ),
+            sql.SQL(" WITH ({})").format(VIA_ROOT) if via_root else sql.SQL(""),
+        )
+        .as_string(None)
+    )
+
+
+def via_root_statement(publication: str) -> str:
+    return (
+        sql.SQL("ALTER PUBLICATION {} SET ({})")
+        .format(sql.Identifier(publication), VIA_ROOT)
         .as_string(None)
     )
 

@@ -11,7 +11,7 @@ import psycopg
 
 from ..base.errors import ReplicatorError
 from ..base.identifiers import TableName, display_ident
-from ..capture.dba_publication import publication_problem
+from ..capture.dba_publication import publication_problem, via_root_problem
 from ..capture.preflight import IDENTITY_NAMES, capture_problem, replica_identity
 from ..capture.slot import (
     PLUGIN,
@@ -26,6 +26,7 @@ from ..capture.slot import (
 )
 from ..plan.inspect_table import inspect_source
 from ..postgres.database import fetch_all
+from ..postgres.partition_tree import PARTITIONED
 from ..project.project import Project
 from .capture_status import size_text
 from .findings import Finding
@@ -197,7 +198,14 @@ def _table(
     if problem is not None:
         yield Finding("error", table.written_name, problem.removeprefix(f"{table.written_name}: "))
         return
-    if published is not None and table.name not in published:
+    via_root = (
+        via_root_problem(source, names.publication, table.name)
+        if published is not None and info.kind == PARTITIONED
+        else None
+    )
+    if via_root is not None:  # what the publication lists is then its partitions
+        yield Finding("error", table.written_name, *via_root)
+    elif published is not None and table.name not in published:
         yield Finding(
             "error",
             table.written_name,

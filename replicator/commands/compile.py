@@ -135,6 +135,9 @@ class CompiledTable:
             "model": [self.observed.model_changed.as_json(target)]
             if self.observed.model_changed
             else [],
+            "partitions": [self.observed.partitions_changed.as_json(target)]
+            if self.observed.partitions_changed
+            else [],
         }
 
     def as_json(self, dest_note: str | None) -> dict[str, Any]:

@@ -37,6 +37,7 @@ def plan_table(
     model_change: str | None = None,
     destination_emptied: bool = False,
     pattern: str | None = None,
+    partitions_change: str | None = None,
 ) -> Plan:
     """Full reload when anything says so, else incremental from the stored cursor.
 
@@ -44,8 +45,9 @@ def plan_table(
     `model_change` how the model's SQL differs from the one the copy was loaded with (the
     user's own change: on_schema_change does not apply); `destination_emptied`: the copy
     held rows at its last sync and holds none now (a TRUNCATE there): no cursor would bring
-    them back; `destination_change` how the destination table differs from what the tool
-    created;
+    them back; `partitions_change`: leaves of a partitioned table came or went in a way no
+    run reads (plan/partition_change.py); `destination_change` how the destination table
+    differs from what the tool created;
     `not_owned` is the fix when the destination table exists but is not the tool's: only a
     start without backfill (which adopts a matching table) may touch it. `name` is the table
     as the config writes it, for the fixes; `pattern` the pattern that chose it, if one did."""
@@ -64,6 +66,8 @@ def plan_table(
         plan = Plan("full_reload", f"no state: new table matched {pattern}")
     if plan.action == "incremental" and model_change:
         plan = Plan("full_reload", model_change)
+    if plan.action == "incremental" and partitions_change:
+        plan = Plan("full_reload", f"partitions changed: {partitions_change}")
     if plan.action == "incremental" and destination_emptied:
         plan = Plan(
             "full_reload",

@@ -16,11 +16,18 @@ from ..postgres.catalog import TableInfo, describe_table
 from ..postgres.database import execute
 from ..postgres.naming import MARK_COLUMN
 from ..postgres.ownership import Ownership, classify, not_owned_fix, read_records
+from ..postgres.partition_tree import holding_rows
 from ..project.config import TableConfig
 from ..project.state import TableState
 from ..project.templates import Templates
 from .decide import Plan, plan_table
 from .inspect_table import inspect_source
+from .partition_change import (
+    PartitionsChanged,
+    behind_cursor,
+    leaf_changes,
+    partitions_change,
+)
 from .schema_diff import (
     Change,
     MarkColumnChanged,
@@ -31,7 +38,7 @@ from .schema_diff import (
     model_change,
 )
 from .signature import Signature, destination_signature, read_signature
-from .table_sql import TableSql
+from .table_sql import TableSql, fitting_cursor
 
 
 @dataclass(frozen=True)
@@ -47,6 +54,8 @@ class Observed:
     model_changed: ModelChanged | ShapingChanged | None = None
     # Whether the destination table holds a row now (None: not looked at).
     destination_has_rows: bool | None = None
+    # A partitioned table's leaves against the stored ones (partition_change.py).
+    partitions_changed: PartitionsChanged | None = None
 
     @property
     def schema_change(self) -> str | None:
@@ -56,6 +65,10 @@ class Observed:
     def model_change(self) -> str | None:
         changed = self.model_changed
         return f"{changed.kind}: {changed.detail()}" if changed else None
+
+    @property
+    def partitions_change(self) -> str | None:
+        return self.partitions_changed.detail() if self.partitions_changed else None
 
     @property
     def destination_change(self) -> str | None:
@@ -81,6 +94,7 @@ def observe(
     schema_changes: list[Change] = []
     destination_changes: list[Change] = []
     changed_model = None
+    changed_leaves = None
     has_rows = None
     if dest_conn is not None and destination is not None and table.mode != "full-refresh":
         has_rows = destination_has_rows(dest_conn, table.target)
@@ -89,6 +103,13 @@ def observe(
         before = Signature.from_json(stored)
         schema_changes = diff(before, signature)
         changed_model = model_change(before, signature)
+        leaves = leaf_changes(before, signature, log_based=table.mode == "cdc")
+        holding: list[TableName] = []
+        where = behind_cursor(built, fitting_cursor(built, state.cursor if state else None))
+        if leaves.gained:  # what no read of the log or the cursor would bring
+            holding = holding_rows(source_conn, leaves.gained_names(), where)
+        rows = "rows" if where is None else "rows behind the cursor"
+        changed_leaves = partitions_change(leaves, holding, rows)
         if isinstance(changed_model, ShapingChanged):
             # The user's own change explains the columns that differ: a reload, never a
             # failure under on_schema_change "fail".
@@ -109,6 +130,7 @@ def observe(
         ownership,
         changed_model,
         has_rows,
+        changed_leaves,
     )
 
 
@@ -137,6 +159,7 @@ def plan_observed(
         destination_exists=observed.destination is not None or not destination_known,
         schema_change=observed.schema_change,
         model_change=observed.model_change,
+        partitions_change=observed.partitions_change,
         destination_change=observed.destination_change,
         destination_emptied=bool(state and state.holds_rows)
         and observed.destination_has_rows is False,

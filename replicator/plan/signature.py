@@ -4,9 +4,10 @@ Stored in sync-state at every load; every run compares it with the source (schem
 with the destination table (someone altered or dropped it). It holds the model's columns in
 order (the source's column numbers, when the model reads the table as is, so a rename is told
 apart from a drop and an add), the primary key, the replication key, the enum, domain and
-composite types the columns use, the source table's OID (a recreated table is a change), and
-a hash of the model's SQL in canonical form (a model whose meaning changed, say a filter
-widened, reloads the table: the rows the old model left out would never arrive otherwise).
+composite types the columns use, the source table's OID (a recreated table is a change), a
+hash of the model's SQL in canonical form (a model whose meaning changed, say a filter
+widened, reloads the table: the rows the old model left out would never arrive otherwise),
+and for a partitioned table its leaf partitions (plan/partition_change.py says why).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import psycopg
 
 from ..postgres.catalog import TableInfo
 from ..postgres.dest_types import describe_types
+from ..postgres.partition_tree import PARTITIONED, leaves
 from ..project.templates import Model, canonical_sql
 from .table_sql import TableSql
 
@@ -37,6 +39,26 @@ class SignedColumn:
 
 
 @dataclass(frozen=True)
+class SignedLeaf:
+    """A leaf partition as the copy last saw it (postgres/partition_tree.Leaf)."""
+
+    schema: str
+    name: str
+    oid: int
+    attached: str
+    storage: int
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "schema": self.schema,
+            "name": self.name,
+            "oid": self.oid,
+            "attached": self.attached,
+            "storage": self.storage,
+        }
+
+
+@dataclass(frozen=True)
 class Signature:
     table_oid: int | None
     columns: tuple[SignedColumn, ...]
@@ -49,6 +71,9 @@ class Signature:
     model_origin: str | None = None  # the file (or macro) the model came from
     # What `columns` and `where` do to the model's rows (plan/shaping.py); None: nothing.
     shaping: str | None = None
+    # A partitioned table's leaves; None for any other table (and in a state written before
+    # leaves were recorded: never a change).
+    partitions: tuple[SignedLeaf, ...] | None = None
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -64,6 +89,11 @@ class Signature:
             "model": self.model,
             "model_origin": self.model_origin,
             "shaping": self.shaping,
+            **(
+                {"partitions": [leaf.as_json() for leaf in self.partitions]}
+                if self.partitions is not None
+                else {}
+            ),
         }
 
     @classmethod
@@ -91,6 +121,11 @@ class Signature:
             model=document.get("model"),
             model_origin=document.get("model_origin"),
             shaping=document.get("shaping"),
+            partitions=(
+                tuple(SignedLeaf(**leaf) for leaf in document["partitions"])
+                if document.get("partitions") is not None
+                else None
+            ),
         )
 
     def as_created(self) -> Signature:
@@ -109,6 +144,7 @@ class Signature:
             model=None,
             model_origin=None,
             shaping=None,
+            partitions=None,
         )
 
     def without_column(self, name: str) -> Signature:
@@ -131,6 +167,18 @@ def read_signature(conn: psycopg.Connection[Any], source: TableInfo, built: Tabl
         model=model_fingerprint(built.model.base or built.model),
         model_origin=built.model.origin,
         shaping=built.model.shaping,
+        partitions=_signed_leaves(conn, source),
+    )
+
+
+def _signed_leaves(
+    conn: psycopg.Connection[Any], source: TableInfo
+) -> tuple[SignedLeaf, ...] | None:
+    if source.kind != PARTITIONED:
+        return None
+    return tuple(
+        SignedLeaf(leaf.name.schema, leaf.name.name, leaf.oid, leaf.attached, leaf.storage)
+        for leaf in leaves(conn, source.oid)
     )
 
 

@@ -27,8 +27,8 @@ from ..project.settings import Settings
 from ..project.state import TableState
 from ..transfer.copy_stream import task_steps
 from .context import KeyBounds
-from .full_load import estimated_rows, part_tasks, plan_parts
 from .incremental import batch_for, batch_tasks
+from .load_parts import estimated_rows, part_tasks, plan_parts
 from .resume import (
     Found,
     abandon_steps,

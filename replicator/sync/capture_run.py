@@ -22,7 +22,7 @@ import psycopg
 from ..base.errors import Interrupted, ReplicatorError, TableLocked, TableProblem, one_line
 from ..capture.applied import applied_positions, forget_applied
 from ..capture.capture_table import CaptureTable
-from ..capture.dba_publication import publication_problem
+from ..capture.dba_publication import publication_problem, via_root_problem
 from ..capture.drain import drain
 from ..capture.lsn import lsn_text, parse_lsn
 from ..capture.preflight import capture_problem
@@ -36,6 +36,7 @@ from ..capture.slot import (
 from ..plan.decide import Plan
 from ..plan.drift import Planned, destination_has_rows
 from ..postgres.endpoints import Endpoints
+from ..postgres.partition_tree import PARTITIONED
 from ..postgres.table_lock import table_lock
 from ..project.capture_state import CaptureState
 from ..project.config import TableConfig
@@ -84,6 +85,11 @@ class CaptureRun:
             raise TableProblem(f"{table.written_name}: {self.setup_error}")
         names = self.names
         foreign = names is not None and not names.created
+        if foreign and planned.source.kind == PARTITIONED:
+            via_root = via_root_problem(ends.source, names.publication, table.name)
+            if via_root is not None:  # its changes pass under its partitions' names
+                forget_applied(ends.dest, table.target)
+                raise TableProblem(f"{table.written_name}: {via_root[0]}: {via_root[1]}")
         if foreign and table.name not in published_tables(ends.source, names.publication):
             # Its changes are not in the log from here on: when the DBA adds it back, its
             # copy must reload, not continue from a position with a gap after it.

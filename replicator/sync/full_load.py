@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,7 +23,7 @@ from ..base.failpoints import failpoint
 from ..base.identifiers import TableName
 from ..capture.applied import ensure_applied_table, record_applied_step
 from ..capture.slot_snapshot import SlotSnapshot
-from ..plan.table_sql import MODEL_ALIAS, TableSql
+from ..plan.table_sql import TableSql
 from ..postgres.catalog import TableInfo
 from ..postgres.database import execute, render, run_steps
 from ..postgres.dependent_views import reload_problem
@@ -34,20 +33,12 @@ from ..postgres.snapshot import ExportedSnapshot
 from ..postgres.swap import swap_in
 from ..project.state import Cursor, Pending, Window
 from ..transfer.copy_progress import NO_PROGRESS, Sink, watch_copy
-from ..transfer.copy_stream import CopyTask
-from ..transfer.copy_tasks import copy_tasks
 from ..transfer.markers import discard, forget_loads, forget_markers, fresh_load_id
-from ..transfer.partitions import (
-    KeyRange,
-    PageRange,
-    page_predicate,
-    plan_key_ranges,
-    plan_page_ranges,
-    range_predicate,
-)
+from ..transfer.partitions import KeyRange
 from ..transfer.spark_runner import SparkRunner
 from . import resume
 from .cursor import first_cursor
+from .load_parts import estimated_rows, part_tasks, plan_parts
 from .scripts import (
     DestinationFacts,
     key_statement,
@@ -196,7 +187,7 @@ def _load_and_swap(
     failpoint("after-load-before-swap")
     rows, size = _loaded(ends.dest, load_id)
     progress.phase("building the primary key, analyzing")
-    moved = found is not None and isinstance(parts[0], PageRange)
+    moved = found is not None and not isinstance(parts[0], KeyRange)  # page ranges
     removed = _finish_side_table(ends.dest, side, built, rows_moved_pages=moved)
     rows -= removed if moved else 0  # read twice, kept once
     phases.mark("primary key built, analyzed")
@@ -242,77 +233,6 @@ class _Phases:
         now = time.monotonic()
         log.debug("%s: %s in %.2f s", self.table, what, now - self.last)
         self.last = now
-
-
-def estimated_rows(conn: psycopg.Connection[Any], source: TableInfo) -> int:
-    """pg_class's row estimate; from the size when the table was never analyzed."""
-    (estimate,) = execute(
-        conn,
-        "SELECT CASE WHEN reltuples >= 0 THEN reltuples::bigint "
-        "ELSE pg_relation_size(oid) / 100 END FROM pg_catalog.pg_class WHERE oid = %s",
-        (source.oid,),
-    ).fetchone()
-    return int(estimate)
-
-
-def part_tasks(
-    snapshot: str,
-    urls: tuple[str, str],
-    built: TableSql,
-    load_id: str,
-    parts: Sequence[PageRange | KeyRange],
-    todo: list[int],
-) -> list[CopyTask]:
-    """The tasks of the partitions `todo` (all of them for a fresh load; a single one then
-    empties the side table and copies frozen)."""
-    side = side_table(built.table.target)
-    queries = part_queries(built, parts)
-    return copy_tasks(
-        load_id,
-        *urls,
-        snapshot,
-        [queries[i] for i in todo],
-        (side.schema, side.name),
-        [c.name for c in built.columns],
-        freeze=len(todo) == len(parts),
-        origin=built.model.origin,
-        parts=todo,
-    )
-
-
-def plan_parts(
-    conn: psycopg.Connection[Any], built: TableSql, source: TableInfo, parallelism: int
-) -> list[PageRange] | list[KeyRange]:
-    """The load's partitions: page ranges of the table, else key ranges of the model."""
-    requested = built.table.partitions
-    if built.model.reads_table_as_is and source.kind == "table":
-        return plan_page_ranges(conn, source, parallelism, requested)
-    key = built.primary_key[0] if built.primary_key else None
-    return plan_key_ranges(conn, source, key, built.type_of(key or ""), parallelism, requested)
-
-
-def part_queries(built: TableSql, parts: Sequence[PageRange | KeyRange]) -> list[sql.Composable]:
-    """One SELECT per partition."""
-    model = sql.SQL(built.model.sql)
-    queries: list[sql.Composable] = []
-    key = built.primary_key[0] if built.primary_key else None
-    for part in parts:
-        if isinstance(part, PageRange):
-            predicate = page_predicate(part)
-            # The built-in model is `SELECT <columns> FROM <table>`: the bounds go straight on.
-            queries.append(
-                model if predicate is None else sql.SQL("{} WHERE {}").format(model, predicate)
-            )
-            continue
-        predicate = range_predicate(key, built.type_of(key), part) if key else None
-        queries.append(
-            model
-            if predicate is None
-            else sql.SQL("SELECT * FROM ({}) AS {} WHERE {}").format(
-                model, sql.Identifier(MODEL_ALIAS), predicate
-            )
-        )
-    return queries
 
 
 def _keep_newest_version_per_key(

@@ -26,12 +26,13 @@ from psycopg.types.json import Jsonb
 from ..base.errors import DatabaseError, TableProblem
 from ..base.identifiers import TableName
 from ..plan.table_sql import TableSql
-from ..postgres import ddl
+from ..postgres import ddl, partition_tree
 from ..postgres.catalog import TableInfo
 from ..postgres.database import Step, execute, run_steps, transaction
 from ..postgres.endpoints import Endpoints
 from ..postgres.naming import MARKER_TABLE, RESUME_TABLE
 from ..project.state import Cursor, Pending, Window
+from ..transfer.leaf_parts import LeafPages, LeafRange
 from ..transfer.markers import forget_loads_step
 from ..transfer.partitions import KeyRange, PageRange
 from .scripts import side_table
@@ -40,7 +41,7 @@ log = logging.getLogger("replicator.sync")
 
 MAX_AGE_DAYS = 7  # an older first snapshot means a long catch-up: start over instead
 RESUMABLE_MODES = ("incremental-deduped", "incremental-append")
-Part = PageRange | KeyRange
+Part = PageRange | KeyRange | LeafRange
 
 
 @dataclass(frozen=True)
@@ -53,7 +54,9 @@ class Resume:
     pending: Pending | None
     window: Window | None
     shape: str  # shape_of(): columns, types, key and model of the load
-    relfilenode: int  # the source table's storage: a rewrite moves every row's page
+    # The source table's storage: a rewrite moves every row's page (a partitioned table:
+    # partition_tree.storage_digest of its leaves, which also changes when one comes or goes).
+    relfilenode: int
 
     def as_json(self) -> dict[str, Any]:
         """The record's `plan` column."""
@@ -83,12 +86,17 @@ class Resume:
 def _part_json(part: Part) -> dict[str, Any]:
     if isinstance(part, PageRange):
         return {"pages": [part.first, part.end]}
+    if isinstance(part, LeafRange):
+        return {"leaves": [[p.leaf.schema, p.leaf.name, p.first, p.end] for p in part.pieces]}
     return {"keys": [part.lower, part.upper], "nulls": part.nulls}
 
 
 def _part(data: dict[str, Any]) -> Part:
     if "pages" in data:
         return PageRange(*data["pages"])
+    if "leaves" in data:
+        pieces = (LeafPages(TableName(s, n), first, end) for s, n, first, end in data["leaves"])
+        return LeafRange(tuple(pieces))
     return KeyRange(*data["keys"], nulls=bool(data["nulls"]))
 
 
@@ -101,8 +109,9 @@ def can_resume(built: TableSql, parts: Sequence[Part]) -> bool:
     """Page ranges resume only where every change gives a row a new replication key
     (`incremental-deduped`'s contract): an UPDATE can move a row from a page not yet copied
     to one copied already, and only the catch-up can bring it back. An append table's
-    updates keep their key, so its page-range loads start over."""
-    return built.table.mode == "incremental-deduped" or not isinstance(parts[0], PageRange)
+    updates keep their key, so its page-range loads start over (leaf parts are page ranges
+    too: a row also moves between leaves when its partition key changes)."""
+    return built.table.mode == "incremental-deduped" or isinstance(parts[0], KeyRange)
 
 
 def shape_of(built: TableSql) -> str:
@@ -119,7 +128,11 @@ def shape_of(built: TableSql) -> str:
 
 def relfilenode(conn: psycopg.Connection[Any], source: TableInfo) -> int:
     """The source table's storage file: TRUNCATE, VACUUM FULL and CLUSTER give it a new one
-    (0 for a view or a model over several tables)."""
+    (0 for a view or a model over several tables). A partitioned table's leaves, each with
+    its own storage, in one number: a leaf attached, detached or rewritten changes it (a
+    leaf attached between two snapshots would hold rows behind the catch-up's cursor)."""
+    if source.kind == partition_tree.PARTITIONED:
+        return partition_tree.storage_digest(partition_tree.leaves(conn, source.oid))
     (node,) = execute(
         conn, "SELECT relfilenode FROM pg_catalog.pg_class WHERE oid = %s", (source.oid,)
     ).fetchone()
@@ -197,7 +210,10 @@ def why_not(found: Found, built: TableSql, source_node: int, side_exists: bool) 
     if found.resume.shape != shape_of(built):
         return "the source or its model changed shape since"
     if found.resume.relfilenode != source_node:
-        return "the source table was rewritten since (TRUNCATE, VACUUM FULL, CLUSTER)"
+        return (
+            "the source table was rewritten since (TRUNCATE, VACUUM FULL, CLUSTER; or a "
+            "partition attached, detached or rewritten)"
+        )
     return None
 
 

@@ -62,13 +62,18 @@ def plan_key_ranges(
     key_type: str,
     parallelism: int,
     requested: int | None = None,
+    size: tuple[int, int] | None = None,
 ) -> list[KeyRange]:
     """Read the table's size and key bounds (inside the caller's snapshot) and split it.
 
-    `requested` (the table's `partitions` setting) replaces the size-based count."""
+    `requested` (the table's `partitions` setting) replaces the size-based count; `size`
+    (bytes, estimated rows) replaces the table's own, which a partitioned table lacks."""
     if key is None or source.column(key) is None:
         return [KeyRange(None, None, nulls=True)]
-    (table_bytes,) = execute(conn, "SELECT pg_relation_size(%s)", (source.oid,)).fetchone()
+    if size is None:
+        (table_bytes,) = execute(conn, "SELECT pg_relation_size(%s)", (source.oid,)).fetchone()
+    else:
+        table_bytes = size[0]
     count = requested or partition_count(table_bytes, parallelism)
     if count == 1:
         return [KeyRange(None, None, nulls=True)]
@@ -80,7 +85,8 @@ def plan_key_ranges(
         if low is None:
             return [KeyRange(None, None, nulls=True)]
         return split_integer_range(low, high, count)
-    return ranges_from_bounds(_sampled_bounds(conn, source, column, table, count))
+    estimate = size[1] if size is not None else None
+    return ranges_from_bounds(_sampled_bounds(conn, source, column, table, count, estimate))
 
 
 def _sampled_bounds(
@@ -89,10 +95,13 @@ def _sampled_bounds(
     column: sql.Identifier,
     table: sql.Identifier,
     count: int,
+    estimate: int | None,
 ) -> list[str]:
-    (estimate,) = execute(
-        conn, "SELECT greatest(reltuples, 1) FROM pg_class WHERE oid = %s", (source.oid,)
-    ).fetchone()
+    if estimate is None:
+        (estimate,) = execute(
+            conn, "SELECT reltuples FROM pg_class WHERE oid = %s", (source.oid,)
+        ).fetchone()
+    estimate = max(estimate, 1)
     percent = min(100.0, 100.0 * SAMPLE_ROWS / estimate)
     fractions = [i / count for i in range(1, count)]
     (bounds,) = execute(
