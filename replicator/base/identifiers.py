@@ -6,6 +6,7 @@ quotes keep case and allow any character, with `""` standing for one quote.
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
 
@@ -22,8 +23,10 @@ _UNQUOTED_GLOB = re.compile("[A-Za-z_*?\u0080-\U0010ffff][A-Za-z0-9_$*?\u0080-\U
 _SIMPLE = re.compile(r"[a-z_][a-z0-9_$]*")
 
 
+@functools.lru_cache(maxsize=65_536)
 def quote_ident(name: str) -> str:
-    """The identifier quoted for PostgreSQL, whatever it contains."""
+    """The identifier quoted for PostgreSQL, whatever it contains (remembered: a run
+    quotes each of its tables' names many times)."""
     return exp.to_identifier(name, quoted=True).sql(dialect="postgres")
 
 
@@ -126,7 +129,7 @@ class TableName:
 
     def sql(self) -> str:
         """The quoted SQL form: `"schema"."table"`."""
-        return self.table().sql(dialect="postgres")
+        return _table_sql(self.schema, self.name)
 
     def identifier(self) -> psql.Identifier:
         """The name for a psycopg.sql statement, both parts quoted."""
@@ -134,3 +137,8 @@ class TableName:
 
     def __str__(self) -> str:
         return f"{display_ident(self.schema)}.{display_ident(self.name)}"
+
+
+@functools.lru_cache(maxsize=65_536)
+def _table_sql(schema: str, name: str) -> str:
+    return exp.table_(name, db=schema, quoted=True).sql(dialect="postgres")

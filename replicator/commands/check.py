@@ -17,6 +17,7 @@ from ..base.redact import redact
 from ..plan.cursor_limits import cursor_limits
 from ..plan.drift import plan_now
 from ..plan.inspect_table import inspect_table
+from ..plan.read_ahead import read_ahead
 from ..plan.selection import expand_project, has_patterns, without_patterns
 from ..postgres.catalog import describe_table, leading_index_columns
 from ..postgres.database import connect, execute, fetch_all
@@ -73,6 +74,8 @@ def run_checks(project: Project, ping: bool = False) -> list[Finding]:
             findings.extend(capture_findings(source, project))
         if dest is not None:
             findings.extend(_destination_privileges(dest, project))
+        if source is not None:
+            read_ahead(source, dest, project.config.tables)
         for table in project.config.tables:
             findings.extend(_check_state(project, table))
             if source is not None:

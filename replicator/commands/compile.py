@@ -23,6 +23,7 @@ from ..base.identifiers import display_ident
 from ..base.redact import redact
 from ..capture.preflight import capture_problem
 from ..plan.drift import Planned, plan_now
+from ..plan.read_ahead import read_ahead
 from ..postgres.database import Step, connect, display, render
 from ..project.config import TableConfig
 from ..project.project import Project
@@ -55,6 +56,7 @@ def compile_tables(
         if dest_note and not as_json:
             click.echo(f"-- {dest_note}\n")
         inputs = Inputs(conn, dest, (source_url, ""), project.settings)
+        read_ahead(conn, dest, tables)
         for table in tables:
             try:
                 compiled = _compile_table(project, inputs, table, resync)

@@ -26,6 +26,7 @@ from ..base.redact import redact
 from ..capture.preflight import capture_problem
 from ..plan.decide import Plan, plan_table
 from ..plan.drift import Planned, plan_now
+from ..plan.read_ahead import read_ahead
 from ..plan.selection import expand_project, known_tables
 from ..plan.table_sql import MODEL_ALIAS, TableSql, fitting_cursor
 from ..postgres.database import connect, execute, transaction
@@ -196,6 +197,7 @@ def _observe_live(
         if source is None:
             notes.append("next action, lag and source_max from sync-state alone (see above)")
             return notes
+        read_ahead(source, dest, tables)
         for table, (row, state) in zip(tables, read, strict=True):
             if row["last_status"] == "error":
                 continue

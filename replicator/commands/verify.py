@@ -22,6 +22,7 @@ from ..compare.verdict import Verdict
 from ..compare.verify_table import PendingLookup, verify_table
 from ..postgres.database import connect
 from ..postgres.endpoints import Endpoints
+from ..postgres.table_lock import lock_connections
 from ..project.config import TableConfig
 from ..project.project import Project
 from ..report.logs import json_output, quiet
@@ -52,6 +53,7 @@ def run_verify(
         with (
             connect(connections.source, "source") as source,
             connect(connections.destination, "destination") as dest,
+            lock_connections(),
         ):
             ends = Endpoints(source, dest, connections.source, connections.destination)
             for table in tables:

@@ -12,6 +12,7 @@ import psycopg
 from psycopg import sql
 
 from ..base.identifiers import TableName
+from ..postgres import prefetch
 from ..postgres.catalog import TableInfo, describe_table
 from ..postgres.database import execute
 from ..postgres.naming import MARK_COLUMN
@@ -136,6 +137,9 @@ def observe(
 
 def destination_has_rows(dest_conn: psycopg.Connection[Any], target: TableName) -> bool:
     """Whether the destination table holds at least one row (reads one, at most)."""
+    found, has_rows = prefetch.take(dest_conn, "has_rows", target)
+    if found:
+        return bool(has_rows)
     (found,) = execute(
         dest_conn, sql.SQL("SELECT EXISTS (SELECT FROM {})").format(target.identifier())
     ).fetchone()

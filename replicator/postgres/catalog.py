@@ -6,6 +6,7 @@ sqlglot or anything else) loses detail such as `bit varying(5)`.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -14,6 +15,7 @@ from psycopg import sql
 
 from ..base.errors import DatabaseError
 from ..base.identifiers import TableName
+from . import prefetch
 from .database import execute, fetch_all, transaction
 
 
@@ -52,11 +54,6 @@ class TableInfo:
         return next((c for c in self.columns if c.name == name), None)
 
 
-_RELATION = """
-SELECT c.oid, c.relkind
-FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
-WHERE n.nspname = %s AND c.relname = %s AND c.relkind IN ('r', 'p', 'v', 'm', 'f')
-"""
 _COLUMNS = """
 SELECT a.attname, pg_catalog.format_type(a.atttypid, a.atttypmod), a.attnotnull, a.atttypid,
        a.attnum
@@ -64,32 +61,50 @@ FROM pg_catalog.pg_attribute a
 WHERE a.attrelid = %s AND a.attnum > 0 AND NOT a.attisdropped
 ORDER BY a.attnum
 """
-_PRIMARY_KEY = """
-SELECT a.attname
-FROM pg_catalog.pg_index i
-CROSS JOIN LATERAL unnest(i.indkey) WITH ORDINALITY AS k(attnum, ord)
-JOIN pg_catalog.pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum
-WHERE i.indrelid = %s AND i.indisprimary
-ORDER BY k.ord
-"""
 # A unique index names each row as a primary key would when it is valid, immediate (a
 # deferred one may hold duplicates inside a transaction, and cannot be a replica identity),
 # not partial, on columns only (no expression, INCLUDE columns left out) and every one NOT
 # NULL (NULLs are never equal, so they would repeat). The replica identity's index first (the
 # log then names rows by the same key), then the fewest columns, then the name.
 _UNIQUE_KEY = """
-SELECT ci.relname, array_agg(a.attname::text ORDER BY k.ord)
+SELECT ci.relname, array_agg(a.attname::text ORDER BY k.ord) AS columns
 FROM pg_catalog.pg_index i
 JOIN pg_catalog.pg_class ci ON ci.oid = i.indexrelid
 CROSS JOIN LATERAL unnest(i.indkey) WITH ORDINALITY AS k(attnum, ord)
 JOIN pg_catalog.pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum
-WHERE i.indrelid = %s AND i.indisunique AND i.indisvalid AND i.indimmediate
+WHERE i.indrelid = c.oid AND i.indisunique AND i.indisvalid AND i.indimmediate
   AND i.indpred IS NULL AND i.indexprs IS NULL AND k.ord <= i.indnkeyatts
 GROUP BY ci.relname, i.indisreplident
 HAVING bool_and(a.attnotnull)
 ORDER BY i.indisreplident DESC, count(*), ci.relname
 LIMIT 1
 """
+# All of a table's facts in one round trip. format_type() qualifies a type only when the
+# session's search_path would not find it: a user's or an extension's type (OID from
+# FIRST_NORMAL_OID on) is read again with only pg_catalog on the path (`_columns`).
+_DESCRIBE = f"""
+SELECT c.oid, c.relkind,
+  (SELECT json_agg(json_build_array(a.attname, pg_catalog.format_type(a.atttypid, a.atttypmod),
+                                    a.attnotnull, a.atttypid::int8, a.attnum) ORDER BY a.attnum)
+   FROM pg_catalog.pg_attribute a
+   WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped),
+  (SELECT array_agg(a.attname::text ORDER BY k.ord)
+   FROM pg_catalog.pg_index i
+   CROSS JOIN LATERAL unnest(i.indkey) WITH ORDINALITY AS k(attnum, ord)
+   JOIN pg_catalog.pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum
+   WHERE i.indrelid = c.oid AND i.indisprimary),
+  u.relname, u.columns
+FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+LEFT JOIN LATERAL ({_UNIQUE_KEY}) u ON true
+WHERE n.nspname = %s AND c.relname = %s AND c.relkind IN ('r', 'p', 'v', 'm', 'f')
+"""
+_DESCRIBE_MANY = _DESCRIBE.replace(
+    "SELECT c.oid, c.relkind,", "SELECT n.nspname, c.relname, c.oid, c.relkind,", 1
+).replace(
+    "WHERE n.nspname = %s AND c.relname = %s",
+    "WHERE (n.nspname, c.relname) IN (SELECT * FROM unnest(%s::text[], %s::text[]))",
+)
+FIRST_NORMAL_OID = 16384
 _LEADING_INDEXED = """
 SELECT DISTINCT a.attname
 FROM pg_catalog.pg_index i
@@ -108,16 +123,48 @@ KINDS = {
 def describe_table(conn: psycopg.Connection[Any], name: TableName) -> TableInfo | None:
     """The table's columns and primary key (else its usable unique index); None when it
     does not exist."""
-    rows = fetch_all(conn, _RELATION, (name.schema, name.name))
+    found, info = prefetch.take(conn, "table", name)
+    if found:
+        return info
+    rows = fetch_all(conn, _DESCRIBE, (name.schema, name.name))
     if not rows:
         return None
-    oid, kind = rows[0]
-    columns = _columns(conn, oid)
-    primary_key = tuple(row[0] for row in fetch_all(conn, _PRIMARY_KEY, (oid,)))
+    return _info(conn, name, *rows[0])
+
+
+def describe_tables(
+    conn: psycopg.Connection[Any], names: Sequence[TableName]
+) -> dict[TableName, TableInfo | None]:
+    """Describe these tables in one round trip; each `describe_table` of one of them then
+    takes its description (once) instead of reading the catalog."""
+    if not names:
+        return {}
+    rows = fetch_all(conn, _DESCRIBE_MANY, ([n.schema for n in names], [n.name for n in names]))
+    found = {
+        TableName(row[0], row[1]): _info(conn, TableName(row[0], row[1]), *row[2:]) for row in rows
+    }
+    described = {name: found.get(name) for name in names}
+    prefetch.put_many(conn, "table", described)
+    return described
+
+
+def _info(
+    conn: psycopg.Connection[Any],
+    name: TableName,
+    oid: int,
+    kind: str,
+    attributes: list[list[Any]] | None,
+    key: list[str] | None,
+    index_name: str | None,
+    index_columns: list[str] | None,
+) -> TableInfo:
+    columns = tuple(Column(*attribute) for attribute in attributes or ())
+    if any(c.type_oid >= FIRST_NORMAL_OID for c in columns):
+        columns = _columns(conn, oid)  # the type names qualified, whatever the search_path
+    primary_key = tuple(key or ())
     unique = None
-    if not primary_key:
-        found = fetch_all(conn, _UNIQUE_KEY, (oid,))
-        unique = UniqueIndex(found[0][0], tuple(found[0][1])) if found else None
+    if not primary_key and index_name is not None and index_columns is not None:
+        unique = UniqueIndex(index_name, tuple(index_columns))
     return TableInfo(name, oid, KINDS[kind], columns, primary_key, unique)
 
 

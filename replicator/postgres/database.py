@@ -178,6 +178,19 @@ def fetch_all(
     return execute(conn, statement, params).fetchall()
 
 
+def fetch_union(
+    conn: psycopg.Connection[Any], branches: Sequence[sql.Composable], chunk: int = 100
+) -> list[tuple[Any, ...]]:
+    """The rows of `branches` (SELECTs of the same columns) joined by UNION ALL, a hundred a
+    statement: PostgreSQL plans a union of a thousand subqueries in seconds, ten unions of a
+    hundred in a fraction of one."""
+    rows: list[tuple[Any, ...]] = []
+    for start in range(0, len(branches), chunk):
+        part = sql.SQL(" UNION ALL ").join(branches[start : start + chunk])
+        rows.extend(execute(conn, part).fetchall())
+    return rows
+
+
 @contextlib.contextmanager
 def transaction(
     conn: psycopg.Connection[Any], begin: str = "BEGIN", *, rollback: bool = False

@@ -254,6 +254,8 @@ def describe_types(conn: psycopg.Connection[Any], columns: Sequence[Column]) -> 
     comparable JSON: enum labels in order, a domain's definition, a composite's attributes."""
     out: dict[str, Any] = {}
     used = [t for t in read_closure(conn, [(c.name, c.type_oid) for c in columns]) if t.creatable]
+    if not used:
+        return out
     with transaction(conn):
         execute(conn, "SET LOCAL search_path = pg_catalog, pg_temp")
         for t in used:

@@ -17,6 +17,7 @@ table creates the registry again.
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -26,6 +27,7 @@ from psycopg import sql
 from ..base.identifiers import INTERNAL_SCHEMA, TableName
 from ..project.config import TableConfig
 from ..project.state import TableState
+from . import prefetch
 from .database import Step, execute, fetch_all, run_steps, transaction
 from .dest_schema import ensure_bookkeeping
 from .naming import OWNED_TABLE
@@ -65,12 +67,34 @@ def classify(exists: bool, records: Records, state: TableState | None) -> Owners
 
 def read_records(dest: psycopg.Connection[Any], target: TableName, oid: int | None) -> Records:
     """The registry's rows for the table (none when the registry does not exist yet)."""
+    found, records = prefetch.take(dest, "records", (target, oid))
+    if found:
+        return records
     (exists,) = execute(dest, "SELECT to_regclass(%s) IS NOT NULL", (OWNED_TABLE.sql(),)).fetchone()
     if not exists or oid is None:
         return Records(False, False)
     query = sql.SQL(_RECORDS).format(registry=OWNED_TABLE.identifier())
     rows = fetch_all(dest, query, {"oid": oid, "schema": target.schema, "name": target.name})
     return Records(any(row[1] for row in rows), bool(rows))
+
+
+def read_many_records(
+    dest: psycopg.Connection[Any], tables: Mapping[TableName, int | None]
+) -> None:
+    """`read_records` of these (destination table, OID) pairs in one read of the registry;
+    each is then taken once instead of read."""
+    (exists,) = execute(dest, "SELECT to_regclass(%s) IS NOT NULL", (OWNED_TABLE.sql(),)).fetchone()
+    rows = []
+    if exists:
+        query = sql.SQL("SELECT table_oid, schema_name, table_name FROM {}")
+        rows = fetch_all(dest, query.format(OWNED_TABLE.identifier()))
+    oids = {row[0] for row in rows}
+    names = {TableName(row[1], row[2]) for row in rows}
+    records = {}
+    for target, oid in tables.items():
+        this = oid is not None and oid in oids
+        records[(target, oid)] = Records(this, oid is not None and (this or target in names))
+    prefetch.put_many(dest, "records", records)
 
 
 def record_owned(dest: psycopg.Connection[Any], target: TableName) -> None:

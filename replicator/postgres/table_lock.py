@@ -5,6 +5,9 @@ they share the destination: each table's sync holds a transaction-scoped advisor
 on a connection of its own, for as long as it works on the table. Transaction-scoped, so it
 also works through PgBouncer in transaction mode; released by the server when the holder
 dies. The transaction holds no snapshot between statements and writes nothing.
+
+A run locks its tables one after another: the lock's connection is kept for the next table
+(`lock_connections`), so a run of 1,000 tables opens one, not 1,000.
 """
 
 from __future__ import annotations
@@ -12,6 +15,10 @@ from __future__ import annotations
 import contextlib
 import hashlib
 from collections.abc import Iterator
+from typing import Any
+
+import psycopg
+from psycopg.pq import TransactionStatus
 
 from ..base.errors import TableLocked
 from ..base.identifiers import TableName
@@ -24,11 +31,54 @@ def lock_key(target: TableName) -> int:
     return int.from_bytes(digest[:8], "big", signed=True)
 
 
+# Idle lock connections of the run under way, by destination URL (lock_connections()).
+_idle: dict[str, list[psycopg.Connection[Any]]] | None = None
+
+
+@contextlib.contextmanager
+def lock_connections() -> Iterator[None]:
+    """Keep lock connections for the next table during the block (a run); closed after."""
+    global _idle
+    outer, _idle = _idle, {} if _idle is None else _idle
+    try:
+        yield
+    finally:
+        if outer is None:
+            for pool in _idle.values():
+                for conn in pool:
+                    conn.close()
+            _idle = None
+
+
+@contextlib.contextmanager
+def _lock_connection(dest_url: str) -> Iterator[psycopg.Connection[Any]]:
+    """A connection for one lock: an idle one of the run's if any, else a new one; back to
+    the run's idle ones when the block ends cleanly, closed otherwise."""
+    pool = _idle.setdefault(dest_url, []) if _idle is not None else None
+    conn = pool.pop() if pool else _new_lock_connection(dest_url)
+    try:
+        yield conn
+    except BaseException:
+        conn.close()
+        raise
+    if pool is None or conn.closed or conn.info.transaction_status != TransactionStatus.IDLE:
+        conn.close()
+    else:
+        pool.append(conn)
+
+
+def _new_lock_connection(dest_url: str) -> psycopg.Connection[Any]:
+    """A connection that only ever holds lock transactions: never timed out while idle in
+    one (the table's work may take hours)."""
+    conn = connect(dest_url, "destination")
+    execute(conn, "SET idle_in_transaction_session_timeout = 0")
+    return conn
+
+
 @contextlib.contextmanager
 def table_lock(dest_url: str, target: TableName, subject: str) -> Iterator[None]:
     """Hold the table's destination lock for the block; TableLocked when another has it."""
-    with connect(dest_url, "destination") as conn, transaction(conn, rollback=True):
-        execute(conn, "SET LOCAL idle_in_transaction_session_timeout = 0")
+    with _lock_connection(dest_url) as conn, transaction(conn, rollback=True):
         (held,) = execute(
             conn, "SELECT pg_try_advisory_xact_lock(%s::bigint)", (lock_key(target),)
         ).fetchone()

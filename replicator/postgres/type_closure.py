@@ -16,6 +16,10 @@ import psycopg
 
 from .database import execute, fetch_all, transaction
 
+# Every object made after initdb (a user's type, an extension's) has an OID from here on:
+# a column of a built-in type needs no look at the catalog.
+FIRST_NORMAL_OID = 16384
+
 _CLOSURE = """
 WITH RECURSIVE used(col, oid, depth) AS (
     SELECT c.col, c.oid, 0 FROM unnest(%s::text[], %s::oid[]) AS c(col, oid)
@@ -82,6 +86,8 @@ def read_closure(
     """The types behind these (column name, type oid) pairs, deepest first; built-in types
     are left out, extension types are in wherever they live."""
     pairs = sorted(set(columns))
+    if all(oid < FIRST_NORMAL_OID for _, oid in pairs):
+        return []  # built-in types only: made by initdb, never a user's or an extension's
     with transaction(conn):
         execute(conn, "SET LOCAL search_path = pg_catalog, pg_temp")
         rows = fetch_all(conn, _CLOSURE, ([p[0] for p in pairs], [p[1] for p in pairs]))

@@ -69,6 +69,7 @@ class RunContext:
         # and whether the run has said what that means
         self.bookkeeping_gone: str | None = None
         self.said_gone = False
+        self.state_unwritten = False  # the run's deferred states could not be written
         # `sync --follow`: decides whether a run's webhook is posted (follow.py)
         self.notify: Callable[[dict[str, Any], bool], None] | None = None
 
@@ -147,6 +148,10 @@ class TableJob:
 
     def write_state(self, state: TableState) -> None:
         self.run.project.store.write(state, self.table.name)
+
+    def write_state_later(self, state: TableState) -> None:
+        """A table the run left as it was: written with the others at the run's end."""
+        self.run.project.store.write_later(state, self.table.name)
 
     def outcome(self, result: TableResult, finished: str) -> RunOutcome:
         return outcome(self.run, self.started_at, finished, result)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -320,8 +321,34 @@ def start_over_steps(target: TableName) -> list[Step]:
     ]
 
 
+# By destination session: the tables with an unfinished load when the run first looked,
+# read once for all of them (a table's own record changes only while it is synced, and a
+# table is abandoned before anything of its own runs).
+_unfinished: weakref.WeakKeyDictionary[Any, frozenset[str]] = weakref.WeakKeyDictionary()
+
+
+def unfinished_targets(dest: psycopg.Connection[Any]) -> frozenset[str]:
+    """The destination tables with an unfinished load when the run first looked."""
+    if dest not in _unfinished:
+        with transaction(dest):
+            (exists,) = execute(
+                dest, "SELECT to_regclass(%s) IS NOT NULL", (RESUME_TABLE.sql(),)
+            ).fetchone()
+            rows = (
+                execute(
+                    dest, sql.SQL("SELECT target FROM {}").format(RESUME_TABLE.identifier())
+                ).fetchall()
+                if exists
+                else []
+            )
+        _unfinished[dest] = frozenset(row[0] for row in rows)
+    return _unfinished[dest]
+
+
 def abandon(dest: psycopg.Connection[Any], target: TableName, name: str) -> None:
     """A table that goes on incrementally drops an unfinished reload (a killed `sync -f`)."""
+    if target.sql() not in unfinished_targets(dest):
+        return
     found = find(dest, target)
     if found is None:
         return

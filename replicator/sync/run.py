@@ -19,6 +19,7 @@ from ..base.errors import (
     LockHeld,
     ReplicatorError,
     StateError,
+    StateWriteError,
     TableLocked,
     TableProblem,
     one_line,
@@ -27,11 +28,12 @@ from ..base.interrupts import raise_if_requested, stop_requested
 from ..base.redact import redact
 from ..plan.decide import Plan
 from ..plan.drift import plan_now
+from ..plan.read_ahead import read_ahead
 from ..plan.selection import expand_project
 from ..postgres.database import connect
 from ..postgres.endpoints import Endpoints
 from ..postgres.ownership import adopt_legacy, bookkeeping_gone
-from ..postgres.table_lock import table_lock
+from ..postgres.table_lock import lock_connections, table_lock
 from ..project.config import TableConfig
 from ..project.project import Project
 from ..project.runlock import run_lock
@@ -43,8 +45,10 @@ from ..report.results import TableResult, utc_now
 from ..report.webhook import build_payload, post
 from .capture_run import CaptureRun
 from .context import RunContext, TableJob, failure, record_failure
+from .noop_screen import screen_noops
 from .resync import resync_bounds
 from .table_actions import carry_out
+from .unreachable import fail_the_rest
 
 log = logging.getLogger("replicator.sync")
 
@@ -92,8 +96,11 @@ def run_sync(
     run.notify = notify
     output = SyncOutput(always_summarize, project.settings.progress_interval)
     try:
-        with run_lock(project.state_dir):
-            _sync_all(run, tables, connections, output)
+        with run_lock(project.state_dir), lock_connections():
+            try:
+                _sync_all(run, tables, connections, output)
+            finally:
+                _flush_states(run)
     except LockHeld as exc:
         _notify(run, [], status="skipped", error=str(exc))
         raise
@@ -118,7 +125,7 @@ def run_sync(
     output.summary(results)
     failures = {r.name for r in results if r.status == "failure"}
     if not failures:
-        return 0
+        return 1 if run.state_unwritten else 0
     # Every failure was a table another host is syncing: "try again later", like the run lock.
     return TableLocked.exit_code if failures <= run.locked else 1
 
@@ -170,12 +177,19 @@ def _sync_all(
             ends = Endpoints(source, dest, connections.source, connections.destination)
             # before a table (or the capture's set-up) creates the registry again
             run.bookkeeping_gone = bookkeeping_gone(dest)
+            read_ahead(source, dest, tables)
             capture = CaptureRun(run) if any(t.mode == "cdc" for t in tables) else None
             if capture is not None:
                 capture.set_up(ends, tables)
+            untouched = screen_noops(run, ends, tables, output)
             for table in tables:
                 if stop_requested():  # `sync --follow` asked to stop: finish here
                     break
+                result = untouched.get(table.written_name)
+                if result is not None:
+                    _log_result(run, result)
+                    results.append(result)
+                    continue
                 result = _sync_table(run, ends, table, output, capture)
                 if result is not None:  # None: a `cdc` table the drain below syncs
                     results.append(result)
@@ -191,35 +205,19 @@ def _sync_all(
                 order = {t.written_name: i for i, t in enumerate(tables)}
                 results.sort(key=lambda r: order.get(r.name, 0))
     except ReplicatorError as exc:  # a database could not be reached: every table not done
-        _fail_the_rest(run, tables, exc)
+        fail_the_rest(run, tables, exc)
     finally:
         run.spark.finish()
 
 
-def _fail_the_rest(run: RunContext, tables: tuple[TableConfig, ...], exc: ReplicatorError) -> None:
-    """Every table not done fails with the run's error, which is logged once with their
-    count: the same line for each of 160 tables would bury everything else. Each one's
-    state still records the failed run (`status`), and the webhook still lists each one."""
-    done = {r.name for r in run.results}
-    rest = [t for t in tables if t.written_name not in done]
-    for table in rest:
-        result = failure(table, str(exc), 0.0)
-        _record_unreachable(run, table, result)
-        run.results.append(result)
-    log.error(
-        "%s; %d of %d table(s) not synced: the next run tries them again",
-        redact(str(exc)),
-        len(rest),
-        len(tables),
-        extra={
-            "fields": {
-                "event": "run.unreachable",
-                "run_id": run.run_id,
-                "error": redact(str(exc)),
-                "tables": [t.written_name for t in rest],
-            }
-        },
-    )
+def _flush_states(run: RunContext) -> None:
+    """The states of tables the run left as they were, written together (their last run):
+    a disk that cannot take them fails the run, said once."""
+    try:
+        run.project.store.flush()
+    except StateWriteError as exc:
+        log.error("%s", exc)
+        run.state_unwritten = True
 
 
 def _notify(
@@ -378,13 +376,3 @@ def _adopt(run: RunContext, ends: Endpoints, table: TableConfig) -> None:
             dropped,
         )
     adopt_legacy(ends.dest, table, dropped)
-
-
-def _record_unreachable(run: RunContext, table: TableConfig, result: TableResult) -> None:
-    """A run that could not reach a database is still the table's last run (`status` says
-    so), unless its state file cannot be trusted, which stays as it is."""
-    try:
-        state = run.project.store.read(table.name)
-    except StateError:
-        return
-    record_failure(run, table, state, run.started_at, result)

@@ -21,7 +21,7 @@ from ..report.results import TableResult, utc_now
 from .context import TableJob
 from .deletes import propagate_deletes
 from .full_load import full_reload
-from .incremental import incremental_sync, probe
+from .incremental import ProbeResult, incremental_sync, probe
 from .resume import abandon, resumable
 from .skip_backfill import start_without_backfill
 
@@ -96,6 +96,29 @@ def _catch_up(job: TableJob, state: TableState, loaded: TableResult) -> TableRes
     return result
 
 
+def finish_noop(job: TableJob, probed: ProbeResult) -> TableResult:
+    """A cursor table with nothing new: its result, and its state's note of this run (written
+    with the others' at the run's end)."""
+    state = job.state
+    assert state is not None
+    before = state.cursor.value if state.cursor else None
+    _warn_of_vanished_rows(job, state, probed.rows)
+    finished = utc_now()
+    result = job.success("noop", 0, job.plan.reason, 0, before, before)
+    job.write_state_later(
+        state.model_copy(
+            update={
+                "pending": probed.pending,
+                "schema_signature": job.observed.signature.as_json(),
+                "last_synced_at": finished,
+                "last_run": job.outcome(result, finished),
+                "holds_rows": job.observed.destination_has_rows,
+            }
+        )
+    )
+    return result
+
+
 def _incremental(job: TableJob) -> TableResult:
     """Probe without Spark; read, stage and merge only when something changed."""
     state = job.state
@@ -103,22 +126,9 @@ def _incremental(job: TableJob) -> TableResult:
     before = state.cursor.value if state.cursor else None
     signature = job.observed.signature.as_json()
     probed = probe(job.ends.source, job.built, state)
-    _warn_of_vanished_rows(job, state, probed.rows)
     if not probed.changed:
-        finished = utc_now()
-        result = job.success("noop", 0, job.plan.reason, 0, before, before)
-        job.write_state(
-            state.model_copy(
-                update={
-                    "pending": probed.pending,
-                    "schema_signature": signature,
-                    "last_synced_at": finished,
-                    "last_run": job.outcome(result, finished),
-                    "holds_rows": job.observed.destination_has_rows,
-                }
-            )
-        )
-        return result
+        return finish_noop(job, probed)
+    _warn_of_vanished_rows(job, state, probed.rows)
     job.started_log("incremental", f"incremental ({job.plan.reason})")
     with job.output.progress(job.name) as progress:
         synced = incremental_sync(job.ends, job.built, state, job.run.spark, probed.rows, progress)
