@@ -275,6 +275,7 @@ def _check_table(
         return
     try:
         built = inspect_table(conn, table, project.templates)
+        _ = (built.merge, built.create_destination)  # rendered now: a macro override may fail
     except ReplicatorError as exc:
         yield Finding("error", subject, str(exc).removeprefix(f"{subject}: "))
         return

@@ -7,8 +7,9 @@ Pure: given what the catalog said, it builds statements and never talks to a dat
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from psycopg import sql
 from sqlglot import exp
@@ -33,13 +34,32 @@ class TableSql:
     model: Model
     columns: tuple[Column, ...]
     primary_key: tuple[str, ...]
-    create_destination: exp.Create
     full_extract: sql.Composable
-    incremental_extract: sql.Composable | None
-    merge: str | None
     key: TableKey  # `primary_key` and where it comes from (table_key.py)
-    merge_origin: str | None = None  # which macro (and file) the merge was rendered from
+    templates: Templates = field(compare=False, repr=False)
     shaping: Shaping | None = None  # the table's `columns` and `where` (plan/shaping.py)
+
+    # Rendered when first used: a run screening 1,000 untouched tables needs none of them.
+    @functools.cached_property
+    def create_destination(self) -> exp.Create:
+        return ddl.create_table(
+            self.table.target, destination_columns(self.table, self.columns), self.primary_key
+        )
+
+    @functools.cached_property
+    def incremental_extract(self) -> sql.Composable | None:
+        return incremental_extract(self.model.sql, self.table, self.columns)
+
+    @functools.cached_property
+    def merge(self) -> str | None:
+        """The merge of the staged batch into the copy (None for full-refresh and cdc)."""
+        return _merge(self.table, self.columns, self.primary_key, self.templates)
+
+    @property
+    def merge_origin(self) -> str | None:
+        """Which macro (and file) the merge is rendered from."""
+        macro = _MERGE_MACROS.get(self.table.mode or "")
+        return f"macro {macro} ({self.templates.origins[macro]})" if macro else None
 
     @contextlib.contextmanager
     def reading_model(self) -> Iterator[None]:
@@ -136,13 +156,32 @@ def build_table_sql(
             f"{table.written_name}: the model ({model.origin}) must keep the {which} and "
             f"replication key columns; missing: {', '.join(map(display_ident, dropped))}"
         )
+    return TableSql(
+        shaping=shaping,
+        table=table,
+        model=model,
+        columns=columns,
+        primary_key=primary_key,
+        full_extract=sql.SQL(model.sql),
+        templates=templates,
+        key=key,
+    )
+
+
+_MERGE_MACROS = {"incremental-deduped": "merge_deduped", "incremental-append": "merge_append"}
+
+
+def _merge(
+    table: TableConfig,
+    columns: tuple[Column, ...],
+    primary_key: tuple[str, ...],
+    templates: Templates,
+) -> str | None:
     target, staging = table.target, staging_table(table.target)
     quoted = [quote_ident(c.name) for c in columns]
     quoted_key = [quote_ident(c) for c in primary_key]
-    merge = merge_macro = None
     if table.mode == "incremental-deduped":
-        merge_macro = "merge_deduped"
-        merge = templates.call(
+        return templates.call(
             "merge_deduped",
             target=target.sql(),
             staging=staging.sql(),
@@ -157,32 +196,15 @@ def build_table_sql(
             update_columns=quoted + ([quote_ident(MARK_COLUMN)] if table.deletes == "mark" else []),
             replication_key=quote_ident(table.replication_key or primary_key[0]),
         )
-    elif table.mode == "incremental-append":
-        merge_macro = "merge_append"
-        merge = templates.call(
+    if table.mode == "incremental-append":
+        return templates.call(
             "merge_append",
             target=target.sql(),
             staging=staging.sql(),
             columns=quoted,
             key_columns=quoted_key,
         )
-    return TableSql(
-        shaping=shaping,
-        table=table,
-        model=model,
-        columns=columns,
-        primary_key=primary_key,
-        create_destination=ddl.create_table(
-            target, destination_columns(table, columns), primary_key
-        ),
-        full_extract=sql.SQL(model.sql),
-        incremental_extract=incremental_extract(model.sql, table, columns),
-        merge=merge,
-        merge_origin=(
-            f"macro {merge_macro} ({templates.origins[merge_macro]})" if merge_macro else None
-        ),
-        key=key,
-    )
+    return None
 
 
 def batch_query(

@@ -276,7 +276,7 @@ def _syncfs(directory: Path) -> bool:
 
 
 def _text(state: TableState) -> str:
-    return json.dumps(state.model_dump(mode="json"), indent=2, ensure_ascii=False) + "\n"
+    return state.model_dump_json(indent=2) + "\n"
 
 
 def _remedy(exc: OSError, directory: Path) -> str:
