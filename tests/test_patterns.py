@@ -93,6 +93,9 @@ def test_a_pattern_syncs_its_matches_and_a_table_created_between_two_runs(
     ]
     assert rows[1]["primary_key"] == ["id", "at"] and rows[1]["replication_key"] == "updated_at"
 
+    compiled = db_project.run("compile", "--json")
+    assert compiled.exit_code == 0, compiled.output
+    assert [t["name"] for t in json.loads(compiled.stdout)] == [r["name"] for r in rows]
     checked = db_project.run("check")
     assert (
         f"ok    tables: tables[0] ({schema}.*) matches 2 table(s): {schema}.alpha, {schema}.events"
