@@ -11,6 +11,7 @@ from rich.console import Console
 from rich.table import Table
 
 from ..base.errors import ReplicatorError
+from ..plan.table_key import preferred_key
 from ..postgres.catalog import describe_table
 from ..postgres.database import connect
 from ..project.config import TableConfig
@@ -69,8 +70,7 @@ def _primary_keys(project: Project, tables: tuple[TableConfig, ...]) -> dict[Any
             for table in unknown:
                 info = describe_table(source, table.source)
                 if info is not None:
-                    index = info.unique_index  # the key a table without one uses
-                    keys[table.source] = info.primary_key or (index.columns if index else ())
+                    keys[table.source] = preferred_key(table, info)
     except ReplicatorError:  # the source is out of reach: the config's keys alone
         pass
     return keys

@@ -27,6 +27,7 @@ from ..postgres.database import fetch_all
 from ..project.config import TableConfig
 from ..project.settings import SALT_SETTING
 from ..project.templates import Model
+from .table_key import preferred_key
 
 MODEL_ALIAS = "_replicator_model"
 TEXT_OID = 25
@@ -126,8 +127,7 @@ def shape_model(
             f"{name}: columns.hash: the model ({model.origin}) has no column "
             f"{', '.join(map(display_ident, absent))}"
         )
-    index = source.unique_index
-    key = table.primary_key or source.primary_key or (index.columns if index else ())
+    key = preferred_key(table, source)
     keyed = [c for c in shaping.hash if c in key] + [c for c in shaping.exclude if c in key]
     if keyed:
         raise TableProblem(

@@ -50,6 +50,13 @@ class TableKey:
         return f"primary key ({names})"
 
 
+def preferred_key(table: TableConfig, source: TableInfo) -> tuple[str, ...]:
+    """The columns that key the copy when its model keeps them, in `resolve_key`'s order:
+    the config's `primary_key`, the source's primary key, else its usable unique index."""
+    index = source.unique_index
+    return tuple(table.primary_key or source.primary_key or (index.columns if index else ()))
+
+
 def resolve_key(table: TableConfig, source: TableInfo, model_columns: Collection[str]) -> TableKey:
     """The key of the table's copy; TableProblem when the configured one names a column the
     source lacks, or when the mode needs a key and the table has none."""

@@ -37,7 +37,7 @@ from ..postgres.table_lock import lock_connections, table_lock
 from ..project.config import TableConfig
 from ..project.project import Project
 from ..project.runlock import run_lock
-from ..project.settings import Connections
+from ..project.settings import Connections, WebhookTarget
 from ..project.state import TableState
 from ..project.templates import stray_models
 from ..report.output import SyncOutput
@@ -141,10 +141,7 @@ def _expanded(project: Project, notify: Callable[[dict[str, Any], bool], None] |
         if webhook is not None:
             error = redact(f"{exc}: the table patterns cannot be matched")
             payload = build_payload(uuid.uuid4().hex, started_at, utc_now(), [], "failure", error)
-            if notify is not None:
-                notify(payload, True)
-            else:
-                post(webhook, payload, within=60.0)
+            _deliver(webhook, notify, payload)
         raise
 
 
@@ -233,10 +230,20 @@ def _notify(
     payload = build_payload(
         run.run_id, run.started_at, utc_now(), results, status, redact(error) if error else None
     )
-    if run.notify is not None:
-        run.notify(payload, payload["status"] != "success")
+    _deliver(run.webhook, run.notify, payload, within)
+
+
+def _deliver(
+    webhook: WebhookTarget,
+    notify: Callable[[dict[str, Any], bool], None] | None,
+    payload: dict[str, Any],
+    within: float = 60.0,
+) -> None:
+    """Post the payload, or hand it to `sync --follow`'s notifier, which decides."""
+    if notify is not None:
+        notify(payload, payload["status"] != "success")
         return
-    post(run.webhook, payload, within=within)
+    post(webhook, payload, within=within)
 
 
 def _report_interrupted(
