@@ -303,8 +303,9 @@ def test_kill_after_merge_before_state_write_converges(db_project, source_conn, 
 
 
 def test_small_copies_run_in_process_without_a_jvm(db_project, source_conn, dest_conn, schema):
-    """Below spark.min_rows (default 500,000) full loads and batches are copied by the
-    replicator process itself: a JAVA_HOME that cannot work does not matter."""
+    """With spark.min_rows unset, small full loads and batches are copied by the replicator
+    process itself (transfer/engine_choice.py): a JAVA_HOME that cannot work does not
+    matter."""
     table = _orders(source_conn, schema, rows=300)
     _config(db_project, schema)
 

@@ -57,8 +57,8 @@ class Server:
         self.url = self.state.url  # with its token
         self.address = self.state.address  # what is printed
 
-    def configure(self, tables: list[dict]) -> None:
-        document = {"tables": tables, "spark": self.spark}
+    def configure(self, tables: list[dict], **spark: object) -> None:
+        document = {"tables": tables, "spark": {**self.spark, **spark}}
         (self.project / "tables-config.json").write_text(json.dumps(document))
 
     def read_state(self):
@@ -159,17 +159,30 @@ def _change(source_conn, schema: str) -> None:
     )
 
 
-def test_the_warm_server_runs_every_batch_and_verify(warm, table, source_conn, dest_conn):
-    """While it is up, sync and verify connect to it and spark.min_rows defaults to 0: a
-    300-row batch goes through Spark too."""
+def test_the_warm_server_runs_the_copies_it_is_chosen_for_and_verify(
+    warm, table, source_conn, dest_conn
+):
+    """While it is up, sync and verify use it for the copies it is chosen for: with
+    spark.min_rows unset, none this small (a Connect session and a job cost more than
+    copying 30,000 rows here); with spark.min_rows 0, every copy, a 800-row batch too."""
     warm.configure([_table(table)])
     status = warm.cli("spark", "status", "--json")
     assert status.returncode == 0, status.stderr
     report = json.loads(status.stdout)
-    assert report["running"] and report["used_by_sync"] and report["min_rows"] == 0
+    assert report["running"] and report["used_by_sync"] and report["min_rows"] is None
     assert report["url"] == warm.address
+    assert "until measured" in report["copies_on_spark"], report
+    small = warm.cli("sync", "-v")
+    assert small.returncode == 0, small.stderr
+    assert "on the warm Spark server" not in small.stderr
+    assert "partition(s) in this process" in small.stderr, small.stderr
+    assert assert_same_table(source_conn, dest_conn, table, "t") == ROWS
 
-    load = warm.cli("sync", "-v")
+    warm.configure([_table(table)], min_rows=0)
+    status = warm.cli("spark", "status", "--json")
+    assert json.loads(status.stdout)["min_rows"] == 0
+
+    load = warm.cli("sync", "-v", "--full-refresh")
     assert load.returncode == 0, load.stderr
     assert f"replicator copy: 2 task(s) on the warm Spark server at {warm.address}" in load.stderr
     _change(source_conn, table)
@@ -265,7 +278,8 @@ def test_sigterm_mid_copy_interrupts_the_job_on_the_server(
 ):
     """SIGTERM while the server's tasks copy: the run cancels its job there (by tag) and
     exits 143 without waiting for the tasks; the next run converges."""
-    run = _paused_sync(warm.project, warm.env, warm.spark, table, source_conn, tmp_path)
+    on_server = {**warm.spark, "min_rows": ROWS // 3}  # the paused table's copy goes there
+    run = _paused_sync(warm.project, warm.env, on_server, table, source_conn, tmp_path)
     try:
         stopped_at = time.monotonic()
         run.send_signal(signal.SIGTERM)
@@ -383,7 +397,8 @@ def test_the_warm_server_killed_mid_run_fails_one_table_and_the_run_goes_on_with
     after it; the next run (the server down) converges."""
     later = ("a", "b")
     _small_tables(source_conn, table, later)
-    run = _paused_sync(warm.project, warm.env, warm.spark, table, source_conn, tmp_path, then=later)
+    on_server = {**warm.spark, "min_rows": ROWS // 3}  # the small tables' copies: this process
+    run = _paused_sync(warm.project, warm.env, on_server, table, source_conn, tmp_path, then=later)
     code, stderr = _killed_mid_copy(warm, run, tmp_path)
     assert code == 1, stderr
     lost = f"the warm Spark server at {warm.address} stopped answering"

@@ -27,7 +27,8 @@ CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 def spark(**_: Any) -> None:
     """A local Spark Connect server that stays up between runs. While it is up, `sync` and
     `verify` connect to it (about a second) instead of starting Spark (a JVM: several
-    seconds), and spark.min_rows defaults to 0: every batch goes through Spark. It runs the
+    seconds) for the copies it runs faster than this process (measured on this host; or
+    from spark.min_rows rows when that is set). It runs the
     project's spark.master and spark.conf, listens on 127.0.0.1 only, and keeps its pid,
     port and log in the user's cache folder ($REPLICATOR_CACHE_DIR, default
     ~/.cache/replicator). spark.remote, when set, wins over it."""
@@ -47,7 +48,7 @@ def spark_start(project_dir: Path) -> int:
 @common
 def spark_stop(project_dir: Path) -> int:
     """Stop the project's warm Spark server (SIGTERM, SIGKILL after 30 s). Runs then start
-    Spark themselves again, with spark.min_rows back at its configured value."""
+    Spark themselves again where Spark is the faster engine."""
     from ..commands.spark_server import stop_server
 
     return stop_server(project_dir.resolve())

@@ -19,6 +19,7 @@ from ..project.project import Project
 from ..project.settings import DEST_URL, SOURCE_URL, SPARK_MASTER
 from ..project.spark_remote import Remote
 from ..transfer.connect_session import server_version
+from ..transfer.engine_choice import EngineChoice
 from ..transfer.executor_env import platform_tag
 from ..transfer.spark_runner import spark_error_message
 from ..transfer.spark_session import JDBC_PACKAGE, is_local, jdbc_jar
@@ -48,11 +49,12 @@ def _spark_remote(project: Project) -> Finding:
         return Finding("error", "spark", str(exc))
     except Exception as exc:  # the server answered its port, then failed the session
         return Finding("error", "spark", f"the {kind} at {remote}: {spark_error_message(exc)}")
-    every = f"; every batch runs on it (spark.min_rows {settings.min_rows:,})"
+    choice = EngineChoice.for_settings(settings).describe()
+    used = f"; copies run on it {choice}, other copies in this process"
     return Finding(
         "ok",
         "spark",
-        f"{kind} at {remote} answers: Spark {version}" + (every if settings.warm_server else ""),
+        f"{kind} at {remote} answers: Spark {version}" + (used if settings.warm_server else ""),
     )
 
 

@@ -19,6 +19,7 @@ from ..project.spark_server_state import (
 )
 from ..report.logs import json_output, say
 from ..transfer import warm_server
+from ..transfer.engine_choice import EngineChoice
 
 
 def start_server(project: Project) -> int:
@@ -77,6 +78,7 @@ def print_server_status(project: Project, as_json: bool) -> int:
         "used_by_sync": settings.warm_server is not None,
         "not_used_because": unfit or None,
         "min_rows": settings.min_rows,
+        "copies_on_spark": EngineChoice.for_settings(settings).describe(),
     }
     if as_json or json_output():  # under --log-format json every line printed is JSON
         print(json.dumps(report, indent=None if json_output() else 2))
@@ -85,7 +87,7 @@ def print_server_status(project: Project, as_json: bool) -> int:
         if unfit:
             print(f"it was started with {unfit} than this run's: sync does not use it; restart it")
         if settings.warm_server:
-            print(f"sync runs on it; batches from {settings.min_rows:,} rows go through Spark")
+            print(f"sync runs copies on it {EngineChoice.for_settings(settings).describe()}")
         elif not live or not live.ready:
             print(f"sync starts Spark itself ({settings.spark_master or 'local[*]'})")
         print(f"log: {report['log']}")

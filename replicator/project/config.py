@@ -152,8 +152,9 @@ class SparkConfig(_Frozen):
     master: str | None = None
     remote: Annotated[str, AfterValidator(checked_url)] | None = None  # wins over master
     # Batches (and tables) estimated below this many rows are copied by the replicator
-    # process itself, with the same COPY streaming: no JVM start for a small batch.
-    min_rows: Annotated[int, Field(ge=0)] = 500_000
+    # process itself, with the same COPY streaming: no JVM start for a small batch. Unset:
+    # chosen from what this host measured (transfer/engine_choice.py).
+    min_rows: Annotated[int, Field(ge=0)] | None = None
     conf: Annotated[dict[str, str], AfterValidator(spark_keys)] = Field(default_factory=dict)
     # Ship replicator and its dependencies to a cluster's executors or a Connect server
     ship_environment: bool = True

@@ -258,15 +258,15 @@ class Settings:
     spark_master: str | None
     spark_conf: Mapping[str, str]
     ship_environment: bool
-    min_rows: int
+    # spark.min_rows when set; None: the choice follows this host's measurements
+    # (transfer/engine_choice.py), with or without the warm server.
+    min_rows: int | None
     webhook: WebhookTarget | None
     progress_interval: float
     # A Spark Connect server to run on instead of starting Spark: spark.remote, else the
-    # project's warm server when it is up (`warm_server`; then min_rows defaults to 0).
+    # project's warm server when it is up (`warm_server`).
     spark_remote: str | None = None
     warm_server: ServerState | None = None
-    # min_rows as it is without the warm server: what a run that loses it goes on with.
-    min_rows_without_server: int = 0
 
     def unfit(self, server: ServerState) -> str | None:
         """Why the warm server cannot run these settings' tasks (None when it can)."""
@@ -279,7 +279,7 @@ class Settings:
         values: dict[str, Any] = {}
         remote, warm = _spark_remote(config, env, root, problems)
         for name, read in (
-            ("min_rows_without_server", lambda: _min_rows(config, env)),
+            ("min_rows", lambda: _min_rows(config, env)),
             ("webhook", lambda: _webhook(config, env)),
             ("progress_interval", lambda: _progress_interval(env)),
         ):
@@ -289,10 +289,7 @@ class Settings:
                 problems.extend(exc.problems)
         if problems:
             raise ConfigError(problems)
-        # 0 on the warm server unless set: it has no JVM to start, every batch goes there.
-        unset = env.get(SPARK_MIN_ROWS) is None and "min_rows" not in config.spark.model_fields_set
         return cls(
-            min_rows=0 if warm is not None and unset else values["min_rows_without_server"],
             spark_master=env.get(SPARK_MASTER) or config.spark.master,
             spark_conf=dict(config.spark.conf),
             ship_environment=config.spark.ship_environment,
@@ -340,8 +337,9 @@ def unfit_server(
     return None
 
 
-def _min_rows(config: ProjectConfig, env: Environment) -> int:
-    """spark.min_rows, or REPLICATOR_SPARK_MIN_ROWS when set (a whole number)."""
+def _min_rows(config: ProjectConfig, env: Environment) -> int | None:
+    """spark.min_rows, or REPLICATOR_SPARK_MIN_ROWS when set (a whole number); None when
+    neither is set."""
     value = env.get(SPARK_MIN_ROWS)
     if value is None:
         return config.spark.min_rows

@@ -14,7 +14,6 @@ import logging
 from typing import Any
 from urllib.parse import urlsplit
 
-import requests
 from tenacity import (
     RetryError,
     retry,
@@ -100,6 +99,8 @@ def post(target: WebhookTarget, payload: dict[str, Any], within: float = 60.0) -
     if target.secret:
         headers[SIGNATURE_HEADER] = sign(body, target.secret)
     where = _safe_url(target.url)
+    import requests  # here: 40 ms of imports a run without a webhook does not pay
+
     try:
         _send(target.url, body, headers, within)
     except (RetryError, requests.RequestException, _Retryable) as exc:
@@ -119,6 +120,8 @@ class _Rejected(Exception):
 
 
 def _send(url: str, body: bytes, headers: dict[str, str], within: float) -> None:
+    import requests
+
     @retry(
         retry=retry_if_exception_type((_Retryable, requests.ConnectionError, requests.Timeout)),
         stop=stop_after_attempt(ATTEMPTS) | stop_after_delay(within),

@@ -9,8 +9,6 @@ action with statement capture on and compares.
 
 from __future__ import annotations
 
-import os
-import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,6 +24,7 @@ from ..postgres.swap import SwapFacts, read_facts, swap_script
 from ..project.settings import Settings
 from ..project.state import TableState
 from ..transfer.copy_stream import task_steps
+from ..transfer.engine_choice import EngineChoice, local_slots
 from .context import KeyBounds
 from .incremental import batch_for, batch_tasks
 from .load_parts import estimated_rows, part_tasks, plan_parts
@@ -151,7 +150,8 @@ def _full_reload(
     """The reload's script; when it is the next action and an unfinished load can be
     resumed, the resumed one."""
     target = built.table.target
-    in_process = estimated_rows(inputs.source, source) < inputs.settings.min_rows
+    choice = EngineChoice.for_settings(inputs.settings)
+    in_process = not choice.spark_for(estimated_rows(inputs.source, source))
     parallelism = 1 if in_process else _spark_cores(inputs.settings, scripts)
     plan = plan_parts(inputs.source, built, source, parallelism)
     tasks = part_tasks(SNAPSHOT, inputs.urls, built, LOAD_ID, plan, list(range(len(plan))))
@@ -208,7 +208,7 @@ def _incremental(
 ) -> list[Item]:
     """The batch's script; `unfinished`: sync first drops an unfinished reload."""
     rows = _batch_rows(inputs.source, built, state, resync)
-    in_process = rows < inputs.settings.min_rows
+    in_process = not EngineChoice.for_settings(inputs.settings).spark_for(rows)
     batch = batch_for(built, state, rows, in_process, resync)
     parallelism = 1 if in_process else _spark_cores(inputs.settings, ActionScripts([]))
     tasks = batch_tasks(inputs.source, SNAPSHOT, inputs.urls, built, batch, LOAD_ID, parallelism)
@@ -250,9 +250,6 @@ def _batch_rows(
     return int(rows)
 
 
-_LOCAL = re.compile(r"local(?:\[(?P<threads>[^,\]]+)(?:,\d+)?\])?")
-
-
 def _spark_cores(settings: Settings, scripts: ActionScripts) -> int:
     """The task slots a local master gives (what `spark.parallelism()` reports), or the warm
     server's (recorded at its start); a cluster's are known only once Spark starts."""
@@ -261,9 +258,8 @@ def _spark_cores(settings: Settings, scripts: ActionScripts) -> int:
     if settings.spark_remote:
         scripts.notes.append("partitions on a Spark Connect server depend on its cores: one shown")
         return 1
-    match = _LOCAL.fullmatch(settings.spark_master or "local[*]")
-    if match is None:
+    slots = local_slots(settings.spark_master)
+    if slots is None:
         scripts.notes.append("partitions on a cluster depend on its cores: one shown")
         return 1
-    threads = match["threads"] or "1"
-    return (os.cpu_count() or 1) if threads == "*" else int(threads)
+    return slots

@@ -62,8 +62,8 @@ class RunContext:
         self.webhook = settings.webhook
         self.spark = SparkRunner.for_run(settings, verbose)
         if settings.warm_server is not None and settings.min_rows == 0:
-            # Every batch goes to it: connecting (about a second, mostly the client's
-            # imports) overlaps the catalog reads and planning.
+            # Every batch goes to it (spark.min_rows 0): connecting (about a second, mostly
+            # the client's imports) overlaps the catalog reads and planning.
             self.spark.warm_up()
         # what of `_replicator` was missing as the run began (ownership.bookkeeping_gone),
         # and whether the run has said what that means

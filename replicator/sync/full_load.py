@@ -178,8 +178,9 @@ def _load_and_swap(
         progress.phase("copying")
         with watch_copy(ends.dest_url, side, load_id, len(parts), estimate, progress):
             results = spark.run_copy_tasks(tasks, in_process=in_process) if tasks else []
+        engine = "in this process" if in_process else f"on {spark.where}"
         phases.mark(
-            f"copied {len(tasks)} partition(s) (task seconds: "
+            f"copied {len(tasks)} partition(s) {engine} (task seconds: "
             f"{', '.join(f'{r.seconds:.1f}' for r in results)})"
         )
         if isinstance(snap, SlotSnapshot):

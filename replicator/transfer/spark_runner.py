@@ -5,12 +5,12 @@ or a Spark Connect server it connects to (`spark.remote`, or the project's warm 
 `replicator spark start`). Either way the tasks run through the DataFrame API (task_job.py).
 Starting takes seconds (a JVM) or about a second (a Connect client): a run starts as soon as
 it knows a table needs data moved, and keeps inspecting catalogs and writing DDL meanwhile.
-A run that moves nothing never starts a JVM; with the warm server up, every run connects
-to it from its start (every batch goes there).
+A run that moves nothing never starts a JVM. Which copies go to Spark at all is
+engine_choice.py's call: `spark.min_rows` when set, else what this host measured.
 
 A Connect server that stops answering mid-job fails that table (the client retries for
 about 14 s first). Then the rest of the run does without it: after the warm server, as a
-run without it would (spark.master, the configured spark.min_rows); after a configured
+run without it would (spark.master, chosen as engine_choice.py says); after a configured
 spark.remote, whose loss no Spark here replaces, each table that needs Spark fails at once.
 """
 
@@ -20,6 +20,7 @@ import logging
 import re
 import sys
 import threading
+import time
 import uuid
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
@@ -32,6 +33,7 @@ from ..project.settings import Settings
 from ..project.spark_server_state import ServerState
 from .connect_session import Remote, abandon, unavailable
 from .copy_stream import CopyResult, CopyTask, TaskError, run_copy_task
+from .engine_choice import IN_PROCESS, EngineChoice
 from .executor_env import ALIAS
 from .jvm_archive import ArchivePlan, plan_archive, publish_archive
 from .jvm_stop import stop_jvm
@@ -53,19 +55,17 @@ class SparkRunner:
         conf: Mapping[str, str],
         *,
         quiet: bool = True,
-        min_rows: int = 0,
-        min_rows_without_server: int | None = None,
+        min_rows: int | None = 0,
         ship_environment: bool = True,
         remote: str | None = None,
         warm_server: ServerState | None = None,
     ):
         self.master, self.conf, self.quiet = master, dict(conf), quiet
-        self.min_rows = min_rows
-        # What the run goes on with after losing the warm server (settings.py).
-        self.min_rows_without_server = min_rows_without_server
+        self.min_rows = min_rows  # None: chosen from this host's measurements
         self.ship_environment = ship_environment
         self.remote = Remote.parse(remote) if remote else None
         self.warm_server = warm_server
+        self.choice = self._choice()
         self._thread: threading.Thread | None = None
         self._session: Any = None
         self._parallelism = 1
@@ -86,7 +86,6 @@ class SparkRunner:
             settings.spark_conf,
             quiet=verbose == 0,
             min_rows=settings.min_rows,
-            min_rows_without_server=settings.min_rows_without_server,
             ship_environment=settings.ship_environment,
             remote=settings.spark_remote,
             warm_server=settings.warm_server,
@@ -99,6 +98,12 @@ class SparkRunner:
             return f"Spark ({self.master or 'local[*]'})"
         kind = "the warm Spark server" if self.warm_server else "the Spark Connect server"
         return f"{kind} at {self.remote}"
+
+    def _choice(self) -> EngineChoice:
+        """The copy engine's choice for where the tasks run now."""
+        remote = str(self.remote) if self.remote else None
+        warm = self.warm_server.parallelism if self.warm_server is not None else None
+        return EngineChoice.of(self.master, remote, warm, self.min_rows)
 
     @property
     def started(self) -> bool:
@@ -192,14 +197,13 @@ class SparkRunner:
         """Go on as a run without the warm server would; says how. Spark here starts
         when a table needs it (`_start_over`)."""
         self.remote = self.warm_server = None
-        if self.min_rows_without_server is not None:
-            self.min_rows = self.min_rows_without_server
+        self.choice = self._choice()
         self._release = True
         if self.min_rows == 0:
             return f"runs without it, on {self.where}"
         return (
-            f"runs without it, on {self.where} from {self.min_rows:,} rows (spark.min_rows), "
-            "smaller copies in this process"
+            f"runs without it, on {self.where} {self.choice.describe()}, "
+            "other copies in this process"
         )
 
     def _start_over(self) -> bool:
@@ -238,21 +242,30 @@ class SparkRunner:
 
     def needed_for(self, estimated_rows: int) -> bool:
         """Whether a copy of about this many rows goes to Spark (else: this process)."""
-        return estimated_rows >= self.min_rows
+        return self.choice.spark_for(estimated_rows)
 
     def run_copy_tasks(
         self, tasks: list[CopyTask], *, in_process: bool = False
     ) -> list[CopyResult]:
         """Run one Spark task per partition; return their row and byte counts.
 
-        `in_process`: a small copy runs the same tasks here, one after another."""
+        `in_process`: the copy runs the same tasks here, one after another. Either way the
+        copy's rate goes to this host's figures (engine_choice.py)."""
+        began = time.monotonic()
         if in_process:
             try:
-                return [run_copy_task(task) for task in tasks]
+                results = [run_copy_task(task) for task in tasks]
             except TaskError as exc:
                 raise_if_requested()  # a query cancelled by the interruption
                 raise ReplicatorError(str(exc)) from None
-        return self.map_tasks(run_copy_task, tasks, "replicator copy")
+            self.choice.record(IN_PROCESS, _rows(results), time.monotonic() - began)
+            return results
+        key = self.choice.where
+        self.session()  # the wait for Spark is part of what the copy cost
+        ready = time.monotonic()
+        results = self.map_tasks(run_copy_task, tasks, "replicator copy")
+        self.choice.record(key, _rows(results), time.monotonic() - ready, ready - began)
+        return results
 
     def map_tasks(self, function: Callable[[T], R], tasks: list[T], description: str) -> list[R]:
         """Run `function` over the tasks as one Spark job, one partition per task; a SIGTERM
@@ -347,6 +360,10 @@ class SparkRunner:
             and stop_jvm(session.sparkContext, graceful=True)
         ):
             publish_archive(self._archive)
+
+
+def _rows(results: list[CopyResult]) -> int:
+    return sum(result.rows for result in results)
 
 
 # "... most recent failure: Lost task 1.0 in stage 0.0 (TID 1) (host executor driver):
