@@ -12,15 +12,15 @@ import threading
 import time
 from collections.abc import Iterator
 from datetime import timedelta
-
-from rich.console import Console
-from rich.markup import escape
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
+from typing import TYPE_CHECKING
 
 from ..transfer.copy_progress import NO_PROGRESS, Counts, Sink
 from .logs import json_output
 from .results import TableResult
+
+if TYPE_CHECKING:
+    from rich.console import Console
+    from rich.progress import Progress
 
 log = logging.getLogger("replicator.sync")
 
@@ -31,7 +31,15 @@ class SyncOutput:
         self.interactive = sys.stdout.isatty() and not json_output()
         self.always_summarize = always_summarize and not json_output()
         self.log_every = log_every  # seconds between progress lines off a TTY
-        self.console = Console(highlight=False)
+        self._console: Console | None = None  # rich is imported when first shown
+
+    @property
+    def console(self) -> Console:
+        if self._console is None:
+            from rich.console import Console
+
+            self._console = Console(highlight=False)
+        return self._console
 
     @property
     def quiet(self) -> bool:
@@ -50,6 +58,8 @@ class SyncOutput:
             finally:
                 sink.close()
         else:
+            from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
             with Progress(
                 TextColumn("{task.description}"),
                 BarColumn(),
@@ -64,6 +74,9 @@ class SyncOutput:
         failed = sum(r.status == "failure" for r in results)
         if self.quiet or not (self.interactive or self.always_summarize):
             return
+        from rich.markup import escape
+        from rich.table import Table
+
         table = Table(title=f"sync: {len(results) - failed} succeeded, {failed} failed")
         for title in ("table", "action", "rows", "seconds", "reason or error"):
             table.add_column(title, overflow="fold")
@@ -119,15 +132,17 @@ class _LiveSink(Sink):
     active = True
 
     def __init__(self, bar: Progress, task: object) -> None:
-        self.bar, self.task = bar, task
+        from rich.markup import escape
+
+        self.bar, self.task, self.escape = bar, task, escape
 
     def phase(self, text: str) -> None:
-        self.bar.update(self.task, line=escape(text))
+        self.bar.update(self.task, line=self.escape(text))
 
     def update(self, counts: Counts) -> None:
         total = max(counts.estimated_rows or 0, counts.rows) or None
         self.bar.update(
-            self.task, completed=counts.rows, total=total, line=escape(describe(counts))
+            self.task, completed=counts.rows, total=total, line=self.escape(describe(counts))
         )
 
 

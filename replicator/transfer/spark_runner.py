@@ -34,7 +34,6 @@ from ..project.spark_server_state import ServerState
 from .connect_session import Remote, abandon, unavailable
 from .copy_stream import CopyResult, CopyTask, TaskError, run_copy_task
 from .engine_choice import IN_PROCESS, EngineChoice
-from .executor_env import ALIAS
 from .jvm_archive import ArchivePlan, plan_archive, publish_archive
 from .jvm_stop import stop_jvm
 from .spark_session import is_local, jdbc_jar, shipped_archive
@@ -130,7 +129,7 @@ class SparkRunner:
             if not warm:
                 # The first job forks Spark's Python workers (about half a second) and, on
                 # a JVM here, warms Spark SQL's planning (a second): do it now.
-                run_job(session, abs, list(range(self._parallelism)), ALIAS)
+                run_job(session, abs, list(range(self._parallelism)), _alias())
             self._session = session
         except BaseException as exc:  # surfaced to the table that needs Spark
             self._error = exc
@@ -277,7 +276,7 @@ class SparkRunner:
         tag = f"replicator-{uuid.uuid4().hex}"
         stop_cancelling = self._cancellable(session, tag, description)
         try:
-            return run_job(session, function, tasks, ALIAS)
+            return run_job(session, function, tasks, _alias())
         except TaskError as exc:  # a task's lasting failure, returned rather than retried
             raise ReplicatorError(redact(f"Spark task failed: {exc}")) from None
         except Exception as exc:
@@ -360,6 +359,14 @@ class SparkRunner:
             and stop_jvm(session.sparkContext, graceful=True)
         ):
             publish_archive(self._archive)
+
+
+def _alias() -> str:
+    """Where the shipped environment unpacks (executor_env.py imports packaging and
+    tarfile: only a run that starts Spark pays for them)."""
+    from .executor_env import ALIAS
+
+    return ALIAS
 
 
 def _rows(results: list[CopyResult]) -> int:
