@@ -12,6 +12,7 @@ The rules (README: How cdc applies changes):
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,6 +26,7 @@ from .applied import record_applied_step
 from .stage import OP, SEQ, UNCHANGED_COLUMNS, TableStage
 
 _LAST = sql.Identifier("replicator_last")
+log = logging.getLogger("replicator.capture")
 
 
 @dataclass(frozen=True)
@@ -40,8 +42,12 @@ def apply_stage(
     key: tuple[str, ...],
     lsn: int,
     name: str,
+    *,
+    keys_may_repeat: bool = False,
 ) -> Applied:
-    """Apply the staged changes and record `lsn` as the table's applied position."""
+    """Apply the staged changes and record `lsn` as the table's applied position.
+    `keys_may_repeat`: the key is the config's `primary_key` (REPLICA IDENTITY FULL), which
+    the source does not hold unique: rows that share it are said, as a full load says them."""
     seq, op = sql.Identifier(SEQ), sql.Identifier(OP)
     target = stage.target.identifier()
     keys = [sql.Identifier(k) for k in key]
@@ -51,6 +57,8 @@ def apply_stage(
             execute(dest, sql.SQL("TRUNCATE {}").format(target))
         for move_seq, old_key in stage.moves:
             _resolve_move(dest, stage, key, move_seq, old_key)
+        if keys_may_repeat:
+            _say_repeated_keys(dest, stage, keys, after, name)
         # Every key once in the batch (the common case): applied from the staging table as
         # it is; else reduced to each key's last change first.
         rows: sql.Composable = stage.name
@@ -88,6 +96,49 @@ def apply_stage(
         execute(dest, record.statement, record.params)
         failpoint("cdc-before-apply-commit")
     return Applied(max(upserted, 0), max(deleted, 0), stage.truncated_at is not None)
+
+
+_REPEATED = """
+SELECT count(*) FROM (
+    SELECT {keys}, {op}, lag({op}) OVER (PARTITION BY {keys} ORDER BY {seq}) AS before,
+           lag({seq}) OVER (ORDER BY {seq}) = {seq} - 1 AS moved
+    FROM {stage} WHERE {after}
+) AS s
+WHERE (s.{op} IN ('I', 'M') OR s.{op} = 'U' AND s.moved)
+  AND CASE WHEN s.before IS NULL THEN EXISTS (SELECT 1 FROM {target} AS d WHERE {match})
+           ELSE s.before <> 'D' END
+"""
+
+
+def _say_repeated_keys(
+    dest: psycopg.Connection[Any],
+    stage: TableStage,
+    keys: list[sql.Identifier],
+    after: sql.Composable,
+    name: str,
+) -> None:
+    """Rows that start (an insert, or an update that moved a row to a new key: its delete
+    is the change just before) at a key a row already has, in the batch or the copy: the
+    copy keeps one row per key, the newest."""
+    (repeated,) = execute(
+        dest,
+        sql.SQL(_REPEATED).format(
+            keys=sql.SQL(", ").join(keys),
+            op=sql.Identifier(OP),
+            seq=sql.Identifier(SEQ),
+            stage=stage.name,
+            after=after,
+            target=stage.target.identifier(),
+            match=_match("d", "s", keys),
+        ),
+    ).fetchone()
+    if repeated:
+        log.warning(
+            "%s: the log brought %d row(s) whose primary key another row also has; kept the "
+            "newest version of each key",
+            name,
+            repeated,
+        )
 
 
 def _match(left: str, right: str, keys: list[sql.Identifier]) -> sql.Composable:
