@@ -975,3 +975,29 @@ def test_rows_sharing_a_configured_primary_key_are_said_as_a_full_load_says_them
     # One row per key; the move's delete took key 1, which (1, 'again') also had: why the
     # warning matters.
     assert copied == [(2, "b2"), (3, "c2"), (4, "a"), (5, "e2")]
+
+
+def test_compile_shows_the_apply_a_sync_runs(cdc_project, schema, writer):
+    _create(writer, schema, rows=5)
+    _config(cdc_project, schema, "orders")
+    _sync(cdc_project)
+    compiled = cdc_project.run("compile", "--json")
+    assert compiled.exit_code == 0, compiled.output
+    (document,) = json.loads(compiled.stdout)
+    steps = document["script"]["cdc_apply"]
+    assert [s["sql"].split()[0] for s in steps] == [
+        "BEGIN",
+        "CREATE",
+        "DELETE",
+        "INSERT",
+        "INSERT",
+        "COMMIT",
+    ]
+    assert document["sql"]["cdc_apply"][3].startswith(f'INSERT INTO "{schema}"."orders" AS d')
+    assert "-- cdc apply of a batch" in cdc_project.run("compile").stdout
+    with writer.transaction():  # a key twice in the batch: the reduction runs
+        _run(writer, schema, "UPDATE {t} SET note = 'x' WHERE id = 1")
+        _run(writer, schema, "UPDATE {t} SET note = 'y' WHERE id = 1")
+    synced = _sync(cdc_project, "-v")
+    for step in steps[1:4]:
+        assert step["sql"] in synced.stderr, step["sql"]
