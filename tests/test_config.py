@@ -137,6 +137,17 @@ def _errors(project, document) -> tuple[int, str]:
             id="cdc-bad-slot-name",
         ),
         pytest.param(
+            {"tables": [{"name": "a.b", "mode": "cdc"}], "cdc": {"max_retained_wal": "2 gigs"}},
+            'cdc.max_retained_wal: expected a size above 0 with a unit, like "2GB", "512MB" or '
+            '"10TB", got "2 gigs"',
+            id="cdc-bad-max-retained-wal",
+        ),
+        pytest.param(
+            {"tables": [{"name": "a.b", "mode": "cdc"}], "cdc": {"max_retained_wal": 2048}},
+            "cdc.max_retained_wal: expected a string, got 2048",
+            id="cdc-max-retained-wal-a-number",
+        ),
+        pytest.param(
             {"tables": [{"name": "a.b", "replication_key": "u", "mode": "incremental"}]},
             'did you mean "incremental-deduped" or "incremental-append"?',
             id="bad-mode-the-start-of-two",
@@ -402,6 +413,19 @@ def test_dotenv_supplies_settings_and_environment_wins(project, pg_servers):
         assert env.connection("REPLICATOR_DEST_URL") == "postgresql://dest-file/db"
     finally:
         del os.environ["REPLICATOR_SOURCE_URL"]
+
+
+def test_max_retained_wal_sizes():
+    def parsed(size):
+        document = {"tables": [{"name": "a.b", "mode": "cdc"}], "cdc": {"max_retained_wal": size}}
+        cdc = parse_config(json.dumps(document)).cdc
+        assert cdc is not None
+        return cdc.max_retained_bytes
+
+    assert parsed("2GB") == 2 << 30
+    assert parsed("512 mb") == 512 << 20
+    assert parsed("1.5GB") == 3 << 29
+    assert parse_config('{"tables": [{"name": "a.b", "mode": "cdc"}]}').cdc is None
 
 
 def test_parse_config_raises_config_error_for_api_users():

@@ -33,9 +33,26 @@ def test_init_writes_a_valid_commented_project(tmp_path):
     assert [r["name"] for r in rows] == [
         "public.orders",
         "public.countries",
+        "public.payments",
         '"Sales"."Order Lines"',
     ]
-    assert rows[2]["destination"] == "warehouse.order_lines"
+    assert rows[2]["mode"] == "cdc"
+    assert rows[3]["destination"] == "warehouse.order_lines"
+
+
+def test_check_of_the_scaffold_reports_on_its_tables_and_capture(tmp_path, pg_servers):
+    """Against real servers without the example tables: check says what is missing, and
+    what the cdc example needs of the source; the config itself is valid (not exit 2)."""
+    target = tmp_path / "p"
+    assert CliRunner().invoke(cli, ["init", str(target)]).exit_code == 0
+    env = {
+        "REPLICATOR_SOURCE_URL": pg_servers.source_url,
+        "REPLICATOR_DEST_URL": pg_servers.dest_url,
+    }
+    checked = CliRunner().invoke(cli, ["check", "--project-dir", str(target)], env=env)
+    assert checked.exit_code == 1, checked.output
+    assert "ok    cdc: wal_level is logical" in checked.output
+    assert "public.payments" in checked.output
 
 
 def test_init_with_project_dir_option(tmp_path):

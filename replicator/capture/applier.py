@@ -105,7 +105,9 @@ def _apply(
     position could not be forgotten."""
     started, end = time.monotonic(), batch.end
     try:
-        applied = apply_stage(dest, stage, table.key, end, table.label)
+        applied = apply_stage(
+            dest, stage, table.key, end, table.label, keys_may_repeat=table.keys_may_repeat
+        )
     except (ReplicatorError, psycopg.Error) as exc:
         raise_if_requested()
         table.error = one_line(exc)

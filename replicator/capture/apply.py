@@ -12,6 +12,7 @@ The rules (README: How cdc applies changes):
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,9 +23,19 @@ from ..base.errors import TableProblem
 from ..base.failpoints import failpoint
 from ..postgres.database import execute, transaction
 from .applied import record_applied_step
+from .apply_sql import (
+    LAST,
+    after_truncate,
+    delete_statement,
+    match,
+    reduce_statement,
+    repeated_keys_query,
+    truncate_statement,
+    upsert_statement,
+)
 from .stage import OP, SEQ, UNCHANGED_COLUMNS, TableStage
 
-_LAST = sql.Identifier("replicator_last")
+log = logging.getLogger("replicator.capture")
 
 
 @dataclass(frozen=True)
@@ -40,93 +51,55 @@ def apply_stage(
     key: tuple[str, ...],
     lsn: int,
     name: str,
+    *,
+    keys_may_repeat: bool = False,
 ) -> Applied:
-    """Apply the staged changes and record `lsn` as the table's applied position."""
-    seq, op = sql.Identifier(SEQ), sql.Identifier(OP)
-    target = stage.target.identifier()
+    """Apply the staged changes and record `lsn` as the table's applied position.
+    `keys_may_repeat`: the key is the config's `primary_key` (REPLICA IDENTITY FULL), which
+    the source does not hold unique: rows that share it are said, as a full load says them."""
+    target = stage.target
     keys = [sql.Identifier(k) for k in key]
-    after = sql.SQL("{} > {}").format(seq, sql.Literal(stage.truncated_at or 0))
+    after = after_truncate(stage.truncated_at)
     with transaction(dest):
         if stage.truncated_at is not None:
-            execute(dest, sql.SQL("TRUNCATE {}").format(target))
+            execute(dest, truncate_statement(target))
         for move_seq, old_key in stage.moves:
             _resolve_move(dest, stage, key, move_seq, old_key)
+        if keys_may_repeat:
+            _say_repeated_keys(dest, stage, key, after, name)
         # Every key once in the batch (the common case): applied from the staging table as
         # it is; else reduced to each key's last change first.
         rows: sql.Composable = stage.name
         if not stage.simple:
-            execute(
-                dest,
-                sql.SQL(
-                    "CREATE TEMP TABLE {last} ON COMMIT DROP AS SELECT DISTINCT ON ({keys}) * "
-                    "FROM {stage} WHERE {after} ORDER BY {keys}, {seq} DESC"
-                ).format(
-                    last=_LAST,
-                    keys=sql.SQL(", ").join(keys),
-                    stage=stage.name,
-                    after=after,
-                    seq=seq,
-                ),
-            )
+            execute(dest, reduce_statement(stage.name, key, after))
             _fill_unchanged(dest, stage, keys, after, name)
-            rows = _LAST
-        deleted = execute(
-            dest,
-            sql.SQL(
-                "DELETE FROM {target} AS d USING {rows} AS l WHERE l.{op} = 'D' AND {after} "
-                "AND {match}"
-            ).format(
-                target=target,
-                rows=rows,
-                op=op,
-                after=sql.SQL("l.") + after,
-                match=_match("d", "l", keys),
-            ),
-        ).rowcount
-        upserted = execute(dest, _upsert(stage, key, target, rows, after)).rowcount
-        record = record_applied_step(stage.target, lsn)
+            rows = LAST
+        deleted = execute(dest, delete_statement(target, rows, key, after)).rowcount
+        upserted = execute(dest, upsert_statement(target, rows, stage.columns, key, after)).rowcount
+        record = record_applied_step(target, lsn)
         execute(dest, record.statement, record.params)
         failpoint("cdc-before-apply-commit")
     return Applied(max(upserted, 0), max(deleted, 0), stage.truncated_at is not None)
 
 
-def _match(left: str, right: str, keys: list[sql.Identifier]) -> sql.Composable:
-    return sql.SQL(" AND ").join(
-        sql.SQL("{}.{} = {}.{}").format(sql.Identifier(left), k, sql.Identifier(right), k)
-        for k in keys
-    )
-
-
-def _upsert(
+def _say_repeated_keys(
+    dest: psycopg.Connection[Any],
     stage: TableStage,
     key: tuple[str, ...],
-    target: sql.Composable,
-    rows: sql.Composable,
     after: sql.Composable,
-) -> sql.Composable:
-    columns = [sql.Identifier(c) for c in stage.columns]
-    # Every column, the key's too: a key type whose equality is coarser than its text
-    # (citext, numeric) conflicts with the copy's old spelling, which must not stay.
-    # Compared as text, as the merge macros do: json, xml or point have no `=`.
-    conflict = sql.SQL(
-        "DO UPDATE SET {sets} WHERE ROW({current})::text IS DISTINCT FROM ROW({new})::text"
-    ).format(
-        sets=sql.SQL(", ").join(sql.SQL("{0} = EXCLUDED.{0}").format(c) for c in columns),
-        current=sql.SQL(", ").join(sql.SQL("d.{}").format(c) for c in columns),
-        new=sql.SQL(", ").join(sql.SQL("EXCLUDED.{}").format(c) for c in columns),
-    )
-    return sql.SQL(
-        "INSERT INTO {target} AS d ({columns}) SELECT {columns} FROM {rows} "
-        "WHERE {op} <> 'D' AND {after} ON CONFLICT ({keys}) {conflict}"
-    ).format(
-        target=target,
-        columns=sql.SQL(", ").join(columns),
-        rows=rows,
-        after=after,
-        op=sql.Identifier(OP),
-        keys=sql.SQL(", ").join(sql.Identifier(k) for k in key),
-        conflict=conflict,
-    )
+    name: str,
+) -> None:
+    """Rows that start at a key a row already has: the copy keeps one row per key, the
+    newest, and says so as a full load does."""
+    query = repeated_keys_query(stage.target, stage.name, key, after)
+    (repeated,) = execute(dest, query).fetchone()
+    if repeated:
+        log.warning(
+            "%s: the log brought %d row(s) whose primary key another row also has; kept the "
+            "newest version of each key",
+            name,
+            repeated,
+        )
 
 
 def _fill_unchanged(
@@ -145,7 +118,7 @@ def _fill_unchanged(
         sql.SQL(
             "SELECT coalesce(array_agg(DISTINCT p), '{{}}') FROM {last}, unnest({u}) AS p "
             "WHERE {op} <> 'D'"
-        ).format(last=_LAST, u=unchanged, op=sql.Identifier(OP)),
+        ).format(last=LAST, u=unchanged, op=sql.Identifier(OP)),
     ).fetchone()
     for position in positions:
         column = sql.Identifier(stage.columns[position - 1])
@@ -158,7 +131,7 @@ def _fill_unchanged(
                 "AND NOT {p} = ANY({u}) ORDER BY {keys}, {seq} DESC) AS s "
                 "WHERE {p} = ANY(l.{u}) AND {match}"
             ).format(
-                last=_LAST,
+                last=LAST,
                 c=column,
                 u=unchanged,
                 p=place,
@@ -167,7 +140,7 @@ def _fill_unchanged(
                 after=after,
                 op=sql.Identifier(OP),
                 seq=sql.Identifier(SEQ),
-                match=_match("l", "s", keys),
+                match=match("l", "s", keys),
             ),
         )
         execute(
@@ -176,12 +149,12 @@ def _fill_unchanged(
                 "UPDATE {last} AS l SET {c} = d.{c}, {u} = array_remove(l.{u}, {p}::int2) "
                 "FROM {target} AS d WHERE {p} = ANY(l.{u}) AND {match}"
             ).format(
-                last=_LAST,
+                last=LAST,
                 c=column,
                 u=unchanged,
                 p=place,
                 target=stage.target.identifier(),
-                match=_match("l", "d", keys),
+                match=match("l", "d", keys),
             ),
         )
     if positions:
@@ -189,7 +162,7 @@ def _fill_unchanged(
             dest,
             sql.SQL(
                 "SELECT count(*) FROM {last} WHERE {op} <> 'D' AND cardinality({u}) > 0"
-            ).format(last=_LAST, op=sql.Identifier(OP), u=unchanged),
+            ).format(last=LAST, op=sql.Identifier(OP), u=unchanged),
         ).fetchone()
         if missing:
             raise TableProblem(

@@ -56,6 +56,12 @@ class CaptureTable:
         return self.built.primary_key
 
     @property
+    def keys_may_repeat(self) -> bool:
+        """Keyed by the config's `primary_key` (REPLICA IDENTITY FULL): not unique in the
+        source, unlike its primary key or a unique index."""
+        return self.built is not None and self.built.table.primary_key is not None
+
+    @property
     def label(self) -> str:
         return self.built.table.written_name if self.built else str(self.name)
 

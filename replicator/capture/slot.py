@@ -23,7 +23,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from ..base.errors import TableProblem
+from ..base.errors import DatabaseError, TableProblem
 from ..base.identifiers import TableName
 from ..postgres.database import execute, fetch_all, transaction
 from ..project.capture_state import CaptureState
@@ -52,6 +52,21 @@ class SlotInfo:
     @property
     def lost(self) -> bool:
         return self.wal_status == "lost"
+
+
+WAL_LEVEL_FIX = "ALTER SYSTEM SET wal_level = logical; then restart the source server"
+
+
+def wal_level_problem(source: psycopg.Connection[Any]) -> str | None:
+    """Why the source cannot have a logical slot (None: it can): asked before the set-up
+    makes anything, so a refused slot leaves no publication behind."""
+    (level,) = execute(source, "SELECT current_setting('wal_level')").fetchone()
+    if level == "logical":
+        return None
+    return (
+        f"the source's wal_level is {level}: log capture needs logical (a replication slot "
+        f"decodes the log); run {WAL_LEVEL_FIX}"
+    )
 
 
 def slot_info(source: psycopg.Connection[Any], slot: str) -> SlotInfo | None:
@@ -239,6 +254,21 @@ def drop_publication(source: psycopg.Connection[Any], publication: str) -> bool:
         return False
     execute(source, sql.SQL("DROP PUBLICATION {}").format(sql.Identifier(publication)))
     return True
+
+
+def emit_heartbeat(source: psycopg.Connection[Any]) -> None:
+    """A transactional logical message, flushed at once: a drain reads up to the flushed
+    WAL, and a slot only moves when that is past its position, so on a source idle since
+    the last run (its WAL written by other databases, or not at all) the slot still moves,
+    and its restart point passes the snapshot records the last run read over (restart_lsn
+    only moves to one of those). pgoutput sends no message unless asked: the drain sees an
+    empty stretch of log."""
+    try:
+        with transaction(source):
+            execute(source, "SET LOCAL synchronous_commit = on")
+            execute(source, "SELECT pg_catalog.pg_logical_emit_message(true, 'replicator', '')")
+    except DatabaseError as exc:  # a role that may not: the slot moves when the source writes
+        log.debug("source: no heartbeat message: %s", exc)
 
 
 def advance_slot(source: psycopg.Connection[Any], slot: str, lsn: int) -> None:

@@ -17,8 +17,7 @@ from ..project.capture_state import forget_capture_state, read_capture_state
 from ..project.project import Project
 from ..project.runlock import run_lock
 from ..report.logs import say
-
-DROPPED = "slot dropped"
+from ..sync.capture_setup import SLOT_DROPPED as DROPPED
 
 
 def drop_capture(project: Project) -> int:

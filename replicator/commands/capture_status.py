@@ -1,6 +1,8 @@
 """What `status` shows of log capture: each `cdc` table's distance from the log's end
-(`slot_lag_bytes`, and `lag` in the grid), and the slot's retained WAL, with a warning past
-RETAINED_WARN_BYTES (an abandoned slot keeps WAL until the source's disk fills)."""
+(`slot_lag_bytes`, and `lag` in the grid), and the slot's retained WAL, with the warning a
+sync gives (capture/slot_health.py): past `cdc.max_retained_wal`, or `wal_status`
+unreserved (an abandoned slot keeps WAL until the source's disk fills); a lost slot fails
+the next sync's `cdc` tables, and the plan says so with the sync's own text."""
 
 from __future__ import annotations
 
@@ -11,11 +13,12 @@ import psycopg
 from ..base.errors import ReplicatorError
 from ..capture.lsn import parse_lsn
 from ..capture.slot import create_slot_statement, flushed_lsn, slot_info
+from ..capture.slot_health import size_text, slot_alarm
+from ..project.capture_config import retained_limit
 from ..project.config import TableConfig
 from ..project.project import Project
 from ..project.state import LSN_CURSOR_TYPE
-
-RETAINED_WARN_BYTES = 1 << 30
+from ..sync.capture_setup import SLOT_DROPPED
 
 
 def _plan_each(rows: list[dict[str, Any]], next_action: str) -> None:
@@ -23,13 +26,6 @@ def _plan_each(rows: list[dict[str, Any]], next_action: str) -> None:
         if row["next_action"] == "incremental":
             reloads = next_action.startswith("full_reload")
             row.update(next_action=next_action, pending_full_reload=reloads, lag=None)
-
-
-def size_text(size: int) -> str:
-    for unit, scale in (("GB", 1 << 30), ("MB", 1 << 20), ("kB", 1 << 10)):
-        if size >= scale:
-            return f"{size / scale:,.1f} {unit}"
-    return f"{size} bytes"
 
 
 def capture_notes(
@@ -63,22 +59,24 @@ def capture_notes(
             f"exist in the source: the next sync cannot run until a DBA creates it "
             f"({create_slot_statement(names.slot)})"
         ]
-    if info is None or info.lost:  # what the next sync does to every copy (capture_setup)
-        _plan_each(copies, "full_reload: slot lost")
-    if info is None:
+    if info is None:  # what the next sync does to every copy (capture_setup)
+        _plan_each(copies, f"full_reload: {SLOT_DROPPED}")
         return [
             f"cdc: replication slot {names.slot} does not exist in the source: the next sync "
-            "makes it again and reloads every cdc table (slot lost)"
+            f"makes it again and reloads every cdc table ({SLOT_DROPPED})"
         ]
     note = (
         f"cdc: slot {names.slot} retains {size_text(info.retained_bytes)} of WAL "
         f"(wal_status {info.wal_status})"
     )
-    if info.lost:
-        note += ": it is lost; the next sync reloads every cdc table (slot lost)"
-    elif info.retained_bytes >= RETAINED_WARN_BYTES:
-        note += (
-            ": warning: the source keeps this WAL until the slot is read; run `replicator "
-            "sync`, or drop an abandoned slot with `replicator cdc drop`"
-        )
-    return [note]
+    alarm = slot_alarm(info, *retained_limit(project.config.cdc))
+    for table, row in zip(tables, rows, strict=True):
+        if table.mode == "cdc":
+            row["slot_warning"] = alarm.text if alarm is not None else None
+    if alarm is None:
+        return [note]
+    if alarm.lost:  # the next sync fails them (capture_setup), whatever their plan was
+        for table, row in zip(tables, rows, strict=True):
+            if table.mode == "cdc" and not str(row["next_action"]).startswith("fail:"):
+                row.update(next_action=f"fail: {alarm.text}", pending_full_reload=False, lag=None)
+    return [f"{note}: {'error' if alarm.lost else 'warning'}: {alarm.text}"]

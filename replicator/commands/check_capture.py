@@ -15,6 +15,7 @@ from ..capture.dba_publication import publication_problem, via_root_problem
 from ..capture.preflight import IDENTITY_NAMES, capture_problem, replica_identity
 from ..capture.slot import (
     PLUGIN,
+    WAL_LEVEL_FIX,
     add_table_statement,
     create_publication_statement,
     create_slot_statement,
@@ -52,7 +53,7 @@ def capture_findings(source: psycopg.Connection[Any], project: Project) -> Itera
             "error",
             "cdc",
             f"wal_level is {level}: log capture needs logical",
-            "ALTER SYSTEM SET wal_level = logical; then restart the source server",
+            WAL_LEVEL_FIX,
         )
     if replication:
         yield Finding("ok", "cdc", f"role {user} may replicate")

@@ -21,6 +21,7 @@ import psycopg
 from ..base.errors import ReplicatorError, TableProblem
 from ..base.identifiers import display_ident
 from ..base.redact import redact
+from ..capture.apply_sql import apply_steps
 from ..capture.preflight import capture_problem
 from ..plan.drift import Planned, plan_now
 from ..plan.read_ahead import read_ahead
@@ -142,11 +143,21 @@ class CompiledTable:
             else [],
         }
 
+    def cdc_apply(self) -> list[Step] | None:
+        """A `cdc` table's apply of a batch of changes (capture/apply_sql.py)."""
+        built = self.built
+        if built.table.mode != "cdc":
+            return None
+        columns = tuple(c.name for c in built.columns)
+        repeat = built.table.primary_key is not None
+        return apply_steps(built.table.target, columns, built.primary_key, repeat)
+
     def as_json(self, dest_note: str | None) -> dict[str, Any]:
         built = self.built
         table = built.table
         incremental = built.incremental_extract
         scripts = self.scripts
+        cdc_apply = self.cdc_apply()
         return {
             "name": table.written_name,
             "destination": str(table.target),
@@ -165,6 +176,7 @@ class CompiledTable:
                 "incremental": self._lines(scripts.incremental) or None,
                 "start_without_backfill": self._lines(scripts.start) or None,
                 "resync": self._lines(scripts.resync) or None,
+                "cdc_apply": self._lines(list(cdc_apply)) if cdc_apply else None,
                 "extract_full": render(built.full_extract),
                 "extract_incremental": render(incremental) if incremental is not None else None,
                 "merge": built.merge,
@@ -177,6 +189,7 @@ class CompiledTable:
                     ("incremental", scripts.incremental),
                     ("start_without_backfill", scripts.start),
                     ("resync", scripts.resync),
+                    ("cdc_apply", cdc_apply),
                 )
                 if items is not None
             },
@@ -242,6 +255,9 @@ class CompiledTable:
                 "--   in one transaction (a TRUNCATE truncates; per key the last change wins:",
                 "--   DELETE, INSERT ... ON CONFLICT DO UPDATE where rows differ) that also",
                 "--   records the position, then advances the slot.",
+                "",
+                "-- cdc apply of a batch (staged in replicator_stage_N)",
+                *_terminated(self._lines(list(self.cdc_apply() or []))),
             ]
         if table.deletes != "ignore":
             when = f"every {table.deletes_interval} s" if table.deletes_interval else "every sync"

@@ -91,6 +91,7 @@ def table_status(project: Project, table: TableConfig) -> tuple[dict[str, Any], 
         "lag": None,
         "cursor_ahead": None,
         "slot_lag_bytes": None,  # a `cdc` table: log written since its copy's position
+        "slot_warning": None,  # a `cdc` table: what its slot holds, as sync warns of it
         "resumable": None,  # an unfinished full load: {"loaded": k, "partitions": n}
     }
     try:

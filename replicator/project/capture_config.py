@@ -8,6 +8,10 @@ from typing import Annotated, Any
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, model_validator
 
+from .config_values import checked_size, size_bytes
+
+DEFAULT_MAX_RETAINED_WAL = "2GB"
+
 
 def check_cdc_table(values: Mapping[str, Any]) -> str | None:
     """What a `cdc` table (its keys as written) sets in vain: a cursor, its lookback, a start
@@ -59,6 +63,13 @@ class CdcConfig(BaseModel):
     slot: Annotated[str, AfterValidator(_slot_name)] | None = None
     publication: Annotated[str, AfterValidator(_publication_name)] | None = None
     create: bool = True
+    # Past it (pg_current_wal_lsn() - restart_lsn), every run warns: the source keeps that
+    # WAL until the slot is read, and an abandoned slot fills its disk.
+    max_retained_wal: Annotated[str, AfterValidator(checked_size)] = DEFAULT_MAX_RETAINED_WAL
+
+    @property
+    def max_retained_bytes(self) -> int:
+        return size_bytes(self.max_retained_wal)
 
     @model_validator(mode="after")
     def _named_when_not_created(self) -> CdcConfig:
@@ -68,3 +79,9 @@ class CdcConfig(BaseModel):
                 '("slot" and "publication")'
             )
         return self
+
+
+def retained_limit(cdc: CdcConfig | None) -> tuple[int, str]:
+    """`cdc.max_retained_wal` in bytes and as written (the default without a `cdc` object)."""
+    written = cdc.max_retained_wal if cdc is not None else DEFAULT_MAX_RETAINED_WAL
+    return size_bytes(written), written

@@ -4,6 +4,7 @@ config.py turns it into the file's error list."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from ..base.identifiers import TableName, parse_column
@@ -61,3 +62,21 @@ def where_expression(value: str) -> str:
     if not expression_only(text):
         raise ValueError("expected one SQL expression (no `;`, balanced parentheses)")
     return text
+
+
+_SIZE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*(B|kB|MB|GB|TB)\s*", re.IGNORECASE)
+_SIZE_UNITS = {"b": 1, "kb": 1 << 10, "mb": 1 << 20, "gb": 1 << 30, "tb": 1 << 40}
+
+
+def size_bytes(value: str) -> int:
+    """A size as PostgreSQL's settings write it ("2GB", "512MB", "1.5 GB"), in bytes (units
+    of 1024, as max_slot_wal_keep_size counts them)."""
+    match = _SIZE.fullmatch(value)
+    if match is None or float(match[1]) <= 0:
+        raise ValueError('expected a size above 0 with a unit, like "2GB", "512MB" or "10TB"')
+    return int(float(match[1]) * _SIZE_UNITS[match[2].lower()])
+
+
+def checked_size(value: str) -> str:
+    size_bytes(value)
+    return value

@@ -26,6 +26,12 @@ EXAMPLE_CONFIG = """\
       "mode": "full-refresh"
     },
     {
+      "//": "Every insert, update, delete and truncate, read from a replication slot.",
+      "//needs": "wal_level = logical on the source, a primary key; no replication_key",
+      "name": "public.payments",
+      "mode": "cdc"
+    },
+    {
       "//": "Quoted parts keep case and any character; destination defaults to the same name.",
       "name": "\\"Sales\\".\\"Order Lines\\"",
       "replication_key": "\\"UpdatedAt\\"",
@@ -33,6 +39,13 @@ EXAMPLE_CONFIG = """\
       "destination": "warehouse.order_lines"
     }
   ],
+  "cdc": {
+    "//": "The slot and publication of the cdc tables: named by the first sync unless set here.",
+    "//slot": "replicator_pipeline",
+    "//publication": "replicator_pipeline",
+    "//max_retained_wal": "warn when the slot keeps more WAL than this in the source",
+    "max_retained_wal": "2GB"
+  },
   "//webhook": {"url": "https://hooks.example.com/replicator", "secret": "optional HMAC key"},
   "spark": {
     "//": "local[*] by default; any spark.* setting is passed to the session.",

@@ -52,9 +52,11 @@ def build_payload(
     results: list[TableResult],
     status: str | None = None,
     error: str | None = None,
+    warnings: list[str] | None = None,
 ) -> dict[str, Any]:
     """The payload the README's Webhook section pins; `status` is success, failure,
-    interrupted, or skipped (lock held)."""
+    interrupted, or skipped (lock held); `warnings`: what the run warned about that needs
+    someone (a replication slot holding too much WAL), whatever the status."""
     failed = [r for r in results if r.status == "failure"]
     overall = status or ("failure" if failed else "success")
     tables = [
@@ -77,6 +79,8 @@ def build_payload(
         text += "; failed: " + ", ".join(f"{r.name} ({r.error})" for r in failed)
     if error:
         text += f"; {error}"
+    for warning in warnings or []:
+        text += f"; warning: {warning}"
     payload: dict[str, Any] = {
         "event": "sync.finished",
         "status": overall,
@@ -84,6 +88,7 @@ def build_payload(
         "started_at": started_at,
         "finished_at": finished_at,
         "tables": tables,
+        "warnings": list(warnings or []),
         "text": text,
     }
     if error:

@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from contextlib import ExitStack
 from dataclasses import replace
@@ -29,15 +30,18 @@ from ..capture.preflight import capture_problem
 from ..capture.shaped_log import log_shaping
 from ..capture.slot import (
     add_table_statement,
+    emit_heartbeat,
     flushed_lsn,
     published_tables,
     slot_info,
 )
+from ..capture.slot_health import slot_alarm
 from ..plan.decide import Plan
 from ..plan.drift import Planned, destination_has_rows
 from ..postgres.endpoints import Endpoints
 from ..postgres.partition_tree import PARTITIONED
 from ..postgres.table_lock import table_lock
+from ..project.capture_config import retained_limit
 from ..project.capture_state import CaptureState
 from ..project.config import TableConfig
 from ..project.settings import HASH_SALT
@@ -63,13 +67,22 @@ class CaptureRun:
 
     def set_up(self, ends: Endpoints, selected: tuple[TableConfig, ...]) -> None:
         """Names, publication and slot (capture_setup.py); an error here fails every
-        selected `cdc` table."""
+        selected `cdc` table. A run that selects none only reads the names: its drain
+        moves the slot past what no copy needs (drain_deferred)."""
+        if not any(t.mode == "cdc" for t in selected):
+            try:
+                self.names = self.run.project.capture_names()
+            except ReplicatorError as exc:
+                log.warning("cdc: the replication slot is not moved: %s", one_line(exc))
+            return
         try:
             self.names = set_up_capture(self.run.project, ends, selected)
             self.positions = applied_positions(ends.dest)
         except (ReplicatorError, psycopg.Error) as exc:
             self.setup_error = f"log capture set-up: {one_line(exc)}"
             log.error("%s", self.setup_error)
+            with contextlib.suppress(ReplicatorError):  # the slot still moves, if it exists
+                self.names = self.run.project.capture_names()
 
     # ------------------------------------------------------------ 2. planning
 
@@ -131,8 +144,13 @@ class CaptureRun:
 
     def drain_deferred(self, ends: Endpoints) -> tuple[list[TableResult], list[TableConfig]]:
         """Apply the log to every deferred table: their results, and the tables the log
-        shows changed shape (to reload now)."""
+        shows changed shape (to reload now). Without any (none selected, or each failed
+        before), the slot still moves up to the first change a copy needs. Then what the
+        slot holds is checked (capture/slot_health.py)."""
         if not self.deferred:
+            if self.names is not None:
+                self._drain(ends, [], [])
+                self._check_slot(ends)
             return [], []
         assert self.names is not None
         results: list[TableResult] = []
@@ -146,7 +164,24 @@ class CaptureRun:
                     self.run.locked.add(job.name)
                     results.append(failure(job.table, str(exc), 0.0))
             drifted = self._drain(ends, jobs, results)
+        self._check_slot(ends)
         return results, drifted
+
+    def _check_slot(self, ends: Endpoints) -> None:
+        """After the drain: a slot that still holds too much WAL is a warning, in the log
+        and the webhook (a lost one failed the run's cdc tables at the set-up)."""
+        assert self.names is not None
+        try:
+            info = slot_info(ends.source, self.names.slot)
+        except psycopg.Error as exc:
+            log.warning("cdc: replication slot %s not checked: %s", self.names.slot, exc)
+            return
+        if info is None or (info.lost and self.setup_error is not None):
+            return
+        alarm = slot_alarm(info, *retained_limit(self.run.project.config.cdc))
+        if alarm is not None:
+            log.warning("source: %s", alarm.text)
+            self.run.warnings.append(alarm.text)
 
     def _drain(
         self, ends: Endpoints, jobs: list[TableJob], results: list[TableResult]
@@ -170,8 +205,11 @@ class CaptureRun:
             job.started_log("incremental", f"applying the log ({job.plan.reason})")
         try:
             info = slot_info(ends.source, names.slot)
+            if not jobs and (info is None or info.lost):
+                return []  # nothing to move (a lost slot failed the set-up, or is said after)
             if info is None or info.confirmed is None:
                 raise TableProblem(f"replication slot {names.slot} disappeared during the run")
+            emit_heartbeat(ends.source)
             upto = flushed_lsn(ends.source)
             drained = drain(
                 ends.source_url,
@@ -185,6 +223,8 @@ class CaptureRun:
         except Interrupted:
             raise
         except (ReplicatorError, psycopg.Error) as exc:
+            if not jobs:
+                log.warning("cdc: replication slot %s not moved: %s", names.slot, one_line(exc))
             for job in jobs:
                 result = failure(job.table, one_line(exc), 0.0, "incremental", job.plan.reason)
                 record_failure(self.run, job.table, job.state, job.started_at, result)

@@ -18,13 +18,16 @@ from ..capture.slot import (
     PLUGIN,
     create_slot,
     create_slot_statement,
+    drop_publication,
     drop_publication_statement,
     drop_slot,
     drop_slot_statement,
     ensure_publication,
     slot_info,
+    wal_level_problem,
     wrong_plugin,
 )
+from ..capture.slot_health import lost_text
 from ..plan.inspect_table import inspect_source
 from ..postgres.endpoints import Endpoints
 from ..project.capture_state import (
@@ -41,6 +44,7 @@ from ..project.state import LSN_CURSOR_TYPE, TableState
 log = logging.getLogger("replicator.sync")
 
 SLOT_LOST = "slot lost"
+SLOT_DROPPED = "slot dropped"  # what `cdc drop` says too
 
 
 def _warn_abandoned(stored: CaptureState | None, names: CaptureState) -> None:
@@ -73,6 +77,9 @@ def set_up_capture(
 ) -> CaptureState:
     """Names, publication and slot, ready for the run's drain; ReplicatorError (or a
     database error) when they cannot be, which fails every selected `cdc` table."""
+    problem = wal_level_problem(ends.source)
+    if problem is not None:
+        raise TableProblem(problem)
     every = [t for t in project.config.tables if t.mode == "cdc"]
     selected = tuple(t for t in selected if t.mode == "cdc")
     stored = read_capture_state(project.state_dir)
@@ -104,7 +111,12 @@ def set_up_capture(
     if names.created and described != {k: v for k, v in names.listings.items() if k in described}:
         names = names.model_copy(update={"listings": {**names.listings, **described}})
         write_capture_state(project.state_dir, names)
-    _ensure_slot(project, ends, names, published_now, every)
+    try:
+        _ensure_slot(project, ends, names, published_now, every)
+    except (ReplicatorError, psycopg.Error):
+        if published_now:  # made for a slot that could not be: not left behind
+            drop_publication(ends.source, names.publication)
+        raise
     return names
 
 
@@ -168,13 +180,17 @@ def _ensure_slot(
             f"replication slot {names.slot} (named in tables-config.json `cdc`) {problem}: "
             f"{fix}; the next sync then reloads every cdc table"
         )
+    if info is not None and info.lost:  # `cdc restart` makes it again, and says how
+        raise TableProblem(lost_text(names.slot))
     store = project.store
     reset = info is not None or any(_in_the_log(store.read(t.name)) for t in every)
-    if reset:
-        _mark_every_table_for_reload(project, every)
+    if reset:  # a slot dropped outside the tool, or older than its publication
+        _mark_every_table_for_reload(project, every, SLOT_DROPPED if info is None else SLOT_LOST)
     if info is not None:
-        why = "lost" if info.lost else "older than its publication"
-        log.warning("source: replication slot %s is %s: making it again", names.slot, why)
+        log.warning(
+            "source: replication slot %s is older than its publication: making it again",
+            names.slot,
+        )
         drop_slot(ends.source, names.slot)
     create_slot(ends.source, names.slot)
     return reset

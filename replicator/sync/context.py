@@ -70,6 +70,7 @@ class RunContext:
         self.bookkeeping_gone: str | None = None
         self.said_gone = False
         self.state_unwritten = False  # the run's deferred states could not be written
+        self.warnings: list[str] = []  # for someone to act on: in the webhook too
         # `sync --follow`: decides whether a run's webhook is posted (follow.py)
         self.notify: Callable[[dict[str, Any], bool], None] | None = None
 

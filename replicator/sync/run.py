@@ -175,7 +175,8 @@ def _sync_all(
             # before a table (or the capture's set-up) creates the registry again
             run.bookkeeping_gone = bookkeeping_gone(dest)
             read_ahead(source, dest, tables)
-            capture = CaptureRun(run) if any(t.mode == "cdc" for t in tables) else None
+            cdc = any(t.mode == "cdc" for t in run.project.config.tables)
+            capture = CaptureRun(run) if cdc else None
             if capture is not None:
                 capture.set_up(ends, tables)
             untouched = screen_noops(run, ends, tables, output)
@@ -227,9 +228,9 @@ def _notify(
     """The webhook, when one is configured; its failure never changes the exit code."""
     if run.webhook is None:
         return
-    payload = build_payload(
-        run.run_id, run.started_at, utc_now(), results, status, redact(error) if error else None
-    )
+    error = redact(error) if error else None
+    warnings = [redact(w) for w in run.warnings]
+    payload = build_payload(run.run_id, run.started_at, utc_now(), results, status, error, warnings)
     _deliver(run.webhook, run.notify, payload, within)
 
 

@@ -1,0 +1,145 @@
+"""The statements of a `cdc` table's apply (capture/apply.py runs them), built here so that
+`compile` prints the same ones (`apply_steps`): what a run does to a batch of changes staged
+in a temporary table (seq, op, the unchanged TOASTed columns, then the table's columns)."""
+
+from __future__ import annotations
+
+from psycopg import sql
+
+from ..base.identifiers import TableName
+from ..postgres.database import Step
+from .applied import record_applied_step
+from .stage import OP, SEQ
+
+LAST = sql.Identifier("replicator_last")
+STAGE = sql.Identifier("replicator_stage_0")  # the first table staged in a batch
+_OP, _SEQ = sql.Identifier(OP), sql.Identifier(SEQ)
+
+
+def after_truncate(truncated_at: int | None) -> sql.Composable:
+    """Only changes after the batch's last TRUNCATE of the table count."""
+    return sql.SQL("{} > {}").format(_SEQ, sql.Literal(truncated_at or 0))
+
+
+def match(left: str, right: str, keys: list[sql.Identifier]) -> sql.Composable:
+    return sql.SQL(" AND ").join(
+        sql.SQL("{}.{} = {}.{}").format(sql.Identifier(left), k, sql.Identifier(right), k)
+        for k in keys
+    )
+
+
+def _keys(key: tuple[str, ...]) -> list[sql.Identifier]:
+    return [sql.Identifier(k) for k in key]
+
+
+def truncate_statement(target: TableName) -> sql.Composable:
+    return sql.SQL("TRUNCATE {}").format(target.identifier())
+
+
+def reduce_statement(
+    stage: sql.Composable, key: tuple[str, ...], after: sql.Composable
+) -> sql.Composable:
+    """Each key's last change (a batch that holds a key more than once)."""
+    keys = sql.SQL(", ").join(_keys(key))
+    return sql.SQL(
+        "CREATE TEMP TABLE {last} ON COMMIT DROP AS SELECT DISTINCT ON ({keys}) * "
+        "FROM {stage} WHERE {after} ORDER BY {keys}, {seq} DESC"
+    ).format(last=LAST, keys=keys, stage=stage, after=after, seq=_SEQ)
+
+
+def delete_statement(
+    target: TableName, rows: sql.Composable, key: tuple[str, ...], after: sql.Composable
+) -> sql.Composable:
+    return sql.SQL(
+        "DELETE FROM {target} AS d USING {rows} AS l WHERE l.{op} = 'D' AND l.{after} AND {match}"
+    ).format(
+        target=target.identifier(),
+        rows=rows,
+        op=_OP,
+        after=after,
+        match=match("d", "l", _keys(key)),
+    )
+
+
+def upsert_statement(
+    target: TableName,
+    rows: sql.Composable,
+    columns: tuple[str, ...],
+    key: tuple[str, ...],
+    after: sql.Composable,
+) -> sql.Composable:
+    names = [sql.Identifier(c) for c in columns]
+    # Every column, the key's too: a key type whose equality is coarser than its text
+    # (citext, numeric) conflicts with the copy's old spelling, which must not stay.
+    # Compared as text, as the merge macros do: json, xml or point have no `=`.
+    conflict = sql.SQL(
+        "DO UPDATE SET {sets} WHERE ROW({current})::text IS DISTINCT FROM ROW({new})::text"
+    ).format(
+        sets=sql.SQL(", ").join(sql.SQL("{0} = EXCLUDED.{0}").format(c) for c in names),
+        current=sql.SQL(", ").join(sql.SQL("d.{}").format(c) for c in names),
+        new=sql.SQL(", ").join(sql.SQL("EXCLUDED.{}").format(c) for c in names),
+    )
+    return sql.SQL(
+        "INSERT INTO {target} AS d ({columns}) SELECT {columns} FROM {rows} "
+        "WHERE {op} <> 'D' AND {after} ON CONFLICT ({keys}) {conflict}"
+    ).format(
+        target=target.identifier(),
+        columns=sql.SQL(", ").join(names),
+        rows=rows,
+        after=after,
+        op=_OP,
+        keys=sql.SQL(", ").join(_keys(key)),
+        conflict=conflict,
+    )
+
+
+_REPEATED = """
+SELECT count(*) FROM (
+    SELECT {keys}, {op}, lag({op}) OVER (PARTITION BY {keys} ORDER BY {seq}) AS before,
+           lag({seq}) OVER (ORDER BY {seq}) = {seq} - 1 AS moved
+    FROM {stage} WHERE {after}
+) AS s
+WHERE (s.{op} IN ('I', 'M') OR s.{op} = 'U' AND s.moved)
+  AND CASE WHEN s.before IS NULL THEN EXISTS (SELECT 1 FROM {target} AS d WHERE {match})
+           ELSE s.before <> 'D' END
+"""
+
+
+def repeated_keys_query(
+    target: TableName, stage: sql.Composable, key: tuple[str, ...], after: sql.Composable
+) -> sql.Composable:
+    """How many rows start (an insert, or an update that moved a row to a new key: its
+    delete is the change just before) at a key a row already has, in the batch or the
+    copy."""
+    keys = _keys(key)
+    return sql.SQL(_REPEATED).format(
+        keys=sql.SQL(", ").join(keys),
+        op=_OP,
+        seq=_SEQ,
+        stage=stage,
+        after=after,
+        target=target.identifier(),
+        match=match("d", "s", keys),
+    )
+
+
+def apply_steps(
+    target: TableName, columns: tuple[str, ...], key: tuple[str, ...], keys_may_repeat: bool
+) -> list[Step]:
+    """A batch's apply as `compile` shows it: one that holds a key more than once and no
+    TRUNCATE (a TRUNCATE first empties the table and only the changes after it count; a
+    batch with every key once skips the reduction and reads the staging table itself).
+    Unchanged TOASTed values are filled in from earlier changes or the copy between the
+    reduction and the writes; `<lsn>` is the end of the batch's last commit."""
+    after = after_truncate(None)
+    steps = [Step("destination", sql.SQL("BEGIN"))]
+    if keys_may_repeat:
+        steps.append(Step("destination", repeated_keys_query(target, STAGE, key, after)))
+    steps += [
+        Step("destination", reduce_statement(STAGE, key, after)),
+        Step("destination", delete_statement(target, LAST, key, after)),
+        Step("destination", upsert_statement(target, LAST, columns, key, after)),
+    ]
+    record = record_applied_step(target, 0)
+    params = (*record.params[:2], "<lsn>") if record.params else None
+    return [*steps, Step("destination", record.statement, params), Step("destination", "COMMIT")]

@@ -1,0 +1,57 @@
+"""Whether the project's slot is safe, as `sync` and `status` both say it (one text): a
+slot that retains more WAL than `cdc.max_retained_wal`, or that the source already counts
+past `max_slot_wal_keep_size` (`wal_status` unreserved: its WAL goes at the next
+checkpoint), is a warning; a lost slot (its WAL removed) fails every `cdc` table, since no
+copy can go on from it without a gap."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .slot import SlotInfo
+
+RESTART = "replicator cdc restart --repair"
+
+
+@dataclass(frozen=True)
+class SlotAlarm:
+    lost: bool  # the run's cdc tables fail with `text`; else `text` is a warning
+    text: str
+
+
+def size_text(size: int) -> str:
+    for unit, scale in (("GB", 1 << 30), ("MB", 1 << 20), ("kB", 1 << 10)):
+        if size >= scale:
+            return f"{size / scale:,.1f} {unit}"
+    return f"{size} bytes"
+
+
+def lost_text(slot: str) -> str:
+    return (
+        f"replication slot {slot} is lost (wal_status lost): the source removed WAL the slot "
+        "still needed (it kept more than max_slot_wal_keep_size), so the changes in it are "
+        f"gone and no cdc table can go on from it; run `{RESTART}` (a new slot, each copy "
+        "repaired to it; without --repair the cdc tables reload)"
+    )
+
+
+def slot_alarm(info: SlotInfo, limit_bytes: int, limit_text: str) -> SlotAlarm | None:
+    """What to say about the slot; None when nothing."""
+    if info.lost:
+        return SlotAlarm(True, lost_text(info.name))
+    retains = f"replication slot {info.name} retains {size_text(info.retained_bytes)} of WAL"
+    if info.wal_status == "unreserved":
+        return SlotAlarm(
+            False,
+            f"{retains}, past the source's max_slot_wal_keep_size (wal_status unreserved): "
+            "the source removes it at its next checkpoint and the slot is then lost; sync "
+            "every cdc table now and more often, or raise max_slot_wal_keep_size",
+        )
+    if info.retained_bytes > limit_bytes:
+        return SlotAlarm(
+            False,
+            f"{retains}, over cdc.max_retained_wal ({limit_text}): the source keeps it until "
+            "every cdc table's changes are read; sync every cdc table more often, raise "
+            "cdc.max_retained_wal, or drop an abandoned slot with `replicator cdc drop`",
+        )
+    return None

@@ -1,0 +1,224 @@
+"""The project's replication slot never holds WAL it does not need, says when it holds too
+much, and a lost slot fails the run with the fix: against real servers."""
+
+from __future__ import annotations
+
+import json
+import uuid
+
+import pytest
+from dbcompare import assert_same_table
+from psycopg import sql
+from test_cdc import _config, _create, _run, _slot, _sync
+
+from replicator.capture.slot import SlotInfo
+from replicator.capture.slot_health import slot_alarm
+
+pytestmark = pytest.mark.spark
+
+MB = 1 << 20
+
+
+@pytest.fixture
+def other_database(pg_servers, source_conn):
+    """A second database in the source cluster: its WAL is in the same log as the slot's."""
+    import psycopg
+
+    name = f"other_{uuid.uuid4().hex[:8]}"
+    source_conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    url = pg_servers.source_url.rsplit("/", 1)[0] + "/" + name
+    try:
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute("CREATE TABLE busy (v text)")
+            yield conn
+    finally:
+        source_conn.execute(
+            sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
+        )
+
+
+def _write_wal(conn, source_conn, megabytes):
+    """About `megabytes` of WAL from the other database, then a CHECKPOINT: it writes the
+    running-transactions record that the bgwriter writes every 15 s on a busy server, the
+    only place a slot's restart point can move to."""
+    rows = megabytes * MB // 250
+    conn.execute("INSERT INTO busy SELECT repeat('x', 200) FROM generate_series(1, %s)", (rows,))
+    source_conn.execute("CHECKPOINT")
+
+
+def _slot_row(source_conn, project):
+    return source_conn.execute(
+        "SELECT pg_current_wal_lsn() - restart_lsn, confirmed_flush_lsn, wal_status "
+        "FROM pg_replication_slots WHERE slot_name = %s",
+        (_slot(project),),
+    ).fetchone()
+
+
+def _retained(source_conn, project):
+    return int(_slot_row(source_conn, project)[0])
+
+
+def _plain(conn, schema):
+    conn.execute(
+        sql.SQL("CREATE TABLE {} (id int PRIMARY KEY)").format(sql.Identifier(schema, "plain"))
+    )
+
+
+def _configure(project, schema, **top):
+    project.write_config(
+        {
+            "tables": [
+                {"name": f"{schema}.orders", "mode": "cdc"},
+                {"name": f"{schema}.plain", "mode": "full-refresh"},
+            ],
+            **top,
+        }
+    )
+
+
+def test_the_slot_moves_past_wal_its_tables_do_not_need_and_keeps_what_they_do(
+    cdc_project, schema, writer, source_conn, dest_conn, other_database, httpserver
+):
+    """Another database's WAL is passed whether or not the run selects a cdc table; a
+    change a cdc table has not applied holds the slot (nothing lost), and past
+    cdc.max_retained_wal every run says so, in the log, the webhook and status."""
+    _create(writer, schema)
+    _plain(writer, schema)
+    hook = httpserver.url_for("/hook")
+    httpserver.expect_request("/hook", method="POST").respond_with_data("ok")
+    _configure(cdc_project, schema, webhook={"url": hook}, cdc={"max_retained_wal": "8MB"})
+    _sync(cdc_project)
+
+    _write_wal(other_database, source_conn, 32)
+    assert _retained(source_conn, cdc_project) > 32 * MB
+    for _ in range(2):  # the first moves past the log; the second its restart point too
+        _sync(cdc_project)
+    assert _retained(source_conn, cdc_project) < 2 * MB
+
+    _write_wal(other_database, source_conn, 32)
+    for _ in range(2):  # no cdc table selected: the slot moves all the same
+        quiet = _sync(cdc_project, "-s", "plain")
+    assert _retained(source_conn, cdc_project) < 2 * MB
+    assert "warning" not in quiet.stderr
+    assert all(request.get_json()["warnings"] == [] for request, _ in httpserver.log)
+
+    _run(writer, schema, "UPDATE {t} SET note = 'waits in the slot' WHERE id <= 10")
+    (committed,) = writer.execute("SELECT pg_current_wal_lsn()").fetchone()
+    _write_wal(other_database, source_conn, 16)
+    for _ in range(2):
+        held = _sync(cdc_project, "-s", "plain")
+    retained, confirmed, _ = _slot_row(source_conn, cdc_project)
+    assert confirmed < committed  # held before the update's commit
+    assert retained > 16 * MB
+    warning = f"replication slot {_slot(cdc_project)} retains "
+    assert warning in held.stderr and "over cdc.max_retained_wal (8MB)" in held.stderr
+    warnings = httpserver.log[-1][0].get_json()["warnings"]
+    assert len(warnings) == 1 and warnings[0].startswith(warning), warnings
+    status = json.loads(cdc_project.run("status", "--json").stdout)
+    assert status[0]["slot_warning"] == warnings[0]
+    assert status[1]["slot_warning"] is None  # not a cdc table
+    assert f"warning: {warnings[0]}" in cdc_project.run("status").output
+
+    applied = _sync(cdc_project, "-s", "orders")
+    assert "orders: incremental, 10 rows" in applied.stderr
+    assert_same_table(source_conn, dest_conn, schema, "orders")
+    _sync(cdc_project)
+    assert _retained(source_conn, cdc_project) < 2 * MB
+
+
+def test_a_lost_slot_fails_the_run_with_the_fix(
+    cdc_project, schema, writer, source_conn, dest_conn, httpserver
+):
+    _create(writer, schema)
+    _plain(writer, schema)
+    httpserver.expect_request("/hook", method="POST").respond_with_data("ok")
+    _configure(cdc_project, schema, webhook={"url": httpserver.url_for("/hook")})
+    _sync(cdc_project)
+    _run(writer, schema, "UPDATE {t} SET note = 'before the loss'")
+    try:
+        # 1MB: PostgreSQL 15 counts it in whole WAL segments (16MB), as it removes them.
+        source_conn.execute("ALTER SYSTEM SET max_slot_wal_keep_size = '1MB'")
+        source_conn.execute("SELECT pg_reload_conf()")
+        for _ in range(3):
+            writer.execute("SELECT pg_switch_wal()")
+            _run(writer, schema, "UPDATE {t} SET amount = amount + 1 WHERE id = 1")
+            source_conn.execute("CHECKPOINT")
+        assert _slot_row(source_conn, cdc_project)[2] == "lost"
+    finally:
+        source_conn.execute("ALTER SYSTEM RESET max_slot_wal_keep_size")
+        source_conn.execute("SELECT pg_reload_conf()")
+    status = json.loads(cdc_project.run("status", "--json").stdout)
+    said = status[0]["next_action"]
+    assert said.startswith(f"fail: replication slot {_slot(cdc_project)} is lost"), status
+    assert status[0]["slot_warning"] == said.removeprefix("fail: ")
+
+    failed = cdc_project.run("sync")
+    assert failed.exit_code == 1, failed.output
+    assert said.removeprefix("fail: ") in failed.stderr
+    assert "run `replicator cdc restart --repair`" in failed.stderr
+    assert f"{schema}.plain: full_reload" in failed.stderr  # the other tables still sync
+    assert httpserver.log[-1][0].get_json()["status"] == "failure"
+    assert _slot_row(source_conn, cdc_project)[2] == "lost"  # left for `cdc restart`
+
+    assert cdc_project.run("cdc", "drop").exit_code == 0
+    status = json.loads(cdc_project.run("status", "--json").stdout)
+    assert status[0]["next_action"] == "full_reload: slot dropped"
+    reloaded = _sync(cdc_project)
+    assert "reason: slot dropped" in reloaded.stderr
+    assert_same_table(source_conn, dest_conn, schema, "orders")
+
+
+def test_a_slot_dropped_outside_the_tool_is_said_alike_by_status_and_sync(
+    cdc_project, schema, writer, source_conn, dest_conn
+):
+    _create(writer, schema)
+    _config(cdc_project, schema, "orders")
+    _sync(cdc_project)
+    source_conn.execute("SELECT pg_drop_replication_slot(%s)", (_slot(cdc_project),))
+    _run(writer, schema, "DELETE FROM {t} WHERE id < 10")
+    status = json.loads(cdc_project.run("status", "--json").stdout)
+    assert status[0]["next_action"] == "full_reload: slot dropped"
+    synced = _sync(cdc_project)
+    assert "full_reload, 91 rows" in synced.stderr and "reason: slot dropped" in synced.stderr
+    assert_same_table(source_conn, dest_conn, schema, "orders")
+
+
+def test_a_source_without_logical_wal_fails_with_the_fix_and_makes_nothing(
+    db_project, schema, dest_conn, pg_servers
+):
+    """The destination cluster runs wal_level replica: as a source, its set-up is refused
+    before anything is made (it left a publication behind, and no fix)."""
+    dest_conn.execute(
+        sql.SQL("CREATE TABLE {} (id int PRIMARY KEY)").format(sql.Identifier(schema, "t"))
+    )
+    db_project.write_config(
+        {"tables": [{"name": f"{schema}.t", "mode": "cdc", "destination": f"{schema}.copy"}]}
+    )
+    failed = db_project.run("sync", env={"REPLICATOR_SOURCE_URL": pg_servers.dest_url})
+    assert failed.exit_code == 1
+    assert "the source's wal_level is replica: log capture needs logical" in failed.stderr
+    assert "run ALTER SYSTEM SET wal_level = logical; then restart the source server" in (
+        failed.stderr
+    )
+    assert dest_conn.execute("SELECT pubname FROM pg_publication").fetchall() == []
+    assert dest_conn.execute("SELECT slot_name FROM pg_replication_slots").fetchall() == []
+
+
+def _info(status, retained):
+    return SlotInfo("s", "pgoutput", 0, status, retained, 0, None)
+
+
+@pytest.mark.parametrize(
+    ("info", "expected"),
+    [
+        pytest.param(_info("reserved", 10 * MB), None, id="reserved-under-the-limit"),
+        pytest.param(_info("extended", 30 * MB), "over cdc.max_retained_wal (20MB)", id="over"),
+        pytest.param(_info("unreserved", MB), "wal_status unreserved", id="unreserved"),
+        pytest.param(_info("lost", 0), "replicator cdc restart --repair", id="lost"),
+    ],
+)
+def test_slot_alarms(info, expected):
+    alarm = slot_alarm(info, 20 * MB, "20MB")
+    assert (alarm.text if alarm else None) == expected or expected in alarm.text
+    if alarm is not None:
+        assert alarm.lost == (info.wal_status == "lost")
