@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from dbcompare import row_hashes
+from dbcompare import assert_same_table, row_hashes
 from psycopg import sql
 
 IN_PROCESS = {"REPLICATOR_SPARK_MIN_ROWS": "1000000000"}  # small tables: no JVM
@@ -127,3 +127,84 @@ def test_skip_never_creates_or_reloads_a_missing_or_different_copy(
     ).fetchall()
     assert _keys(dest_conn, schema, "items") == []  # nothing loaded into the different one
     assert project.run("sync").exit_code == 1  # and not at the next run either
+
+
+def _oid(conn, schema, table="orders"):
+    query = "SELECT %s::regclass::oid"
+    return conn.execute(query, (sql.Identifier(schema, table).as_string(conn),)).fetchone()[0]
+
+
+def _change_while_the_slot_is_gone(writer, schema):
+    """9 rows: 2 inserted, 3 updated, 4 deleted."""
+    _run(writer, schema, "INSERT INTO {t} VALUES (1001, 'new', 1), (1002, 'new', 2)")
+    _run(writer, schema, "UPDATE {t} SET note = 'changed' WHERE id IN (1, 2, 3)")
+    _run(writer, schema, "DELETE FROM {t} WHERE id BETWEEN 10 AND 13")
+
+
+def test_restart_repair_writes_exactly_the_rows_changed_while_the_slot_was_gone(
+    project, schema, writer, source_conn, dest_conn
+):
+    _create(writer, schema, rows=100)
+    _create(writer, schema, "items", rows=10)
+    _config(project, schema, "orders", "items")
+    _sync(project)
+    oid = _oid(dest_conn, schema)
+    slot = _slot(project)
+    source_conn.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
+    _change_while_the_slot_is_gone(writer, schema)
+    status = project.run("status")
+    assert f"cdc: replication slot {slot} does not exist in the source" in status.output
+    assert "fix: `replicator cdc restart --repair` starts a new slot and keeps the copies" in (
+        status.output
+    )
+
+    restarted = project.run("cdc", "restart", "--repair")
+    assert restarted.exit_code == 0, restarted.output
+    assert (
+        f"{schema}.orders: brought to the new slot's snapshot: 98 rows compared, 9 repaired "
+        "(2 missing, 4 extra, 3 different)"
+    ) in restarted.stdout, restarted.output
+    assert f"{schema}.items: brought to the new slot's snapshot: 10 rows compared, 0 repaired" in (
+        restarted.stdout
+    )
+    assert _oid(dest_conn, schema) == oid  # the copy was repaired in place, not replaced
+    assert_same_table(source_conn, dest_conn, schema, "orders")
+    assert source_conn.execute(
+        "SELECT 1 FROM pg_replication_slots WHERE slot_name = %s", (slot,)
+    ).fetchall()
+
+    _run(writer, schema, "UPDATE {t} SET amount = 0 WHERE id IN (1, 50)")
+    _run(writer, schema, "DELETE FROM {t} WHERE id = 1001")
+    _run(writer, schema, "INSERT INTO {t} VALUES (10, 'back', 10)")
+    after = _sync(project)
+    assert f"{schema}.orders: incremental" in after.stderr, after.stderr
+    assert f"{schema}.items: noop" in after.stderr, after.stderr
+    assert _oid(dest_conn, schema) == oid
+    assert assert_same_table(source_conn, dest_conn, schema, "orders") == 98
+    assert assert_same_table(source_conn, dest_conn, schema, "items") == 10
+
+
+def test_restart_without_repair_reloads_at_the_next_sync(
+    project, schema, writer, source_conn, dest_conn
+):
+    _create(writer, schema, rows=20)
+    _config(project, schema, "orders")
+    _sync(project)
+    slot = _slot(project)
+    source_conn.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
+    _change_while_the_slot_is_gone(writer, schema)
+    restarted = project.run("cdc", "restart")
+    assert restarted.exit_code == 0, restarted.output
+    assert f"{schema}.orders: the next sync reloads it (refresh requested)" in restarted.stdout
+    assert source_conn.execute(
+        "SELECT 1 FROM pg_replication_slots WHERE slot_name = %s", (slot,)
+    ).fetchall()
+    status = json.loads(project.run("status", "--json").stdout)
+    assert status[0]["next_action"].startswith("full_reload: refresh requested"), status
+    synced = _sync(project)
+    assert f"{schema}.orders: full_reload" in synced.stderr
+    assert "reason: refresh requested: cdc restart" in synced.stderr, synced.stderr
+    _run(writer, schema, "UPDATE {t} SET note = 'later' WHERE id = 5")
+    again = _sync(project)
+    assert f"{schema}.orders: incremental" in again.stderr, again.stderr
+    assert assert_same_table(source_conn, dest_conn, schema, "orders") == 18

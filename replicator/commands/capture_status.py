@@ -16,6 +16,10 @@ from ..project.project import Project
 from ..project.state import LSN_CURSOR_TYPE
 
 RETAINED_WARN_BYTES = 1 << 30
+KEEP_COPIES = (
+    "`replicator cdc restart --repair` starts a new slot and keeps the copies (only the rows "
+    "that differ are written, no reload)"
+)
 
 
 def _plan_each(rows: list[dict[str, Any]], next_action: str) -> None:
@@ -61,21 +65,23 @@ def capture_notes(
         return [
             f"cdc: replication slot {names.slot} (named in tables-config.json `cdc`) does not "
             f"exist in the source: the next sync cannot run until a DBA creates it "
-            f"({create_slot_statement(names.slot)})"
+            f"({create_slot_statement(names.slot)}); then {KEEP_COPIES}"
         ]
     if info is None or info.lost:  # what the next sync does to every copy (capture_setup)
         _plan_each(copies, "full_reload: slot lost")
     if info is None:
         return [
             f"cdc: replication slot {names.slot} does not exist in the source: the next sync "
-            "makes it again and reloads every cdc table (slot lost)"
+            f"makes it again and reloads every cdc table (slot lost); fix: {KEEP_COPIES}"
         ]
     note = (
         f"cdc: slot {names.slot} retains {size_text(info.retained_bytes)} of WAL "
         f"(wal_status {info.wal_status})"
     )
     if info.lost:
-        note += ": it is lost; the next sync reloads every cdc table (slot lost)"
+        note += (
+            ": it is lost; the next sync reloads every cdc table (slot lost); fix: " + KEEP_COPIES
+        )
     elif info.retained_bytes >= RETAINED_WARN_BYTES:
         note += (
             ": warning: the source keeps this WAL until the slot is read; run `replicator "
