@@ -5,6 +5,7 @@ copies to the new slot instead of reloading them. Against real servers, without 
 from __future__ import annotations
 
 import json
+import uuid
 
 import pytest
 from dbcompare import assert_same_table, row_hashes
@@ -208,3 +209,60 @@ def test_restart_without_repair_reloads_at_the_next_sync(
     again = _sync(project)
     assert f"{schema}.orders: incremental" in again.stderr, again.stderr
     assert assert_same_table(source_conn, dest_conn, schema, "orders") == 18
+
+
+def test_restart_with_a_dba_slot_waits_for_the_dba_and_repairs_the_selected_copies(
+    project, schema, writer, source_conn, dest_conn
+):
+    """A slot named in `cdc` with "create": false is the DBA's: restart never makes it; once
+    it is back, the copies are brought to it (here -s repairs one, the other reloads)."""
+    slot = f"dba_{uuid.uuid4().hex[:12]}"
+    _create(writer, schema, "orders")
+    _create(writer, schema, "items", rows=10)
+    source_conn.execute(
+        sql.SQL("CREATE PUBLICATION {} FOR TABLE {}, {}").format(
+            sql.Identifier(slot), sql.Identifier(schema, "orders"), sql.Identifier(schema, "items")
+        )
+    )
+    source_conn.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))
+    try:
+        tables = [{"name": f"{schema}.{t}", "mode": "cdc"} for t in ("orders", "items")]
+        dba = {"slot": slot, "publication": slot, "create": False}
+        project.write_config({"tables": tables, "cdc": dba})
+        _sync(project)
+        source_conn.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
+        _change_while_the_slot_is_gone(writer, schema)
+        _run(writer, schema, "UPDATE {t} SET note = 'gone too' WHERE id = 1", table="items")
+        refused = project.run("cdc", "restart", "--repair")
+        assert refused.exit_code == 1
+        assert (
+            f"replication slot {slot} (named in tables-config.json `cdc`) does not exist: it is "
+            f"the DBA's, replicator never makes it: create it (SELECT "
+            f"pg_create_logical_replication_slot('{slot}', 'pgoutput')), then run `replicator "
+            "cdc restart` again"
+        ) in refused.stderr, refused.stderr
+        assert not source_conn.execute(
+            "SELECT 1 FROM pg_replication_slots WHERE slot_name = %s", (slot,)
+        ).fetchall()
+
+        source_conn.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))
+        _run(writer, schema, "UPDATE {t} SET amount = -1 WHERE id = 99")  # before the restart
+        restarted = project.run("cdc", "restart", "--repair", "-s", f"{schema}.orders")
+        assert restarted.exit_code == 0, restarted.output
+        assert f"{schema}.orders: brought to the new slot's snapshot: 98 rows compared, 10 " in (
+            restarted.stdout
+        ), restarted.stdout
+        assert f"{schema}.items: the next sync reloads it (refresh requested)" in restarted.stdout
+        _run(writer, schema, "UPDATE {t} SET amount = -2 WHERE id = 98")  # after it
+        synced = _sync(project)
+        assert f"{schema}.orders: incremental" in synced.stderr, synced.stderr
+        assert f"{schema}.items: full_reload" in synced.stderr, synced.stderr
+        assert assert_same_table(source_conn, dest_conn, schema, "orders") == 98
+        assert assert_same_table(source_conn, dest_conn, schema, "items") == 10
+    finally:
+        source_conn.execute(
+            "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots "
+            "WHERE slot_name = %s",
+            (slot,),
+        )
+        source_conn.execute(sql.SQL("DROP PUBLICATION IF EXISTS {}").format(sql.Identifier(slot)))
