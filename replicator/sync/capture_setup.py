@@ -166,7 +166,8 @@ def _ensure_slot(
             fix = f"drop it and create it again ({drop_slot_statement(names.slot)}; {create})"
         raise TableProblem(
             f"replication slot {names.slot} (named in tables-config.json `cdc`) {problem}: "
-            f"{fix}; the next sync then reloads every cdc table"
+            f"{fix}; the next sync then reloads every cdc table (`replicator cdc restart "
+            "--repair` first keeps the copies instead)"
         )
     store = project.store
     reset = info is not None or any(_in_the_log(store.read(t.name)) for t in every)
