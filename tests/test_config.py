@@ -122,7 +122,7 @@ def _errors(project, document) -> tuple[int, str]:
                     }
                 ]
             },
-            'tables[0]: "lookback", "initial_load", "deletes" do not apply to mode "cdc"',
+            'tables[0]: "lookback", "deletes" do not apply to mode "cdc"',
             id="cdc-with-several-cursor-options",
         ),
         pytest.param(

@@ -24,8 +24,9 @@ APPLIED_DDL = sql.SQL(
 ).format(APPLIED_TABLE.identifier())
 
 
-def record_applied_step(target: TableName, lsn: int) -> Step:
-    """The statement that records `lsn` as the table's position (inside its transaction)."""
+def record_applied_step(target: TableName, lsn: int | str) -> Step:
+    """The statement that records `lsn` as the table's position (inside its transaction);
+    text is an LSN as PostgreSQL writes it (or `compile`'s placeholder)."""
     return Step(
         "destination",
         sql.SQL(
@@ -33,7 +34,7 @@ def record_applied_step(target: TableName, lsn: int) -> Step:
             "ON CONFLICT (schema_name, table_name) DO UPDATE SET applied_lsn = "
             "EXCLUDED.applied_lsn, applied_at = now()"
         ).format(APPLIED_TABLE.identifier()),
-        (target.schema, target.name, lsn_text(lsn)),
+        (target.schema, target.name, lsn if isinstance(lsn, str) else lsn_text(lsn)),
     )
 
 

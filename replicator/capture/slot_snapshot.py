@@ -37,9 +37,12 @@ class SlotSnapshot(ExportedSnapshot):
     a transaction in the snapshot (as ExportedSnapshot's), `snap.lsn` its position in the
     log."""
 
-    def __init__(self, source_url: str) -> None:
+    def __init__(self, source_url: str, slot: str | None = None) -> None:
+        """`slot`: a lasting slot of that name (`cdc restart`'s new project slot); None: a
+        temporary one, gone with the connection (a load's)."""
         super().__init__(source_url)
         self.lsn = 0
+        self.slot = slot
         self._replication: psycopg.Connection[Any] | None = None
 
     def __enter__(self) -> SlotSnapshot:
@@ -71,12 +74,16 @@ class SlotSnapshot(ExportedSnapshot):
 
     def _create_slot(self) -> None:
         assert self._replication is not None
-        name = f"replicator_load_{secrets.token_hex(6)}"
-        command = f"CREATE_REPLICATION_SLOT {name} TEMPORARY LOGICAL {PLUGIN} (SNAPSHOT 'export')"
-        result = self._replication.pgconn.exec_(command.encode())
+        name = self.slot or f"replicator_load_{secrets.token_hex(6)}"
+        command = sql.SQL("CREATE_REPLICATION_SLOT {} {}LOGICAL {} (SNAPSHOT 'export')").format(
+            sql.Identifier(name),
+            sql.SQL("" if self.slot else "TEMPORARY "),
+            sql.Identifier(PLUGIN),
+        )
+        result = self._replication.pgconn.exec_(command.as_bytes(self._replication))
         if result.status != pq.ExecStatus.TUPLES_OK:
             message = (result.error_message or b"").decode(errors="replace").strip()
-            raise DatabaseError(f"source: cannot create a slot for the load's snapshot: {message}")
+            raise DatabaseError(f"source: cannot create replication slot {name}: {message}")
         self.lsn = parse_lsn(result.get_value(0, 1).decode())
         self.snapshot_id = result.get_value(0, 2).decode()
 

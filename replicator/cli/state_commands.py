@@ -1,5 +1,5 @@
-"""`replicator state show|reset|set-cursor` (sync-state) and `replicator cdc drop` (the log
-capture's slot and publication)."""
+"""`replicator state show|reset|set-cursor` (sync-state) and `replicator cdc drop|restart`
+(the log capture's slot and publication)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Any
 import click
 
 from .help_text import examples
-from .options import common, load_expanded, shared_options
+from .options import common, load_expanded, select_option, shared_options
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
@@ -71,7 +71,10 @@ def state_set_cursor(project_dir: Path, table: str, value: str, force: bool) -> 
 @click.group(
     context_settings=CONTEXT,
     short_help="Manage the log capture of cdc tables.",
-    epilog=examples("replicator cdc drop   # an abandoned project: stop the source keeping WAL"),
+    epilog=examples(
+        "replicator cdc drop   # an abandoned project: stop the source keeping WAL",
+        "replicator cdc restart --repair   # a lost slot: a new one, the copies kept",
+    ),
 )
 @shared_options
 def cdc(**_: Any) -> None:
@@ -91,3 +94,34 @@ def cdc_drop(project_dir: Path) -> int:
     from ..commands.capture_commands import drop_capture
 
     return drop_capture(load_expanded(project_dir))
+
+
+@cdc.command(
+    "restart",
+    short_help="A new slot; --repair keeps the copies (no reload).",
+    epilog=examples(
+        "replicator cdc restart --repair   # after a major upgrade dropped the slot",
+        "replicator cdc restart --repair -s public.orders   # the others reload",
+        "replicator cdc restart   # every cdc table reloads at the next sync",
+    ),
+)
+@select_option
+@click.option(
+    "--repair",
+    is_flag=True,
+    help="Bring each copy to the new slot's snapshot by writing only the rows that differ.",
+)
+@common
+def cdc_restart(project_dir: Path, names: tuple[str, ...], repair: bool) -> int:
+    """Start the log capture again from a new slot, after the slot was lost or dropped (a
+    major upgrade drops every slot), or by choice. The tool's own slot is made again; a
+    slot named in `cdc` with "create": false is the DBA's and must exist. With --repair,
+    each cdc copy (or each -s one) is compared with the new slot's snapshot by range hashes
+    and exactly the rows that differ are written: the tables stay in place, and later syncs
+    go on from the slot. Without --repair (and for the tables -s leaves out), every cdc
+    table reloads in full at the next sync. Exit 1 when a repair did not finish (that table
+    reloads at the next sync)."""
+    from ..commands.capture_commands import restart_capture_command
+
+    verbose = click.get_current_context().meta["replicator.verbose"]
+    return restart_capture_command(load_expanded(project_dir), names, repair, verbose)

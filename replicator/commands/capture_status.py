@@ -18,7 +18,12 @@ from ..project.capture_config import retained_limit
 from ..project.config import TableConfig
 from ..project.project import Project
 from ..project.state import LSN_CURSOR_TYPE
-from ..sync.capture_setup import SLOT_DROPPED
+from ..sync.capture_setup import SLOT_DROPPED, SLOT_LOST
+
+KEEP_COPIES = (
+    "`replicator cdc restart --repair` starts a new slot and keeps the copies (only the rows "
+    "that differ are written, no reload)"
+)
 
 
 def _plan_each(rows: list[dict[str, Any]], next_action: str) -> None:
@@ -57,13 +62,13 @@ def capture_notes(
         return [
             f"cdc: replication slot {names.slot} (named in tables-config.json `cdc`) does not "
             f"exist in the source: the next sync cannot run until a DBA creates it "
-            f"({create_slot_statement(names.slot)})"
+            f"({create_slot_statement(names.slot)}); then {KEEP_COPIES}"
         ]
     if info is None:  # what the next sync does to every copy (capture_setup)
         _plan_each(copies, f"full_reload: {SLOT_DROPPED}")
         return [
             f"cdc: replication slot {names.slot} does not exist in the source: the next sync "
-            f"makes it again and reloads every cdc table ({SLOT_DROPPED})"
+            f"makes it again and reloads every cdc table ({SLOT_DROPPED}); fix: {KEEP_COPIES}"
         ]
     note = (
         f"cdc: slot {names.slot} retains {size_text(info.retained_bytes)} of WAL "
@@ -75,8 +80,6 @@ def capture_notes(
             row["slot_warning"] = alarm.text if alarm is not None else None
     if alarm is None:
         return [note]
-    if alarm.lost:  # the next sync fails them (capture_setup), whatever their plan was
-        for table, row in zip(tables, rows, strict=True):
-            if table.mode == "cdc" and not str(row["next_action"]).startswith("fail:"):
-                row.update(next_action=f"fail: {alarm.text}", pending_full_reload=False, lag=None)
+    if alarm.lost:  # what the next sync does to every copy (capture_setup)
+        _plan_each(copies, f"full_reload: {SLOT_LOST}")
     return [f"{note}: {'error' if alarm.lost else 'warning'}: {alarm.text}"]

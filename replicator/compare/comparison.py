@@ -17,7 +17,7 @@ from ..plan.table_sql import TableSql
 from ..postgres.catalog import Column
 from ..postgres.database import execute
 from ..postgres.endpoints import Endpoints
-from ..postgres.snapshot import ExportedSnapshot
+from ..postgres.snapshot import ExportedSnapshot, ImportedSnapshot
 from ..project.config import TableConfig
 from ..transfer.spark_runner import SparkRunner
 from . import range_sql as q
@@ -78,9 +78,11 @@ def compared(
     sides: Sides,
     spark: SparkRunner,
     fresh: tuple[sql.Composable, list[Any]] | None = None,
+    source_snapshot: str | None = None,
 ) -> Iterator[tuple[Found, RangeReader]]:
     """Compare the sides, each in a snapshot that stays open for the block (a repair reads
-    the source rows it writes from the same snapshot)."""
+    the source rows it writes from the same snapshot). `source_snapshot`: the source side
+    reads that exported snapshot (a new slot's, for `cdc restart`) instead of its own."""
     rows, pages = estimated_rows(ends.dest, table.target)
     on_spark = rows > 0 and spark.needed_for(rows)
     if sides.keys_only:  # hashing keys is cheap: worth a JVM start only for huge tables
@@ -88,7 +90,11 @@ def compared(
     if on_spark:
         spark.warm_up()  # the JVM starts while the snapshots are taken and the cuts read
     with (
-        ExportedSnapshot(ends.source_url, "source") as ours,
+        (
+            ImportedSnapshot(ends.source_url, source_snapshot)
+            if source_snapshot is not None
+            else ExportedSnapshot(ends.source_url, "source")
+        ) as ours,
         ExportedSnapshot(ends.dest_url, "destination") as theirs,
     ):
         assert theirs.conn is not None

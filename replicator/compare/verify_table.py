@@ -55,11 +55,13 @@ def verify_table(
     fix: bool = False,
     force: bool = False,
     pending: PendingLookup | None = None,
+    source_snapshot: str | None = None,
 ) -> Verdict:
     """Compare (and with `fix`, repair) one table; a problem is a `failed` verdict. A repair
     that would delete more than half of the destination's rows is refused (the verdict says
     so) unless `force`: a broken or emptied model must not empty the copy. `pending`: for a
-    `cdc` table, its changes still in the slot."""
+    `cdc` table, its changes still in the slot. `source_snapshot`: compare with that
+    exported snapshot of the source (a new slot's) instead of a snapshot taken now."""
     started = time.monotonic()
     try:
         planned = plan_now(ends.source, ends.dest, table, templates, state)
@@ -71,7 +73,9 @@ def verify_table(
         )
         with lock:
             if planned.built.primary_key:
-                tally = _compare(ends, table, planned, state, spark, fix, force, pending)
+                tally = _compare(
+                    ends, table, planned, state, spark, fix, force, pending, source_snapshot
+                )
             else:
                 tally = _compare_keyless(ends, table, planned, fix, force)
     except (ReplicatorError, psycopg.Error) as exc:
@@ -170,6 +174,7 @@ def _compare(
     fix: bool,
     force: bool,
     pending: PendingLookup | None,
+    source_snapshot: str | None,
 ) -> _Tally:
     built = planned.built
     assert planned.observed.destination is not None
@@ -183,7 +188,9 @@ def _compare(
     )
     with (
         built.reading_model(),
-        compared(ends, table, sides, spark, _fresh(table, built.columns, state)) as (found, reader),
+        compared(
+            ends, table, sides, spark, _fresh(table, built.columns, state), source_snapshot
+        ) as (found, reader),
     ):
         _set_aside_pending(table, planned.built.primary_key, found, pending)
         repaired = 0

@@ -11,6 +11,7 @@ from types import TracebackType
 from typing import Any
 
 import psycopg
+from psycopg import sql
 
 from ..base.errors import DatabaseError
 from ..base.failpoints import failpoint
@@ -45,3 +46,24 @@ class ExportedSnapshot:
                     execute(self.conn, "ROLLBACK")
             finally:
                 self.conn.close()
+
+
+class ImportedSnapshot(ExportedSnapshot):
+    """A snapshot exported elsewhere (a slot's, whose exporter must stay open), imported
+    into a transaction of our own: read like an ExportedSnapshot, and its tasks import the
+    same id."""
+
+    def __init__(self, source_url: str, snapshot_id: str, side: str = "source") -> None:
+        super().__init__(source_url, side)
+        self.snapshot_id = snapshot_id
+
+    def __enter__(self) -> ImportedSnapshot:
+        self.conn = connect(self.source_url, self.side)
+        try:
+            execute(self.conn, "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+            snapshot = sql.Literal(self.snapshot_id)
+            execute(self.conn, sql.SQL("SET TRANSACTION SNAPSHOT {}").format(snapshot))
+        except BaseException:
+            self.__exit__(None, None, None)
+            raise
+        return self

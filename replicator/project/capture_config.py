@@ -14,14 +14,14 @@ DEFAULT_MAX_RETAINED_WAL = "2GB"
 
 
 def check_cdc_table(values: Mapping[str, Any]) -> str | None:
-    """What a `cdc` table (its keys as written) sets in vain: a cursor, its lookback, a start
-    without backfill or a delete check would have nothing to do (all named at once)."""
+    """What a `cdc` table (its keys as written) sets in vain: a cursor, its lookback or a
+    delete check would have nothing to do (all named at once). `initial_load: "skip"`
+    applies: the copy starts at the slot's position (sync/capture_adopt.py)."""
     wrong = [
         key
         for key, given in (
             ("replication_key", values.get("replication_key") is not None),
             ("lookback", "lookback" in values),
-            ("initial_load", values.get("initial_load", "full") != "full"),
             ("deletes", values.get("deletes", "ignore") != "ignore"),
             ("deletes_interval", values.get("deletes_interval", 0) != 0),
         )

@@ -125,7 +125,10 @@ def action_scripts(
                 inputs, built, state, batch_facts, resync, version, unfinished
             )
     if plan.action == "skip_backfill":
-        scripts.start = list(start_steps(built, facts, exists=destination_exists))
+        at_slot = built.table.mode == "cdc"  # adopted at the slot's position (capture_adopt)
+        position = "<slot position>" if at_slot else None
+        exists = destination_exists or at_slot
+        scripts.start = list(start_steps(built, facts, exists=exists, position=position))
     return scripts
 
 

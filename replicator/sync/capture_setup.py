@@ -178,7 +178,8 @@ def _ensure_slot(
             fix = f"drop it and create it again ({drop_slot_statement(names.slot)}; {create})"
         raise TableProblem(
             f"replication slot {names.slot} (named in tables-config.json `cdc`) {problem}: "
-            f"{fix}; the next sync then reloads every cdc table"
+            f"{fix}; the next sync then reloads every cdc table (`replicator cdc restart "
+            "--repair` first keeps the copies instead)"
         )
     if info is not None and info.lost:  # `cdc restart` makes it again, and says how
         raise TableProblem(lost_text(names.slot))

@@ -15,6 +15,7 @@ import psycopg
 from psycopg import sql
 
 from ..base.identifiers import INTERNAL_SCHEMA, TableName
+from ..capture.applied import record_applied_step
 from ..plan.table_sql import TableSql
 from ..postgres import ddl
 from ..postgres.database import Step
@@ -184,9 +185,12 @@ def drop_staging_step(built: TableSql) -> Step:
 # ---------------------------------------------------------------- start without backfill
 
 
-def start_steps(built: TableSql, facts: DestinationFacts, exists: bool) -> list[Step]:
+def start_steps(
+    built: TableSql, facts: DestinationFacts, exists: bool, position: str | None = None
+) -> list[Step]:
     """initial_load skip: create the destination table (schema and types first) unless it
-    exists, and record it as the tool's, in one transaction."""
+    exists, and record it as the tool's, in one transaction; for a `cdc` table, with its
+    log `position` (the copy and its position never disagree)."""
     create = (
         []
         if exists
@@ -201,5 +205,6 @@ def start_steps(built: TableSql, facts: DestinationFacts, exists: bool) -> list[
         _destination("BEGIN"),
         *create,
         *record_owned_steps(built.table.target),
+        *([record_applied_step(built.table.target, position)] if position is not None else []),
         _destination("COMMIT"),
     ]

@@ -38,19 +38,26 @@ def start_without_backfill(
     ends: Endpoints, built: TableSql, destination: TableInfo | None, signature: Signature
 ) -> StartResult:
     """Create or adopt the destination table; the cursor at the source's newest key."""
-    name = built.table.written_name
     if destination is not None:
-        changes = diff(signature.as_created(), destination_signature(destination))
-        if changes:
-            raise TableProblem(
-                f"{name}: initial_load skip adopts the existing destination table "
-                f"{built.table.target}, but it differs from the source ({describe(changes)}); "
-                "drop it (the sync then creates it) or make it match"
-            )
+        require_same_shape(built, destination, signature, "drop it (the sync then creates it)")
     facts = DestinationFacts.read(ends.source, ends.dest, built, types=destination is None)
     run_steps(ends.dest, start_steps(built, facts, exists=destination is not None))
     cursor, pending, window = _start_cursor(ends.source, built)
     return StartResult(destination is None, cursor, pending, window)
+
+
+def require_same_shape(
+    built: TableSql, destination: TableInfo, signature: Signature, fix: str
+) -> None:
+    """An existing destination table is adopted only with the source's columns, types and
+    key: TableProblem naming the differences and `fix` otherwise."""
+    changes = diff(signature.as_created(), destination_signature(destination))
+    if changes:
+        raise TableProblem(
+            f"{built.table.written_name}: initial_load skip adopts the existing destination "
+            f"table {built.table.target}, but it differs from the source ({describe(changes)}); "
+            f"make it match, or {fix}"
+        )
 
 
 def _start_cursor(

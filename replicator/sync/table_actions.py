@@ -18,6 +18,7 @@ from ..plan.table_sql import batch_query
 from ..postgres.database import execute
 from ..project.state import LSN_CURSOR_TYPE, Cursor, Pending, TableState, Window
 from ..report.results import TableResult, utc_now
+from .capture_adopt import adopt_at_slot
 from .context import TableJob
 from .deletes import propagate_deletes
 from .full_load import full_reload
@@ -201,18 +202,26 @@ def _emptied(job: TableJob) -> bool:
 
 def _skip_backfill(job: TableJob) -> TableResult:
     """initial_load skip: no row copied; the destination created or adopted, the cursor
-    set at the source's newest key."""
-    start = start_without_backfill(
-        job.ends, job.built, job.observed.destination, job.observed.signature
-    )
+    set at the source's newest key (a `cdc` table's: adopted at the slot's position)."""
+    destination, signature = job.observed.destination, job.observed.signature
+    if job.table.mode == "cdc":
+        start = adopt_at_slot(job.ends, job.built, destination, signature, _slot_of(job))
+    else:
+        start = start_without_backfill(job.ends, job.built, destination, signature)
     cursor = start.cursor.value if start.cursor else None
     table_note = "created empty" if start.created else "adopted"
-    reason = (
-        f"{job.plan.reason}: destination table {table_note}, cursor starts at {cursor or 'none'}"
-    )
+    starts = "applies the log from" if job.table.mode == "cdc" else "cursor starts at"
+    reason = f"{job.plan.reason}: destination table {table_note}, {starts} {cursor or 'none'}"
     result = job.success("noop", 0, reason, 0, None, cursor)
     _write_new_state(job, start, result)
     return result
+
+
+def _slot_of(job: TableJob) -> str:
+    """The project's slot (the run's capture set-up made sure it exists)."""
+    names = job.run.project.capture_names()
+    assert names is not None
+    return names.slot
 
 
 def _resync(job: TableJob) -> TableResult:
