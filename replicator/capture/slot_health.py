@@ -1,8 +1,8 @@
 """Whether the project's slot is safe, as `sync` and `status` both say it (one text): a
 slot that retains more WAL than `cdc.max_retained_wal`, or that the source already counts
 past `max_slot_wal_keep_size` (`wal_status` unreserved: its WAL goes at the next
-checkpoint), is a warning; a lost slot (its WAL removed) fails every `cdc` table, since no
-copy can go on from it without a gap."""
+checkpoint), is a warning; a lost slot (its WAL removed) is an error: no copy can go on
+from it without a gap, so the sync reloads every `cdc` table and exits 1."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ RESTART = "replicator cdc restart --repair"
 
 @dataclass(frozen=True)
 class SlotAlarm:
-    lost: bool  # the run's cdc tables fail with `text`; else `text` is a warning
+    lost: bool  # the run reloads its cdc tables and exits 1; else `text` is a warning
     text: str
 
 
@@ -30,8 +30,9 @@ def lost_text(slot: str) -> str:
     return (
         f"replication slot {slot} is lost (wal_status lost): the source removed WAL the slot "
         "still needed (it kept more than max_slot_wal_keep_size), so the changes in it are "
-        f"gone and no cdc table can go on from it; run `{RESTART}` (a new slot, each copy "
-        "repaired to it; without --repair the cdc tables reload)"
+        "gone: a sync makes a new slot and reloads every cdc table (reason slot lost) and "
+        f"exits 1; to keep the copies in place instead, run `{RESTART}` before the next sync "
+        "(a new slot, only the rows that differ written)"
     )
 
 

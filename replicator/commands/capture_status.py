@@ -1,8 +1,8 @@
 """What `status` shows of log capture: each `cdc` table's distance from the log's end
 (`slot_lag_bytes`, and `lag` in the grid), and the slot's retained WAL, with the warning a
 sync gives (capture/slot_health.py): past `cdc.max_retained_wal`, or `wal_status`
-unreserved (an abandoned slot keeps WAL until the source's disk fills); a lost slot fails
-the next sync's `cdc` tables, and the plan says so with the sync's own text."""
+unreserved (an abandoned slot keeps WAL until the source's disk fills); a lost slot makes
+the next sync reload every `cdc` table and exit 1: the plan says so, with the sync's text."""
 
 from __future__ import annotations
 

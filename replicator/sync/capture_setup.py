@@ -181,17 +181,18 @@ def _ensure_slot(
             f"{fix}; the next sync then reloads every cdc table (`replicator cdc restart "
             "--repair` first keeps the copies instead)"
         )
-    if info is not None and info.lost:  # `cdc restart` makes it again, and says how
-        raise TableProblem(lost_text(names.slot))
     store = project.store
     reset = info is not None or any(_in_the_log(store.read(t.name)) for t in every)
-    if reset:  # a slot dropped outside the tool, or older than its publication
+    if reset:  # a slot lost, dropped outside the tool, or older than its publication
         _mark_every_table_for_reload(project, every, SLOT_DROPPED if info is None else SLOT_LOST)
     if info is not None:
-        log.warning(
-            "source: replication slot %s is older than its publication: making it again",
-            names.slot,
-        )
+        if info.lost:  # no copy goes on from it without a gap: the run exits 1 (capture_run)
+            log.error("source: %s: making it again", lost_text(names.slot))
+        else:
+            log.warning(
+                "source: replication slot %s is older than its publication: making it again",
+                names.slot,
+            )
         drop_slot(ends.source, names.slot)
     create_slot(ends.source, names.slot)
     return reset

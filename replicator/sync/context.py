@@ -71,6 +71,8 @@ class RunContext:
         self.said_gone = False
         self.state_unwritten = False  # the run's deferred states could not be written
         self.warnings: list[str] = []  # for someone to act on: in the webhook too
+        # the tool's slot was found lost (its copies reload): the run exits 1 all the same
+        self.slot_lost: str | None = None
         # `sync --follow`: decides whether a run's webhook is posted (follow.py)
         self.notify: Callable[[dict[str, Any], bool], None] | None = None
 

@@ -125,7 +125,7 @@ def run_sync(
     output.summary(results)
     failures = {r.name for r in results if r.status == "failure"}
     if not failures:
-        return 1 if run.state_unwritten else 0
+        return 1 if run.state_unwritten or run.slot_lost else 0
     # Every failure was a table another host is syncing: "try again later", like the run lock.
     return TableLocked.exit_code if failures <= run.locked else 1
 
@@ -228,6 +228,8 @@ def _notify(
     """The webhook, when one is configured; its failure never changes the exit code."""
     if run.webhook is None:
         return
+    if run.slot_lost is not None and status is None:  # the run exits 1: so says its notice
+        status, error = "failure", error or run.slot_lost
     error = redact(error) if error else None
     warnings = [redact(w) for w in run.warnings]
     payload = build_payload(run.run_id, run.started_at, utc_now(), results, status, error, warnings)
