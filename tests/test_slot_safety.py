@@ -227,3 +227,39 @@ def test_slot_alarms(info, expected):
     assert (alarm.text if alarm else None) == expected or expected in alarm.text
     if alarm is not None:
         assert alarm.lost == (info.wal_status == "lost")
+
+
+def test_a_slot_past_max_slot_wal_keep_size_is_a_warning_before_it_is_lost(
+    cdc_project, schema, writer, source_conn, dest_conn, other_database, httpserver
+):
+    """wal_status unreserved: the source removes the slot's WAL at its next checkpoint. The
+    run warns (log, webhook, status) while there is still time to sync, and exits 0."""
+    _create(writer, schema)
+    _plain(writer, schema)
+    httpserver.expect_request("/hook", method="POST").respond_with_data("ok")
+    _configure(cdc_project, schema, webhook={"url": httpserver.url_for("/hook")})
+    _sync(cdc_project)
+    _run(writer, schema, "UPDATE {t} SET note = 'waits in the slot' WHERE id <= 10")
+    _write_wal(other_database, source_conn, 16)  # held by the update, not yet applied
+    try:
+        # no checkpoint until the test ends: one would remove the WAL (the slot: lost)
+        source_conn.execute("ALTER SYSTEM SET checkpoint_timeout = '1d'")
+        source_conn.execute("ALTER SYSTEM SET max_slot_wal_keep_size = '1MB'")
+        source_conn.execute("SELECT pg_reload_conf()")
+        assert _slot_row(source_conn, cdc_project)[2] == "unreserved"
+        held = _sync(cdc_project, "-s", "plain")
+        warning = f"replication slot {_slot(cdc_project)} retains "
+        assert warning in held.stderr, held.stderr
+        assert "past the source's max_slot_wal_keep_size (wal_status unreserved)" in held.stderr
+        warnings = httpserver.log[-1][0].get_json()["warnings"]
+        assert len(warnings) == 1 and "wal_status unreserved" in warnings[0], warnings
+        status = json.loads(cdc_project.run("status", "--json").stdout)
+        assert status[0]["slot_warning"] == warnings[0]
+        assert status[0]["next_action"] == "incremental"  # nothing lost yet
+    finally:
+        source_conn.execute("ALTER SYSTEM RESET max_slot_wal_keep_size")
+        source_conn.execute("ALTER SYSTEM RESET checkpoint_timeout")
+        source_conn.execute("SELECT pg_reload_conf()")
+    applied = _sync(cdc_project)
+    assert "orders: incremental, 10 rows" in applied.stderr
+    assert_same_table(source_conn, dest_conn, schema, "orders")
