@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -15,6 +16,10 @@ from datetime import UTC, datetime
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from psycopg import sql
+
+from replicator.report.charts import MIN_SLOTS, PAD, WIDTH, sparkline
+from replicator.report.history_rows import RunRow
+from replicator.report.html_page import failures, table_view
 
 # Small tables: copied by the replicator process itself, no JVM.
 NO_SPARK = {"REPLICATOR_SPARK_MIN_ROWS": "1000000000"}
@@ -328,3 +333,63 @@ def test_each_follow_tick_is_a_run(db_project, tables, dest_conn, tmp_path):
     found = _metrics(db_project.path / "replicator.prom")
     finished = found[_key("replicator_run_finished_timestamp_seconds")]
     assert finished == pytest.approx(max(r["finished_at"] for r in rows).timestamp(), abs=1)
+
+
+def test_the_report_is_one_self_contained_page(db_project, tables, tmp_path):
+    _config(db_project, tables)
+    assert db_project.run("sync").exit_code == 0
+    db_project.write(f"models/{tables}/b.sql", 'SELECT id, v, "<b>nope</b>" FROM {{ source }}')
+    assert db_project.run("sync").exit_code == 1
+    done = db_project.run("report")
+    assert done.exit_code == 0, done.output
+    page = db_project.path / "report.html"
+    assert f"wrote {page}: 2 table(s), 4 run(s)" in done.stdout
+    html = page.read_text()
+    assert f"{tables}.a" in html and f"{tables}.b" in html
+    assert "column &#34;&lt;b&gt;nope&lt;/b&gt;&#34; does not exist" in html  # escaped
+    assert "<b>nope</b>" not in html
+    assert "http://" not in html and "https://" not in html and "<script" not in html
+    assert html.count("<polyline") == 2  # a lag line per table
+    elsewhere = tmp_path / "out" / "r.html"
+    missing = db_project.run("report", "-o", str(elsewhere), "-s", "a")
+    assert missing.exit_code == 2 and "does not exist; create it first" in missing.output
+    elsewhere.parent.mkdir()
+    assert db_project.run("report", "-o", str(elsewhere), "-s", "a").exit_code == 0
+    assert f"{tables}.b" not in elsewhere.read_text()
+    browser = shutil.which("chromium") or shutil.which("chromium-browser")
+    if browser is None:
+        pytest.skip("chromium is not installed: the page was checked, not rendered")
+    shot = tmp_path / "shot.png"
+    headless = [browser, "--headless", "--no-sandbox", "--disable-gpu"]
+    headless += ["--window-size=1200,900", f"--user-data-dir={tmp_path / 'profile'}"]
+    for option in (f"--screenshot={shot}", "--dump-dom"):
+        rendered = subprocess.run(
+            [*headless, option, page.as_uri()], capture_output=True, text=True, timeout=120
+        )
+        assert rendered.returncode == 0, rendered.stderr
+    assert shot.stat().st_size > 10_000
+    assert f"{tables}.b" in rendered.stdout and "failed" in rendered.stdout
+
+
+def _row(minute: int, status: str, error: str | None = None, lag: float | None = 1.0) -> RunRow:
+    start = datetime(2026, 11, 25, 9, minute, tzinfo=UTC)
+    return RunRow(
+        f"r{minute}", "s.t", "s.t", start, start, None, None, status, 1, None, 0, error, None,
+        None, lag,
+    )  # fmt: skip
+
+
+def test_failures_fold_streaks_of_the_same_error():
+    runs = [_row(5, "failed", "x"), _row(4, "failed", "x"), _row(3, "success")]
+    runs += [_row(2, "failed", "y"), _row(1, "failed", "x"), _row(0, "interrupted", "x")]
+    view = table_view("s.t", "s.t", runs)  # newest first, as history.recent gives them
+    folded = [(f.first.run_id, f.last.run_id, f.count) for f in failures([view])]
+    assert folded == [("r4", "r5", 2), ("r2", "r2", 1), ("r1", "r1", 1), ("r0", "r0", 1)]
+
+
+def test_a_lag_line_skips_runs_without_a_lag():
+    line = sparkline([2.0, None, 4.0], floor=1.0)
+    xs = [float(point.split(",")[0]) for point in line.points.split()]
+    slot = (WIDTH - 2 * PAD) / MIN_SLOTS  # three runs take three slots at the right
+    assert xs == pytest.approx([WIDTH - PAD - 2.5 * slot, WIDTH - PAD - 0.5 * slot], abs=0.1)
+    assert line.last == pytest.approx((xs[1], PAD), abs=0.1)  # the biggest: at the top

@@ -286,6 +286,29 @@ def status(project_dir: Path, names: tuple[str, ...], history: int | None, as_js
 
 
 @cli.command(
+    short_help="An HTML page of the tables' last runs (report.html).",
+    epilog=examples("replicator report", "replicator report -o /srv/www/replicator.html"),
+)
+@select_option
+@click.option(
+    "-o",
+    "--output",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Where to write the page (default: report.html in the project folder).",
+)
+@click.option("--runs", type=click.IntRange(1, 10_000), default=30, help="Runs per table (30).")
+@common
+def report(project_dir: Path, names: tuple[str, ...], output: Path | None, runs: int) -> int:
+    """Write one self-contained HTML page (no script, font or link: it opens offline) from
+    _replicator.runs in the destination: per table its last status, its lag over its last
+    runs, rows and seconds per run, and every failure with its reason."""
+    from ..commands.report_page import write_report
+
+    return write_report(Project.load(project_dir), names, output, runs)
+
+
+@cli.command(
     short_help="Mark tables for a full reload at the next sync.",
     epilog=examples("replicator refresh public.orders"),
 )
