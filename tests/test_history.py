@@ -17,6 +17,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from psycopg import sql
 
+from replicator.postgres.pgcluster import free_port
 from replicator.report.charts import MIN_SLOTS, PAD, WIDTH, sparkline
 from replicator.report.history_rows import RunRow
 from replicator.report.html_page import failures, table_view
@@ -393,3 +394,15 @@ def test_a_lag_line_skips_runs_without_a_lag():
     slot = (WIDTH - 2 * PAD) / MIN_SLOTS  # three runs take three slots at the right
     assert xs == pytest.approx([WIDTH - PAD - 2.5 * slot, WIDTH - PAD - 0.5 * slot], abs=0.1)
     assert line.last == pytest.approx((xs[1], PAD), abs=0.1)  # the biggest: at the top
+
+
+def test_a_destination_out_of_reach_still_gets_the_metrics_file(db_project, tables):
+    _config(db_project, tables, metrics={"textfile": "replicator.prom"})
+    unreachable = f"postgresql://postgres@127.0.0.1:{free_port()}/postgres?connect_timeout=2"
+    done = db_project.run("sync", env={"REPLICATOR_DEST_URL": unreachable})
+    assert done.exit_code == 1
+    assert done.output.count("cannot connect to the destination database") == 1, done.output
+    assert "history was not recorded: the destination was out of reach" in done.output
+    found = _metrics(db_project.path / "replicator.prom")
+    assert found[_key("replicator_run_tables_failed")] == 2
+    assert found[_key("replicator_table_last_run_status", table=f"{tables}.a", status="failed")]

@@ -20,11 +20,21 @@ from .context import RunContext
 
 log = logging.getLogger("replicator.sync")
 
+# How a run that could not reach the destination fails its tables (postgres/database.py).
+UNREACHABLE = "cannot connect to the destination database"
+
 
 def record_run(
     run: RunContext, tables: Sequence[TableConfig], interrupted: str | None = None
 ) -> None:
     """`interrupted`: what stopped the run ("interrupted by SIGTERM"), when a signal did."""
+    try:
+        _record(run, tables, interrupted)
+    except Exception as exc:  # a bug here must not turn a good run into a failed one
+        log.warning("the run's history and metrics were not recorded: internal error: %s", exc)
+
+
+def _record(run: RunContext, tables: Sequence[TableConfig], interrupted: str | None) -> None:
     project = run.project
     settings = project.settings
     states = _states(project, project.config.tables)
@@ -36,7 +46,10 @@ def record_run(
         "not started: `sync --follow` was stopping",
     )
     rows = run_rows(facts, tables, run.results, states)
-    history.record(project.connections().destination, rows, settings.history_days)
+    if any((r.error or "").startswith(UNREACHABLE) for r in run.results):  # said once already
+        log.warning("the run's history was not recorded: the destination was out of reach")
+    else:
+        history.record(project.connections().destination, rows, settings.history_days)
     if settings.metrics_textfile is not None:
         registry = metrics.registry_for(
             _figures(project.config.tables, rows, states),
