@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import sys
 from collections.abc import Sequence
 
@@ -19,6 +20,8 @@ from ..report import history
 from ..report.history_rows import RunRow
 from ..report.logs import json_output
 from .status import expanded_or_known
+
+log = logging.getLogger(__name__)
 
 
 def selected_runs(
@@ -41,6 +44,8 @@ def print_history(project: Project, names: tuple[str, ...], per_table: int, as_j
     if as_json:
         found = [row.as_json() for row in rows]
         print(json.dumps(found, indent=None if json_output() else 2, ensure_ascii=False))
+        for note in notes:
+            log.info("%s", note)
         return 0
     console = Console(highlight=False, width=None if sys.stdout.isatty() else 200)
     console.print(_grid(rows))
