@@ -65,6 +65,8 @@ COMMANDS = [
     ("state", "set-cursor", "orders", "2020-01-01 00:00:00+00"),
     ("adopt", "orders"),
     ("status", "--json"),
+    ("status", "--history"),
+    ("report",),
     ("spark", "status"),  # printed text before (a newcomer trial)
     ("verify",),
 ]

@@ -255,17 +255,57 @@ def ls(project_dir: Path, names: tuple[str, ...], as_json: bool) -> int:
 
 @cli.command(
     short_help="Per table: cursor, lag, last run, rows, next action.",
-    epilog=examples("replicator status", "replicator status --json"),
+    epilog=examples(
+        "replicator status", "replicator status --json", "replicator status --history 5 -s orders"
+    ),
+)
+@select_option
+@click.option(
+    "--history",
+    type=click.IntRange(1, 100_000),
+    is_flag=False,
+    flag_value=10,
+    default=None,
+    metavar="[N]",
+    help="Each table's last N runs (default 10) from _replicator.runs in the destination.",
 )
 @json_option
 @common
-def status(project_dir: Path, as_json: bool) -> int:
+def status(project_dir: Path, names: tuple[str, ...], history: int | None, as_json: bool) -> int:
     """Per table: mode, cursor, lag behind the source's newest key, when the last run ended
     and how, rows in the destination, and the next action as `sync` will decide it. Exit 1
-    when a state file cannot be read."""
+    when a state file cannot be read. With --history: each table's last runs instead."""
+    project = Project.load(project_dir)
+    if history is not None:
+        from ..commands.history import print_history
+
+        return print_history(project, names, history, as_json or json_output())
     from ..commands.status import print_status
 
-    return print_status(Project.load(project_dir), as_json or json_output())
+    return print_status(project, as_json or json_output(), names)
+
+
+@cli.command(
+    short_help="An HTML page of the tables' last runs (report.html).",
+    epilog=examples("replicator report", "replicator report -o /srv/www/replicator.html"),
+)
+@select_option
+@click.option(
+    "-o",
+    "--output",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Where to write the page (default: report.html in the project folder).",
+)
+@click.option("--runs", type=click.IntRange(1, 10_000), default=30, help="Runs per table (30).")
+@common
+def report(project_dir: Path, names: tuple[str, ...], output: Path | None, runs: int) -> int:
+    """Write one self-contained HTML page (no script, font or link: it opens offline) from
+    _replicator.runs in the destination: per table its last status, its lag over its last
+    runs, rows and seconds per run, and every failure with its reason."""
+    from ..commands.report_page import write_report
+
+    return write_report(Project.load(project_dir), names, output, runs)
 
 
 @cli.command(

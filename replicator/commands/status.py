@@ -124,9 +124,9 @@ def _set_plan(row: dict[str, Any], plan: Plan) -> None:
     )
 
 
-def print_status(project: Project, as_json: bool) -> int:
-    project, notes = _expanded(project)
-    tables = project.config.tables
+def print_status(project: Project, as_json: bool, names: tuple[str, ...] = ()) -> int:
+    project, notes = expanded_or_known(project)
+    tables = project.select(names)
     read = [table_status(project, t) for t in tables]
     rows = [row for row, _ in read]
     notes += _observe_live(project, tables, read)
@@ -140,7 +140,7 @@ def print_status(project: Project, as_json: bool) -> int:
     return 1 if any(r["last_status"] == "error" for r in rows) else 0
 
 
-def _expanded(project: Project) -> tuple[Project, list[str]]:
+def expanded_or_known(project: Project) -> tuple[Project, list[str]]:
     """The project with its patterns matched now; with the source out of reach, matched
     against the tables its sync-state knows (status still shows the last runs)."""
     try:

@@ -11,11 +11,12 @@ import hashlib
 from ..base.identifiers import INTERNAL_SCHEMA, MAX_IDENTIFIER_BYTES, TableName
 
 # The bookkeeping tables in `_replicator`: a load's finished partitions (so a retried task
-# loads its rows once), the destination tables replicator owns, and the full loads a killed
-# run left to resume (sync/resume.py).
+# loads its rows once), the destination tables replicator owns, the full loads a killed
+# run left to resume (sync/resume.py), and the history of runs (report/history.py).
 MARKER_TABLE = TableName(INTERNAL_SCHEMA, "loaded_partitions")
 OWNED_TABLE = TableName(INTERNAL_SCHEMA, "owned_tables")
 RESUME_TABLE = TableName(INTERNAL_SCHEMA, "resumable_loads")
+RUNS_TABLE = TableName(INTERNAL_SCHEMA, "runs")
 # The one metadata column, last in a `deletes: "mark"` table: when the source row vanished.
 MARK_COLUMN = "_replicator_deleted_at"
 MARK_TYPE = "timestamp with time zone"

@@ -35,6 +35,7 @@ from .config_values import (
     table_or_pattern,
     where_expression,
 )
+from .metrics_config import MetricsConfig
 from .spark_remote import checked_url
 
 CONFIG_FILE = "tables-config.json"
@@ -168,6 +169,9 @@ class ProjectConfig(_Frozen):
     spark: SparkConfig = Field(default_factory=SparkConfig)
     on_schema_change: SchemaPolicy = "full_reload"
     cdc: CdcConfig | None = None
+    # days of `_replicator.runs` kept in the destination (report/history.py)
+    history_days: Annotated[int, Field(ge=1, le=36_500)] = 90
+    metrics: MetricsConfig | None = None
 
     @model_validator(mode="after")
     def _inherit_schema_policy(self) -> ProjectConfig:
@@ -186,6 +190,7 @@ _MODELS: dict[str, type[BaseModel]] = {
     "spark": SparkConfig,
     "cdc": CdcConfig,
     "columns": ColumnsConfig,
+    "metrics": MetricsConfig,
 }
 
 

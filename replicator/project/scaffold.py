@@ -47,6 +47,8 @@ EXAMPLE_CONFIG = """\
     "max_retained_wal": "2GB"
   },
   "//webhook": {"url": "https://hooks.example.com/replicator", "secret": "optional HMAC key"},
+  "//history_days": "90: days of run history kept in the destination's _replicator.runs",
+  "//metrics": {"textfile": "/var/lib/node_exporter/textfile/replicator.prom"},
   "spark": {
     "//": "local[*] by default; any spark.* setting is passed to the session.",
     "conf": {"spark.driver.memory": "2g"}

@@ -21,6 +21,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from ..base.errors import ConfigError
 from ..base.redact import redact, register_connection_string, register_secret
 from .config import ProjectConfig
+from .metrics_config import textfile_path
 from .spark_remote import Remote
 from .spark_server_state import ServerState, code_fingerprint, running, settings_fingerprint
 
@@ -267,6 +268,8 @@ class Settings:
     # project's warm server when it is up (`warm_server`).
     spark_remote: str | None = None
     warm_server: ServerState | None = None
+    history_days: int = 90  # of `_replicator.runs`
+    metrics_textfile: Path | None = None  # the Prometheus file written after every run
 
     def unfit(self, server: ServerState) -> str | None:
         """Why the warm server cannot run these settings' tasks (None when it can)."""
@@ -282,6 +285,7 @@ class Settings:
             ("min_rows", lambda: _min_rows(config, env)),
             ("webhook", lambda: _webhook(config, env)),
             ("progress_interval", lambda: _progress_interval(env)),
+            ("metrics_textfile", lambda: textfile_path(config.metrics, root)),
         ):
             try:
                 values[name] = read()
@@ -295,6 +299,7 @@ class Settings:
             ship_environment=config.spark.ship_environment,
             spark_remote=remote,
             warm_server=warm,
+            history_days=config.history_days,
             **values,
         )
 

@@ -47,6 +47,7 @@ from .capture_run import CaptureRun
 from .context import RunContext, TableJob, failure, record_failure
 from .noop_screen import screen_noops
 from .resync import resync_bounds
+from .run_record import record_run
 from .table_actions import carry_out
 from .unreachable import fail_the_rest
 
@@ -106,6 +107,7 @@ def run_sync(
         raise
     except Interrupted as exc:
         _report_interrupted(run, tables, output, exc)
+        record_run(run, tables, exc.describe())
         raise
     results = run.results
     failed = sum(r.status == "failure" for r in results)
@@ -121,6 +123,7 @@ def run_sync(
             }
         },
     )
+    record_run(run, tables)  # before the webhook: its receiver may query the history
     _notify(run, results)
     output.summary(results)
     failures = {r.name for r in results if r.status == "failure"}
