@@ -84,6 +84,7 @@ BENCH = Path(__file__).resolve().parent
 PEERS_VENV = BENCH / ".peers-venv"
 WORKLOADS = ("full", "verify", "incremental", "cdc")
 PEERS = ("sling", "pgcopydb", "reladiff")
+INCREMENTAL_COPIES = ("sql", "sling", "replicator")  # a destination database each
 PGCOPYDB_FOLLOW = (
     "pgcopydb follow: not run. Debian's pgcopydb 0.10 decodes only through wal2json (a server "
     "plugin, postgresql-15-wal2json) from a slot made before its copy, and issue #28 reports it "
@@ -590,7 +591,7 @@ def _verify(bench: Bench, where: str, env: dict, damaged: int) -> tuple[float, b
 def incremental(bench: Bench) -> list[Tool]:
     """1% updated and 0.2% inserted per round; each tool catches up its own copy, in turns."""
     src_url, rows = bench.source.url(), bench.args.rows
-    urls = {name: bench.create_database(bench.dest, f"inc_{name}") for name in PEERS_INC}
+    urls = {name: bench.create_database(bench.dest, f"inc_{name}") for name in INCREMENTAL_COPIES}
     hand = Tool("SQL by hand (psql COPY into staging, INSERT ON CONFLICT)")
     hand.notes.append("baseline")
     sling = peer_tool(bench, "sling", "Sling run (incremental)")
@@ -618,12 +619,9 @@ def incremental(bench: Bench) -> list[Tool]:
         ]
         for tool, run in _turn(runs, round_no):
             attempt(tool, run)
-    for name in PEERS_INC:
+    for name in INCREMENTAL_COPIES:
         bench.drop_database(bench.dest, f"inc_{name}")
     return [hand, sling, ours]
-
-
-PEERS_INC = ("sql", "sling", "replicator")
 
 
 def _hand_setup(bench: Bench, src: str, dst: str) -> None:
