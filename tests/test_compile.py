@@ -191,3 +191,23 @@ def test_unknown_select_is_exit_2(db_project, orders):
     result = db_project.run("compile", "-s", "public.nope")
     assert result.exit_code == 2
     assert "table public.nope is not in tables-config.json" in result.stderr
+
+
+def test_the_merge_reduces_a_batch_to_one_row_per_key_only_where_it_can_hold_one_twice(
+    db_project, orders
+):
+    """Under the source's own primary key, read by the built-in model in one snapshot, a
+    batch cannot hold a key twice: no DISTINCT ON sort. A configured primary_key, or a
+    model of the project's (a join may repeat a key), keeps it."""
+    db_project.write_config(_config(orders))
+    as_is = _statements(db_project.run("compile").stdout)["merge"]
+    assert "DISTINCT ON" not in as_is and 'ON CONFLICT ("id") DO UPDATE' in as_is
+    db_project.write_config(_config(orders, primary_key=["id", "note"]))
+    configured = _statements(db_project.run("compile").stdout)["merge"]
+    assert 'SELECT DISTINCT ON ("id", "note")' in configured
+    db_project.write(
+        f"models/{orders.schema}/orders.sql", "SELECT * FROM {{ source }} WHERE id > 0\n"
+    )
+    db_project.write_config(_config(orders))
+    modelled = _statements(db_project.run("compile").stdout)["merge"]
+    assert 'SELECT DISTINCT ON ("id")' in modelled

@@ -53,7 +53,8 @@ class TableSql:
     @functools.cached_property
     def merge(self) -> str | None:
         """The merge of the staged batch into the copy (None for full-refresh and cdc)."""
-        return _merge(self.table, self.columns, self.primary_key, self.templates)
+        unique = self.model.reads_table_as_is and self.key.origin in ("primary key", "unique index")
+        return _merge(self.table, self.columns, self.primary_key, self.templates, unique)
 
     @property
     def merge_origin(self) -> str | None:
@@ -176,7 +177,11 @@ def _merge(
     columns: tuple[Column, ...],
     primary_key: tuple[str, ...],
     templates: Templates,
+    unique_keys: bool = False,
 ) -> str | None:
+    """The batch's merge. `unique_keys`: the batch cannot hold a key twice (the built-in
+    model reads the table as it is, in one snapshot, and the key is the source's own primary
+    key or unique index), so the built-in macro skips its reduction to one row per key."""
     target, staging = table.target, staging_table(table.target)
     quoted = [quote_ident(c.name) for c in columns]
     quoted_key = [quote_ident(c) for c in primary_key]
@@ -195,6 +200,7 @@ def _merge(
             # table has no such column).
             update_columns=quoted + ([quote_ident(MARK_COLUMN)] if table.deletes == "mark" else []),
             replication_key=quote_ident(table.replication_key or primary_key[0]),
+            unique_keys=unique_keys,
         )
     if table.mode == "incremental-append":
         return templates.call(

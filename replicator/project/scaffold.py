@@ -81,8 +81,9 @@ MACROS_README = """\
 Built-in macros ship inside replicator (`replicator/macros/*.sql`):
 
 - `default_model(source, columns)`: the SELECT of a table without a model file.
-- `merge_deduped(target, staging, columns, key_columns, update_columns, replication_key)`:
-  incremental-deduped merge (one row per key from the batch, only changed rows rewritten).
+- `merge_deduped(target, staging, columns, key_columns, update_columns, replication_key,
+  unique_keys)`: incremental-deduped merge (one row per key from the batch unless
+  `unique_keys` says it cannot hold a key twice; only changed rows rewritten).
 - `merge_append(target, staging, columns, key_columns)`: incremental-append insert of keys
   the destination does not hold yet.
 

@@ -122,6 +122,10 @@ class StateStore:
         self.directory = directory
         # States a run writes at its end, all at once (`write_later`, `flush`).
         self._later: dict[TableName, TableState] = {}
+        # While a sync runs (`remember`), the states it wrote: read back without the file
+        # (its history and metrics read every table's state at its end, a thousand of them
+        # in one project). Off, every read reads the file.
+        self._written: dict[TableName, TableState] | None = None
 
     def path_for(self, name: TableName) -> Path:
         return self.directory / f"{state_file_stem(name)}.json"
@@ -130,6 +134,8 @@ class StateStore:
         """The table's state, None when it has none; StateError when the file is unusable."""
         if name in self._later:
             return self._later[name]
+        if self._written is not None and name in self._written:
+            return self._written[name]
         path = self.path_for(name)
         raw = read_state_file(path)
         return None if raw is None else _parse(raw, path, name)
@@ -137,7 +143,18 @@ class StateStore:
     def write(self, state: TableState, name: TableName) -> Path:
         """Replace the table's state atomically: temp file, fsync, rename, fsync the folder."""
         self._later.pop(name, None)
-        return write_atomically(self.directory, self.path_for(name), _text(state))
+        if self._written is not None:
+            self._written.pop(name, None)
+        path = write_atomically(self.directory, self.path_for(name), _text(state))
+        if self._written is not None:
+            self._written[name] = state
+        return path
+
+    def remember(self, on: bool) -> None:
+        """Keep the states this process writes from now on, for its reads (`on`), or read
+        every file again: a sync remembers for its run alone, since another process may
+        write them between two runs of `sync --follow` (`refresh`, `state set-cursor`)."""
+        self._written = {} if on else None
 
     def write_later(self, state: TableState, name: TableName) -> None:
         """Write the state with the others at `flush` (a table a run left as it was: only
@@ -151,6 +168,8 @@ class StateStore:
         if later:
             files = [(self.path_for(name), _text(state)) for name, state in later.items()]
             write_many_atomically(self.directory, files)
+            if self._written is not None:
+                self._written.update(later)
 
     def name_in(self, path: Path) -> TableName | None:
         """The table a state file is about (None when it cannot be read: the command that
@@ -164,6 +183,8 @@ class StateStore:
     def delete(self, name: TableName) -> bool:
         """Forget the table's state (its next sync is a full reload); False if it had none."""
         self._later.pop(name, None)
+        if self._written is not None:
+            self._written.pop(name, None)
         path = self.path_for(name)
         try:
             path.unlink()

@@ -96,6 +96,7 @@ def run_sync(
     )
     run.notify = notify
     output = SyncOutput(always_summarize, project.settings.progress_interval)
+    project.store.remember(True)  # this run's states, read back by record_run
     try:
         with run_lock(project.state_dir), lock_connections():
             try:

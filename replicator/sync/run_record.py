@@ -32,6 +32,8 @@ def record_run(
         _record(run, tables, interrupted)
     except Exception as exc:  # a bug here must not turn a good run into a failed one
         log.warning("the run's history and metrics were not recorded: internal error: %s", exc)
+    finally:
+        run.project.store.remember(False)  # the run's states were read: files from now on
 
 
 def _record(run: RunContext, tables: Sequence[TableConfig], interrupted: str | None) -> None:
