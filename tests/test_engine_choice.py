@@ -60,7 +60,7 @@ def test_the_figures_measured_here_decide_and_say_from_how_many_rows(cache):
     assert choice.describe().startswith("never (measured here")
 
     figures = json.loads((cache / "engine-figures.json").read_text())
-    choice.record(IN_PROCESS, 1_000, 0.001)  # a small copy is all fixed cost: not a figure
+    choice.record(IN_PROCESS, 100_000, 0.1)  # a small copy is mostly fixed cost: not a figure
     assert json.loads((cache / "engine-figures.json").read_text()) == figures
     (cache / "engine-figures.json").write_text("{not json")  # measured again, no error
     assert not EngineChoice.of("local[*]", None, None, None).spark_for(5_000_000)
@@ -69,12 +69,12 @@ def test_the_figures_measured_here_decide_and_say_from_how_many_rows(cache):
 def test_a_load_in_this_process_records_its_rate(
     db_project, source_conn, dest_conn, schema, tmp_path
 ):
-    """With spark.min_rows unset, a 60,000-row table is copied here (no figure yet says
+    """With spark.min_rows unset, a 500,000-row table is copied here (no figure yet says
     Spark is faster) and the copy's rate is kept for the next choice."""
     table = sql.Identifier(schema, "wide")
     source_conn.execute(sql.SQL("CREATE TABLE {} (id bigint PRIMARY KEY, v text)").format(table))
     source_conn.execute(
-        sql.SQL("INSERT INTO {} SELECT g, md5(g::text) FROM generate_series(1, 60000) g").format(
+        sql.SQL("INSERT INTO {} SELECT g, md5(g::text) FROM generate_series(1, 500000) g").format(
             table
         )
     )
@@ -83,6 +83,6 @@ def test_a_load_in_this_process_records_its_rate(
     run = db_project.run_process("sync", "-v", env=env, drop=("REPLICATOR_SPARK_MIN_ROWS",))
     assert run.returncode == 0, run.stderr
     assert "copied 1 partition(s) in this process" in run.stderr
-    assert assert_same_table(source_conn, dest_conn, schema, "wide") == 60_000
+    assert assert_same_table(source_conn, dest_conn, schema, "wide") == 500_000
     figures = json.loads((tmp_path / "engine-figures.json").read_text())
     assert figures[IN_PROCESS]["rows_per_second"] > 0

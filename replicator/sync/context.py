@@ -8,7 +8,7 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..base.errors import StateWriteError
 from ..base.redact import redact
@@ -23,6 +23,9 @@ from ..project.state import RunOutcome, TableState
 from ..report.output import SyncOutput
 from ..report.results import TableResult, utc_now
 from ..transfer.spark_runner import SparkRunner
+
+if TYPE_CHECKING:
+    from .incremental import ProbeResult
 
 log = logging.getLogger("replicator.sync")
 
@@ -71,6 +74,9 @@ class RunContext:
         self.said_gone = False
         self.state_unwritten = False  # the run's deferred states could not be written
         self.warnings: list[str] = []  # for someone to act on: in the webhook too
+        # tables the screen found changed (sync/noop_screen.py): the state it probed from,
+        # and the probe, which the table's sync uses when its state is still that one
+        self.screened: dict[str, tuple[TableState, ProbeResult]] = {}
         # the tool's slot was found lost (its copies reload): the run exits 1 all the same
         self.slot_lost: str | None = None
         # `sync --follow`: decides whether a run's webhook is posted (follow.py)

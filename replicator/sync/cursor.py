@@ -20,7 +20,7 @@ from psycopg import sql
 from ..base.errors import ReplicatorError, UsageError
 from ..plan.table_sql import TableSql, batch_query
 from ..postgres.database import execute
-from ..project.state import Cursor, Pending, Window
+from ..project.state import Cursor, Pending, TableState, Window
 
 TEMPORAL_TYPES = ("timestamp", "date")
 
@@ -147,6 +147,27 @@ def rows_past(built: TableSql, cursor: Cursor | None) -> sql.Composable:
         cursor.value if cursor else None,
         with_nulls=built.key_can_be_null,
     )
+
+
+def probe_limit(state: TableState) -> int:
+    """How far a probe counts the rows at or past the cursor: one more than the last sync
+    read there (more means changed; fewer, rows gone), one without a record of that."""
+    return state.window.rows + 1 if state.window is not None else 1
+
+
+def count_and_newest(built: TableSql, cursor: Cursor | None, limit: int | None) -> sql.Composable:
+    """The count and the newest key of the model's rows at or past the cursor, as two
+    columns. With `limit`, the count stops there: an index range scan reads that many rows,
+    not a whole batch scattered over the table; the newest key is an index lookup."""
+    past = rows_past(built, cursor)
+    if limit is None:
+        return sql.SQL("count(*), max(b.{k})::text FROM ({q}) AS b").format(
+            k=sql_key(built), q=past
+        )
+    return sql.SQL(
+        "(SELECT count(*) FROM (SELECT 1 FROM ({q}) AS b LIMIT {n}) AS c), "
+        "(SELECT max(b.{k}) FROM ({q}) AS b)::text"
+    ).format(k=sql_key(built), q=past, n=sql.Literal(limit))
 
 
 def sql_key(built: TableSql) -> sql.Identifier:

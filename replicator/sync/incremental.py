@@ -30,7 +30,14 @@ from ..transfer.markers import discard, forget_markers, new_load_id
 from ..transfer.partitions import KeyRange, range_predicate
 from ..transfer.spark_runner import SparkRunner
 from .context import KeyBounds
-from .cursor import advance, fingerprint, in_progress_xids, newest_key, rows_past, sql_key
+from .cursor import (
+    advance,
+    count_and_newest,
+    fingerprint,
+    in_progress_xids,
+    newest_key,
+    probe_limit,
+)
 from .scripts import DestinationFacts, drop_staging_step, staging_steps
 
 log = logging.getLogger(__name__)
@@ -42,6 +49,7 @@ class ProbeResult:
     changed: bool
     pending: Pending | None
     rows: int  # rows at or past the cursor: the size of the batch a sync would read
+    exact: bool = True  # False: the count stopped at its limit (cursor.probe_limit)
 
 
 @dataclass(frozen=True)
@@ -61,11 +69,9 @@ def probe(conn: psycopg.Connection[Any], built: TableSql, state: TableState) -> 
     execute(conn, "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
     try:
         xids = set(in_progress_xids(conn))
+        limit = probe_limit(state)
         rows, newest = execute(
-            conn,
-            sql.SQL("SELECT count(*), max(b.{k})::text FROM ({q}) AS b").format(
-                k=sql_key(built), q=rows_past(built, state.cursor)
-            ),
+            conn, sql.SQL("SELECT ") + count_and_newest(built, state.cursor, limit)
         ).fetchone()
         stored = state.window
         if stored is None or (rows, newest) != (stored.rows, stored.max):
@@ -75,7 +81,15 @@ def probe(conn: psycopg.Connection[Any], built: TableSql, state: TableState) -> 
     finally:
         execute(conn, "ROLLBACK")
     pending = state.pending if state.pending and set(state.pending.xids) & xids else None
-    return ProbeResult(changed, pending, rows)
+    return ProbeResult(changed, pending, rows, rows < limit)
+
+
+def batch_size(conn: psycopg.Connection[Any], built: TableSql, state: TableState) -> int:
+    """The exact number of rows at or past the cursor (a probe stops counting early)."""
+    (rows, _) = execute(
+        conn, sql.SQL("SELECT ") + count_and_newest(built, state.cursor, None)
+    ).fetchone()
+    return int(rows)
 
 
 @dataclass(frozen=True)

@@ -42,6 +42,8 @@ def screen_noops(
     results = {}
     for job in jobs:
         found = probed.get(job.name)
+        if found is not None and found.changed:  # its sync need not count its rows again
+            run.screened[job.name] = (job.state, found)
         if found is not None and not found.changed:
             job = dataclasses.replace(job, started=time.monotonic())  # its own time alone
             with job.built.reading_model():

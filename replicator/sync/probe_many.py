@@ -14,7 +14,7 @@ from ..base.errors import DatabaseError
 from ..plan.table_sql import TableSql
 from ..postgres.database import execute, fetch_union
 from ..project.state import TableState, Window
-from .cursor import in_progress_xids, rows_past, sql_key
+from .cursor import count_and_newest, in_progress_xids, probe_limit, rows_past, sql_key
 from .incremental import ProbeResult
 
 Item = tuple[Hashable, TableSql, TableState]
@@ -28,7 +28,7 @@ def probe_many(conn: psycopg.Connection[Any], items: Sequence[Item]) -> dict[Has
     execute(conn, "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
     try:
         xids = set(in_progress_xids(conn))
-        counted = _each(conn, items, "count(*), max(b.{k})::text")
+        counted = _counted(conn, items)
         same = [
             item
             for item in items
@@ -53,8 +53,21 @@ def probe_many(conn: psycopg.Connection[Any], items: Sequence[Item]) -> dict[Has
             found is None or Window(rows=found[0], hash=found[2], max=found[1]) != state.window
         )
         pending = state.pending if state.pending and set(state.pending.xids) & xids else None
-        results[key] = ProbeResult(changed, pending, rows)
+        results[key] = ProbeResult(changed, pending, rows, rows < probe_limit(state))
     return results
+
+
+def _counted(
+    conn: psycopg.Connection[Any], items: Sequence[Item]
+) -> dict[Hashable, tuple[Any, ...]]:
+    """Each table's count (up to its probe limit) and newest key at or past its cursor."""
+    branches = [
+        sql.SQL("SELECT {}::int, ").format(sql.Literal(i))
+        + count_and_newest(built, state.cursor, probe_limit(state))
+        for i, (_, built, state) in enumerate(items)
+    ]
+    rows = fetch_union(conn, branches)
+    return {items[row[0]][0]: tuple(row[1:]) for row in rows}
 
 
 def _each(

@@ -22,7 +22,7 @@ from .capture_adopt import adopt_at_slot
 from .context import TableJob
 from .deletes import propagate_deletes
 from .full_load import full_reload
-from .incremental import ProbeResult, incremental_sync, probe
+from .incremental import ProbeResult, batch_size, incremental_sync, probe
 from .resume import abandon, resumable
 from .skip_backfill import start_without_backfill
 
@@ -126,13 +126,21 @@ def _incremental(job: TableJob) -> TableResult:
     assert state is not None
     before = state.cursor.value if state.cursor else None
     signature = job.observed.signature.as_json()
-    probed = probe(job.ends.source, job.built, state)
+    screened = job.run.screened.pop(job.name, None)
+    if screened is not None and screened[0] == state:  # changed since, under the lock, or not
+        probed = screened[1]  # the screen's count, a moment old: the batch reads what is there
+    else:
+        probed = probe(job.ends.source, job.built, state)
     if not probed.changed:
         return finish_noop(job, probed)
     _warn_of_vanished_rows(job, state, probed.rows)
     job.started_log("incremental", f"incremental ({job.plan.reason})")
+    rows = probed.rows
+    if not probed.exact:  # the probe stopped counting: only Spark's choice needs the size
+        spark = job.run.spark
+        rows = batch_size(job.ends.source, job.built, state) if spark.may_choose() else 0
     with job.output.progress(job.name) as progress:
-        synced = incremental_sync(job.ends, job.built, state, job.run.spark, probed.rows, progress)
+        synced = incremental_sync(job.ends, job.built, state, job.run.spark, rows, progress)
     after = synced.cursor.value if synced.cursor else None
     reason = f"cursor {before or 'none'} -> {after or 'none'}"
     result = job.success("incremental", synced.rows_read, reason, synced.bytes, before, after)

@@ -243,6 +243,10 @@ class SparkRunner:
         """Whether a copy of about this many rows goes to Spark (else: this process)."""
         return self.choice.spark_for(estimated_rows)
 
+    def may_choose(self) -> bool:
+        """Whether a copy of some size would go to Spark (else: never, whatever the size)."""
+        return self.choice.spark_for(1 << 62)
+
     def run_copy_tasks(
         self, tasks: list[CopyTask], *, in_process: bool = False
     ) -> list[CopyResult]:
