@@ -263,8 +263,14 @@ class Bench:
         return measured.seconds
 
     def replicator_env(self, source_url: str, dest_url: str, cache: Path | None = None) -> dict:
-        """The environment with no REPLICATOR_* setting of the caller's: the defaults."""
-        env = {k: v for k, v in os.environ.items() if not k.startswith("REPLICATOR_")}
+        """The environment with no REPLICATOR_* setting of the caller's: the defaults. Nor
+        PYTHONDONTWRITEBYTECODE: an installed replicator imports compiled bytecode, and a
+        shell that forbids writing it would make every run compile 130 modules again."""
+        env = {
+            k: v
+            for k, v in os.environ.items()
+            if not k.startswith("REPLICATOR_") and k != "PYTHONDONTWRITEBYTECODE"
+        }
         env.update(
             REPLICATOR_SOURCE_URL=source_url,
             REPLICATOR_DEST_URL=dest_url,

@@ -158,9 +158,12 @@ def spark() -> Iterator[Any]:
 def _clean_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     """No REPLICATOR_* setting from the outer shell leaks into a test. Test tables are small:
     REPLICATOR_SPARK_MIN_ROWS=0 sends their copies through Spark all the same (the tests of
-    the in-process path for small batches unset it)."""
+    the in-process path for small batches unset it). The CLI processes a test starts run as
+    an installed replicator does, from compiled bytecode: a shell's PYTHONDONTWRITEBYTECODE
+    would make each of them compile 130 modules again (the bytecode is git-ignored)."""
     for var in ENV_VARS:
         monkeypatch.delenv(var, raising=False)
+    monkeypatch.delenv("PYTHONDONTWRITEBYTECODE", raising=False)
     monkeypatch.setenv("REPLICATOR_SPARK_MIN_ROWS", "0")
 
 
