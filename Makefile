@@ -26,9 +26,9 @@ format: $(STAMP)
 # Two workers by default (TEST_JOBS=1 for one process); a file's tests stay on one worker.
 TEST_JOBS ?= 2
 test: system-deps $(STAMP) lint
-	$(BIN)/pytest -q -n $(TEST_JOBS) --dist loadfile
+	$(BIN)/pytest -q -n $(TEST_JOBS) --dist loadfile --durations=15
 
-# The long soak (writers + killed syncs; `make test` runs a 60-second version).
+# The long soak (writers + killed syncs; `make test` runs a 30-second version).
 SOAK_SECONDS ?= 600
 soak: system-deps $(STAMP)
 	REPLICATOR_SOAK_SECONDS=$(SOAK_SECONDS) $(BIN)/pytest -q -s tests/test_soak.py

@@ -3,7 +3,7 @@ of those syncs are killed (SIGKILL at random moments or at a random failpoint). 
 writers stop and two more syncs run, the destination equals the source: nothing lost,
 duplicated or stale.
 
-REPLICATOR_SOAK_SECONDS sets how long the writers run (60 by default; `make soak` runs 600)
+REPLICATOR_SOAK_SECONDS sets how long the writers run (30 by default; `make soak` runs 600)
 and REPLICATOR_SOAK_SEED the random choices (printed, so a failing run can be replayed);
 REPLICATOR_SOAK_SPARK_EVERY=1 sends every sync through Spark (default: every fifth).
 """
@@ -98,7 +98,7 @@ def test_soak_converges_with_nothing_lost_duplicated_or_stale(
     cdc_project, pg_servers, source_conn, dest_conn, schema
 ):
     db_project = cdc_project
-    seconds = float(os.environ.get("REPLICATOR_SOAK_SECONDS", "60"))
+    seconds = float(os.environ.get("REPLICATOR_SOAK_SECONDS", "30"))
     seed = int(os.environ.get("REPLICATOR_SOAK_SEED", str(random.randrange(1 << 30))))
     print(f"\nsoak: {seconds:.0f} s, seed {seed}")
     rng = random.Random(seed)

@@ -8,7 +8,7 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..base.errors import StateWriteError
 from ..base.redact import redact
@@ -23,9 +23,7 @@ from ..project.state import RunOutcome, TableState
 from ..report.output import SyncOutput
 from ..report.results import TableResult, utc_now
 from ..transfer.spark_runner import SparkRunner
-
-if TYPE_CHECKING:
-    from .incremental import ProbeResult
+from .cursor import ProbeResult
 
 log = logging.getLogger("replicator.sync")
 

@@ -12,6 +12,7 @@ merged idempotently. Values are compared by PostgreSQL, in the key's own type.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import psycopg
@@ -147,6 +148,16 @@ def rows_past(built: TableSql, cursor: Cursor | None) -> sql.Composable:
         cursor.value if cursor else None,
         with_nulls=built.key_can_be_null,
     )
+
+
+@dataclass(frozen=True)
+class ProbeResult:
+    """What a probe found at or past a table's cursor (incremental.probe, probe_many)."""
+
+    changed: bool
+    pending: Pending | None
+    rows: int  # rows at or past the cursor: the size of the batch a sync would read
+    exact: bool = True  # False: the count stopped at its limit (probe_limit)
 
 
 def probe_limit(state: TableState) -> int:

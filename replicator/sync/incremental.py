@@ -31,6 +31,7 @@ from ..transfer.partitions import KeyRange, range_predicate
 from ..transfer.spark_runner import SparkRunner
 from .context import KeyBounds
 from .cursor import (
+    ProbeResult,
     advance,
     count_and_newest,
     fingerprint,
@@ -42,14 +43,6 @@ from .scripts import DestinationFacts, drop_staging_step, staging_steps
 
 log = logging.getLogger(__name__)
 PART_ALIAS = "_replicator_part"
-
-
-@dataclass(frozen=True)
-class ProbeResult:
-    changed: bool
-    pending: Pending | None
-    rows: int  # rows at or past the cursor: the size of the batch a sync would read
-    exact: bool = True  # False: the count stopped at its limit (cursor.probe_limit)
 
 
 @dataclass(frozen=True)

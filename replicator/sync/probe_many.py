@@ -14,8 +14,7 @@ from ..base.errors import DatabaseError
 from ..plan.table_sql import TableSql
 from ..postgres.database import execute, fetch_union
 from ..project.state import TableState, Window
-from .cursor import count_and_newest, in_progress_xids, probe_limit, rows_past, sql_key
-from .incremental import ProbeResult
+from .cursor import ProbeResult, count_and_newest, in_progress_xids, probe_limit, rows_past, sql_key
 
 Item = tuple[Hashable, TableSql, TableState]
 

@@ -20,9 +20,10 @@ from ..project.state import LSN_CURSOR_TYPE, Cursor, Pending, TableState, Window
 from ..report.results import TableResult, utc_now
 from .capture_adopt import adopt_at_slot
 from .context import TableJob
+from .cursor import ProbeResult
 from .deletes import propagate_deletes
 from .full_load import full_reload
-from .incremental import ProbeResult, batch_size, incremental_sync, probe
+from .incremental import batch_size, incremental_sync, probe
 from .resume import abandon, resumable
 from .skip_backfill import start_without_backfill
 
