@@ -35,7 +35,7 @@ from ..capture.slot import (
     published_tables,
     slot_info,
 )
-from ..capture.slot_health import lost_text, slot_alarm
+from ..capture.slot_health import slot_alarm
 from ..plan.decide import Plan
 from ..plan.drift import Planned, destination_has_rows
 from ..postgres.endpoints import Endpoints
@@ -76,8 +76,7 @@ class CaptureRun:
                 log.warning("cdc: the replication slot is not moved: %s", one_line(exc))
             return
         try:
-            lost = self._lost_slot(ends)
-            self.names = set_up_capture(self.run.project, ends, selected)
+            self.names, lost = set_up_capture(self.run.project, ends, selected)
             if lost is not None:  # remade, its copies reloading: said, and the run exits 1
                 self.run.slot_lost = lost
                 self.run.warnings.append(lost)
@@ -170,14 +169,6 @@ class CaptureRun:
             drifted = self._drain(ends, jobs, results)
         self._check_slot(ends)
         return results, drifted
-
-    def _lost_slot(self, ends: Endpoints) -> str | None:
-        """The text of the tool's own slot found lost (set_up_capture remakes it)."""
-        names = self.run.project.capture_names()
-        if names is None or not names.created:
-            return None  # a DBA's lost slot fails the run's cdc tables with its statements
-        info = slot_info(ends.source, names.slot)
-        return lost_text(names.slot) if info is not None and info.lost else None
 
     def _check_slot(self, ends: Endpoints) -> None:
         """After the drain: a slot that still holds too much WAL is a warning, in the log

@@ -74,9 +74,11 @@ def _in_the_log(state: TableState | None) -> bool:
 
 def set_up_capture(
     project: Project, ends: Endpoints, selected: tuple[TableConfig, ...]
-) -> CaptureState:
-    """Names, publication and slot, ready for the run's drain; ReplicatorError (or a
-    database error) when they cannot be, which fails every selected `cdc` table."""
+) -> tuple[CaptureState, str | None]:
+    """Names, publication and slot, ready for the run's drain, and what to say of the tool's
+    slot when it was found lost and made again (its copies reload; the run exits 1);
+    ReplicatorError (or a database error) when they cannot be, which fails every selected
+    `cdc` table."""
     problem = wal_level_problem(ends.source)
     if problem is not None:
         raise TableProblem(problem)
@@ -112,12 +114,12 @@ def set_up_capture(
         names = names.model_copy(update={"listings": {**names.listings, **described}})
         write_capture_state(project.state_dir, names)
     try:
-        _ensure_slot(project, ends, names, published_now, every)
+        lost = _ensure_slot(project, ends, names, published_now, every)
     except (ReplicatorError, psycopg.Error):
         if published_now:  # made for a slot that could not be: not left behind
             drop_publication(ends.source, names.publication)
         raise
-    return names
+    return names, lost
 
 
 def _rejoined(
@@ -158,14 +160,15 @@ def _ensure_slot(
     names: CaptureState,
     published_now: bool,
     every: list[TableConfig],
-) -> bool:
-    """The slot exists and is usable; True when it was (re)created while copies existed,
-    which are then marked for a reload first (a crash after that loses nothing)."""
+) -> str | None:
+    """The slot exists and is usable. One (re)created while copies existed marks them for a
+    reload first (a crash after that loses nothing). Returns the text of a lost slot made
+    again, else None."""
     info = slot_info(ends.source, names.slot)
     if info is not None and info.plugin != PLUGIN:
         raise TableProblem(wrong_plugin(info))
     if info is not None and not info.lost and not published_now:
-        return False
+        return None
     if not names.created:
         # Whatever slot the DBA makes next starts later than the copies' positions: the
         # changes in between are in no slot, so every copy reloads (marked first).
@@ -185,9 +188,10 @@ def _ensure_slot(
     reset = info is not None or any(_in_the_log(store.read(t.name)) for t in every)
     if reset:  # a slot lost, dropped outside the tool, or older than its publication
         _mark_every_table_for_reload(project, every, SLOT_DROPPED if info is None else SLOT_LOST)
+    lost = lost_text(names.slot) if info is not None and info.lost else None
     if info is not None:
-        if info.lost:  # no copy goes on from it without a gap: the run exits 1 (capture_run)
-            log.error("source: %s: making it again", lost_text(names.slot))
+        if lost is not None:  # no copy goes on from it without a gap: the run exits 1
+            log.error("source: %s: making it again", lost)
         else:
             log.warning(
                 "source: replication slot %s is older than its publication: making it again",
@@ -195,7 +199,7 @@ def _ensure_slot(
             )
         drop_slot(ends.source, names.slot)
     create_slot(ends.source, names.slot)
-    return reset
+    return lost
 
 
 def _mark_every_table_for_reload(
