@@ -26,8 +26,7 @@ from psycopg import pq, sql
 from ..base.errors import DatabaseError
 from ..base.failpoints import failpoint
 from ..base.redact import redact
-from ..postgres.database import connect, execute
-from ..postgres.snapshot import ExportedSnapshot
+from ..postgres.snapshot import ExportedSnapshot, import_snapshot
 from .lsn import parse_lsn
 from .slot import PLUGIN
 
@@ -62,10 +61,7 @@ class SlotSnapshot(ExportedSnapshot):
             ) from None
         try:
             self._create_slot()
-            self.conn = connect(self.source_url, "source")
-            execute(self.conn, "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
-            snapshot = sql.Literal(self.snapshot_id)
-            execute(self.conn, sql.SQL("SET TRANSACTION SNAPSHOT {}").format(snapshot))
+            self.conn = import_snapshot(self.source_url, "source", self.snapshot_id)
         except BaseException:
             self.__exit__(None, None, None)
             raise

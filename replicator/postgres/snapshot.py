@@ -58,12 +58,22 @@ class ImportedSnapshot(ExportedSnapshot):
         self.snapshot_id = snapshot_id
 
     def __enter__(self) -> ImportedSnapshot:
-        self.conn = connect(self.source_url, self.side)
         try:
-            execute(self.conn, "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
-            snapshot = sql.Literal(self.snapshot_id)
-            execute(self.conn, sql.SQL("SET TRANSACTION SNAPSHOT {}").format(snapshot))
+            self.conn = import_snapshot(self.source_url, self.side, self.snapshot_id)
         except BaseException:
             self.__exit__(None, None, None)
             raise
         return self
+
+
+def import_snapshot(url: str, side: str, snapshot_id: str) -> psycopg.Connection[Any]:
+    """A new connection in a read-only transaction of the exported snapshot `snapshot_id`
+    (closed again when that fails)."""
+    conn = connect(url, side)
+    try:
+        execute(conn, "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+        execute(conn, sql.SQL("SET TRANSACTION SNAPSHOT {}").format(sql.Literal(snapshot_id)))
+    except BaseException:
+        conn.close()
+        raise
+    return conn
