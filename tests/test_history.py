@@ -10,12 +10,12 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from datetime import UTC, datetime
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from psycopg import sql
+from waiting import wait_for
 
 from replicator.postgres.pgcluster import free_port
 from replicator.report.charts import MIN_SLOTS, PAD, WIDTH, sparkline
@@ -105,16 +105,6 @@ def test_a_failed_table_leaves_its_row_and_the_others_theirs(db_project, tables,
     assert b["rows"] is None and b["lag_seconds"] >= 0  # stale since the first run's success
 
 
-def _wait_for(condition, seconds: float, what: str):
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 def test_an_interrupted_run_leaves_its_rows(db_project, tables, source_conn, dest_conn):
     """SIGTERM while `a` reads: `a` is interrupted, `b` (not started) skipped."""
     _config(db_project, tables)
@@ -129,7 +119,7 @@ def test_an_interrupted_run_leaves_its_rows(db_project, tables, source_conn, des
         start_new_session=True,
     )
     try:
-        _wait_for(
+        wait_for(
             lambda: source_conn.execute(
                 "SELECT 1 FROM pg_stat_activity WHERE state = 'active' AND query LIKE %s "
                 "AND query LIKE '%%pg_sleep(120)%%' AND pid <> pg_backend_pid()",
@@ -322,7 +312,7 @@ def test_each_follow_tick_is_a_run(db_project, tables, dest_conn, tmp_path):
         text=True,
     )
     try:
-        _wait_for(lambda: len(_runs(dest_conn, tables)) >= 6, 60, "three runs")
+        wait_for(lambda: len(_runs(dest_conn, tables)) >= 6, 60, "three runs")
         os.kill(process.pid, signal.SIGTERM)
         _, stderr = process.communicate(timeout=60)
     finally:

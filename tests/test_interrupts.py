@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 from dbcompare import leftovers
 from psycopg import sql
+from waiting import wait_for
 
 from replicator.base.identifiers import TableName
 
@@ -44,16 +45,6 @@ def _sleeping(source_conn, schema: str) -> list[tuple]:
         "AND query LIKE %s AND query LIKE '%%pg_sleep(120)%%' AND pid <> pg_backend_pid()",
         (f"%{schema}%",),
     ).fetchall()
-
-
-def _wait_for(condition, seconds: float, what: str):
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def _survivors(group: int) -> list[str]:
@@ -131,7 +122,7 @@ def test_a_signal_mid_load_cancels_cleans_up_and_reports(
     db_project.write(f"models/{table}/t.sql", SLOW_MODEL)
     run = _Run(db_project, tmp_path, "sync", env=env)
     try:
-        _wait_for(lambda: _sleeping(source_conn, table), 120, "the slow source query")
+        wait_for(lambda: _sleeping(source_conn, table), 120, "the slow source query")
         os.kill(run.process.pid, signum)
     finally:
         returncode, stdout, stderr = run.wait(60)
@@ -141,7 +132,7 @@ def test_a_signal_mid_load_cancels_cleans_up_and_reports(
     assert f"run interrupted by {signal.Signals(signum).name}" in stderr
     for noise in ("Traceback", "error ignored", "Aborted", "Exception"):
         assert noise not in stderr + stdout, stderr
-    _wait_for(lambda: not _sleeping(source_conn, table), 20, "the source query to end")
+    wait_for(lambda: not _sleeping(source_conn, table), 20, "the source query to end")
     assert leftovers(dest_conn, [TableName(table, "t")]) == [], stderr
     (after,) = dest_conn.execute(
         sql.SQL("SELECT {}::regclass::oid").format(
@@ -227,10 +218,10 @@ def test_sigterm_during_verify_cancels_and_stops_the_run(db_project, table, sour
         stdin=subprocess.DEVNULL,
         text=True,
     )
-    _wait_for(lambda: _sleeping(source_conn, table), 30, "the slow verify query")
+    wait_for(lambda: _sleeping(source_conn, table), 30, "the slow verify query")
     os.kill(process.pid, signal.SIGTERM)
     _, stderr = process.communicate(timeout=30)
     assert process.returncode == 143, stderr
     assert "interrupted by SIGTERM" in stderr
     assert f"{table}.u: verifying" not in stderr, "the run stopped at the signal"
-    _wait_for(lambda: not _sleeping(source_conn, table), 10, "the query to be cancelled")
+    wait_for(lambda: not _sleeping(source_conn, table), 10, "the query to be cancelled")

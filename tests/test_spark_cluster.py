@@ -13,13 +13,13 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 from dbcompare import assert_same_table, leftovers, pausing_scans
 from psycopg import sql
 from spark_cluster import SYSTEM_PYTHON, SparkCluster
+from waiting import wait_for
 
 from replicator.base.identifiers import TableName
 
@@ -108,14 +108,6 @@ def test_without_the_shipped_environment_the_executors_cannot_run_a_task(
     assert "install them there, or set spark.ship_environment to true" in run.stderr
 
 
-def _wait_for(condition, seconds: float, what: str) -> None:
-    deadline = time.monotonic() + seconds
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.1)
-
-
 def _start_sync(db_project, tmp_path: Path) -> subprocess.Popen:
     env = {k: v for k, v in os.environ.items() if k not in NO_VENV}
     command = [sys.executable, "-m", "replicator", "sync", "-f"]
@@ -141,7 +133,7 @@ def test_a_load_survives_a_lost_worker_and_a_batch_runs_on_both_workers(
     before = _apps(cluster)
     run = _start_sync(db_project, tmp_path)
     try:
-        _wait_for(lambda: pausing_scans(source_conn, table) == 2, 120, "both partitions mid-scan")
+        wait_for(lambda: pausing_scans(source_conn, table) == 2, 120, "both partitions mid-scan")
         (app,) = _apps(cluster) - before
         assert [w.tasks_run(app) > 0 for w in cluster.nodes] == [True, True]
         for worker in cluster.nodes:  # unpacked where each executor runs
@@ -180,7 +172,7 @@ def test_a_driver_killed_mid_load_and_the_next_run_converges(
     db_project.write(f"models/{table}/t.sql", PAUSING_MODEL)
     run = _start_sync(db_project, tmp_path)
     try:
-        _wait_for(lambda: pausing_scans(source_conn, table) == 2, 120, "both partitions mid-scan")
+        wait_for(lambda: pausing_scans(source_conn, table) == 2, 120, "both partitions mid-scan")
         os.killpg(run.pid, signal.SIGKILL)
         run.wait(timeout=30)
     finally:
