@@ -10,6 +10,7 @@ import pytest
 from dbcompare import assert_same_table
 from psycopg import sql
 from test_cdc import _config, _create, _run, _slot, _sync
+from waiting import wait_for
 
 from replicator.capture.slot import SlotInfo
 from replicator.capture.slot_health import slot_alarm
@@ -143,11 +144,16 @@ def test_a_lost_slot_reloads_every_cdc_table_and_the_run_exits_1(
         # 1MB: PostgreSQL 15 counts it in whole WAL segments (16MB), as it removes them.
         source_conn.execute("ALTER SYSTEM SET max_slot_wal_keep_size = '1MB'")
         source_conn.execute("SELECT pg_reload_conf()")
-        for _ in range(3):
+
+        def lose() -> bool:
+            """A new segment and a checkpoint; the checkpointer reads the reloaded setting a
+            moment after the reload, so this may take more than one turn."""
             writer.execute("SELECT pg_switch_wal()")
             _run(writer, schema, "UPDATE {t} SET amount = amount + 1 WHERE id = 1")
             source_conn.execute("CHECKPOINT")
-        assert _slot_row(source_conn, cdc_project)[2] == "lost"
+            return _slot_row(source_conn, cdc_project)[2] == "lost"
+
+        wait_for(lose, 60, "the slot to be lost")
     finally:
         source_conn.execute("ALTER SYSTEM RESET max_slot_wal_keep_size")
         source_conn.execute("SELECT pg_reload_conf()")
@@ -246,7 +252,13 @@ def test_a_slot_past_max_slot_wal_keep_size_is_a_warning_before_it_is_lost(
         source_conn.execute("ALTER SYSTEM SET checkpoint_timeout = '1d'")
         source_conn.execute("ALTER SYSTEM SET max_slot_wal_keep_size = '1MB'")
         source_conn.execute("SELECT pg_reload_conf()")
-        assert _slot_row(source_conn, cdc_project)[2] == "unreserved"
+        # The reload reaches this session's backend a moment later: its view of the slot
+        # uses the setting it has.
+        wait_for(
+            lambda: _slot_row(source_conn, cdc_project)[2] == "unreserved",
+            30,
+            "the slot's wal_status to become unreserved",
+        )
         held = _sync(cdc_project, "-s", "plain")
         warning = f"replication slot {_slot(cdc_project)} retains "
         assert warning in held.stderr, held.stderr
