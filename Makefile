@@ -23,8 +23,8 @@ format: $(STAMP)
 	$(BIN)/ruff format .
 	$(BIN)/ruff check --fix .
 
-# Two workers by default (TEST_JOBS=1 for one process); a file's tests stay on one worker.
-TEST_JOBS ?= 2
+# Three workers by default (TEST_JOBS=1 for one process); a file's tests stay on one worker.
+TEST_JOBS ?= 3
 test: system-deps $(STAMP) lint
 	$(BIN)/pytest -q -n $(TEST_JOBS) --dist loadfile --durations=15
 

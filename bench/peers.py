@@ -76,6 +76,7 @@ from psycopg import sql
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import cdc
 import verify
+from follow_tick import FollowFailed, FollowProcess
 from full_load import fresh_destination
 from incremental import DDL, FILL, MERGE
 
@@ -85,7 +86,7 @@ BENCH = Path(__file__).resolve().parent
 PEERS_VENV = BENCH / ".peers-venv"
 WORKLOADS = ("full", "verify", "incremental", "cdc")
 PEERS = ("sling", "pgcopydb", "reladiff")
-INCREMENTAL_COPIES = ("sql", "sling", "replicator")  # a destination database each
+INCREMENTAL_COPIES = ("sql", "sling", "replicator", "follow")  # a destination database each
 PGCOPYDB_FOLLOW = (
     "pgcopydb follow: not run. Debian's pgcopydb 0.10 decodes only through wal2json (a server "
     "plugin, postgresql-15-wal2json) from a slot made before its copy, and a run of it on this "
@@ -598,28 +599,50 @@ def _verify(bench: Bench, where: str, env: dict, damaged: int) -> tuple[float, b
 
 def incremental(bench: Bench) -> list[Tool]:
     """1% updated and 0.2% inserted per round; each tool catches up its own copy, in turns."""
-    src_url, rows = bench.source.url(), bench.args.rows
+    src_url = bench.source.url()
     urls = {name: bench.create_database(bench.dest, f"inc_{name}") for name in INCREMENTAL_COPIES}
     hand = Tool("SQL by hand (psql COPY into staging, INSERT ON CONFLICT)")
     hand.notes.append("baseline")
     sling = peer_tool(bench, "sling", "Sling run (incremental)")
     ours = Tool("replicator sync (lookback: 0)")
+    warm = Tool("replicator sync --follow, the run that caught up (lookback: 0)")
+    warm.notes.append("the process's own figure for that run (follow.run seconds)")
     # Each round writes its 1% within a second: the default 5 s lookback would re-read the
     # whole previous round, which a cron interval of minutes re-reads a few seconds of.
     table = {"name": "public.bench_orders", "replication_key": "updated_at", "lookback": 0}
-    project = bench.project(table)
+    project, warm_project = bench.project(table), bench.project(table)
     env = bench.replicator_env(src_url, urls["replicator"])
+    warm_env = bench.replicator_env(src_url, urls["follow"])
     sling_env = bench.sling_env(src_url, urls["sling"])
     src, dst = shlex.quote(src_url), shlex.quote(urls["sql"])
-    steps = {
-        "sql": (hand, lambda: bench.timed(_by_hand(bench, src, dst))),
-        "sling": (sling, lambda: bench.timed(bench.sling("incremental"), sling_env)),
-        "replicator": (ours, lambda: bench.timed(bench.sync(project), env)),
-    }
     print("incremental: first loads (untimed)", flush=True)
     prepare(hand, lambda: _hand_setup(bench, src, dst), urls["sql"], src_url)
-    for name in ("sling", "replicator"):
-        prepare(steps[name][0], steps[name][1], urls[name], src_url)
+    sling_run = bench.sling("incremental")
+    prepare(sling, lambda: bench.timed(sling_run, sling_env), urls["sling"], src_url)
+    prepare(ours, lambda: bench.timed(bench.sync(project), env), urls["replicator"], src_url)
+    prepare(warm, lambda: bench.timed(bench.sync(warm_project), warm_env), urls["follow"], src_url)
+    command = [sys.executable, "-m", "replicator", "sync", "--project-dir", str(warm_project)]
+    follower = FollowProcess(command, warm_env)
+    try:
+        follower.settle()
+        steps = {
+            "sql": (hand, lambda: bench.timed(_by_hand(bench, src, dst))),
+            "sling": (sling, lambda: bench.timed(bench.sling("incremental"), sling_env)),
+            "replicator": (ours, lambda: bench.timed(bench.sync(project), env)),
+            "follow": (warm, lambda: _follow_run(follower)),
+        }
+        _incremental_rounds(bench, steps, urls)
+    except FollowFailed as exc:
+        warm.status = f"failed: {exc}"
+    finally:
+        follower.stop()
+    for name in INCREMENTAL_COPIES:
+        bench.drop_database(bench.dest, f"inc_{name}")
+    return [hand, sling, ours, warm]
+
+
+def _incremental_rounds(bench: Bench, steps: dict, urls: dict[str, str]) -> None:
+    src_url, rows = bench.source.url(), bench.args.rows
     next_id = rows + 1
     for round_no in range(1, bench.args.repeat + 1):
         next_id = _change(src_url, rows, round_no, next_id)
@@ -630,9 +653,13 @@ def incremental(bench: Bench) -> list[Tool]:
         ]
         for tool, run in _turn(runs, round_no):
             attempt(tool, run)
-    for name in INCREMENTAL_COPIES:
-        bench.drop_database(bench.dest, f"inc_{name}")
-    return [hand, sling, ours]
+
+
+def _follow_run(follower: FollowProcess) -> float:
+    try:
+        return follower.run_that_copies()
+    except FollowFailed as exc:
+        raise ToolFailed(str(exc)) from None
 
 
 def _hand_setup(bench: Bench, src: str, dst: str) -> None:
@@ -659,7 +686,7 @@ def _by_hand(bench: Bench, src: str, dst: str) -> str:
 def _change(src_url: str, rows: int, round_no: int, next_id: int) -> int:
     """Update 1% of the rows (a new updated_at), insert 0.2% more; the next free key."""
     inserts = max(rows // 500, 1)
-    with psycopg.connect(src_url, autocommit=True) as conn:
+    with psycopg.connect(src_url) as conn:  # one transaction: no run sees half a round
         conn.execute(UPDATE_SOME, (round_no % 100,))
         conn.execute(INSERT_NEW, (next_id, next_id + inserts - 1))
     return next_id + inserts

@@ -63,7 +63,10 @@ def _config(project, schema, **top):
 
 
 def _runs(dest_conn, schema) -> list[dict]:
-    """The history rows of the test's tables, oldest first."""
+    """The history rows of the test's tables, oldest first (none before the first run made
+    the table)."""
+    if dest_conn.execute("SELECT to_regclass('_replicator.runs')").fetchone()[0] is None:
+        return []
     cur = dest_conn.execute(
         "SELECT * FROM _replicator.runs WHERE table_name LIKE %s ORDER BY started_at, table_name",
         (f"{schema}.%",),
@@ -303,8 +306,9 @@ def test_the_metrics_file_has_the_slots_retained_wal(cdc_project, source_conn, s
 
 def test_each_follow_tick_is_a_run(db_project, tables, dest_conn, tmp_path):
     _config(db_project, tables, metrics={"textfile": "replicator.prom"})
+    follow = ["sync", "--follow", "--interval", "0.2", "--log-format", "json"]
     process = subprocess.Popen(
-        [*_CLI, "sync", "--follow", "--interval", "0.2", "--project-dir", str(db_project.path)],
+        [*_CLI, *follow, "--project-dir", str(db_project.path)],
         env={**os.environ, **db_project.env, **NO_SPARK},
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
@@ -324,6 +328,18 @@ def test_each_follow_tick_is_a_run(db_project, tables, dest_conn, tmp_path):
     found = _metrics(db_project.path / "replicator.prom")
     finished = found[_key("replicator_run_finished_timestamp_seconds")]
     assert finished == pytest.approx(max(r["finished_at"] for r in rows).timestamp(), abs=1)
+    # Each tick's log event says how long it took: the history of its tables fits inside.
+    ticks = [e for e in map(json.loads, stderr.splitlines()) if e["event"] == "follow.run"]
+    assert len(ticks) * 2 == len(rows)
+    by_run: dict[str, list] = {}
+    for r in rows:
+        by_run.setdefault(r["run_id"], []).append(r)
+    spans = sorted(
+        max(r["finished_at"] for r in tick) - min(r["started_at"] for r in tick)
+        for tick in by_run.values()
+    )
+    seconds = sorted(e["seconds"] for e in ticks)
+    assert all(s.total_seconds() <= t + 0.001 for s, t in zip(spans, seconds, strict=True))
 
 
 def test_the_report_is_one_self_contained_page(db_project, tables, tmp_path):

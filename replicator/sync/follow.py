@@ -76,12 +76,20 @@ def follow(project: Project, names: tuple[str, ...], verbose: int, interval: flo
                 log.warning("follow: %s; trying again in %g s", exc, interval)
                 code = LockHeld.exit_code
             runs += 1
+            seconds = time.monotonic() - started
             log.info(
                 "follow: run %d finished (exit code %d) in %.1f s",
                 runs,
                 code,
-                time.monotonic() - started,
-                extra={"fields": {"event": "follow.run", "runs": runs, "exit_code": code}},
+                seconds,
+                extra={
+                    "fields": {
+                        "event": "follow.run",
+                        "runs": runs,
+                        "exit_code": code,
+                        "seconds": round(seconds, 3),
+                    }
+                },
             )
             if not stop_requested():
                 wait_unless_stopped(interval)
