@@ -8,6 +8,7 @@ import uuid
 import pytest
 from psycopg import sql
 
+from replicator.capture.copy_rows import DELETE, INSERT, UPDATE, change, plain_line
 from replicator.capture.pgoutput import (
     UNCHANGED,
     Begin,
@@ -139,3 +140,45 @@ def test_bytes_that_are_not_pgoutput_are_refused_with_a_reason():
         decode(b"Z")
     with pytest.raises(DecodeError, match="ends early"):
         decode(b"B\x00\x00")
+
+
+def test_the_plain_fast_path_writes_what_the_general_path_writes(source_conn, slot):
+    """copy_rows.plain_line takes the common changes (inserts, updates that kept their key,
+    deletes by key) in one pass; on every message the log sends it must give the staging row
+    the general path gives, and leave it the rest: values with bytes COPY reserves, NULLs,
+    an unchanged TOASTed value, a key that moved, REPLICA IDENTITY FULL."""
+    name, table = slot
+    big = "".join(uuid.uuid4().hex for _ in range(400))
+    statements = [
+        ("INSERT INTO {} VALUES (1, 'one', %s, 1.50), (2, NULL, NULL, NULL)", (big,)),
+        ("INSERT INTO {} VALUES (4, E'tab\\there\\nnew\\\\line', 'é😀', -0.5)", None),
+        ("UPDATE {} SET \"Note %s\" = 'uno' WHERE id = 1", None),  # big: unchanged
+        ("UPDATE {} SET amount = 2 WHERE id = 4", None),
+        ("UPDATE {} SET id = 3 WHERE id = 2", None),
+        ("DELETE FROM {} WHERE id = 3", None),
+        ("ALTER TABLE {} REPLICA IDENTITY FULL", None),
+        ("UPDATE {} SET amount = 3 WHERE id = 4", None),
+        ("DELETE FROM {} WHERE id = 4", None),
+    ]
+    for statement, params in statements:
+        source_conn.execute(sql.SQL(statement).format(table), params)
+    rows = source_conn.execute(
+        "SELECT data FROM pg_logical_slot_get_binary_changes(%s, NULL, NULL, "
+        "'proto_version', '1', 'publication_names', %s)",
+        (name, name),
+    ).fetchall()
+    fast, general = 0, 0
+    for seq, (data,) in enumerate(rows):
+        if data[0] not in (INSERT, UPDATE, DELETE):
+            continue
+        plain = plain_line(data, seq)
+        kind, old, _, new = change(data)
+        values = new if kind != DELETE else old
+        if plain is None:
+            general += 1
+            continue
+        fast += 1
+        op = {INSERT: b"I", UPDATE: b"U", DELETE: b"D"}[kind]
+        assert old is None or kind == DELETE
+        assert b"\t".join(plain) == b"\t".join([b"%d" % seq, op, b"{}", *values])
+    assert (fast, general) == (5, 4), (fast, general)

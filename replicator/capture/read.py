@@ -18,7 +18,7 @@ from ..base.identifiers import TableName
 from ..postgres.database import note
 from .applier import Applier, Batch
 from .capture_table import CaptureTable
-from .copy_rows import DELETE, INSERT, UPDATE, Field, change, relation_of
+from .copy_rows import DELETE, INSERT, UPDATE, Field, change, plain_line, relation_of
 from .lsn import lsn_text
 from .pgoutput import UNCHANGED, Begin, Commit, Relation, Truncate, Update, decode
 from .stage import Stager, TableStage
@@ -55,6 +55,9 @@ class _Reader:
     relations: dict[int, tuple[CaptureTable, str | None]] = field(default_factory=dict)
     final_lsn: int = 0  # the commit position of the transaction being read
     seq: int = 0
+    # each relation's taker (or None) in the transaction being read: asked once per
+    # transaction, not per change; forgotten at its Begin and at a Relation message
+    takers: dict[int, CaptureTable | None] = field(default_factory=dict)
 
 
 def read_changes(
@@ -79,12 +82,16 @@ def read_changes(
     with source.cursor(name="replicator_changes", binary=True, withhold=True) as cursor:
         cursor.itersize = FETCH_ROWS
         cursor.execute(_PEEK, (slot, lsn_text(upto), limit, quote_publication(publication)))
+        takers = reader.takers
         for (data,) in cursor:
             read.rows += 1
             if data[0] in _ROW_CHANGES:  # the hot path: no message object
                 reader.batch.changes += 1
                 oid = relation_of(data)
-                table = _taker(reader, reader.relations.get(oid))
+                if oid in takers:
+                    table = takers[oid]
+                else:
+                    table = takers[oid] = _taker(reader, reader.relations.get(oid))
                 if table is not None:
                     stage = stages.get(oid)
                     if stage is None:
@@ -102,6 +109,8 @@ def read_changes(
 def _other(reader: _Reader, stager: Stager, data: bytes) -> bool:
     """A message other than a row change; True when it handed a full batch to the applier."""
     message = decode(data, raw=True)
+    if isinstance(message, Begin | Relation):
+        reader.takers.clear()
     if isinstance(message, Begin):
         reader.final_lsn = message.final_lsn
     elif isinstance(message, Commit):
@@ -190,6 +199,11 @@ def _stage_of(stager: Stager, table: CaptureTable) -> TableStage:
 def _stage_change(
     stager: Stager, stage: TableStage, table: CaptureTable, data: bytes, seq: int
 ) -> None:
+    if table.shape is None:
+        plain = plain_line(data, seq)
+        if plain is not None:
+            stager.add_plain(stage, plain)
+            return
     kind, old, old_is_key, new = change(data)
     if table.shape is not None:
         old, new = table.shape.apply(old), table.shape.apply(new)

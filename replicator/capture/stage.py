@@ -40,8 +40,7 @@ class TableStage:
     target: TableName
     columns: tuple[str, ...]
     name: sql.Identifier
-    buffer: list[bytes] = field(default_factory=list)
-    size: int = 0
+    buffer: list[bytes] = field(default_factory=list)  # rows without their newline
     changes: int = 0
     truncated_at: int | None = None  # seq of the last TRUNCATE of the table in the batch
     moves: list[tuple[int, tuple[bytes | None, ...]]] = field(default_factory=list)
@@ -49,9 +48,13 @@ class TableStage:
     keys: set[Field | tuple[Field, ...]] = field(default_factory=set)  # the batch's keys so far
     simple: bool = True  # every key once, no unchanged value: applied without dedup
 
-    def note_key(self, values: list[Field]) -> None:
+    def note_key(self, values: list[Field], offset: int = 0) -> None:
+        """`values[offset:]` are the row's columns."""
         positions = self.key_positions
-        key = values[positions[0]] if len(positions) == 1 else tuple(values[i] for i in positions)
+        if len(positions) == 1:
+            key = values[positions[0] + offset]
+        else:
+            key = tuple(values[i + offset] for i in positions)
         if key in self.keys or len(self.keys) >= MAX_KEYS:  # memory stays bounded
             self.simple = False
             self.keys.clear()
@@ -139,13 +142,23 @@ class Stager:
             stage.simple = False
             unchanged = b",".join(b"%d" % (i + 1) for i, v in enumerate(values) if v is UNCHANGED)
             values = [NULL if v is UNCHANGED else v for v in values]
-            line = b"\t".join([b"%d" % seq, op, b"{" + unchanged + b"}", *values]) + b"\n"
+            line = b"\t".join([b"%d" % seq, op, b"{" + unchanged + b"}", *values])
         else:
-            line = b"\t".join([b"%d" % seq, op, b"{}", *values]) + b"\n"
+            line = b"\t".join([b"%d" % seq, op, b"{}", *values])
+        self._buffer(stage, line)
+
+    def add_plain(self, stage: TableStage, fields: list[bytes]) -> None:
+        """A plain change's row (copy_rows.plain_line: one field holding its seq, op and
+        unchanged columns, then the values)."""
+        if stage.simple:
+            stage.note_key(fields, 1)
+        self._buffer(stage, b"\t".join(fields))
+
+    def _buffer(self, stage: TableStage, line: bytes) -> None:
+        """One row, without its newline (flush puts them between the rows)."""
         stage.buffer.append(line)
-        stage.size += len(line)
         stage.changes += 1
-        self.buffered += len(line)
+        self.buffered += len(line) + 1
         if self.buffered >= FLUSH_BYTES:
             self.flush(wait=False)
 
@@ -158,13 +171,12 @@ class Stager:
         thread, while the caller goes on filling buffers (the server parses the rows
         meanwhile)."""
         copies = [
-            (stage.name, stage.columns, b"".join(stage.buffer))
+            (stage.name, stage.columns, b"\n".join(stage.buffer) + b"\n")
             for stage in self.stages.values()
             if stage.buffer
         ]
         for stage in self.stages.values():
             stage.buffer.clear()
-            stage.size = 0
         self.buffered = 0
         self._settle()
         if copies and self._copier is not None and not wait:
@@ -189,7 +201,7 @@ class Stager:
         self._settle()
         for stage in self.stages.values():
             stage.buffer.clear()
-            stage.size = stage.changes = 0
+            stage.changes = 0
             stage.truncated_at = None
             stage.moves.clear()
             stage.keys.clear()
