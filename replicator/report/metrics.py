@@ -14,10 +14,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-
-from prometheus_client import CollectorRegistry, Gauge, write_to_textfile
+from typing import TYPE_CHECKING
 
 from .history_rows import STATUSES, RunRow
+
+if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry, Gauge
 
 log = logging.getLogger("replicator.metrics")
 
@@ -42,7 +44,11 @@ class RunFigures:
 def registry_for(
     tables: Sequence[TableFigures], run: RunFigures, slots: Mapping[str, int]
 ) -> CollectorRegistry:
-    """Every series, with the names and labels DESIGN.md pins."""
+    """Every series, with the names and labels DESIGN.md pins. prometheus_client is
+    imported here, by the runs that write the file: its import (with http.server and
+    urllib.request) costs a run without `metrics.textfile` tens of milliseconds."""
+    from prometheus_client import CollectorRegistry, Gauge
+
     registry = CollectorRegistry()
 
     def gauge(name: str, text: str, labels: Sequence[str] = ()) -> Gauge:
@@ -99,6 +105,8 @@ def registry_for(
 
 def write(path: Path, registry: CollectorRegistry) -> bool:
     """Replace the file atomically; False (and a warning) when it cannot be written."""
+    from prometheus_client import write_to_textfile
+
     try:
         write_to_textfile(str(path), registry)
     except OSError as exc:
