@@ -130,6 +130,47 @@ def test_small_batches_applied_while_the_next_is_read_keep_commit_order(
     assert assert_same_table(source_conn, dest_conn, schema, "items") == 20
 
 
+def test_a_transaction_bigger_than_a_batch_is_applied_in_parts_and_committed_once(
+    cdc_project, schema, writer, source_conn, dest_conn, monkeypatch
+):
+    """One source transaction of many batches' worth of changes: its parts are applied while
+    the rest is read, in one destination transaction. A row's later change in a later part
+    (a TOASTed value kept across a move, a delete then a re-insert, a TRUNCATE of the other
+    table, and changes after it) lands after its earlier one."""
+    monkeypatch.setattr("replicator.capture.drain.BATCH_CHANGES", 4)
+    monkeypatch.setattr("replicator.capture.drain.READ_BATCHES", 3)
+    _create(writer, schema, "orders", rows=20)
+    _create(writer, schema, "items", rows=20)
+    big = "".join(uuid.uuid4().hex for _ in range(600))  # stored out of line
+    _run(writer, schema, "UPDATE {t} SET big = %s || id WHERE id <= 3", big)
+    _config(cdc_project, schema, "orders", "items")
+    _sync(cdc_project)
+    with writer.transaction():
+        for n in range(1, 11):
+            _run(writer, schema, "UPDATE {t} SET amount = %s WHERE id = %s", n, n)
+            _run(
+                writer, schema, "UPDATE {t} SET note = %s WHERE id = %s", f"i{n}", n, table="items"
+            )
+        for n in range(1, 4):  # a TOASTed row moved to a new key, then touched
+            _run(writer, schema, "UPDATE {t} SET id = id + 100 WHERE id = %s", n)
+            _run(writer, schema, "UPDATE {t} SET note = 'moved' WHERE id = %s", n + 100)
+        _run(writer, schema, "DELETE FROM {t} WHERE id = 15", table="items")
+        _run(writer, schema, "INSERT INTO {t} VALUES (15, 'back', 1, NULL)", table="items")
+        _run(writer, schema, "TRUNCATE {t}", table="items")
+        _run(writer, schema, "INSERT INTO {t} VALUES (7, 'after', 2, NULL)", table="items")
+        _run(
+            writer, schema, "INSERT INTO {t} SELECT g, 'x', g, NULL FROM generate_series(40, 60) g"
+        )
+    synced = _sync(cdc_project, "-vv")
+    parts = synced.stderr.count("cdc: part of a batch")
+    assert parts >= 5, synced.stderr
+    assert assert_same_table(source_conn, dest_conn, schema, "orders") == 41
+    assert assert_same_table(source_conn, dest_conn, schema, "items") == 1
+    _run(writer, schema, "UPDATE {t} SET note = 'later' WHERE id = 101")  # and it goes on
+    _sync(cdc_project)
+    assert_same_table(source_conn, dest_conn, schema, "orders")
+
+
 def test_a_transaction_across_two_tables_and_a_copied_project(
     cdc_project, schema, writer, source_conn, dest_conn, tmp_path
 ):

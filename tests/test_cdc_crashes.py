@@ -49,9 +49,12 @@ def _config(project, schema):
     project.write_config({"tables": [{"name": f"{schema}.t", "mode": "cdc"}]})
 
 
-def _kill_then_converge(project, point):
+def _kill_then_converge(project, point, before=None):
+    """Kill a run at `point`; `before`, if given, reads the copy right after the kill."""
     killed = project.run_process("sync", env={**IN_PROCESS, "REPLICATOR_FAILPOINT": point})
     assert killed.returncode == -9, (point, killed.returncode, killed.stderr[-2000:])
+    if before is not None:
+        before()
     done = project.run("sync", env=IN_PROCESS)  # only the killed run needs its process
     assert done.exit_code == 0, done.output[-3000:]
     return done
@@ -84,3 +87,30 @@ def test_a_first_load_killed_anywhere_converges(
     assert_same_table(source_conn, dest_conn, schema, "t")
     state = json.loads(next((cdc_project.path / "sync-state").glob("*.t.json")).read_text())
     assert "/" in state["cursor"]["value"] and state["cursor"]["type"] == "pg_lsn"
+
+
+def test_a_drain_killed_between_the_parts_of_a_big_transaction_converges(
+    cdc_project, schema, writer, source_conn, dest_conn
+):
+    """A source transaction of more changes than a batch holds (200,000) is applied in parts
+    inside one destination transaction: killed after a part, the copy shows none of it, and
+    the next run applies all of it once."""
+    _create(writer, schema)
+    _config(cdc_project, schema)
+    assert cdc_project.run("sync", env=IN_PROCESS).exit_code == 0
+    table = sql.Identifier(schema, "t")
+    with writer.transaction():
+        writer.execute(
+            sql.SQL(
+                "INSERT INTO {} SELECT g, 'big', 1 FROM generate_series(10001, 215000) g"
+            ).format(table)
+        )
+        writer.execute(sql.SQL("UPDATE {} SET v = 'last' WHERE id % 1000 = 0").format(table))
+        writer.execute(sql.SQL("DELETE FROM {} WHERE id % 999 = 0").format(table))
+    counted = sql.SQL("SELECT count(*), count(*) FILTER (WHERE v = 'big') FROM {}").format(table)
+
+    def untouched() -> None:  # a part was applied, and rolled back with the process
+        assert dest_conn.execute(counted).fetchone() == (3000, 0)
+
+    _kill_then_converge(cdc_project, "cdc-after-part", untouched)
+    assert_same_table(source_conn, dest_conn, schema, "t")

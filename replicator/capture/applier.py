@@ -16,17 +16,19 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
 import psycopg
+from psycopg import pq
 
 from ..base.errors import ReplicatorError, one_line
 from ..base.failpoints import failpoint
 from ..base.identifiers import TableName
 from ..base.interrupts import raise_if_requested
+from ..postgres.database import execute
 from .applied import forget_applied
 from .apply import apply_stage
 from .capture_table import CaptureTable
@@ -68,11 +70,29 @@ class Applier:
         """Start applying the staged batch (once the one before is applied); returns the hold
         of the one before, if any (see `wait`)."""
         stager = self.stager
-        stager.flush()
-        failpoint("cdc-after-stage")
-        held = self.wait()
+        if stager.part_open:  # its session is applying the batch's previous part
+            held = self.wait()
+            stager.flush()
+        else:
+            stager.flush()
+            failpoint("cdc-after-stage")
+            held = self.wait()
         self._pending = self._pool.submit(_apply_batch, stager, batch, tables)
+        stager.applying = self._pending
         self._turn = (self._turn + 1) % len(self._stagers)
+        return held
+
+    def submit_part(self, batch: Batch, tables: Sequence[CaptureTable]) -> int | None:
+        """Start applying what is staged of a batch whose transaction goes on: in a
+        destination transaction that stays open until the batch's last part (`submit`), on
+        the same session, which takes no rows meanwhile (stage.py buffers them)."""
+        stager = self.stager
+        held = self.wait()  # the batch before, or this batch's part before
+        stager.flush()
+        stager.part_open = True
+        part = stager.take_part()
+        self._pending = self._pool.submit(_apply_part, stager, part, batch, tables)
+        stager.applying = self._pending
         return held
 
     def wait(self) -> int | None:
@@ -83,30 +103,79 @@ class Applier:
 
 
 def _apply_batch(stager: Stager, batch: Batch, tables: Sequence[CaptureTable]) -> int | None:
+    applied, hold = _apply_staged(stager.dest, stager.stages, batch, tables, record=True)
+    stager.reset()
+    if stager.part_open:  # the transaction the batch's first part opened
+        execute(stager.dest, "COMMIT")
+        stager.part_open = False
+    for table in applied:
+        table.applied = table.position = batch.end
+    log.debug("cdc: batch of %d change(s), up to %s", batch.changes, lsn_text(batch.end))
+    return hold
+
+
+def _apply_part(
+    stager: Stager,
+    part: Mapping[TableName, TableStage],
+    batch: Batch,
+    tables: Sequence[CaptureTable],
+) -> int | None:
+    """A part of a batch: applied in the transaction the batch's last part commits (a crash
+    before that commit leaves the destination as it was), its position not recorded. The
+    reader is staging the next part into the same stages meanwhile: this works on `part`,
+    what they held when it was handed over, and empties the staging tables, which take no
+    rows until it is done."""
+    if stager.dest.info.transaction_status == pq.TransactionStatus.IDLE:
+        execute(stager.dest, "BEGIN")
+    _, hold = _apply_staged(stager.dest, part, batch, tables, record=False)
+    stager.empty_tables()
+    failpoint("cdc-after-part")
+    log.debug("cdc: part of a batch, %d change(s) so far", batch.changes)
+    return hold
+
+
+def _apply_staged(
+    dest: psycopg.Connection[Any],
+    stages: Mapping[TableName, TableStage],
+    batch: Batch,
+    tables: Sequence[CaptureTable],
+    record: bool,
+) -> tuple[list[CaptureTable], int | None]:
+    """Each table's staged changes; the tables applied and the hold (see Applier.wait)."""
+    applied: list[CaptureTable] = []
     hold: int | None = None
     for table in tables:
         raise_if_requested()  # SIGTERM: the tables not applied yet wait for the next run
         if not table.takes_changes:
             continue
-        stage = stager.stages.get(table.target)
+        stage = stages.get(table.target)
         if stage is not None and stage.changes:
-            held = _apply(stager.dest, table, stage, batch)
+            held = _apply(dest, table, stage, batch, record)
             if held is not None:
                 hold = held if hold is None else min(hold, held)
-    stager.reset()
-    log.debug("cdc: batch of %d change(s), up to %s", batch.changes, lsn_text(batch.end))
-    return hold
+            elif table.takes_changes:
+                applied.append(table)
+    return applied, hold
 
 
 def _apply(
-    dest: psycopg.Connection[Any], table: CaptureTable, stage: TableStage, batch: Batch
+    dest: psycopg.Connection[Any],
+    table: CaptureTable,
+    stage: TableStage,
+    batch: Batch,
+    record: bool = True,
 ) -> int | None:
-    """Apply one table's batch; returns where it holds the slot if it failed and its
-    position could not be forgotten."""
+    """Apply one table's batch (or part: `record` False); returns where it holds the slot
+    if it failed and its position could not be forgotten."""
     started, end = time.monotonic(), batch.end
     try:
         applied = apply_stage(
-            dest, stage, table.key, end, table.label, keys_may_repeat=table.keys_may_repeat
+            dest,
+            stage,
+            table.key,
+            end if record else None,
+            table.label,
+            keys_may_repeat=table.keys_may_repeat,
         )
     except (ReplicatorError, psycopg.Error) as exc:
         raise_if_requested()
@@ -122,7 +191,6 @@ def _apply(
     table.upserted += applied.upserted
     table.deleted += applied.deleted
     table.truncated = table.truncated or applied.truncated
-    table.applied = table.position = end
     log.debug(
         "cdc: %s: %d change(s) applied in %.2f s",
         table.label,

@@ -49,12 +49,13 @@ def apply_stage(
     dest: psycopg.Connection[Any],
     stage: TableStage,
     key: tuple[str, ...],
-    lsn: int,
+    lsn: int | None,
     name: str,
     *,
     keys_may_repeat: bool = False,
 ) -> Applied:
-    """Apply the staged changes and record `lsn` as the table's applied position.
+    """Apply the staged changes and record `lsn` as the table's applied position (None: a
+    part of a batch, inside the transaction its last part commits: no position yet).
     `keys_may_repeat`: the key is the config's `primary_key` (REPLICA IDENTITY FULL), which
     the source does not hold unique: rows that share it are said, as a full load says them."""
     target = stage.target
@@ -76,9 +77,12 @@ def apply_stage(
             rows = LAST
         deleted = execute(dest, delete_statement(target, rows, key, after)).rowcount
         upserted = execute(dest, upsert_statement(target, rows, stage.columns, key, after)).rowcount
-        record = record_applied_step(target, lsn)
-        execute(dest, record.statement, record.params)
-        failpoint("cdc-before-apply-commit")
+        if not stage.simple:  # ON COMMIT DROP is too late inside a batch's open transaction
+            execute(dest, sql.SQL("DROP TABLE {}").format(LAST))
+        if lsn is not None:
+            record = record_applied_step(target, lsn)
+            execute(dest, record.statement, record.params)
+            failpoint("cdc-before-apply-commit")
     return Applied(max(upserted, 0), max(deleted, 0), stage.truncated_at is not None)
 
 

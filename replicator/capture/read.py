@@ -58,6 +58,9 @@ class _Reader:
     # each relation's taker (or None) in the transaction being read: asked once per
     # transaction, not per change; forgotten at its Begin and at a Relation message
     takers: dict[int, CaptureTable | None] = field(default_factory=dict)
+    # where the transaction being read is cut into a part (applier.submit_part): only one
+    # of batch_changes changes or more is, so that its apply overlaps its own decoding
+    part_at: int = 1 << 62
 
 
 def read_changes(
@@ -87,6 +90,8 @@ def read_changes(
             read.rows += 1
             if data[0] in _ROW_CHANGES:  # the hot path: no message object
                 reader.batch.changes += 1
+                if reader.batch.changes >= reader.part_at:
+                    _hand_over_part(reader)
                 oid = relation_of(data)
                 if oid in takers:
                     table = takers[oid]
@@ -113,6 +118,7 @@ def _other(reader: _Reader, stager: Stager, data: bytes) -> bool:
         reader.takers.clear()
     if isinstance(message, Begin):
         reader.final_lsn = message.final_lsn
+        reader.part_at = reader.batch.changes + reader.batch_changes
     elif isinstance(message, Commit):
         reader.batch.end = reader.read.end = message.end_lsn
         if reader.batch.changes >= reader.batch_changes:
@@ -130,6 +136,14 @@ def _other(reader: _Reader, stager: Stager, data: bytes) -> bool:
                 reader.seq += 2
                 stager.truncate(_stage_of(stager, table), reader.seq)
     return False
+
+
+def _hand_over_part(reader: _Reader) -> None:
+    """A transaction of more changes than a batch holds: what is staged so far is applied
+    now, in a destination transaction left open for the rest of the batch, while the reader
+    decodes on (the batch stays on this session; its last part commits it)."""
+    reader.part_at += reader.batch_changes
+    reader.read.hold_at(reader.applier.submit_part(reader.batch, list(reader.tables.values())))
 
 
 def _hand_over(reader: _Reader) -> None:

@@ -17,7 +17,7 @@ so a crash leaves nothing behind.
 from __future__ import annotations
 
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import psycopg
@@ -73,6 +73,10 @@ class Stager:
         self.buffered = 0
         self._copier = copier  # sends full buffers while the next ones are filled
         self._copying: Future[None] | None = None
+        # the applier's work on this session; while a part of a batch is applied here
+        # (`part_open`), rows stay in the buffers until the next part or the batch's end
+        self.applying: Future[int | None] | None = None
+        self.part_open = False
 
     def _settle(self) -> None:
         """Wait for the COPY under way (the session runs one statement at a time)."""
@@ -159,8 +163,11 @@ class Stager:
         stage.buffer.append(line)
         stage.changes += 1
         self.buffered += len(line) + 1
-        if self.buffered >= FLUSH_BYTES:
+        if self.buffered >= FLUSH_BYTES and not (self.part_open and self._session_busy()):
             self.flush(wait=False)
+
+    def _session_busy(self) -> bool:
+        return self.applying is not None and not self.applying.done()
 
     def truncate(self, stage: TableStage, seq: int) -> None:
         stage.truncated_at = seq
@@ -201,10 +208,29 @@ class Stager:
         self._settle()
         for stage in self.stages.values():
             stage.buffer.clear()
-            stage.changes = 0
-            stage.truncated_at = None
-            stage.moves.clear()
-            stage.keys.clear()
-            stage.simple = True
-            execute(self.dest, sql.SQL("TRUNCATE {}").format(stage.name))
+            _start_over(stage)
+        self.empty_tables()
         self.buffered = 0
+
+    def take_part(self) -> dict[TableName, TableStage]:
+        """What the flushed rows of each table amount to, for the applier, while the reader
+        goes on staging the next part of the batch into the same (live) stages."""
+        taken = {
+            target: replace(stage, buffer=[], keys=set(), moves=list(stage.moves))
+            for target, stage in self.stages.items()
+        }
+        for stage in self.stages.values():
+            _start_over(stage)
+        return taken
+
+    def empty_tables(self) -> None:
+        for stage in self.stages.values():
+            execute(self.dest, sql.SQL("TRUNCATE {}").format(stage.name))
+
+
+def _start_over(stage: TableStage) -> None:
+    stage.changes = 0
+    stage.truncated_at = None
+    stage.moves = []
+    stage.keys = set()
+    stage.simple = True
