@@ -141,9 +141,10 @@ def test_a_transaction_bigger_than_a_batch_is_applied_in_parts_and_committed_onc
     monkeypatch.setattr("replicator.capture.drain.READ_BATCHES", 3)
     _create(writer, schema, "orders", rows=20)
     _create(writer, schema, "items", rows=20)
+    _create(writer, schema, "extra", rows=5)  # its first change comes in a late part
     big = "".join(uuid.uuid4().hex for _ in range(600))  # stored out of line
     _run(writer, schema, "UPDATE {t} SET big = %s || id WHERE id <= 3", big)
-    _config(cdc_project, schema, "orders", "items")
+    _config(cdc_project, schema, "orders", "items", "extra")
     _sync(cdc_project)
     with writer.transaction():
         for n in range(1, 11):
@@ -166,6 +167,7 @@ def test_a_transaction_bigger_than_a_batch_is_applied_in_parts_and_committed_onc
     assert parts >= 5, synced.stderr
     assert assert_same_table(source_conn, dest_conn, schema, "orders") == 41
     assert assert_same_table(source_conn, dest_conn, schema, "items") == 1
+    assert assert_same_table(source_conn, dest_conn, schema, "extra") == 5
     _run(writer, schema, "UPDATE {t} SET note = 'later' WHERE id = 101")  # and it goes on
     _sync(cdc_project)
     assert_same_table(source_conn, dest_conn, schema, "orders")

@@ -16,7 +16,8 @@ so a crash leaves nothing behind.
 
 from __future__ import annotations
 
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Iterable
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -90,6 +91,8 @@ class Stager:
         stage = self.stages.get(target)
         if stage is None:
             self._settle()
+            if self.applying is not None and self.part_open:  # one statement at a time
+                wait([self.applying])
             name = sql.Identifier(f"replicator_stage_{len(self.stages)}")
             execute(
                 self.dest,
@@ -223,8 +226,9 @@ class Stager:
             _start_over(stage)
         return taken
 
-    def empty_tables(self) -> None:
-        for stage in self.stages.values():
+    def empty_tables(self, stages: Iterable[TableStage] | None = None) -> None:
+        """TRUNCATE the staging tables (of `stages`, else all)."""
+        for stage in list(self.stages.values()) if stages is None else stages:
             execute(self.dest, sql.SQL("TRUNCATE {}").format(stage.name))
 
 
