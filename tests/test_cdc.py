@@ -162,12 +162,22 @@ def test_a_transaction_bigger_than_a_batch_is_applied_in_parts_and_committed_onc
         _run(
             writer, schema, "INSERT INTO {t} SELECT g, 'x', g, NULL FROM generate_series(40, 60) g"
         )
+        _run(writer, schema, "UPDATE {t} SET note = 'late' WHERE id = 1", table="extra")
     synced = _sync(cdc_project, "-vv")
     parts = synced.stderr.count("cdc: part of a batch")
     assert parts >= 5, synced.stderr
     assert assert_same_table(source_conn, dest_conn, schema, "orders") == 41
     assert assert_same_table(source_conn, dest_conn, schema, "items") == 1
     assert assert_same_table(source_conn, dest_conn, schema, "extra") == 5
+    # items changed in early parts only: its position is the batch's end all the same, or a
+    # re-read of the transaction (after a kill before the slot moves) would apply it again
+    positions = dict(
+        dest_conn.execute(
+            "SELECT table_name, applied_lsn FROM _replicator.cdc_applied WHERE schema_name = %s",
+            (schema,),
+        ).fetchall()
+    )
+    assert positions["items"] == positions["orders"] == positions["extra"], positions
     _run(writer, schema, "UPDATE {t} SET note = 'later' WHERE id = 101")  # and it goes on
     _sync(cdc_project)
     assert_same_table(source_conn, dest_conn, schema, "orders")

@@ -29,7 +29,7 @@ from ..base.failpoints import failpoint
 from ..base.identifiers import TableName
 from ..base.interrupts import raise_if_requested
 from ..postgres.database import execute
-from .applied import forget_applied
+from .applied import forget_applied, record_applied_step
 from .apply import apply_stage
 from .capture_table import CaptureTable
 from .lsn import lsn_text
@@ -106,8 +106,15 @@ def _apply_batch(stager: Stager, batch: Batch, tables: Sequence[CaptureTable]) -
     applied, hold = _apply_staged(stager.dest, stager.stages, batch, tables, record=True)
     stager.reset()
     if stager.part_open:  # the transaction the batch's first part opened
+        done = {table.name for table in applied}
+        for table in stager.parted:  # changed in an earlier part only: its position too
+            if table.takes_changes and table.name not in done:
+                record = record_applied_step(table.target, batch.end)
+                execute(stager.dest, record.statement, record.params)
+                applied.append(table)
         execute(stager.dest, "COMMIT")
         stager.part_open = False
+        stager.parted = []
     for table in applied:
         table.applied = table.position = batch.end
     log.debug("cdc: batch of %d change(s), up to %s", batch.changes, lsn_text(batch.end))
@@ -127,7 +134,9 @@ def _apply_part(
     rows until it is done."""
     if stager.dest.info.transaction_status == pq.TransactionStatus.IDLE:
         execute(stager.dest, "BEGIN")
-    _, hold = _apply_staged(stager.dest, part, batch, tables, record=False)
+    applied, hold = _apply_staged(stager.dest, part, batch, tables, record=False)
+    known = {table.name for table in stager.parted}
+    stager.parted += [table for table in applied if table.name not in known]
     stager.empty_tables(part.values())  # a stage the reader added since holds no rows yet
     failpoint("cdc-after-part")
     log.debug("cdc: part of a batch, %d change(s) so far", batch.changes)

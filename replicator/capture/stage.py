@@ -10,8 +10,9 @@ pgoutput sends values in the type's text output, which is what COPY's text forma
 values are never parsed here: bytes are escaped and passed on. Rows are buffered per table and
 flushed with one COPY per table whenever the buffers pass FLUSH_BYTES (on a copier thread,
 while the next rows are decoded; one COPY at a time): memory stays bounded whatever the size
-of a transaction. Temporary tables write no WAL and vanish with the session,
-so a crash leaves nothing behind.
+of a transaction (while the session applies a part of a transaction bigger than a batch,
+rows wait in memory, up to PART_HELD_BYTES). Temporary tables write no WAL and vanish with
+the session, so a crash leaves nothing behind.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psycopg
 from psycopg import sql
@@ -29,7 +30,12 @@ from ..postgres.database import execute, note
 from .copy_rows import NULL, Field
 from .pgoutput import UNCHANGED
 
+if TYPE_CHECKING:
+    from .capture_table import CaptureTable
+
 FLUSH_BYTES = 8 << 20
+# while a part of a big transaction is applied on the session, rows wait in memory up to this
+PART_HELD_BYTES = 64 << 20
 MAX_KEYS = 500_000  # past this many changes to one table, a batch is deduplicated in SQL
 SEQ, OP, UNCHANGED_COLUMNS = "_replicator_seq", "_replicator_op", "_replicator_unchanged"
 
@@ -78,6 +84,7 @@ class Stager:
         # (`part_open`), rows stay in the buffers until the next part or the batch's end
         self.applying: Future[int | None] | None = None
         self.part_open = False
+        self.parted: list[CaptureTable] = []  # what the batch's parts applied (applier's)
 
     def _settle(self) -> None:
         """Wait for the COPY under way (the session runs one statement at a time)."""
@@ -166,7 +173,11 @@ class Stager:
         stage.buffer.append(line)
         stage.changes += 1
         self.buffered += len(line) + 1
-        if self.buffered >= FLUSH_BYTES and not (self.part_open and self._session_busy()):
+        if self.buffered >= FLUSH_BYTES:
+            if self.part_open and self._session_busy():  # the session applies a part
+                if self.buffered < PART_HELD_BYTES:
+                    return
+                wait([self.applying])  # type: ignore[list-item]
             self.flush(wait=False)
 
     def _session_busy(self) -> bool:
