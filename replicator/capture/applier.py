@@ -7,6 +7,11 @@ commit order and its position only moves forward. The reading thread spends its 
 Python (decoding, COPY fields); the applying one waits on the destination, so on two cores
 the two overlap instead of adding up.
 
+A source transaction larger than a batch cannot be cut at a commit: it is applied in parts
+(`submit_part`) on its batch's session, in one destination transaction that the batch's last
+part commits with the positions (docs/architecture.md, log capture), so its apply overlaps
+its own reading too.
+
 A table whose apply fails has its position forgotten (its next run reloads it; the other
 tables go on); if even that fails it holds the slot at its first change in the batch: the
 applier returns that position to the reader, which keeps the slot from passing it.

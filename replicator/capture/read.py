@@ -3,7 +3,8 @@ the drain's end, cut at commit boundaries into batches that are staged and hande
 applier one by one (the next batch is read while the previous one is applied).
 
 A read stops at the first commit after its limit of messages (a bigger transaction comes
-whole, but streams through a server-side cursor into COPY, so memory stays bounded). A table
+whole, but streams through a server-side cursor into COPY, so memory stays bounded, and is
+applied in parts while it is read: applier.submit_part). A table
 skips transactions whose commit starts before its applied position: they are in its copy.
 """
 
