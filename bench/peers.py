@@ -20,7 +20,9 @@ bench/incremental.py), and four workloads (`--workloads`, run in this order):
 - incremental: 1% of the rows updated with a new `updated_at` and 0.2% inserted, then caught
   up by hand SQL (`psql` COPY of the rows past the copy's max `updated_at` into an UNLOGGED
   staging table, then INSERT ... ON CONFLICT DO UPDATE), Sling (mode incremental, primary key
-  `id`, update key `updated_at`) and replicator `sync`, each into its own copy, in turns.
+  `id`, update key `updated_at`) and replicator `sync`, each into its own copy, in turns; and
+  a `sync --follow` process (bench/follow_tick.py), whose catching-up run is timed by its own
+  `follow.run` figure: a process kept running pays Python's start and imports once.
   replicator's table has `lookback: 0`, as in bench/incremental.py: a round's changes are
   written within a second, so the default 5 s lookback would re-read the whole previous round
   (in production it re-reads the last seconds of a cron interval), which the others do not.
