@@ -48,11 +48,15 @@ ROWS = 10_000
 TABLES = ("accounts", "events", "wallets")
 
 
-def _one_sync(project: Path, env: dict[str, str], rng: random.Random, log: SyncLog) -> None:
+def _one_sync(
+    project: Path, env: dict[str, str], rng: random.Random, log: SyncLog, must_kill: bool = False
+) -> None:
     """A cron run: every fifth moves its rows through Spark and every tenth follows a refresh
     (a full reload under load). About one in four is killed at a random moment within the
     time such a run last took, and one in six at a random failpoint of the path it takes;
-    half of the in-process refreshes are killed between two partitions of their loads."""
+    half of the in-process refreshes are killed between two partitions of their loads.
+    `must_kill`: killed early in the time such a run took (a soak too short, on a slow
+    machine, to have had a kill by chance)."""
     log.runs += 1
     spark_every = int(os.environ.get("REPLICATOR_SOAK_SPARK_EVERY", "5"))
     run_env, spark, refresh = dict(env), log.runs % spark_every == 0, log.runs % 10 == 7
@@ -64,7 +68,9 @@ def _one_sync(project: Path, env: dict[str, str], rng: random.Random, log: SyncL
         assert refreshed.returncode == 0, refreshed.stderr
         log.refreshes += 1
     roll, kill_after, point = rng.random(), None, None
-    if refresh and not spark and roll < 0.5:  # a load killed in its middle: the next resumes
+    if must_kill:
+        kill_after = rng.uniform(0.05, 0.3) * log.typical_seconds[spark]
+    elif refresh and not spark and roll < 0.5:  # a load killed in its middle: the next resumes
         point = rng.choice(RESUME_POINTS)
         run_env["REPLICATOR_FAILPOINT"] = point
     elif roll < 0.25:
@@ -132,9 +138,15 @@ def test_soak_converges_with_nothing_lost_duplicated_or_stale(
     for writer in writers:
         writer.start()
     try:
-        deadline = time.monotonic() + seconds
-        while time.monotonic() < deadline:
-            _one_sync(db_project.path, env, rng, log)
+        deadline, late_runs = time.monotonic() + seconds, 0
+        while True:
+            # Past the deadline, runs that are killed early go on (at most 5) until one was:
+            # how many runs fit in the soak depends on the machine, a kill must not.
+            late = time.monotonic() >= deadline
+            if late and (log.kills > 0 or late_runs == 5):
+                break
+            _one_sync(db_project.path, env, rng, log, must_kill=late)
+            late_runs += late
             time.sleep(rng.uniform(0.5, 2.0))
     finally:
         stop.set()
