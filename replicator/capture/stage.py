@@ -98,8 +98,7 @@ class Stager:
         stage = self.stages.get(target)
         if stage is None:
             self._settle()
-            if self.applying is not None and self.part_open:  # one statement at a time
-                wait([self.applying])
+            self._wait_for_part()  # the session runs one statement at a time
             name = sql.Identifier(f"replicator_stage_{len(self.stages)}")
             execute(
                 self.dest,
@@ -174,14 +173,19 @@ class Stager:
         stage.changes += 1
         self.buffered += len(line) + 1
         if self.buffered >= FLUSH_BYTES:
-            if self.part_open and self._session_busy():  # the session applies a part
-                if self.buffered < PART_HELD_BYTES:
-                    return
-                wait([self.applying])  # type: ignore[list-item]
+            if self._part_applying() and self.buffered < PART_HELD_BYTES:
+                return  # the session applies a part: the rows wait here
+            self._wait_for_part()
             self.flush(wait=False)
 
-    def _session_busy(self) -> bool:
-        return self.applying is not None and not self.applying.done()
+    def _part_applying(self) -> bool:
+        """The applier is applying a part of the batch on this session right now."""
+        return self.part_open and self.applying is not None and not self.applying.done()
+
+    def _wait_for_part(self) -> None:
+        if self._part_applying():
+            assert self.applying is not None
+            wait([self.applying])
 
     def truncate(self, stage: TableStage, seq: int) -> None:
         stage.truncated_at = seq
