@@ -1054,3 +1054,84 @@ def test_compile_shows_the_apply_a_sync_runs(cdc_project, schema, writer):
     synced = _sync(cdc_project, "-v")
     for step in steps[1:4]:
         assert step["sql"] in synced.stderr, step["sql"]
+
+
+def test_the_log_prints_values_as_every_session_of_the_tool_does(
+    cdc_project, schema, writer, source_conn, dest_conn
+):
+    """The stream's walsender is a session of its own: a role whose settings print dates
+    day first, shorten floats and write bytea escaped must not reach the copy (the tool pins
+    them on the replication connection, as on every other session)."""
+    table = sql.Identifier(schema, "typed")
+    writer.execute(
+        sql.SQL(
+            "CREATE TABLE {} (id int PRIMARY KEY, d date, ts timestamptz, f float8, b bytea, "
+            "iv interval)"
+        ).format(table)
+    )
+    insert = sql.SQL(
+        "INSERT INTO {} VALUES (%s, DATE '2026-11-03', TIMESTAMPTZ '2026-11-03 04:05:06.789+00', "
+        "0.1::float8 + 0.2, '\\x00ff0a'::bytea, INTERVAL '1 day 02:03:04')"
+    ).format(table)
+    writer.execute(insert, (1,))
+    _config(cdc_project, schema, "typed")
+    _sync(cdc_project)
+    role = source_conn.execute("SELECT current_user").fetchone()[0]
+    role_id = sql.Identifier(role)
+    for setting in (
+        "DateStyle = 'SQL, DMY'",
+        "TimeZone = 'Pacific/Chatham'",
+        "IntervalStyle = 'sql_standard'",
+        "extra_float_digits = 0",
+        "bytea_output = 'escape'",
+    ):
+        source_conn.execute(sql.SQL("ALTER ROLE {} SET ").format(role_id) + sql.SQL(setting))
+    try:
+        writer.execute(insert, (2,))
+        _run(writer, schema, "UPDATE {t} SET f = f * 3, d = d + 1 WHERE id = 1", table="typed")
+        _sync(cdc_project)
+    finally:
+        source_conn.execute(sql.SQL("ALTER ROLE {} RESET ALL").format(role_id))
+    assert assert_same_table(source_conn, dest_conn, schema, "typed") == 2
+
+
+def test_a_slot_still_held_by_a_walsender_on_its_way_out_is_waited_for(
+    cdc_project, schema, writer, pg_servers, source_conn, dest_conn
+):
+    """A killed run's walsender lets go of the slot moments after: the next run's stream
+    waits for it instead of failing its tables."""
+    import psycopg
+    from psycopg import pq
+
+    _create(writer, schema)
+    _config(cdc_project, schema, "orders")
+    _sync(cdc_project)
+    _run(writer, schema, "UPDATE {t} SET note = 'after' WHERE id <= 10")
+    names = json.loads((cdc_project.path / "sync-state" / "cdc.json").read_text())
+    holder = pq.PGconn.connect(f"{pg_servers.source_url}?replication=database".encode())
+    holder.send_query(
+        f"START_REPLICATION SLOT {names['slot']} LOGICAL 0/0 "
+        f"(proto_version '1', publication_names '{names['publication']}')".encode()
+    )
+    assert holder.get_result().status == pq.ExecStatus.COPY_BOTH
+
+    def release_once_the_sync_waits() -> None:
+        with psycopg.connect(pg_servers.source_url, autocommit=True) as conn:
+            deadline = time.monotonic() + 120
+            while (
+                time.monotonic() < deadline
+                and not conn.execute(
+                    "SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'walsender' "
+                    "AND application_name = 'replicator'"
+                ).fetchone()[0]
+            ):
+                time.sleep(0.05)
+        holder.finish()
+
+    releaser = threading.Thread(target=release_once_the_sync_waits)
+    releaser.start()
+    try:
+        _sync(cdc_project)
+    finally:
+        releaser.join()
+    assert assert_same_table(source_conn, dest_conn, schema, "orders") == 100

@@ -1,14 +1,16 @@
-"""One run's reading of the slot: every change committed before the drain started, in
-bounded reads, each applied and recorded before the slot lets go of it.
+"""One run's reading of the slot: every change committed before the drain started, streamed
+once (capture/log_stream.py) in bounded reads, each applied and recorded before the slot lets
+go of it.
 
 Per read (capture/read.py) of at most READ_BATCHES batches of BATCH_CHANGES messages:
 1. decode and stage each batch, handing it to the applier (capture/applier.py), which
    applies each table in its own destination transaction that records the position, while
    the next batch is read;
-2. once every batch of the read is applied, advance the slot to the read's end, or only up
+2. once every batch of the read is applied, confirm the read's end to the slot, or only up
    to the first transaction a table could not take (it failed... or was not selected this
    run): that table reads it again next run, and the tables that took it skip it by their
-   positions.
+   positions. The stream goes on past such a hold: the slot stays at it for the rest of
+   the drain.
 A crash between 1 and 2 re-reads the changes next run and applies nothing twice.
 """
 
@@ -24,18 +26,18 @@ import psycopg
 
 from ..base.failpoints import failpoint
 from ..base.interrupts import raise_if_requested
-from ..postgres.database import connect, execute
+from ..postgres.database import connect, execute, note
 from .applied import forget_applied
 from .applier import Applier
 from .capture_table import CaptureTable
+from .log_stream import LogStream
 from .lsn import lsn_text
 from .read import read_changes
-from .slot import advance_slot
 
 log = logging.getLogger("replicator.capture")
 
 BATCH_CHANGES = 200_000  # messages per applied batch
-READ_BATCHES = 5  # batches per read of the slot (each read decodes from the slot's position)
+READ_BATCHES = 5  # batches per read: the slot moves after each
 
 
 @dataclass
@@ -62,7 +64,8 @@ def drain(
     by_name = {t.name: t for t in tables}
     per_batch = batch_changes or BATCH_CHANGES
     limit = per_batch * READ_BATCHES
-    position, batches = start, 0
+    position, batches, hold = start, 0, None
+    relations: dict[int, tuple[CaptureTable, str | None]] = {}
     with (
         connect(source_url, "source") as source,
         connect(dest_url, "destination") as staging,
@@ -74,30 +77,26 @@ def drain(
         for session in (staging, other_staging):
             execute(session, "SELECT set_config('client_encoding', %s, false)", (encoding,))
         applier = Applier((staging, other_staging), pool, copier)
-        while True:
-            raise_if_requested()
-            read = read_changes(source, applier, slot, publication, by_name, upto, limit, per_batch)
-            batches += read.batches
-            _forget_drifted(staging, tables)
-            if read.batches:
-                failpoint("cdc-after-apply-before-advance")
-            target = read.end if read.hold is None else min(read.hold, read.end)
-            if read.rows and target > position:
-                advance_slot(source, slot, target)
-                position = target
-            log.debug("cdc: read %d message(s), slot at %s", read.rows, lsn_text(position))
-            if read.hold is not None:
-                if read.rows < limit:  # read up to `upto`; the held part waits for its table
-                    break
-                # The slot cannot pass the held change: read further from it, the tables
-                # skipping what they already applied (each read starts at the slot).
-                limit *= 2
-                continue
-            if read.rows < limit:  # the slot is read up to `upto`
-                if upto > position:
-                    advance_slot(source, slot, upto)
-                    position = upto
-                break
+        stream = LogStream(source_url, slot, publication, upto, encoding)
+        try:
+            note(source, stream.start(start))
+            while not stream.done:
+                raise_if_requested()
+                read = read_changes(stream.messages(limit), applier, by_name, per_batch, relations)
+                batches += read.batches
+                _forget_drifted(staging, tables)
+                if read.batches:
+                    failpoint("cdc-after-apply-before-advance")
+                if read.hold is not None:  # the slot stays there for the rest of the drain
+                    hold = read.hold if hold is None else min(hold, read.hold)
+                end = max(upto, read.end) if stream.done else read.end
+                target = end if hold is None else min(hold, end)
+                if target > position:
+                    stream.confirm(target)
+                    position = target
+                log.debug("cdc: read %d message(s), slot at %s", read.rows, lsn_text(position))
+        finally:
+            stream.close()
     for table in tables:
         if table.takes_changes:
             table.position = max(table.position, position)

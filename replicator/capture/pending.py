@@ -18,8 +18,8 @@ import psycopg
 from ..base.errors import DatabaseError, TableProblem
 from ..base.identifiers import TableName
 from ..postgres.database import connect, note
+from .log_stream import quote_publication
 from .pgoutput import Begin, Delete, Insert, Message, Relation, Row, Truncate, Update, decode
-from .read import quote_publication
 
 Key = tuple[Any, ...]
 OBJECT_IN_USE = psycopg.errors.ObjectInUse.sqlstate

@@ -1,35 +1,25 @@
-"""One read of the slot: `pg_logical_slot_peek_binary_changes` from the slot's position up to
-the drain's end, cut at commit boundaries into batches that are staged and handed to the
+"""One read of the slot's stream (capture/log_stream.py): its messages, up to the first
+commit after a limit, cut at commit boundaries into batches that are staged and handed to the
 applier one by one (the next batch is read while the previous one is applied).
 
-A read stops at the first commit after its limit of messages (a bigger transaction comes
-whole, but streams through a server-side cursor into COPY, so memory stays bounded, and is
-applied in parts while it is read: applier.submit_part). A table
-skips transactions whose commit starts before its applied position: they are in its copy.
+A transaction bigger than a batch comes whole, streaming into COPY, so memory stays bounded,
+and is applied in parts while it is read (applier.submit_part). A table skips transactions
+whose commit starts before its applied position: they are in its copy.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
-
-import psycopg
 
 from ..base.identifiers import TableName
-from ..postgres.database import note
 from .applier import Applier, Batch
 from .capture_table import CaptureTable
 from .copy_rows import DELETE, INSERT, UPDATE, Field, change, plain_line, relation_of
-from .lsn import lsn_text
 from .pgoutput import UNCHANGED, Begin, Commit, Relation, Truncate, Update, decode
 from .stage import Stager, TableStage
 
-FETCH_ROWS = 5_000
 _ROW_CHANGES = frozenset((INSERT, UPDATE, DELETE))
-_PEEK = (
-    "SELECT data FROM pg_catalog.pg_logical_slot_peek_binary_changes(%s, %s::pg_lsn, %s, "
-    "'proto_version', '1', 'publication_names', %s)"
-)
 
 
 @dataclass
@@ -65,48 +55,39 @@ class _Reader:
 
 
 def read_changes(
-    source: psycopg.Connection[Any],
+    messages: Iterable[bytes],
     applier: Applier,
-    slot: str,
-    publication: str,
     tables: dict[TableName, CaptureTable],
-    upto: int,
-    limit: int,
     batch_changes: int,
+    relations: dict[int, tuple[CaptureTable, str | None]],
 ) -> Read:
-    """Read up to `limit` messages (then to the next commit) and apply them, batch by batch;
-    returns once every batch is applied."""
-    reader = _Reader(tables, applier, batch_changes)
+    """Apply `messages` (whole transactions), batch by batch; returns once every batch is
+    applied. `relations` carries the Relation messages seen by the drain's earlier reads
+    (the stream sends each relation once per connection)."""
+    reader = _Reader(tables, applier, batch_changes, relations=relations)
     read, stager = reader.read, applier.stager
     stages: dict[int, TableStage] = {}  # the batch's staging table of each relation
-    note(source, _PEEK)
-    # WITH HOLD on an autocommit session: the rows are kept once the DECLARE's own
-    # transaction commits, so no source transaction (and snapshot holding back VACUUM)
-    # stays open while the reader waits for the applier.
-    with source.cursor(name="replicator_changes", binary=True, withhold=True) as cursor:
-        cursor.itersize = FETCH_ROWS
-        cursor.execute(_PEEK, (slot, lsn_text(upto), limit, quote_publication(publication)))
-        takers = reader.takers
-        for (data,) in cursor:
-            read.rows += 1
-            if data[0] in _ROW_CHANGES:  # the hot path: no message object
-                reader.batch.changes += 1
-                if reader.batch.changes >= reader.part_at:
-                    _hand_over_part(reader)
-                oid = relation_of(data)
-                if oid in takers:
-                    table = takers[oid]
-                else:
-                    table = takers[oid] = _taker(reader, reader.relations.get(oid))
-                if table is not None:
-                    stage = stages.get(oid)
-                    if stage is None:
-                        stage = stages[oid] = _stage_of(stager, table)
-                    reader.seq += 2
-                    _stage_change(stager, stage, table, data, reader.seq)
-            elif _other(reader, stager, data):  # a commit closed a full batch
-                stager = applier.stager
-                stages.clear()
+    takers = reader.takers
+    for data in messages:
+        read.rows += 1
+        if data[0] in _ROW_CHANGES:  # the hot path: no message object
+            reader.batch.changes += 1
+            if reader.batch.changes >= reader.part_at:
+                _hand_over_part(reader)
+            oid = relation_of(data)
+            if oid in takers:
+                table = takers[oid]
+            else:
+                table = takers[oid] = _taker(reader, reader.relations.get(oid))
+            if table is not None:
+                stage = stages.get(oid)
+                if stage is None:
+                    stage = stages[oid] = _stage_of(stager, table)
+                reader.seq += 2
+                _stage_change(stager, stage, table, data, reader.seq)
+        elif _other(reader, stager, data):  # a commit closed a full batch
+            stager = applier.stager
+            stages.clear()
     _hand_over(reader)
     read.hold_at(applier.wait())
     return read
@@ -153,11 +134,6 @@ def _hand_over(reader: _Reader) -> None:
         reader.read.batches += 1
         reader.read.hold_at(reader.applier.submit(batch, list(reader.tables.values())))
     reader.batch = Batch()
-
-
-def quote_publication(name: str) -> str:
-    """publication_names is a comma-separated list of identifiers: quote ours."""
-    return '"' + name.replace('"', '""') + '"'
 
 
 def _drift(table: CaptureTable, message: Relation) -> str | None:

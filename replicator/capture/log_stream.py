@@ -1,0 +1,211 @@
+"""The slot's changes streamed over the replication protocol, as a subscription reads them.
+
+`pg_logical_slot_peek_binary_changes` decodes its whole range before it returns the first
+row, and every call decodes again from the slot's position; a walsender decodes while the
+changes are applied, once per drain. psycopg 3 has no replication API (psycopg/psycopg#71),
+but its libpq layer (`psycopg.pq`) speaks COPY BOTH, which is all the protocol needs:
+`START_REPLICATION SLOT ... LOGICAL` on a `replication=database` connection, then XLogData
+('w') and keepalive ('k') messages from the server, and standby status updates ('r') from us.
+
+The slot only moves when a status update says how far the destination holds the changes
+(`confirm`): a crash before it re-reads them next run, and the applied positions skip them.
+A drain ends at the first transaction that commits after `upto` (the WAL flushed when it
+began), or when the server says it has decoded past `upto` between two transactions.
+
+The walsender prints values with the session's settings: it gets the ones every session of
+the tool pins (pgsession.py) and the source's encoding, as the peek's session had.
+"""
+
+from __future__ import annotations
+
+import select
+import struct
+import time
+from collections.abc import Iterator
+from datetime import UTC, datetime
+
+from psycopg import pq, sql
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+from ..base.errors import DatabaseError
+from ..base.interrupts import raise_if_requested
+from ..base.redact import redact
+from ..postgres.pgsession import SESSION_SETTINGS
+from .lsn import lsn_text
+
+_XLOG_DATA, _KEEPALIVE = ord("w"), ord("k")
+_BEGIN, _COMMIT = ord("B"), ord("C")
+_HEADER = 25  # 'w', start LSN, end of WAL, send time
+_KEEPALIVE_SHAPE = struct.Struct("!QqB")  # end of WAL, send time, reply requested
+_STATUS = struct.Struct("!cQQQqB")
+_EPOCH = datetime(2000, 1, 1, tzinfo=UTC)
+_WAIT_S = 1.0  # without a message for this long, ask the server how far it has decoded
+_BUSY_SQLSTATE = "55006"  # the slot is active for another process
+_BUSY_WAIT_S = 15.0  # a walsender whose client died lets go of the slot within moments
+
+
+class LogStream:
+    """One drain's replication connection: `messages` hands out pgoutput messages up to
+    the drain's end, `confirm` lets the slot go up to a position."""
+
+    def __init__(self, source_url: str, slot: str, publication: str, upto: int, encoding: str):
+        self.upto = upto
+        self.done = False
+        self.confirmed = 0
+        self._in_transaction = False
+        self._conn = _connect(source_url, encoding)
+        self._statement = _start_statement(slot, publication)
+
+    def start(self, position: int) -> str:
+        """Start streaming from the slot's position; returns the statement sent."""
+        statement = self._statement.replace("{lsn}", lsn_text(position))
+        deadline = time.monotonic() + _BUSY_WAIT_S
+        while True:
+            self._conn.send_query(statement.encode())
+            result = self._conn.get_result()
+            if result is not None and result.status == pq.ExecStatus.COPY_BOTH:
+                self.confirmed = position
+                return statement
+            while self._conn.get_result() is not None:  # the rest of a failed command
+                pass
+            state = result.error_field(pq.DiagnosticField.SQLSTATE) if result else None
+            if state == _BUSY_SQLSTATE.encode() and time.monotonic() < deadline:
+                time.sleep(0.05)  # our own walsender of a killed run, on its way out
+                continue
+            raise DatabaseError(f"source: {self._error(result)}")
+
+    def messages(self, limit: int) -> Iterator[bytes]:
+        """The next messages: up to the first commit after `limit` of them, or the end."""
+        conn, upto, count = self._conn, self.upto, 0
+        get = conn.get_copy_data
+        while not self.done:
+            size, buffer = get(1)
+            if size > 0:
+                kind = buffer[0]
+                if kind == _XLOG_DATA:
+                    data = bytes(buffer[_HEADER:])
+                    count += 1
+                    tag = data[0]
+                    if tag == _COMMIT:
+                        self._in_transaction = False
+                        yield data
+                        if int.from_bytes(data[10:18], "big") >= upto:  # its end LSN
+                            self.done = True
+                        elif count >= limit:
+                            return
+                        continue
+                    if tag == _BEGIN:
+                        if int.from_bytes(data[1:9], "big") >= upto:  # committed later
+                            self.done = True
+                            return
+                        self._in_transaction = True
+                    yield data
+                elif kind == _KEEPALIVE:
+                    wal_end, _, reply = _KEEPALIVE_SHAPE.unpack_from(buffer, 1)
+                    if wal_end >= upto and not self._in_transaction:
+                        self.done = True  # decoded past the end: nothing more to come
+                    elif reply:
+                        self._status(reply=False)
+            elif size == 0:
+                self._wait()
+            else:
+                self._ended(size)
+
+    def confirm(self, position: int) -> None:
+        """The destination holds every change before `position`: the slot may let them go."""
+        if position > self.confirmed:
+            self.confirmed = position
+            self._status(reply=False)
+
+    def close(self) -> None:
+        """End the stream (the server releases the slot before it says so) and disconnect."""
+        conn = self._conn
+        streaming = conn.transaction_status == pq.TransactionStatus.ACTIVE
+        if conn.status == pq.ConnStatus.OK and streaming:
+            try:
+                conn.put_copy_end()
+                conn.flush()
+                while conn.get_copy_data(0)[0] >= 0:  # what the server sent meanwhile
+                    pass
+                while conn.get_result() is not None:
+                    pass
+            except Exception:  # the connection is going anyway; its error is not the run's
+                pass
+        conn.finish()
+
+    def _status(self, reply: bool) -> None:
+        at = self.confirmed
+        now = int((datetime.now(UTC) - _EPOCH).total_seconds() * 1_000_000)
+        self._conn.put_copy_data(_STATUS.pack(b"r", at, at, at, now, reply))
+        self._conn.flush()
+
+    def _wait(self) -> None:
+        """Until the socket has more: a read that waits for the walsender to fill it costs
+        far less than one per message (a blocking read per message spends ten times the
+        time in the kernel)."""
+        raise_if_requested()
+        ready, _, _ = select.select([self._conn.socket], [], [], _WAIT_S)
+        if not ready:
+            self._status(reply=True)  # asks for a keepalive with how far it decoded
+        self._conn.consume_input()
+
+    def _ended(self, size: int) -> None:
+        result = self._conn.get_result()
+        raise DatabaseError(
+            f"source: the replication stream ended before the drain's end ({lsn_text(self.upto)})"
+            f": {self._error(result)}"
+            if size == -1
+            else f"source: {self._error(result)}"
+        )
+
+    def _error(self, result: pq.abc.PGresult | None) -> str:
+        """The server's message (without libpq's `ERROR:` prefix), or libpq's own."""
+        primary = result.error_field(pq.DiagnosticField.MESSAGE_PRIMARY) if result else None
+        text = (primary or self._conn.error_message).decode(errors="replace").strip()
+        return redact(text.splitlines()[0] if text else "the connection was lost")
+
+
+def _connect(source_url: str, encoding: str) -> pq.PGconn:
+    params = conninfo_to_dict(source_url)
+    pinned = " ".join(
+        f"-c {name}={_escape_option(value)}" for name, value in SESSION_SETTINGS.items()
+    )
+    # wal_sender_timeout 0: the stream waits while a batch is applied, however long
+    params["options"] = " ".join(
+        part for part in (params.get("options"), pinned, "-c wal_sender_timeout=0") if part
+    )
+    params.update(
+        replication="database",
+        application_name="replicator",
+        client_encoding=encoding,
+        connect_timeout=params.get("connect_timeout", 15),
+    )
+    conn = pq.PGconn.connect(make_conninfo("", **params).encode())
+    if conn.status != pq.ConnStatus.OK:
+        text = conn.error_message.decode(errors="replace").strip()
+        conn.finish()
+        raise DatabaseError(
+            "cannot open a replication connection to the source database: "
+            + redact(text.splitlines()[-1] if text else "refused")
+        )
+    return conn
+
+
+def _start_statement(slot: str, publication: str) -> str:
+    """START_REPLICATION (the replication grammar: a quoted slot name, string literals
+    doubling their quotes); `{lsn}` is filled in by `start`."""
+    names = quote_publication(publication).replace("'", "''")
+    return (
+        f"START_REPLICATION SLOT {sql.Identifier(slot).as_string(None)} LOGICAL {{lsn}} "
+        f"(proto_version '1', publication_names '{names}')"
+    )
+
+
+def quote_publication(name: str) -> str:
+    """publication_names is a comma-separated list of identifiers: quote ours."""
+    return '"' + name.replace('"', '""') + '"'
+
+
+def _escape_option(value: str) -> str:
+    """A value in libpq's `options`: spaces and backslashes escaped with a backslash."""
+    return value.replace("\\", "\\\\").replace(" ", "\\ ")
