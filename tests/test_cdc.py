@@ -1135,3 +1135,52 @@ def test_a_slot_still_held_by_a_walsender_on_its_way_out_is_waited_for(
     finally:
         releaser.join()
     assert assert_same_table(source_conn, dest_conn, schema, "orders") == 100
+
+
+def test_a_long_apply_keeps_the_stream_alive(
+    cdc_project, schema, writer, pg_servers, source_conn, dest_conn, monkeypatch
+):
+    """While a batch waits for a lock in the destination, the reader keeps sending status
+    updates: the source does not end the stream as a dead client's before the drain has
+    read the rest (wal_sender_timeout of 1 s from the URL, the lock held 3 s, a batch per
+    transaction)."""
+    import psycopg
+
+    from replicator.capture import drain, stage
+
+    monkeypatch.setattr(stage, "PING_EVERY_S", 0.2)
+    monkeypatch.setattr(drain, "BATCH_CHANGES", 1)  # the stream goes on after the wait
+    _create(writer, schema)
+    _config(cdc_project, schema, "orders")
+    _sync(cdc_project)
+    for n in range(1, 11):
+        _run(writer, schema, "UPDATE {t} SET note = 'late' WHERE id = %s", n)
+    table = sql.Identifier(schema, "orders")
+    waited = threading.Event()
+
+    def hold_the_copy() -> None:
+        with psycopg.connect(pg_servers.dest_url) as locker:
+            locker.execute(sql.SQL("LOCK TABLE {} IN SHARE MODE").format(table))
+            deadline = time.monotonic() + 120
+            while (
+                time.monotonic() < deadline
+                and not locker.execute(
+                    "SELECT count(*) FROM pg_locks WHERE relation = %s::regclass AND NOT granted",
+                    (table.as_string(locker),),
+                ).fetchone()[0]
+            ):
+                time.sleep(0.05)
+            waited.set()
+            time.sleep(3)  # three times the stream's timeout
+            locker.rollback()
+
+    holder = threading.Thread(target=hold_the_copy)
+    holder.start()
+    try:
+        url = cdc_project.env["REPLICATOR_SOURCE_URL"] + "?options=-c%20wal_sender_timeout%3D1s"
+        result = cdc_project.run("sync", env={"REPLICATOR_SOURCE_URL": url})
+    finally:
+        holder.join()
+    assert waited.is_set()
+    assert result.exit_code == 0, result.output
+    assert assert_same_table(source_conn, dest_conn, schema, "orders") == 100

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -38,7 +38,7 @@ from .applied import forget_applied, record_applied_step
 from .apply import apply_stage
 from .capture_table import CaptureTable
 from .lsn import lsn_text
-from .stage import Stager, TableStage
+from .stage import Stager, TableStage, wait_for
 
 log = logging.getLogger("replicator.capture")
 
@@ -104,7 +104,15 @@ class Applier:
         """Wait for the batch being applied; returns the first commit a table that failed and
         could not be forgotten needs again (the slot must not pass it), or None."""
         pending, self._pending = self._pending, None
-        return pending.result() if pending is not None else None
+        if pending is None:
+            return None
+        wait_for(pending, self._stagers[0].ping)
+        return pending.result()
+
+    def ping_while_waiting(self, ping: Callable[[], None]) -> None:
+        """What to call every few seconds while the reader waits for an apply."""
+        for stager in self._stagers:
+            stager.ping = ping
 
 
 def _apply_batch(stager: Stager, batch: Batch, tables: Sequence[CaptureTable]) -> int | None:

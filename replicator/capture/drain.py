@@ -33,6 +33,7 @@ from .capture_table import CaptureTable
 from .log_stream import LogStream
 from .lsn import lsn_text
 from .read import read_changes
+from .slot import advance_slot, slot_info
 
 log = logging.getLogger("replicator.capture")
 
@@ -78,6 +79,7 @@ def drain(
             execute(session, "SELECT set_config('client_encoding', %s, false)", (encoding,))
         applier = Applier((staging, other_staging), pool, copier)
         stream = LogStream(source_url, slot, publication, upto, encoding)
+        applier.ping_while_waiting(stream.ping)
         try:
             note(source, stream.start(start))
             while not stream.done:
@@ -97,10 +99,22 @@ def drain(
                 log.debug("cdc: read %d message(s), slot at %s", read.rows, lsn_text(position))
         finally:
             stream.close()
+        if position > start:
+            _make_sure_the_slot_moved(source, slot, position)
     for table in tables:
         if table.takes_changes:
             table.position = max(table.position, position)
     return DrainResult(list(tables), start, position, batches)
+
+
+def _make_sure_the_slot_moved(source: psycopg.Connection[Any], slot: str, position: int) -> None:
+    """A status update written to a connection the server had just closed is lost without
+    an error: the slot is moved here then (on the source's own session: the stream's
+    walsender is gone once close() returns)."""
+    info = slot_info(source, slot)
+    if info is not None and info.confirmed is not None and info.confirmed < position:
+        log.debug("cdc: the stream's last status did not arrive; advancing the slot")
+        advance_slot(source, slot, position)
 
 
 def _forget_drifted(dest: psycopg.Connection[Any], tables: Sequence[CaptureTable]) -> None:

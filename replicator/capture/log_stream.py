@@ -24,6 +24,7 @@ import time
 from collections.abc import Iterator
 from datetime import UTC, datetime
 
+import psycopg
 from psycopg import pq, sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
@@ -117,6 +118,11 @@ class LogStream:
             self.confirmed = position
             self._status(reply=False)
 
+    def ping(self) -> None:
+        """A status update while the reader waits: the server's wal_sender_timeout counts
+        from the last one."""
+        self._status(reply=False)
+
     def close(self) -> None:
         """End the stream (the server releases the slot before it says so) and disconnect."""
         conn = self._conn
@@ -136,8 +142,11 @@ class LogStream:
     def _status(self, reply: bool) -> None:
         at = self.confirmed
         now = int((datetime.now(UTC) - _EPOCH).total_seconds() * 1_000_000)
-        self._conn.put_copy_data(_STATUS.pack(b"r", at, at, at, now, reply))
-        self._conn.flush()
+        try:
+            self._conn.put_copy_data(_STATUS.pack(b"r", at, at, at, now, reply))
+            self._conn.flush()
+        except psycopg.Error as exc:
+            raise DatabaseError(f"source: the replication connection was lost: {exc}") from None
 
     def _wait(self) -> None:
         """Until the socket has more: a read that waits for the walsender to fill it costs
@@ -170,10 +179,11 @@ def _connect(source_url: str, encoding: str) -> pq.PGconn:
     pinned = " ".join(
         f"-c {name}={_escape_option(value)}" for name, value in SESSION_SETTINGS.items()
     )
-    # wal_sender_timeout 0: the stream waits while a batch is applied, however long
-    params["options"] = " ".join(
-        part for part in (params.get("options"), pinned, "-c wal_sender_timeout=0") if part
-    )
+    # The server's default timeout unless the URL's options set one: the reader pings while
+    # it waits (stage.wait_for). 0 would cost the walsender a read of our socket per message.
+    own = params.get("options") or ""
+    timeout = "" if "wal_sender_timeout" in own else "-c wal_sender_timeout=60s"
+    params["options"] = " ".join(part for part in (own, pinned, timeout) if part)
     params.update(
         replication="database",
         application_name="replicator",

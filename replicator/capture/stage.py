@@ -17,7 +17,7 @@ the session, so a crash leaves nothing behind.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
@@ -69,6 +69,18 @@ class TableStage:
             self.keys.add(key)
 
 
+PING_EVERY_S = 10.0
+
+
+def wait_for(future: Future[Any], ping: Callable[[], None] | None) -> None:
+    """Wait for `future`, calling `ping` every PING_EVERY_S meanwhile: the log stream's
+    status update, so that the source does not take a reader waiting for a long apply for a
+    dead one (its wal_sender_timeout)."""
+    while not wait([future], timeout=PING_EVERY_S).done:
+        if ping is not None:
+            ping()
+
+
 class Stager:
     """Stages changes for the tables of one drain, on the drain's own destination session."""
 
@@ -85,6 +97,7 @@ class Stager:
         self.applying: Future[int | None] | None = None
         self.part_open = False
         self.parted: list[CaptureTable] = []  # what the batch's parts applied (applier's)
+        self.ping: Callable[[], None] | None = None  # while waiting (see `wait_for`)
 
     def _settle(self) -> None:
         """Wait for the COPY under way (the session runs one statement at a time)."""
@@ -185,7 +198,7 @@ class Stager:
     def _wait_for_part(self) -> None:
         if self._part_applying():
             assert self.applying is not None
-            wait([self.applying])
+            wait_for(self.applying, self.ping)
 
     def truncate(self, stage: TableStage, seq: int) -> None:
         stage.truncated_at = seq
