@@ -1,6 +1,7 @@
 """Decoding pgoutput, PostgreSQL's logical replication protocol (version 1), one message at a
-time: the rows `pg_logical_slot_{peek,get}_binary_changes(slot, ..., 'proto_version', '1',
-'publication_names', ...)` return carry one message each in their `data` column.
+time: what each XLogData message of a replication stream carries (capture/log_stream.py), and
+what each row of `pg_logical_slot_peek_binary_changes(slot, ..., 'proto_version', '1',
+'publication_names', ...)` carries in its `data` column (capture/pending.py).
 
 There is no maintained Python decoder to build on, and the format is small (PostgreSQL
 documentation, "Logical Replication Message Formats"): Begin, Commit, Origin, Relation,
