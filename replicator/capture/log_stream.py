@@ -18,6 +18,7 @@ the tool pins (pgsession.py) and the source's encoding, as the peek's session ha
 
 from __future__ import annotations
 
+import os
 import select
 import struct
 import time
@@ -181,7 +182,7 @@ def _connect(source_url: str, encoding: str) -> pq.PGconn:
     )
     # The server's default timeout unless the URL's options set one: the reader pings while
     # it waits (stage.wait_for). 0 would cost the walsender a read of our socket per message.
-    own = params.get("options") or ""
+    own = params.get("options") or os.environ.get("PGOPTIONS", "")  # what libpq would use
     timeout = "" if "wal_sender_timeout" in own else "-c wal_sender_timeout=60s"
     params["options"] = " ".join(part for part in (own, pinned, timeout) if part)
     params.update(
