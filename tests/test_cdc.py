@@ -1184,3 +1184,47 @@ def test_a_long_apply_keeps_the_stream_alive(
     assert waited.is_set()
     assert result.exit_code == 0, result.output
     assert assert_same_table(source_conn, dest_conn, schema, "orders") == 100
+
+
+def test_a_transaction_committed_after_the_reading_point_is_the_next_runs(
+    cdc_project, schema, writer, pg_servers, source_conn, dest_conn, monkeypatch
+):
+    """A transaction open when the run begins and committed before its stream starts: the
+    stream stops at its Begin (cut, not read to its end), the slot is free when the run
+    returns, and the next run applies it once."""
+    import psycopg
+
+    from replicator.capture import drain
+
+    _create(writer, schema)
+    _config(cdc_project, schema, "orders")
+    _sync(cdc_project)
+    late = psycopg.connect(pg_servers.source_url)
+    late.execute("SET synchronous_commit = on")
+    _run(
+        late, schema, "INSERT INTO {t} SELECT g, 'late', g, NULL FROM generate_series(101, 20100) g"
+    )
+    _run(writer, schema, "UPDATE {t} SET note = 'before' WHERE id = 1")
+    start = drain.LogStream.start
+
+    def start_after_the_commit(stream, position):
+        late.commit()  # after the run's reading point, flushed before the stream decodes
+        return start(stream, position)
+
+    monkeypatch.setattr(drain.LogStream, "start", start_after_the_commit)
+    try:
+        _sync(cdc_project)
+    finally:
+        late.close()
+    target = sql.Identifier(schema, "orders")
+    assert dest_conn.execute(
+        sql.SQL(
+            "SELECT count(*) FILTER (WHERE id > 100), max(note) FILTER (WHERE id = 1) FROM {}"
+        ).format(target)
+    ).fetchone() == (0, "before")
+    assert source_conn.execute(
+        "SELECT active_pid FROM pg_replication_slots WHERE slot_name = %s", (_slot(cdc_project),)
+    ).fetchone() == (None,)
+    monkeypatch.undo()
+    _sync(cdc_project)
+    assert assert_same_table(source_conn, dest_conn, schema, "orders") == 20_100

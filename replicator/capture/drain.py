@@ -16,7 +16,9 @@ A crash between 1 and 2 re-reads the changes next run and applies nothing twice.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -24,6 +26,7 @@ from typing import Any
 
 import psycopg
 
+from ..base.errors import ReplicatorError
 from ..base.failpoints import failpoint
 from ..base.interrupts import raise_if_requested
 from ..postgres.database import connect, execute, note
@@ -39,6 +42,7 @@ log = logging.getLogger("replicator.capture")
 
 BATCH_CHANGES = 200_000  # messages per applied batch
 READ_BATCHES = 5  # batches per read: the slot moves after each
+RELEASE_WAIT_S = 15
 
 
 @dataclass
@@ -99,6 +103,9 @@ def drain(
                 log.debug("cdc: read %d message(s), slot at %s", read.rows, lsn_text(position))
         finally:
             stream.close()
+            if not stream.released:
+                with contextlib.suppress(ReplicatorError, psycopg.Error):  # not the run's error
+                    _wait_for_the_slot(source, slot)
         if position > start:
             _make_sure_the_slot_moved(source, slot, position)
     for table in tables:
@@ -107,10 +114,23 @@ def drain(
     return DrainResult(list(tables), start, position, batches)
 
 
+def _wait_for_the_slot(source: psycopg.Connection[Any], slot: str) -> None:
+    """A stream cut or lost: its walsender lets go of the slot when it finds the connection
+    closed, moments later. Whoever uses the slot next (a drop, `cdc restart`, the next run)
+    finds it free."""
+    deadline = time.monotonic() + RELEASE_WAIT_S
+    while time.monotonic() < deadline:
+        info = slot_info(source, slot)
+        if info is None or info.active_pid is None:
+            return
+        time.sleep(0.01)
+    log.warning("cdc: replication slot %s still in use %d s after the drain", slot, RELEASE_WAIT_S)
+
+
 def _make_sure_the_slot_moved(source: psycopg.Connection[Any], slot: str, position: int) -> None:
-    """A status update written to a connection the server had just closed is lost without
-    an error: the slot is moved here then (on the source's own session: the stream's
-    walsender is gone once close() returns)."""
+    """A status update the server never read (a cut stream's walsender reads nothing while
+    it sends; a connection the server had just closed takes a write without an error): the
+    slot is moved here then, on the source's own session, the stream's walsender gone."""
     info = slot_info(source, slot)
     if info is not None and info.confirmed is not None and info.confirmed < position:
         log.debug("cdc: the stream's last status did not arrive; advancing the slot")

@@ -44,6 +44,7 @@ _EPOCH = datetime(2000, 1, 1, tzinfo=UTC)
 _WAIT_S = 1.0  # without a message for this long, ask the server how far it has decoded
 _BUSY_SQLSTATE = "55006"  # the slot is active for another process
 _BUSY_WAIT_S = 15.0  # a walsender whose client died lets go of the slot within moments
+_CLOSE_WAIT_S = 10.0
 
 
 class LogStream:
@@ -54,7 +55,9 @@ class LogStream:
         self.upto = upto
         self.done = False
         self.confirmed = 0
+        self.released = False  # the server said it let go of the slot (close)
         self._in_transaction = False
+        self._cut = False  # stopped inside a transaction the server is still sending
         self._conn = _connect(source_url, encoding)
         self._statement = _start_statement(slot, publication)
 
@@ -98,7 +101,7 @@ class LogStream:
                         continue
                     if tag == _BEGIN:
                         if int.from_bytes(data[1:9], "big") >= upto:  # committed later
-                            self.done = True
+                            self.done = self._cut = True
                             return
                         self._in_transaction = True
                     yield data
@@ -125,20 +128,40 @@ class LogStream:
         self._status(reply=False)
 
     def close(self) -> None:
-        """End the stream (the server releases the slot before it says so) and disconnect."""
+        """End the stream and disconnect; `released` says whether the server confirmed it let
+        go of the slot. A stream stopped at the Begin of a transaction past the end is cut:
+        its walsender reads nothing from us until it has sent the whole transaction (the
+        drain then waits for the slot itself). The waits are bounded, and never block in
+        libpq, which would hold the GIL."""
         conn = self._conn
-        streaming = conn.transaction_status == pq.TransactionStatus.ACTIVE
-        if conn.status == pq.ConnStatus.OK and streaming:
-            try:
+        try:
+            streaming = conn.transaction_status == pq.TransactionStatus.ACTIVE
+            if not self._cut and conn.status == pq.ConnStatus.OK and streaming:
                 conn.put_copy_end()
                 conn.flush()
-                while conn.get_copy_data(0)[0] >= 0:  # what the server sent meanwhile
-                    pass
-                while conn.get_result() is not None:
-                    pass
-            except Exception:  # the connection is going anyway; its error is not the run's
-                pass
-        conn.finish()
+                self.released = self._finish_copy(time.monotonic() + _CLOSE_WAIT_S)
+        except psycopg.Error:
+            pass  # the connection is going anyway; its error is not the run's
+        finally:
+            conn.finish()
+
+    def _finish_copy(self, deadline: float) -> bool:
+        """What the server sent before our CopyDone, then its own and the command's end."""
+        conn = self._conn
+        while time.monotonic() < deadline:
+            size, _ = conn.get_copy_data(1)
+            if size < 0:
+                break
+            if size == 0:
+                select.select([conn.socket], [], [], _WAIT_S)
+                conn.consume_input()
+        while time.monotonic() < deadline:
+            if conn.is_busy():
+                select.select([conn.socket], [], [], _WAIT_S)
+                conn.consume_input()
+            elif conn.get_result() is None:
+                return True
+        return False
 
     def _status(self, reply: bool) -> None:
         at = self.confirmed
