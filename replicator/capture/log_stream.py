@@ -77,6 +77,7 @@ class LogStream:
             if state == _BUSY_SQLSTATE.encode() and time.monotonic() < deadline:
                 time.sleep(0.05)  # our own walsender of a killed run, on its way out
                 continue
+            self.released = True  # never held: nothing to wait for
             raise DatabaseError(f"source: {self._error(result)}")
 
     def messages(self, limit: int) -> Iterator[bytes]:
