@@ -52,7 +52,10 @@ def test_a_failed_spark_task_is_the_tables_one_error_line(failing, schema):
     for debris in ("\tat org.apache", "Traceback", "PythonException", "ERROR Executor"):
         assert debris not in run.stderr, run.stderr
     assert "error ignored in rollback" not in run.stderr  # the Python workers' own logging
-    assert len(run.stderr.splitlines()) <= 6, run.stderr
+    # the run's own lines; a copy's progress line comes every 10 s, as many as the machine
+    # is slow (a load of 21 s here printed two)
+    lines = [line for line in run.stderr.splitlines() if ": copying: " not in line]
+    assert len(lines) <= 5, run.stderr
 
 
 @pytest.mark.parametrize("verbose", [(), ("-v",)], ids=["quiet", "verbose"])
