@@ -32,7 +32,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from ..base.errors import DatabaseError
 from ..base.interrupts import raise_if_requested
 from ..base.redact import redact
-from ..postgres.pgsession import SESSION_SETTINGS
+from ..postgres.pgsession import SESSION_SETTINGS, option_setting
 from .lsn import lsn_text
 
 _XLOG_DATA, _KEEPALIVE = ord("w"), ord("k")
@@ -42,7 +42,7 @@ _KEEPALIVE_SHAPE = struct.Struct("!QqB")  # end of WAL, send time, reply request
 _STATUS = struct.Struct("!cQQQqB")
 _EPOCH = datetime(2000, 1, 1, tzinfo=UTC)
 _WAIT_S = 1.0  # without a message for this long, ask the server how far it has decoded
-_BUSY_SQLSTATE = "55006"  # the slot is active for another process
+_BUSY_SQLSTATE = psycopg.errors.ObjectInUse.sqlstate  # the slot is active for another process
 _BUSY_WAIT_S = 15.0  # a walsender whose client died lets go of the slot within moments
 _CLOSE_WAIT_S = 10.0
 
@@ -201,9 +201,7 @@ class LogStream:
 
 def _connect(source_url: str, encoding: str) -> pq.PGconn:
     params = conninfo_to_dict(source_url)
-    pinned = " ".join(
-        f"-c {name}={_escape_option(value)}" for name, value in SESSION_SETTINGS.items()
-    )
+    pinned = " ".join(option_setting(name, value) for name, value in SESSION_SETTINGS.items())
     # The server's default timeout unless the URL's options set one: the reader pings while
     # it waits (stage.wait_for). 0 would cost the walsender a read of our socket per message.
     own = params.get("options") or os.environ.get("PGOPTIONS", "")  # what libpq would use
@@ -239,8 +237,3 @@ def _start_statement(slot: str, publication: str) -> str:
 def quote_publication(name: str) -> str:
     """publication_names is a comma-separated list of identifiers: quote ours."""
     return '"' + name.replace('"', '""') + '"'
-
-
-def _escape_option(value: str) -> str:
-    """A value in libpq's `options`: spaces and backslashes escaped with a backslash."""
-    return value.replace("\\", "\\\\").replace(" ", "\\ ")

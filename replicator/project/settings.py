@@ -20,6 +20,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from ..base.errors import ConfigError
 from ..base.redact import redact, register_connection_string, register_secret
+from ..postgres.pgsession import option_setting
 from .config import ProjectConfig
 from .metrics_config import textfile_path
 from .spark_remote import Remote
@@ -236,9 +237,8 @@ def salted(conninfo: str, salt: str | None) -> str:
     included, hashes with it, and no statement holds it."""
     if not salt:
         return conninfo
-    escaped = salt.replace("\\", "\\\\").replace(" ", "\\ ")
     options = conninfo_to_dict(conninfo).get("options") or ""
-    setting = f"-c {SALT_SETTING}={escaped}"
+    setting = option_setting(SALT_SETTING, salt)
     return make_conninfo(conninfo, options=f"{options} {setting}".strip())
 
 
