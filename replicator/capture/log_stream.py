@@ -31,8 +31,9 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from ..base.errors import DatabaseError
 from ..base.interrupts import raise_if_requested
+from ..base.libpq_options import option_setting
 from ..base.redact import redact
-from ..postgres.pgsession import SESSION_SETTINGS, option_setting
+from ..postgres.pgsession import SESSION_SETTINGS
 from .lsn import lsn_text
 
 _XLOG_DATA, _KEEPALIVE = ord("w"), ord("k")

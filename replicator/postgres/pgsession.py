@@ -17,9 +17,3 @@ SESSION_SETTINGS: Mapping[str, str] = {
     "bytea_output": "hex",
     "lc_monetary": "C",
 }
-
-
-def option_setting(name: str, value: str) -> str:
-    """A setting in libpq's `options` (`-c name=value`): the value's backslashes and spaces
-    escaped with a backslash, as libpq splits on spaces."""
-    return f"-c {name}=" + value.replace("\\", "\\\\").replace(" ", "\\ ")

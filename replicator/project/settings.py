@@ -19,8 +19,8 @@ from dotenv import dotenv_values
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from ..base.errors import ConfigError
+from ..base.libpq_options import option_setting
 from ..base.redact import redact, register_connection_string, register_secret
-from ..postgres.pgsession import option_setting
 from .config import ProjectConfig
 from .metrics_config import textfile_path
 from .spark_remote import Remote
