@@ -81,6 +81,30 @@ def test_inserts_updates_deletes_and_truncate_arrive_exactly_once(
     assert assert_same_table(source_conn, dest_conn, schema, "orders") == 1
 
 
+def test_an_update_to_the_same_values_rewrites_nothing_but_a_new_spelling_arrives(
+    cdc_project, schema, writer, source_conn, dest_conn
+):
+    """The log carries an update that wrote the same values: the copy's row is left as it is
+    (no new row version). numeric's 3.00 equals 3.0 by `=` but prints otherwise: written."""
+    _create(writer, schema, rows=6)
+    _config(cdc_project, schema, "orders")
+    _sync(cdc_project)
+    versions = sql.SQL("SELECT id, xmin::text FROM {} ORDER BY id").format(
+        sql.Identifier(schema, "orders")
+    )
+    before = dict(dest_conn.execute(versions).fetchall())
+    _run(writer, schema, "UPDATE {t} SET note = note, amount = amount WHERE id <= 5")
+    _run(writer, schema, "UPDATE {t} SET amount = 3.00 WHERE id = 2")  # it was 3.0
+    _sync(cdc_project)
+    after = dict(dest_conn.execute(versions).fetchall())
+    assert [i for i in before if after[i] != before[i]] == [2]
+    assert assert_same_table(source_conn, dest_conn, schema, "orders") == 6
+    amount = sql.SQL("SELECT amount::text FROM {} WHERE id = 2").format(
+        sql.Identifier(schema, "orders")
+    )
+    assert dest_conn.execute(amount).fetchone() == ("3.00",)
+
+
 def test_unchanged_toasted_values_keep_the_destinations(
     cdc_project, schema, writer, source_conn, dest_conn
 ):
