@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import signal
 import subprocess
 import sys
@@ -1078,6 +1079,31 @@ def test_compile_shows_the_apply_a_sync_runs(cdc_project, schema, writer):
     synced = _sync(cdc_project, "-v")
     for step in steps[1:4]:
         assert step["sql"] in synced.stderr, step["sql"]
+
+
+def test_a_process_with_a_thousand_files_open_reads_the_log(
+    cdc_project, schema, writer, source_conn, dest_conn
+):
+    """The stream's socket gets a descriptor numbered over 1023 here, which select() refuses
+    ("filedescriptor out of range"): the drain waits on it with poll."""
+    _create(writer, schema, rows=10)
+    _config(cdc_project, schema, "orders")
+    _sync(cdc_project)
+    _run(writer, schema, "UPDATE {t} SET note = 'later' WHERE id <= 5")
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 2048:
+        pytest.skip(f"this machine allows {hard} open files, fewer than the test needs")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 2048), hard))
+    opened = []
+    try:
+        while not opened or opened[-1] < 1030:
+            opened.append(os.open(os.devnull, os.O_RDONLY))
+        _sync(cdc_project)
+    finally:
+        for fd in opened:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    assert assert_same_table(source_conn, dest_conn, schema, "orders") == 10
 
 
 def test_the_log_prints_values_as_every_session_of_the_tool_does(

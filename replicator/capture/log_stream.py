@@ -155,11 +155,11 @@ class LogStream:
             if size < 0:
                 break
             if size == 0:
-                select.select([conn.socket], [], [], _WAIT_S)
+                _readable(conn.socket, _WAIT_S)
                 conn.consume_input()
         while time.monotonic() < deadline:
             if conn.is_busy():
-                select.select([conn.socket], [], [], _WAIT_S)
+                _readable(conn.socket, _WAIT_S)
                 conn.consume_input()
             elif conn.get_result() is None:
                 return True
@@ -179,8 +179,7 @@ class LogStream:
         far less than one per message (a blocking read per message spends ten times the
         time in the kernel)."""
         raise_if_requested()
-        ready, _, _ = select.select([self._conn.socket], [], [], _WAIT_S)
-        if not ready:
+        if not _readable(self._conn.socket, _WAIT_S):
             self._status(reply=True)  # asks for a keepalive with how far it decoded
         self._conn.consume_input()
 
@@ -238,3 +237,11 @@ def _start_statement(slot: str, publication: str) -> str:
 def quote_publication(name: str) -> str:
     """publication_names is a comma-separated list of identifiers: quote ours."""
     return '"' + name.replace('"', '""') + '"'
+
+
+def _readable(fd: int, timeout_s: float) -> bool:
+    """Whether the socket has something to read within `timeout_s`; poll, not select, which
+    refuses a descriptor numbered 1024 or more (a process with that many files open)."""
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    return bool(poller.poll(timeout_s * 1000))
