@@ -19,7 +19,6 @@ the tool pins (pgsession.py) and the source's encoding, as the peek's session ha
 from __future__ import annotations
 
 import os
-import select
 import struct
 import time
 from collections.abc import Iterator
@@ -32,6 +31,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from ..base.errors import DatabaseError
 from ..base.interrupts import raise_if_requested
 from ..base.libpq_options import option_setting
+from ..base.readable import readable
 from ..base.redact import redact
 from ..postgres.pgsession import SESSION_SETTINGS
 from .lsn import lsn_text
@@ -155,11 +155,11 @@ class LogStream:
             if size < 0:
                 break
             if size == 0:
-                _readable(conn.socket, _WAIT_S)
+                readable(conn.socket, _WAIT_S)
                 conn.consume_input()
         while time.monotonic() < deadline:
             if conn.is_busy():
-                _readable(conn.socket, _WAIT_S)
+                readable(conn.socket, _WAIT_S)
                 conn.consume_input()
             elif conn.get_result() is None:
                 return True
@@ -179,7 +179,7 @@ class LogStream:
         far less than one per message (a blocking read per message spends ten times the
         time in the kernel)."""
         raise_if_requested()
-        if not _readable(self._conn.socket, _WAIT_S):
+        if not readable(self._conn.socket, _WAIT_S):
             self._status(reply=True)  # asks for a keepalive with how far it decoded
         self._conn.consume_input()
 
@@ -237,11 +237,3 @@ def _start_statement(slot: str, publication: str) -> str:
 def quote_publication(name: str) -> str:
     """publication_names is a comma-separated list of identifiers: quote ours."""
     return '"' + name.replace('"', '""') + '"'
-
-
-def _readable(fd: int, timeout_s: float) -> bool:
-    """Whether the socket has something to read within `timeout_s`; poll, not select, which
-    refuses a descriptor numbered 1024 or more (a process with that many files open)."""
-    poller = select.poll()
-    poller.register(fd, select.POLLIN)
-    return bool(poller.poll(timeout_s * 1000))

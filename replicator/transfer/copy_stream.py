@@ -11,7 +11,6 @@ stay light: this runs in Spark's Python workers.
 from __future__ import annotations
 
 import contextlib
-import select
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -21,6 +20,7 @@ from psycopg import pq, sql
 
 from ..base.errors import DatabaseError, TaskError
 from ..base.failpoints import failpoint
+from ..base.readable import readable
 from ..postgres.database import Step, connect, execute, note, transaction
 
 WRITE_BLOCK = 1 << 20
@@ -228,10 +228,10 @@ def _stream(task: CopyTask, dest: psycopg.Connection) -> tuple[int, int]:
 
 
 def _wait_readable(pgconn: pq.abc.PGconn) -> None:
-    """Wait for data in `select`, not inside libpq: a blocking libpq read holds the GIL, so
+    """Wait for data in poll, not inside libpq: a blocking libpq read holds the GIL, so
     neither a signal handler nor any other thread could run until the server sent rows
     (measured: a slow source query made SIGTERM wait for it)."""
-    select.select([pgconn.socket], [], [])
+    readable(pgconn.socket)
 
 
 def _next_result(pgconn: pq.abc.PGconn) -> pq.abc.PGresult | None:

@@ -15,8 +15,9 @@ from __future__ import annotations
 import logging
 import os
 import re
-import select
 import threading
+
+from ..base.readable import readable
 
 log = logging.getLogger("replicator.spark")
 
@@ -97,7 +98,7 @@ class JvmOutput:
         records = Records()
         pending = b""
         while True:
-            if records.open and not select.select([fd], [], [], IDLE_SECONDS)[0]:
+            if records.open and not readable(fd, IDLE_SECONDS):
                 self._emit(records.flush())
                 continue
             chunk = os.read(fd, 65536)
