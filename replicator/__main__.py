@@ -1,5 +1,5 @@
 """`python -m replicator` runs the CLI."""
 
-from .cli.main import main
+from .cli.entry import main
 
 main()

@@ -1,4 +1,5 @@
-"""PostgreSQL identifiers: parsing names as PostgreSQL reads them, quoting them through sqlglot.
+"""PostgreSQL identifiers: parsing names as PostgreSQL reads them, quoting them through
+psycopg.sql (sqlglot nodes for the statements built with sqlglot, loaded only then).
 
 Unquoted parts fold to lower case (ASCII only, as PostgreSQL does in UTF-8 databases); double
 quotes keep case and allow any character, with `""` standing for one quote.
@@ -9,17 +10,22 @@ from __future__ import annotations
 import functools
 import re
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from psycopg import sql as psql
-from sqlglot import exp
+
+if TYPE_CHECKING:
+    from sqlglot import exp
 
 MAX_IDENTIFIER_BYTES = 63
 # replicator's own schema in the destination (markers, ownership records, side and staging
 # tables): never a destination for a replicated table.
 INTERNAL_SCHEMA = "_replicator"
-# PostgreSQL's lexer: ident_start [A-Za-z\200-\377_], ident_cont adds digits and $.
-_UNQUOTED = re.compile("[A-Za-z_\u0080-\U0010ffff][A-Za-z0-9_$\u0080-\U0010ffff]*")
-_UNQUOTED_GLOB = re.compile("[A-Za-z_*?\u0080-\U0010ffff][A-Za-z0-9_$*?\u0080-\U0010ffff]*")
+# PostgreSQL's lexer: ident_start [A-Za-z\200-\377_], ident_cont adds digits and $ (bytes
+# from \200 up: any character beyond ASCII, `[^\x00-\x7f]`, which compiles in a fraction of
+# a millisecond where the range up to U+10FFFF took 9 ms of every start).
+_UNQUOTED = re.compile(r"(?:[A-Za-z_]|[^\x00-\x7f])(?:[A-Za-z0-9_$]|[^\x00-\x7f])*")
+_UNQUOTED_GLOB = re.compile(r"(?:[A-Za-z_*?]|[^\x00-\x7f])(?:[A-Za-z0-9_$*?]|[^\x00-\x7f])*")
 _SIMPLE = re.compile(r"[a-z_][a-z0-9_$]*")
 
 
@@ -27,7 +33,7 @@ _SIMPLE = re.compile(r"[a-z_][a-z0-9_$]*")
 def quote_ident(name: str) -> str:
     """The identifier quoted for PostgreSQL, whatever it contains (remembered: a run
     quotes each of its tables' names many times)."""
-    return exp.to_identifier(name, quoted=True).sql(dialect="postgres")
+    return psql.Identifier(name).as_string(None)
 
 
 def display_ident(name: str) -> str:
@@ -125,6 +131,8 @@ class TableName:
 
     def table(self) -> exp.Table:
         """The sqlglot node for this table, both parts quoted."""
+        from sqlglot import exp
+
         return exp.table_(self.name, db=self.schema, quoted=True)
 
     def sql(self) -> str:
@@ -141,4 +149,4 @@ class TableName:
 
 @functools.lru_cache(maxsize=65_536)
 def _table_sql(schema: str, name: str) -> str:
-    return exp.table_(name, db=schema, quoted=True).sql(dialect="postgres")
+    return psql.Identifier(schema, name).as_string(None)

@@ -10,22 +10,41 @@ the ALTERs are shown by `compile` so a user sees exactly what changed.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar
-
-from sqlglot import exp
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from ..base.identifiers import TableName, display_ident
-from ..postgres.catalog import Column
-from ..postgres.ddl import column_def
 from ..postgres.naming import MARK_COLUMN, MARK_TYPE, default_key_name
 from .signature import Signature, SignedColumn
 
+if TYPE_CHECKING:  # sqlglot is loaded when a change is rendered: most runs have none
+    from sqlglot import exp
+
 
 def _ident(name: str) -> exp.Identifier:
+    from sqlglot import exp
+
     return exp.to_identifier(name, quoted=True)
 
 
+def _type(type_text: str) -> exp.DataType:
+    """The type verbatim: format_type() output is already valid, exact PostgreSQL."""
+    from sqlglot import exp
+
+    return exp.DataType(this=exp.DataType.Type.USERDEFINED, kind=type_text)
+
+
+def _column_def(name: str, type_text: str, not_null: bool = False) -> exp.ColumnDef:
+    """A column as an ALTER TABLE ... ADD renders it (postgres/ddl.column_def is the same
+    for the statements a run executes, through psycopg.sql)."""
+    from sqlglot import exp
+
+    constraints = [exp.ColumnConstraint(kind=exp.NotNullColumnConstraint())] if not_null else []
+    return exp.ColumnDef(this=_ident(name), kind=_type(type_text), constraints=constraints)
+
+
 def _alter(target: TableName, *actions: exp.Expression) -> exp.Alter:
+    from sqlglot import exp
+
     return exp.Alter(this=target.table(), kind="TABLE", actions=list(actions))
 
 
@@ -79,7 +98,7 @@ class ColumnAdded(Change):
 
     def expression(self, target: TableName) -> exp.Expression:
         c = self.column
-        return _alter(target, column_def(Column(c.name, c.type, c.not_null)))
+        return _alter(target, _column_def(c.name, c.type, c.not_null))
 
 
 @dataclass(frozen=True)
@@ -97,7 +116,7 @@ class MarkColumnChanged(Change):
 
     def expression(self, target: TableName) -> exp.Expression:
         if self.wanted:
-            return _alter(target, column_def(Column(MARK_COLUMN, MARK_TYPE)))
+            return _alter(target, _column_def(MARK_COLUMN, MARK_TYPE))
         return ColumnDropped(MARK_COLUMN).expression(target)
 
 
@@ -110,6 +129,8 @@ class ColumnDropped(Change):
         return display_ident(self.name)
 
     def expression(self, target: TableName) -> exp.Expression:
+        from sqlglot import exp
+
         drop = exp.Drop(tables=[exp.column(_ident(self.name))], kind="COLUMN")
         return _alter(target, drop)
 
@@ -124,6 +145,8 @@ class ColumnRenamed(Change):
         return f"{display_ident(self.old)} -> {display_ident(self.new)}"
 
     def expression(self, target: TableName) -> exp.Expression:
+        from sqlglot import exp
+
         rename = exp.RenameColumn(
             this=exp.column(_ident(self.old)), to=exp.column(_ident(self.new))
         )
@@ -141,7 +164,9 @@ class TypeChanged(Change):
         return f"{display_ident(self.name)} {self.old} -> {self.new}"
 
     def expression(self, target: TableName) -> exp.Expression:
-        dtype = column_def(Column(self.name, self.new)).args["kind"]
+        from sqlglot import exp
+
+        dtype = _type(self.new)
         return _alter(target, exp.AlterColumn(this=_ident(self.name), dtype=dtype))
 
 
@@ -156,6 +181,8 @@ class NullabilityChanged(Change):
         return f"{display_ident(self.name)} is now {now}"
 
     def expression(self, target: TableName) -> exp.Expression:
+        from sqlglot import exp
+
         if self.not_null:
             # allow_null as a node, not False: sqlglot renders SET NOT NULL either way but
             # warns "unsupported" for a plain False.
@@ -186,6 +213,8 @@ class PrimaryKeyChanged(Change):
 
     def expression(self, target: TableName) -> exp.Expression:
         """Drops the key by PostgreSQL's default name (a reload keeps the table's key name)."""
+        from sqlglot import exp
+
         actions: list[exp.Expression] = []
         if self.old:
             name = _ident(default_key_name(target))
@@ -214,9 +243,13 @@ class EnumLabelAdded(Change):
     label: str
 
     def detail(self) -> str:
+        from sqlglot import exp
+
         return f"{self.type_name} {exp.Literal.string(self.label).sql(dialect='postgres')}"
 
     def expression(self, target: TableName) -> exp.Expression:
+        from sqlglot import exp
+
         schema, _, name = self.type_name.partition(".")
         qualified = exp.Dot(this=_ident(schema), expression=_ident(name)).sql(dialect="postgres")
         label = exp.Literal.string(self.label).sql(dialect="postgres")

@@ -12,7 +12,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from psycopg import sql
-from sqlglot import exp
 
 from ..base.errors import DatabaseError, TableProblem
 from ..base.identifiers import display_ident, quote_ident
@@ -41,7 +40,7 @@ class TableSql:
 
     # Rendered when first used: a run screening 1,000 untouched tables needs none of them.
     @functools.cached_property
-    def create_destination(self) -> exp.Create:
+    def create_destination(self) -> sql.Composed:
         return ddl.create_table(
             self.table.target, destination_columns(self.table, self.columns), self.primary_key
         )

@@ -8,21 +8,22 @@ Rendered SQL is parsed by sqlglot; a syntax error names the file and line.
 from __future__ import annotations
 
 import difflib
+import functools
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jinja2
-import sqlglot
 from jinja2 import nodes
-from sqlglot import exp
-from sqlglot.tokens import Token, TokenType
 
 from ..base.errors import TemplateError
 from ..base.identifiers import TableName, quote_ident
+
+if TYPE_CHECKING:  # sqlglot is loaded when a model's SQL is read: a table without one never
+    from sqlglot.tokens import Token, TokenType
 
 MODELS_DIR = "models"
 MACROS_DIR = "macros"
@@ -169,6 +170,9 @@ def validate_select(text: str, origin: str) -> str:
     """Check rendered SQL is one query; return it up to its last token: without trailing
     semicolons or comments. The engine wraps a model (`SELECT * FROM (<model>) AS ...`), and
     a `--` comment on its last line would swallow the wrapping `)`."""
+    import sqlglot  # loaded for a model's SQL only: a table without one never needs it
+    from sqlglot import exp
+
     try:
         tokens = _tokens(text)
         text = text[tokens[0].start : tokens[-1].end + 1] if tokens else ""
@@ -187,27 +191,35 @@ def validate_select(text: str, origin: str) -> str:
 
 def _tokens(text: str) -> list[Token]:
     """The SQL's tokens (comments are not tokens), without trailing semicolons."""
+    import sqlglot
+    from sqlglot.tokens import TokenType
+
     tokens = sqlglot.tokenize(text, read="postgres")
     while tokens and tokens[-1].token_type == TokenType.SEMICOLON:
         tokens.pop()
     return tokens
 
 
-# Tokens whose text is the user's data or a quoted name: kept as written. Unquoted names fold
-# to lower case, as PostgreSQL folds them; keywords and operators compare in upper case.
-_VERBATIM = frozenset(
-    (
-        TokenType.STRING,
-        TokenType.HEREDOC_STRING,
-        TokenType.NATIONAL_STRING,
-        TokenType.BIT_STRING,
-        TokenType.HEX_STRING,
-        TokenType.BYTE_STRING,
-        TokenType.RAW_STRING,
-        TokenType.IDENTIFIER,
-        TokenType.NUMBER,
+@functools.cache
+def _verbatim() -> frozenset[TokenType]:
+    """Tokens whose text is the user's data or a quoted name: kept as written. Unquoted names
+    fold to lower case, as PostgreSQL folds them; keywords and operators compare in upper
+    case."""
+    from sqlglot.tokens import TokenType
+
+    return frozenset(
+        (
+            TokenType.STRING,
+            TokenType.HEREDOC_STRING,
+            TokenType.NATIONAL_STRING,
+            TokenType.BIT_STRING,
+            TokenType.HEX_STRING,
+            TokenType.BYTE_STRING,
+            TokenType.RAW_STRING,
+            TokenType.IDENTIFIER,
+            TokenType.NUMBER,
+        )
     )
-)
 
 
 # A quoted name that PostgreSQL would fold to itself unquoted (keywords stay apart: they
@@ -219,12 +231,14 @@ def canonical_sql(text: str) -> str:
     """A model's SQL with what does not change its meaning taken out: whitespace, comments,
     trailing semicolons, the case of keywords and of unquoted names. Two models with the
     same canonical form read the same rows (`plan/signature.py` keeps its hash)."""
-    parts = []
+    from sqlglot.tokens import TokenType
+
+    verbatim, parts = _verbatim(), []
     for token in _tokens(text):
         kind = token.token_type
         if kind == TokenType.IDENTIFIER and _PLAIN_NAME.fullmatch(token.text):
             parts.append(token.text)  # `"status"` is `status`
-        elif kind in _VERBATIM:
+        elif kind in verbatim:
             parts.append(f"{kind.name}:{token.text}")
         elif kind == TokenType.VAR:
             parts.append(token.text.lower())

@@ -14,15 +14,6 @@ import logging
 from typing import Any
 from urllib.parse import urlsplit
 
-from tenacity import (
-    RetryError,
-    retry,
-    retry_if_exception_type,
-    stop_after_attempt,
-    stop_after_delay,
-    wait_exponential,
-)
-
 from .. import __version__
 from ..compare.verdict import Verdict
 from ..project.settings import WebhookTarget
@@ -105,6 +96,7 @@ def post(target: WebhookTarget, payload: dict[str, Any], within: float = 60.0) -
         headers[SIGNATURE_HEADER] = sign(body, target.secret)
     where = _safe_url(target.url)
     import requests  # here: 40 ms of imports a run without a webhook does not pay
+    from tenacity import RetryError
 
     try:
         _send(target.url, body, headers, within)
@@ -126,6 +118,13 @@ class _Rejected(Exception):
 
 def _send(url: str, body: bytes, headers: dict[str, str], within: float) -> None:
     import requests
+    from tenacity import (
+        retry,
+        retry_if_exception_type,
+        stop_after_attempt,
+        stop_after_delay,
+        wait_exponential,
+    )
 
     @retry(
         retry=retry_if_exception_type((_Retryable, requests.ConnectionError, requests.Timeout)),

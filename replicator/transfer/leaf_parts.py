@@ -13,13 +13,16 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from psycopg import sql
-from sqlglot import exp, parse_one
 
 from ..base.identifiers import TableName
 from ..postgres.partition_tree import Leaf
 from .partitions import PageRange, page_predicate, partition_count
+
+if TYPE_CHECKING:  # loaded when a partitioned table's load is planned
+    from sqlglot import exp
 
 
 @dataclass(frozen=True)
@@ -78,6 +81,7 @@ def _page_ranges(leaf: Leaf, target: int) -> list[LeafPages]:
 
 def leaf_model(model_sql: str, root: TableName, leaf: TableName) -> str:
     """The model with its table, the root, swapped for one leaf."""
+    from sqlglot import exp, parse_one
 
     def swap(node: exp.Expression) -> exp.Expression:
         if isinstance(node, exp.Table) and (node.db, node.name) == (root.schema, root.name):
