@@ -25,10 +25,11 @@ from collections.abc import Iterator
 from datetime import UTC, datetime
 
 import psycopg
-from psycopg import pq, sql
+from psycopg import pq
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from ..base.errors import DatabaseError
+from ..base.identifiers import quote_ident
 from ..base.interrupts import raise_if_requested
 from ..base.libpq_options import option_setting
 from ..base.readable import readable
@@ -227,13 +228,9 @@ def _connect(source_url: str, encoding: str) -> pq.PGconn:
 def _start_statement(slot: str, publication: str) -> str:
     """START_REPLICATION (the replication grammar: a quoted slot name, string literals
     doubling their quotes); `{lsn}` is filled in by `start`."""
-    names = quote_publication(publication).replace("'", "''")
+    # publication_names is a comma-separated list of identifiers: ours quoted
+    names = quote_ident(publication).replace("'", "''")
     return (
-        f"START_REPLICATION SLOT {sql.Identifier(slot).as_string(None)} LOGICAL {{lsn}} "
+        f"START_REPLICATION SLOT {quote_ident(slot)} LOGICAL {{lsn}} "
         f"(proto_version '1', publication_names '{names}')"
     )
-
-
-def quote_publication(name: str) -> str:
-    """publication_names is a comma-separated list of identifiers: quote ours."""
-    return '"' + name.replace('"', '""') + '"'

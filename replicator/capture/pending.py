@@ -16,9 +16,8 @@ from typing import Any
 import psycopg
 
 from ..base.errors import DatabaseError, TableProblem
-from ..base.identifiers import TableName
+from ..base.identifiers import TableName, quote_ident
 from ..postgres.database import connect, note
-from .log_stream import quote_publication
 from .pgoutput import Begin, Delete, Insert, Message, Relation, Row, Truncate, Update, decode
 
 Key = tuple[Any, ...]
@@ -58,7 +57,7 @@ def _peeked(source_url: str, slot: str, publication: str) -> Iterator[Message]:
                 note(source, _PEEK)
                 with source.cursor(name="replicator_pending", binary=True, withhold=True) as rows:
                     rows.itersize = 5_000
-                    rows.execute(_PEEK, (slot, quote_publication(publication)))
+                    rows.execute(_PEEK, (slot, quote_ident(publication)))  # a list of identifiers
                     yield from (decode(data) for (data,) in rows)
                     return
         except psycopg.Error as exc:
