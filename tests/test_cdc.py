@@ -123,6 +123,42 @@ def test_unchanged_toasted_values_keep_the_destinations(
     assert assert_same_table(source_conn, dest_conn, schema, "orders") == 6
 
 
+def test_a_big_batch_with_values_copy_must_escape_arrives_whole(
+    cdc_project, schema, writer, source_conn, dest_conn
+):
+    """A batch of a thousand changes or more is staged many rows at once (capture/
+    copy_block.py), the changes it cannot take one by one: tabs, newlines and backslashes,
+    empty strings and NULLs, unchanged TOASTed values and moved keys among plain changes
+    all arrive as the source has them."""
+    _create(writer, schema, rows=1500)
+    big = "".join(uuid.uuid4().hex for _ in range(600))  # stored out of line
+    _run(writer, schema, "UPDATE {t} SET big = %s || id WHERE id <= 20", big)
+    _config(cdc_project, schema, "orders")
+    _sync(cdc_project)
+    with writer.transaction():
+        _run(
+            writer,
+            schema,
+            "UPDATE {t} SET amount = amount + 1, note = CASE id % 6 WHEN 0 THEN E'a\\tb' "
+            "WHEN 1 THEN '' WHEN 2 THEN NULL WHEN 3 THEN E'c\\\\d\\ne\\r' "
+            "WHEN 4 THEN E'\\\\N' ELSE note || '!' END WHERE id <= 1200",
+        )
+        _run(writer, schema, "DELETE FROM {t} WHERE id > 1400")
+        _run(
+            writer,
+            schema,
+            "INSERT INTO {t} SELECT g, 'new', g, NULL FROM generate_series(2000, 2300) g",
+        )
+        _run(writer, schema, "UPDATE {t} SET id = id + 10000 WHERE id BETWEEN 1 AND 5")
+    second = _sync(cdc_project)
+    assert "orders: incremental" in second.stderr, second.stderr
+    assert assert_same_table(source_conn, dest_conn, schema, "orders") == 1400 + 301
+    values = sql.SQL("SELECT count(*) FILTER (WHERE note = '') FROM {}").format(
+        sql.Identifier(schema, "orders")
+    )
+    assert dest_conn.execute(values).fetchone() == (200,)  # empty strings, not NULLs
+
+
 def test_small_batches_applied_while_the_next_is_read_keep_commit_order(
     cdc_project, schema, writer, source_conn, dest_conn, monkeypatch
 ):

@@ -9,6 +9,7 @@ whose commit starts before its applied position: they are in its copy.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -84,7 +85,10 @@ def read_changes(
                 if stage is None:
                     stage = stages[oid] = _stage_of(stager, table)
                 reader.seq += 2
-                _stage_change(stager, stage, table, data, reader.seq)
+                if table.shape is None:  # rows made at the flush, many at once
+                    stager.add_raw(stage, data, reader.seq)
+                else:
+                    _stage_change(stager, stage, table, data, reader.seq)
         elif _other(reader, stager, data):  # a commit closed a full batch
             stager = applier.stager
             stages.clear()
@@ -184,7 +188,9 @@ def _taker(reader: _Reader, known: tuple[CaptureTable, str | None] | None) -> Ca
 
 
 def _stage_of(stager: Stager, table: CaptureTable) -> TableStage:
-    return stager.stage_for(table.target, table.columns, table.key_positions)
+    stage = stager.stage_for(table.target, table.columns, table.key_positions)
+    stage.one_by_one = functools.partial(_stage_change, stager, stage, table)
+    return stage
 
 
 def _stage_change(

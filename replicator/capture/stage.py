@@ -7,12 +7,14 @@ TOASTed value the change left as it was (`_replicator_unchanged`, 1-based positi
 value is then NULL here and comes from the row's previous version when applied).
 
 pgoutput sends values in the type's text output, which is what COPY's text format reads, so
-values are never parsed here: bytes are escaped and passed on. Rows are buffered per table and
-flushed with one COPY per table whenever the buffers pass FLUSH_BYTES (on a copier thread,
-while the next rows are decoded; one COPY at a time): memory stays bounded whatever the size
-of a transaction (while the session applies a part of a transaction bigger than a batch,
-rows wait in memory, up to PART_HELD_BYTES). Temporary tables write no WAL and vanish with
-the session, so a crash leaves nothing behind.
+values are never parsed here: bytes are escaped and passed on. A table's changes wait as the
+log sent them until the flush, which turns a thousand or more into rows at once
+(capture/copy_block.py) and the rest one by one (capture/copy_rows.py, through the reader).
+Rows are buffered per table and flushed with one COPY per table whenever the buffers pass
+FLUSH_BYTES (on a copier thread, while the next rows are decoded; one COPY at a time): memory
+stays bounded whatever the size of a transaction (while the session applies a part of a
+transaction bigger than a batch, rows wait in memory, up to PART_HELD_BYTES). Temporary
+tables write no WAL and vanish with the session, so a crash leaves nothing behind.
 """
 
 from __future__ import annotations
@@ -36,6 +38,8 @@ if TYPE_CHECKING:
 FLUSH_BYTES = 8 << 20
 # while a part of a big transaction is applied on the session, rows wait in memory up to this
 PART_HELD_BYTES = 64 << 20
+# a flush with fewer raw changes for a table stages them one by one (no numpy to load)
+BLOCK_MIN = 1_000
 MAX_KEYS = 500_000  # past this many changes to one table, a batch is deduplicated in SQL
 SEQ, OP, UNCHANGED_COLUMNS = "_replicator_seq", "_replicator_op", "_replicator_unchanged"
 
@@ -54,6 +58,12 @@ class TableStage:
     key_positions: tuple[int, ...] = ()
     keys: set[Field | tuple[Field, ...]] = field(default_factory=set)  # the batch's keys so far
     simple: bool = True  # every key once, no unchanged value: applied without dedup
+    # changes kept as the log sent them until the flush turns them into rows all at once
+    # (capture/copy_block.py), with their sequence numbers; `one_by_one` stages one of
+    # them the per-message way (set by the reader, which knows the table)
+    raw: list[bytes] = field(default_factory=list)
+    raw_seqs: list[int] = field(default_factory=list)
+    one_by_one: Callable[[bytes, int], None] | None = None
 
     def note_key(self, values: list[Field], offset: int = 0) -> None:
         """`values[offset:]` are the row's columns."""
@@ -67,6 +77,14 @@ class TableStage:
             self.keys.clear()
         else:
             self.keys.add(key)
+
+    def note_keys(self, keys: list[Field | tuple[Field, ...]]) -> None:
+        """`note_key` for many rows' keys at once."""
+        before = len(self.keys)
+        self.keys.update(keys)
+        if len(self.keys) < before + len(keys) or len(self.keys) > MAX_KEYS:
+            self.simple = False
+            self.keys.clear()
 
 
 PING_EVERY_S = 10.0
@@ -98,6 +116,7 @@ class Stager:
         self.part_open = False
         self.parted: list[CaptureTable] = []  # what the batch's parts applied (applier's)
         self.ping: Callable[[], None] | None = None  # while waiting (see `wait_for`)
+        self._blocking = False  # turning raw changes into rows (`_rows_of_raw`)
 
     def _settle(self) -> None:
         """Wait for the COPY under way (the session runs one statement at a time)."""
@@ -180,11 +199,21 @@ class Stager:
             stage.note_key(fields, 1)
         self._buffer(stage, b"\t".join(fields))
 
+    def add_raw(self, stage: TableStage, data: bytes, seq: int) -> None:
+        """One change as the log sent it (an I, U or D message), staged at the next flush."""
+        stage.raw.append(data)
+        stage.raw_seqs.append(seq)
+        self._grew(len(data))
+
     def _buffer(self, stage: TableStage, line: bytes) -> None:
         """One row, without its newline (flush puts them between the rows)."""
         stage.buffer.append(line)
         stage.changes += 1
-        self.buffered += len(line) + 1
+        if not self._blocking:  # (a raw change's bytes are counted already)
+            self._grew(len(line) + 1)
+
+    def _grew(self, size: int) -> None:
+        self.buffered += size
         if self.buffered >= FLUSH_BYTES:
             if self._part_applying() and self.buffered < PART_HELD_BYTES:
                 return  # the session applies a part: the rows wait here
@@ -208,6 +237,9 @@ class Stager:
         """COPY the buffered rows into their staging tables; `wait` False: on the copier's
         thread, while the caller goes on filling buffers (the server parses the rows
         meanwhile)."""
+        for stage in self.stages.values():
+            if stage.raw:
+                self._rows_of_raw(stage)
         copies = [
             (stage.name, stage.columns, b"\n".join(stage.buffer) + b"\n")
             for stage in self.stages.values()
@@ -221,6 +253,30 @@ class Stager:
             self._copying = self._copier.submit(self._copy, copies)
         elif copies:
             self._copy(copies)
+
+    def _rows_of_raw(self, stage: TableStage) -> None:
+        """The raw changes of a table into its rows: the plain ones all at once, the others
+        (and all of a few) one by one, in any order (their sequence numbers order them)."""
+        raw, seqs = stage.raw, stage.raw_seqs
+        stage.raw, stage.raw_seqs = [], []
+        others: list[int] = list(range(len(raw)))
+        if len(raw) >= BLOCK_MIN:
+            from .copy_block import plain_block  # numpy: loaded for big batches only
+
+            block = plain_block(raw, seqs, len(stage.columns), stage.key_positions)
+            if block.rows:
+                stage.buffer.append(block.rows)
+                stage.changes += len(block.keys)
+                if stage.simple:
+                    stage.note_keys(block.keys)
+            others = block.others
+        assert stage.one_by_one is not None
+        self._blocking = True
+        try:
+            for i in others:
+                stage.one_by_one(raw[i], seqs[i])
+        finally:
+            self._blocking = False
 
     def _copy(self, copies: list[tuple[sql.Identifier, tuple[str, ...], bytes]]) -> None:
         for name, columns, data in copies:
@@ -239,6 +295,7 @@ class Stager:
         self._settle()
         for stage in self.stages.values():
             stage.buffer.clear()
+            stage.raw, stage.raw_seqs = [], []
             _start_over(stage)
         self.empty_tables()
         self.buffered = 0
@@ -247,7 +304,9 @@ class Stager:
         """What the flushed rows of each table amount to, for the applier, while the reader
         goes on staging the next part of the batch into the same (live) stages."""
         taken = {
-            target: replace(stage, buffer=[], keys=set(), moves=list(stage.moves))
+            target: replace(
+                stage, buffer=[], keys=set(), moves=list(stage.moves), raw=[], raw_seqs=[]
+            )
             for target, stage in self.stages.items()
         }
         for stage in self.stages.values():

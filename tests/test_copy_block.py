@@ -1,0 +1,103 @@
+"""capture/copy_block.py against the per-message path it stands in for: the same COPY rows
+for every plain change, every other message left to the per-message path."""
+
+from __future__ import annotations
+
+import struct
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from replicator.capture.copy_block import plain_block
+from replicator.capture.copy_rows import plain_line
+from replicator.capture.pgoutput import Delete, decode
+
+UNCHANGED = object()
+OID = struct.pack(">I", 16384)
+
+# values COPY takes as they are, and values it reserves characters in
+values = st.one_of(
+    st.none(),
+    st.just(UNCHANGED),
+    st.binary(max_size=12),
+    st.text(alphabet="ab\t\n\r\\é", max_size=6).map(str.encode),
+    st.sampled_from([b"", b"\\N", b"t", b"\n" * 10, b"x" * 92]),
+)
+
+
+def _tuple(columns: list) -> bytes:
+    out = struct.pack(">h", len(columns))
+    for value in columns:
+        if value is None:
+            out += b"n"
+        elif value is UNCHANGED:
+            out += b"u"
+        else:
+            out += b"t" + struct.pack(">i", len(value)) + value
+    return out
+
+
+@st.composite
+def messages(draw, width: int):
+    """One I, U or D message of a `width`-column table (sometimes of another width)."""
+    count = draw(st.sampled_from([width, width, width, width + 1]))
+    new = draw(st.lists(values, min_size=count, max_size=count))
+    old = draw(st.lists(values, min_size=count, max_size=count))
+    kind = draw(st.sampled_from(["I", "U", "U+old", "D", "D+full"]))
+    marker = draw(st.sampled_from([b"K", b"O"]))
+    if kind == "I":
+        return b"I" + OID + b"N" + _tuple(new)
+    if kind == "U":
+        return b"U" + OID + b"N" + _tuple(new)
+    if kind == "U+old":
+        return b"U" + OID + marker + _tuple(old) + b"N" + _tuple(new)
+    return b"D" + OID + (b"K" if kind == "D" else b"O") + _tuple(old)
+
+
+def _plain(message: bytes, width: int) -> bool:
+    """What the block must take: plain_line's changes of the table's width whose values hold
+    no character COPY reserves."""
+    line = plain_line(message, 0)
+    if line is None or len(line) != width + 1:
+        return False
+    decoded = decode(message, raw=True)
+    row = decoded.old if isinstance(decoded, Delete) else decoded.new
+    return not any(v and any(c in v for c in b"\\\n\r\t") for v in row)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.integers(1, 4).flatmap(
+        lambda width: st.tuples(
+            st.just(width),
+            st.lists(messages(width), max_size=40),
+            st.lists(st.integers(0, 2 * 10**10), min_size=40, max_size=40),
+            st.lists(st.integers(0, width - 1), min_size=1, max_size=2, unique=True),
+        )
+    )
+)
+def test_the_block_writes_plain_lines_rows_and_leaves_the_others(case):
+    width, batch, seqs, key = case
+    seqs = seqs[: len(batch)]
+    block = plain_block(batch, seqs, width, tuple(key))
+
+    taken = [i for i in range(len(batch)) if i not in set(block.others)]
+    rows = block.rows.split(b"\n") if block.rows else []
+    assert len(rows) == len(taken) == len(block.keys)
+    for i, row, keys in zip(taken, rows, block.keys, strict=True):
+        expected = plain_line(batch[i], seqs[i])
+        assert expected is not None and seqs[i] < 10**10
+        seq, rest = row.split(b"\t", 1)
+        assert len(seq) == 10 and int(seq) == seqs[i]
+        assert rest == b"\t".join(expected).split(b"\t", 1)[1]
+        fields = [expected[1 + p] for p in key]
+        assert keys == (fields[0] if len(key) == 1 else tuple(fields))
+    for i in block.others:  # left only when the per-message path has something to do
+        assert not _plain(batch[i], width) or seqs[i] >= 10**10
+
+
+def test_no_messages_and_only_others():
+    assert plain_block([], [], 2, (0,)).others == []
+    move = b"U" + OID + b"K" + _tuple([b"1", None]) + b"N" + _tuple([b"2", b"x"])
+    block = plain_block([move, b"I"], [2, 4], 2, (0,))
+    assert (block.rows, block.others) == (b"", [0, 1])
