@@ -1,7 +1,8 @@
 """Batches applied on a second thread while the drain reads and stages the next one.
 
 Two destination sessions take turns: a batch is staged into one session's temporary tables
-and applied there, while the next batch is staged on the other. Applies run one at a time, in
+and applied there, while the next batch is staged on the other (a batch's last rows are made
+and copied on the copier's thread, Stager.flush_behind, so that the reader goes straight on). Applies run one at a time, in
 the order the batches were read (each waits for the one before), so a table's changes land in
 commit order and its position only moves forward. The reading thread spends its time in
 Python (decoding, COPY fields); the applying one waits on the destination, so on two cores
@@ -79,7 +80,7 @@ class Applier:
             held = self.wait()
             stager.flush()
         else:
-            stager.flush()
+            stager.flush_behind()  # its rows are made and copied while the reader goes on
             failpoint("cdc-after-stage")
             held = self.wait()
         self._pending = self._pool.submit(_apply_batch, stager, batch, tables)
@@ -116,6 +117,7 @@ class Applier:
 
 
 def _apply_batch(stager: Stager, batch: Batch, tables: Sequence[CaptureTable]) -> int | None:
+    stager.settle()  # its last flush (Stager.flush_behind)
     applied, hold = _apply_staged(stager.dest, stager.stages, batch, tables, record=True)
     stager.reset()
     if stager.part_open:  # the transaction the batch's first part opened

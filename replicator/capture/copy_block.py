@@ -4,16 +4,23 @@ path for large batches.
 copy_rows.plain_line turns one pgoutput message into its staging row in a Python loop over
 its columns: about 4 microseconds a change, most of the drain's Python time on a million
 changes. Here the messages staged for a table since the last flush are joined into one
-buffer, every column of every message is located at once (one pass per column over all the
-messages, each vectorized), and the rows are gathered from the buffer in one copy.
+buffer and every column of every message is located at once (one vectorized pass per
+column over all the messages).
 
 Only plain changes are done here, as plain_line defines them (an insert, an update that kept
 its key under the default replica identity, a delete by key), and only those whose values
-hold no character COPY's text format reserves, whose column count is the table's and whose
-sequence number fits the ten digits written. Every other message is returned by index, for
-the per-message path (copy_rows.change and the stager), which escapes, resolves unchanged
-TOASTed values and moves keys. The rows written here are byte for byte plain_line's, except
-that the sequence number is zero-padded to ten digits (COPY reads "0000000042" as 42).
+hold no character COPY's text format reserves and no empty string, whose column count is the
+table's and whose sequence number fits the ten digits written. Every other message is
+returned by index, for the per-message path (copy_rows.change and the stager), which
+escapes, resolves unchanged TOASTed values and moves keys.
+
+A row here is its message less the headers: each value keeps the byte before it, which
+becomes its tab, and a NULL's one byte becomes the tab of an empty field. So the rows are
+read with `NULL ''` (an empty string went the other way), have no unchanged-columns field
+(the staging column's default says none, and the destination parses no empty array per
+row), and carry the sequence number zero-padded to ten digits (COPY reads "0000000042" as
+42). Two passes over the bytes make them: a mask keeps what stays, and a second one puts
+each row's sequence number and op in front.
 
 Pure: bytes in, bytes out; never talks to a database.
 """
@@ -27,21 +34,22 @@ import numpy as np
 from .copy_rows import DELETE, INSERT, NULL, UPDATE
 
 _TEXT, _NULL, _NEW, _KEY = ord("t"), ord("n"), ord("N"), ord("K")
-_RESERVED = np.zeros(256, dtype=bool)
-_RESERVED[[ord("\\"), ord("\n"), ord("\r"), ord("\t")]] = True
 _DIGITS = 10
 _MAX_SEQ = 10**_DIGITS
 _POWERS = 10 ** np.arange(_DIGITS - 1, -1, -1, dtype=np.int64)
-# a row's start: newline (dropped before the first row), seq, tab, op, tab, no unchanged columns
-_PREFIX = 1 + _DIGITS + 1 + 1 + 3
-_NULL_FIELD = np.frombuffer(b"\t\\N", dtype=np.uint8)
+# a row's start: newline (dropped before the first row), seq, tab, op
+_PREFIX = 1 + _DIGITS + 1 + 1
+_HEADER = np.arange(8)  # kind, relation, tuple marker, column count
+_SIZE_BYTES = np.arange(4)  # a text value's kind byte and the first three of its size
 
 
 @dataclass
 class Block:
     """What `plain_block` made of a list of messages."""
 
-    rows: bytes  # COPY text rows, newline-separated, without a final newline
+    # COPY text rows (seq, op, then the table's columns; NULL is the empty field),
+    # newline-separated, without a final newline
+    rows: bytes
     keys: list[bytes | tuple[bytes, ...]]  # each row's key fields, as Stager.note_key takes them
     others: list[int]  # indexes of the messages left to the per-message path
 
@@ -87,7 +95,7 @@ def plain_block(
         size = np.where(text, size, 0)
         start = np.where(text, position + 5, position + 1)
         end = start + size
-        ok &= end <= ends
+        ok &= (end <= ends) & ((size > 0) | ~text)  # an empty string: told from NULL there
         value_starts.append(start)
         value_sizes.append(size)
         is_text.append(text)
@@ -103,45 +111,43 @@ def plain_block(
     if chosen.size == 0:
         return Block(b"", [], others)
     starts_v, sizes_v, text_v = value_start[chosen], value_size[chosen], text_v[chosen]
-    keys = _keys(joined, starts_v, sizes_v, text_v, key_positions)
+    keys = _keys(data, starts_v, sizes_v, text_v, key_positions)
 
     rows = chosen.size
+    starts_c = starts[chosen]
+    # the rows are the chosen messages' bytes less their headers: each value keeps the byte
+    # before it (its size's last, or the NULL's kind byte), which becomes its tab; a NULL is
+    # the empty field (the COPY's NULL '')
+    source = data.copy()
+    source[starts_v - 1] = ord("\t")
+    keep = np.repeat(ok, sizes)
+    keep[(starts_c[:, None] + _HEADER).ravel()] = False
+    keep[((starts_v[text_v] - 5)[:, None] + _SIZE_BYTES).ravel()] = False
+    body = source[keep]
+
     prefix = np.empty((rows, _PREFIX), dtype=np.uint8)
     prefix[:, 0] = ord("\n")
     prefix[:, 1 : 1 + _DIGITS] = (seq[chosen, None] // _POWERS) % 10 + ord("0")
-    prefix[:, 1 + _DIGITS :] = np.frombuffer(b"\tX\t{}", dtype=np.uint8)
+    prefix[:, 1 + _DIGITS] = ord("\t")
     prefix[:, 2 + _DIGITS] = kind[chosen]  # I, U or D: the op is the message's kind
-    source = np.concatenate((data, prefix.ravel(), _NULL_FIELD))
-    # a text value is taken with the byte before it (its size's last), which becomes a tab
-    source[(starts_v - 1)[text_v]] = ord("\t")
-    prefix_at = len(data) + _PREFIX * np.arange(rows, dtype=np.int64)
-    null_at = len(data) + prefix.size
-
-    piece_starts = np.empty((rows, columns + 1), dtype=np.int64)
-    piece_sizes = np.empty((rows, columns + 1), dtype=np.int64)
-    piece_starts[:, 0], piece_sizes[:, 0] = prefix_at, _PREFIX
-    piece_starts[:, 1:] = np.where(text_v, starts_v - 1, null_at)
-    piece_sizes[:, 1:] = np.where(text_v, sizes_v + 1, len(_NULL_FIELD))
-    piece_starts, piece_sizes = piece_starts.ravel(), piece_sizes.ravel()
-    out_ends = np.cumsum(piece_sizes)
-    total = int(out_ends[-1])
-    # each output byte's source: a running count that jumps at every piece's first byte
-    index_type = np.int32 if len(source) < 2**31 and total < 2**31 else np.int64
-    step = np.ones(total, dtype=index_type)
-    firsts = out_ends - piece_sizes
-    jumps = piece_starts.copy()
-    jumps[1:] -= piece_starts[:-1] + piece_sizes[:-1] - 1
-    step[firsts] = jumps  # every piece holds a byte at least
-    index = np.cumsum(step, dtype=index_type)
-    return Block(source[index[1:]].tobytes(), keys, others)
+    lengths = _PREFIX + (sizes_v + 1).sum(axis=1)
+    row_starts = np.cumsum(lengths) - lengths
+    out = np.empty(int(row_starts[-1] + lengths[-1]), dtype=np.uint8)
+    in_prefix = (row_starts[:, None] + np.arange(_PREFIX)).ravel()
+    out[in_prefix] = prefix.ravel()
+    is_body = np.ones(len(out), dtype=bool)
+    is_body[in_prefix] = False
+    out[is_body] = body
+    return Block(out[1:].tobytes(), keys, others)
 
 
 def _reserved_inside(
     data: np.ndarray, starts: np.ndarray, sizes: np.ndarray, ok: np.ndarray, first: np.ndarray
 ) -> np.ndarray:
-    """Which messages hold a character COPY's text format reserves inside a value (their
-    sizes and headers may hold such bytes too: those do not count)."""
-    found = np.flatnonzero(_RESERVED[data])
+    """Which messages hold a character COPY's text format reserves (backslash, newline,
+    carriage return, tab) inside a value (their sizes and headers may hold such bytes too:
+    those do not count)."""
+    found = np.flatnonzero((data == 92) | (data == 10) | (data == 13) | (data == 9))
     if found.size == 0:
         return np.zeros(len(ok), dtype=bool)
     columns = starts.shape[1]
@@ -156,20 +162,25 @@ def _reserved_inside(
 
 
 def _keys(
-    joined: bytes,
+    data: np.ndarray,
     starts: np.ndarray,
     sizes: np.ndarray,
     text: np.ndarray,
     positions: tuple[int, ...],
 ) -> list[bytes | tuple[bytes, ...]]:
-    """Each row's key fields as plain_line writes them (a NULL as its marker)."""
+    """Each row's key fields as plain_line writes them (a NULL as its marker). A column's
+    values are gathered into a fixed-width bytes array, zero-padded, whose `tolist` strips
+    the padding: exact, since no value in text form holds a zero byte."""
     columns = []
     for p in positions:
-        firsts, lasts = starts[:, p].tolist(), (starts[:, p] + sizes[:, p]).tolist()
-        fields = [joined[s:e] for s, e in zip(firsts, lasts, strict=True)]
+        width = max(int(sizes[:, p].max()), 1)
+        offsets = np.arange(width)
+        matrix = data[np.minimum(starts[:, p, None] + offsets, len(data) - 1)]
+        matrix[offsets >= sizes[:, p, None]] = 0
+        fields = matrix.view(f"S{width}").ravel().tolist()
         for row in np.flatnonzero(~text[:, p]).tolist():
             fields[row] = NULL
         columns.append(fields)
     if len(columns) == 1:
-        return columns[0]  # type: ignore[return-value]
+        return columns[0]  # type: ignore[no-any-return]
     return list(zip(*columns, strict=True)) if columns else [() for _ in range(len(starts))]

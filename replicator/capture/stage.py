@@ -42,6 +42,7 @@ PART_HELD_BYTES = 64 << 20
 BLOCK_MIN = 1_000
 MAX_KEYS = 500_000  # past this many changes to one table, a batch is deduplicated in SQL
 SEQ, OP, UNCHANGED_COLUMNS = "_replicator_seq", "_replicator_op", "_replicator_unchanged"
+_BLOCK_NULL = sql.SQL(" (NULL '')")
 
 
 @dataclass
@@ -52,6 +53,7 @@ class TableStage:
     columns: tuple[str, ...]
     name: sql.Identifier
     buffer: list[bytes] = field(default_factory=list)  # rows without their newline
+    block_rows: list[bytes] = field(default_factory=list)  # copy_block's, without `unchanged`
     changes: int = 0
     truncated_at: int | None = None  # seq of the last TRUNCATE of the table in the batch
     moves: list[tuple[int, tuple[bytes | None, ...]]] = field(default_factory=list)
@@ -118,7 +120,7 @@ class Stager:
         self.ping: Callable[[], None] | None = None  # while waiting (see `wait_for`)
         self._blocking = False  # turning raw changes into rows (`_rows_of_raw`)
 
-    def _settle(self) -> None:
+    def settle(self) -> None:
         """Wait for the COPY under way (the session runs one statement at a time)."""
         copying, self._copying = self._copying, None
         if copying is not None:
@@ -129,7 +131,7 @@ class Stager:
     ) -> TableStage:
         stage = self.stages.get(target)
         if stage is None:
-            self._settle()
+            self.settle()
             self._wait_for_part()  # the session runs one statement at a time
             name = sql.Identifier(f"replicator_stage_{len(self.stages)}")
             execute(
@@ -147,6 +149,12 @@ class Stager:
                 ),
             )
             self._undomain(name)
+            execute(  # rows made at once leave the column out (capture/copy_block.py)
+                self.dest,
+                sql.SQL("ALTER TABLE {} ALTER COLUMN {} SET DEFAULT '{{}}'").format(
+                    name, sql.Identifier(UNCHANGED_COLUMNS)
+                ),
+            )
             stage = TableStage(target, columns, name, key_positions=key_positions)
             self.stages[target] = stage
         return stage
@@ -237,22 +245,41 @@ class Stager:
         """COPY the buffered rows into their staging tables; `wait` False: on the copier's
         thread, while the caller goes on filling buffers (the server parses the rows
         meanwhile)."""
-        for stage in self.stages.values():
-            if stage.raw:
-                self._rows_of_raw(stage)
-        copies = [
-            (stage.name, stage.columns, b"\n".join(stage.buffer) + b"\n")
-            for stage in self.stages.values()
-            if stage.buffer
-        ]
-        for stage in self.stages.values():
-            stage.buffer.clear()
-        self.buffered = 0
-        self._settle()
+        copies = self._take_copies()
+        self.settle()
         if copies and self._copier is not None and not wait:
             self._copying = self._copier.submit(self._copy, copies)
         elif copies:
             self._copy(copies)
+
+    def flush_behind(self) -> None:
+        """The batch's last flush, rows made from the raw changes included, all on the
+        copier's thread: the reader goes on with the next batch on the other session (nothing
+        is added to these stages meanwhile); the applier settles it before applying."""
+        self.settle()
+        if self._copier is None:
+            self.flush()
+        else:
+            self._copying = self._copier.submit(lambda: self._copy(self._take_copies()))
+
+    def _take_copies(self) -> list[tuple[sql.Identifier, tuple[str, ...], bytes, sql.SQL | None]]:
+        """The buffered rows of each table, as COPYs to run; the buffers start over."""
+        for stage in self.stages.values():
+            if stage.raw:
+                self._rows_of_raw(stage)
+        copies = []
+        for stage in self.stages.values():
+            if stage.buffer:
+                columns = (SEQ, OP, UNCHANGED_COLUMNS, *stage.columns)
+                copies.append((stage.name, columns, b"\n".join(stage.buffer) + b"\n", None))
+            if stage.block_rows:  # NULL '': see capture/copy_block.py
+                columns = (SEQ, OP, *stage.columns)
+                rows = b"\n".join(stage.block_rows) + b"\n"
+                copies.append((stage.name, columns, rows, _BLOCK_NULL))
+            stage.buffer.clear()
+            stage.block_rows.clear()
+        self.buffered = 0
+        return copies
 
     def _rows_of_raw(self, stage: TableStage) -> None:
         """The raw changes of a table into its rows: the plain ones all at once, the others
@@ -265,7 +292,7 @@ class Stager:
 
             block = plain_block(raw, seqs, len(stage.columns), stage.key_positions)
             if block.rows:
-                stage.buffer.append(block.rows)
+                stage.block_rows.append(block.rows)
                 stage.changes += len(block.keys)
                 if stage.simple:
                     stage.note_keys(block.keys)
@@ -278,13 +305,14 @@ class Stager:
         finally:
             self._blocking = False
 
-    def _copy(self, copies: list[tuple[sql.Identifier, tuple[str, ...], bytes]]) -> None:
-        for name, columns, data in copies:
-            statement = sql.SQL("COPY {} ({}) FROM STDIN").format(
+    def _copy(
+        self, copies: list[tuple[sql.Identifier, tuple[str, ...], bytes, sql.SQL | None]]
+    ) -> None:
+        for name, columns, data, options in copies:
+            statement = sql.SQL("COPY {} ({}) FROM STDIN{}").format(
                 name,
-                sql.SQL(", ").join(
-                    sql.Identifier(c) for c in (SEQ, OP, UNCHANGED_COLUMNS, *columns)
-                ),
+                sql.SQL(", ").join(sql.Identifier(c) for c in columns),
+                options or sql.SQL(""),
             )
             note(self.dest, statement)
             with self.dest.cursor().copy(statement) as copy:
@@ -292,9 +320,10 @@ class Stager:
 
     def reset(self) -> None:
         """Empty every staging table for the next batch."""
-        self._settle()
+        self.settle()
         for stage in self.stages.values():
             stage.buffer.clear()
+            stage.block_rows.clear()
             stage.raw, stage.raw_seqs = [], []
             _start_over(stage)
         self.empty_tables()
@@ -305,7 +334,13 @@ class Stager:
         goes on staging the next part of the batch into the same (live) stages."""
         taken = {
             target: replace(
-                stage, buffer=[], keys=set(), moves=list(stage.moves), raw=[], raw_seqs=[]
+                stage,
+                buffer=[],
+                block_rows=[],
+                keys=set(),
+                moves=list(stage.moves),
+                raw=[],
+                raw_seqs=[],
             )
             for target, stage in self.stages.items()
         }
