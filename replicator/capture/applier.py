@@ -2,11 +2,11 @@
 
 Two destination sessions take turns: a batch is staged into one session's temporary tables
 and applied there, while the next batch is staged on the other (a batch's last rows are made
-and copied on the copier's thread, Stager.flush_behind, so that the reader goes straight on). Applies run one at a time, in
-the order the batches were read (each waits for the one before), so a table's changes land in
-commit order and its position only moves forward. The reading thread spends its time in
-Python (decoding, COPY fields); the applying one waits on the destination, so on two cores
-the two overlap instead of adding up.
+and copied on the copier's thread, Stager.flush_behind, so that the reader goes straight
+on). Applies run one at a time, in the order the batches were read (each waits for the one
+before), so a table's changes land in commit order and its position only moves forward.
+The reading thread spends its time in Python (decoding, COPY fields); the applying one waits
+on the destination, so on two cores the two overlap instead of adding up.
 
 A source transaction larger than a batch cannot be cut at a commit: it is applied in parts
 (`submit_part`) on its batch's session, in one destination transaction that the batch's last

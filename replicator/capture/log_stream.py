@@ -47,6 +47,12 @@ _WAIT_S = 1.0  # without a message for this long, ask the server how far it has 
 _BUSY_SQLSTATE = psycopg.errors.ObjectInUse.sqlstate  # the slot is active for another process
 _BUSY_WAIT_S = 15.0  # a walsender whose client died lets go of the slot within moments
 _CLOSE_WAIT_S = 10.0
+# Once the socket has something, let the walsender put more in it, then read all it holds:
+# woken at each of its sends, the reader would take one message per read (a poll and a
+# recv each: 1M changes cost the reader 5.7-6.2 CPU-seconds with a consumer that did
+# nothing, 1.8-2.1 with this; at most a millisecond later)
+_NAP_S = 0.001
+_READS = 16  # libpq reads up to about 8 kB at a time
 
 
 class LogStream:
@@ -176,13 +182,18 @@ class LogStream:
             raise DatabaseError(f"source: the replication connection was lost: {exc}") from None
 
     def _wait(self) -> None:
-        """Until the socket has more: a read that waits for the walsender to fill it costs
-        far less than one per message (a blocking read per message spends ten times the
-        time in the kernel)."""
+        """Until the socket has more, then as much as it holds (see _NAP_S): a read that
+        waits for the walsender to fill it costs far less than one per message (a blocking
+        read per message spends ten times the time in the kernel)."""
         raise_if_requested()
         if not readable(self._conn.socket, _WAIT_S):
             self._status(reply=True)  # asks for a keepalive with how far it decoded
+        time.sleep(_NAP_S)
         self._conn.consume_input()
+        for _ in range(_READS):
+            if not readable(self._conn.socket, 0):
+                break
+            self._conn.consume_input()
 
     def _ended(self, size: int) -> None:
         result = self._conn.get_result()

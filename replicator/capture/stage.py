@@ -119,6 +119,7 @@ class Stager:
         self.parted: list[CaptureTable] = []  # what the batch's parts applied (applier's)
         self.ping: Callable[[], None] | None = None  # while waiting (see `wait_for`)
         self._blocking = False  # turning raw changes into rows (`_rows_of_raw`)
+        self._made = 0  # of `buffered`, the bytes whose rows are made (while a part applies)
 
     def settle(self) -> None:
         """Wait for the COPY under way (the session runs one statement at a time)."""
@@ -224,7 +225,14 @@ class Stager:
         self.buffered += size
         if self.buffered >= FLUSH_BYTES:
             if self._part_applying() and self.buffered < PART_HELD_BYTES:
-                return  # the session applies a part: the rows wait here
+                # the session applies a part: the rows wait here, made ready meanwhile so
+                # that the next COPY follows the apply at once
+                if self.buffered - self._made >= FLUSH_BYTES:
+                    for stage in self.stages.values():
+                        if stage.raw:
+                            self._rows_of_raw(stage)
+                    self._made = self.buffered
+                return
             self._wait_for_part()
             self.flush(wait=False)
 
@@ -278,7 +286,7 @@ class Stager:
                 copies.append((stage.name, columns, rows, _BLOCK_NULL))
             stage.buffer.clear()
             stage.block_rows.clear()
-        self.buffered = 0
+        self.buffered = self._made = 0
         return copies
 
     def _rows_of_raw(self, stage: TableStage) -> None:
@@ -327,7 +335,7 @@ class Stager:
             stage.raw, stage.raw_seqs = [], []
             _start_over(stage)
         self.empty_tables()
-        self.buffered = 0
+        self.buffered = self._made = 0
 
     def take_part(self) -> dict[TableName, TableStage]:
         """What the flushed rows of each table amount to, for the applier, while the reader
