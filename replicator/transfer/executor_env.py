@@ -36,8 +36,9 @@ from ..base.cache import cache_dir
 
 ALIAS = "replicator-python"  # the folder it unpacks to, relative to the executor's cwd
 # pandas: only the Spark Connect client (this process) needs it, and the tasks' UDFs are
-# not Arrow-optimised (task_job.py): with numpy it would triple the archive.
-NOT_SHIPPED = frozenset({"pyspark", "py4j", "replicator", "pandas"})
+# not Arrow-optimised (task_job.py): with numpy it would triple the archive. numpy itself
+# serves only the log's drain (capture/copy_block.py), which runs here, never in a task.
+NOT_SHIPPED = frozenset({"pyspark", "py4j", "replicator", "pandas", "numpy"})
 _ROOT = Path(__file__).resolve().parent.parent  # the replicator package folder
 
 
