@@ -43,6 +43,8 @@ BLOCK_MIN = 1_000
 MAX_KEYS = 500_000  # past this many changes to one table, a batch is deduplicated in SQL
 SEQ, OP, UNCHANGED_COLUMNS = "_replicator_seq", "_replicator_op", "_replicator_unchanged"
 _BLOCK_NULL = sql.SQL(" (NULL '')")
+# a COPY to run: the staging table, its columns, the rows, the statement's options
+_Copy = tuple[sql.Identifier, tuple[str, ...], bytes, sql.SQL | None]
 
 
 @dataclass
@@ -228,9 +230,7 @@ class Stager:
                 # the session applies a part: the rows wait here, made ready meanwhile so
                 # that the next COPY follows the apply at once
                 if self.buffered - self._made >= FLUSH_BYTES:
-                    for stage in self.stages.values():
-                        if stage.raw:
-                            self._rows_of_raw(stage)
+                    self._make_rows()
                     self._made = self.buffered
                 return
             self._wait_for_part()
@@ -270,12 +270,10 @@ class Stager:
         else:
             self._copying = self._copier.submit(lambda: self._copy(self._take_copies()))
 
-    def _take_copies(self) -> list[tuple[sql.Identifier, tuple[str, ...], bytes, sql.SQL | None]]:
+    def _take_copies(self) -> list[_Copy]:
         """The buffered rows of each table, as COPYs to run; the buffers start over."""
-        for stage in self.stages.values():
-            if stage.raw:
-                self._rows_of_raw(stage)
-        copies = []
+        self._make_rows()
+        copies: list[_Copy] = []
         for stage in self.stages.values():
             if stage.buffer:
                 columns = (SEQ, OP, UNCHANGED_COLUMNS, *stage.columns)
@@ -288,6 +286,12 @@ class Stager:
             stage.block_rows.clear()
         self.buffered = self._made = 0
         return copies
+
+    def _make_rows(self) -> None:
+        """Every table's raw changes into rows."""
+        for stage in self.stages.values():
+            if stage.raw:
+                self._rows_of_raw(stage)
 
     def _rows_of_raw(self, stage: TableStage) -> None:
         """The raw changes of a table into its rows: the plain ones all at once, the others
@@ -313,9 +317,7 @@ class Stager:
         finally:
             self._blocking = False
 
-    def _copy(
-        self, copies: list[tuple[sql.Identifier, tuple[str, ...], bytes, sql.SQL | None]]
-    ) -> None:
+    def _copy(self, copies: list[_Copy]) -> None:
         for name, columns, data, options in copies:
             statement = sql.SQL("COPY {} ({}) FROM STDIN{}").format(
                 name,
