@@ -166,7 +166,6 @@ def test_small_batches_applied_while_the_next_is_read_keep_commit_order(
     applied on the other; a row's later change (a TOASTed value kept across a move, a delete
     then a re-insert) lands after its earlier one, in another batch."""
     monkeypatch.setattr("replicator.capture.drain.BATCH_CHANGES", 4)
-    monkeypatch.setattr("replicator.capture.drain.READ_BATCHES", 3)
     _create(writer, schema, "orders", rows=20)
     _create(writer, schema, "items", rows=20)
     big = "".join(uuid.uuid4().hex for _ in range(600))  # stored out of line
@@ -199,7 +198,6 @@ def test_a_transaction_bigger_than_a_batch_is_applied_in_parts_and_committed_onc
     (a TOASTed value kept across a move, a delete then a re-insert, a TRUNCATE of the other
     table, and changes after it) lands after its earlier one."""
     monkeypatch.setattr("replicator.capture.drain.BATCH_CHANGES", 4)
-    monkeypatch.setattr("replicator.capture.drain.READ_BATCHES", 3)
     _create(writer, schema, "orders", rows=20)
     _create(writer, schema, "items", rows=20)
     _create(writer, schema, "extra", rows=5)  # its first change comes in a late part
@@ -556,7 +554,6 @@ def test_a_table_left_out_by_select_does_not_stop_the_one_selected(
     cdc_project, schema, writer, source_conn, dest_conn, monkeypatch
 ):
     monkeypatch.setattr("replicator.capture.drain.BATCH_CHANGES", 5)  # many small batches
-    monkeypatch.setattr("replicator.capture.drain.READ_BATCHES", 1)  # and reads
     _create(writer, schema, "orders")
     _create(writer, schema, "items")
     _config(cdc_project, schema, "orders", "items")

@@ -4,6 +4,7 @@ source, applying no change twice and losing none (md5 of every row, by key)."""
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 from dbcompare import assert_same_table
@@ -92,9 +93,9 @@ def test_a_first_load_killed_anywhere_converges(
 def test_a_drain_killed_between_the_parts_of_a_big_transaction_converges(
     cdc_project, schema, writer, source_conn, dest_conn
 ):
-    """A source transaction of more changes than a batch holds (200,000) is applied in parts
-    inside one destination transaction: killed after a part, the copy shows none of it, and
-    the next run applies all of it once."""
+    """A source transaction of more changes than a batch holds (the first batch of a drain
+    holds 12,500) is applied in parts inside one destination transaction: killed after a
+    part, the copy shows none of it, and the next run applies all of it once."""
     _create(writer, schema)
     _config(cdc_project, schema)
     assert cdc_project.run("sync", env=IN_PROCESS).exit_code == 0
@@ -102,7 +103,7 @@ def test_a_drain_killed_between_the_parts_of_a_big_transaction_converges(
     with writer.transaction():
         writer.execute(
             sql.SQL(
-                "INSERT INTO {} SELECT g, 'big', 1 FROM generate_series(10001, 215000) g"
+                "INSERT INTO {} SELECT g, 'big', 1 FROM generate_series(10001, 40000) g"
             ).format(table)
         )
         writer.execute(sql.SQL("UPDATE {} SET v = 'last' WHERE id % 1000 = 0").format(table))
@@ -114,3 +115,41 @@ def test_a_drain_killed_between_the_parts_of_a_big_transaction_converges(
 
     _kill_then_converge(cdc_project, "cdc-after-part", untouched)
     assert_same_table(source_conn, dest_conn, schema, "t")
+
+
+def test_a_long_drain_lets_go_of_each_batch_once_applied(
+    cdc_project, schema, writer, source_conn, dest_conn
+):
+    """The slot moves after each applied batch, not at the drain's end: killed after its
+    second batch, the run has let go of the first (the source keeps less WAL, the next run
+    re-reads less), and the next run converges. 60,000 changes in transactions of 1,000 make
+    three batches (12,500 or more, then about as many as are left, twice)."""
+    _create(writer, schema)
+    _config(cdc_project, schema)
+    assert cdc_project.run("sync", env=IN_PROCESS).exit_code == 0
+    slot = json.loads((cdc_project.path / "sync-state" / "cdc.json").read_text())["slot"]
+    position = "SELECT confirmed_flush_lsn FROM pg_replication_slots WHERE slot_name = %s"
+    (before,) = source_conn.execute(position, (slot,)).fetchone()
+    table = sql.Identifier(schema, "t")
+    for n in range(60):
+        writer.execute(
+            sql.SQL(
+                "INSERT INTO {} SELECT g, 'in', %s FROM generate_series(%s::int, %s::int) g"
+            ).format(table),
+            (n, 10_000 + n * 1000, 10_999 + n * 1000),
+        )
+    (end,) = source_conn.execute("SELECT pg_current_wal_flush_lsn()").fetchone()
+    killed = cdc_project.run_process(
+        "sync", env={**IN_PROCESS, "REPLICATOR_FAILPOINT": "cdc-after-apply-before-advance@2"}
+    )
+    assert killed.returncode == -9, killed.stderr[-2000:]
+    deadline = time.monotonic() + 30
+    while source_conn.execute(
+        "SELECT active_pid IS NOT NULL FROM pg_replication_slots WHERE slot_name = %s", (slot,)
+    ).fetchone()[0]:  # the killed run's walsender lets go of the slot
+        assert time.monotonic() < deadline, "the slot is still in use"
+        time.sleep(0.05)
+    (moved,) = source_conn.execute(position, (slot,)).fetchone()
+    assert before < moved < end
+    assert cdc_project.run("sync", env=IN_PROCESS).exit_code == 0
+    assert assert_same_table(source_conn, dest_conn, schema, "t") == 63_000

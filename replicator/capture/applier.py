@@ -15,7 +15,9 @@ its own reading too.
 
 A table whose apply fails has its position forgotten (its next run reloads it; the other
 tables go on); if even that fails it holds the slot at its first change in the batch: the
-applier returns that position to the reader, which keeps the slot from passing it.
+applier returns that position to the reader, which keeps the slot from passing it. A table
+the log showed changed shape has its position forgotten after each batch too, so the slot
+may pass the changes it did not take (`applied_end` says how far that is).
 """
 
 from __future__ import annotations
@@ -66,6 +68,8 @@ class Applier:
         self._turn = 0
         self._pool = pool
         self._pending: Future[int | None] | None = None
+        self._pending_end: int | None = None  # the end of the batch being applied
+        self.applied_end = 0  # the end of the last batch applied: the slot may pass it
 
     @property
     def stager(self) -> Stager:
@@ -84,6 +88,7 @@ class Applier:
             failpoint("cdc-after-stage")
             held = self.wait()
         self._pending = self._pool.submit(_apply_batch, stager, batch, tables)
+        self._pending_end = batch.end
         stager.applying = self._pending
         self._turn = (self._turn + 1) % len(self._stagers)
         return held
@@ -104,11 +109,15 @@ class Applier:
     def wait(self) -> int | None:
         """Wait for the batch being applied; returns the first commit a table that failed and
         could not be forgotten needs again (the slot must not pass it), or None."""
-        pending, self._pending = self._pending, None
+        pending, end = self._pending, self._pending_end
+        self._pending = self._pending_end = None
         if pending is None:
             return None
         wait_for(pending, self._stagers[0].ping)
-        return pending.result()
+        held = pending.result()
+        if end is not None:  # a whole batch, not a part of one
+            self.applied_end = end
+        return held
 
     def ping_while_waiting(self, ping: Callable[[], None]) -> None:
         """What to call every few seconds while the reader waits for an apply."""
@@ -132,8 +141,19 @@ def _apply_batch(stager: Stager, batch: Batch, tables: Sequence[CaptureTable]) -
         stager.parted = []
     for table in applied:
         table.applied = table.position = batch.end
+    forget_drifted(stager.dest, tables)
     log.debug("cdc: batch of %d change(s), up to %s", batch.changes, lsn_text(batch.end))
     return hold
+
+
+def forget_drifted(dest: psycopg.Connection[Any], tables: Sequence[CaptureTable]) -> None:
+    """A table the log showed changed shape took no changes from there: before the slot
+    passes them, its position goes, so that it reloads even if this process dies before
+    the run marks it (and the shape changed back meanwhile)."""
+    for table in tables:
+        if table.drift is not None and not table.forgotten:
+            forget_applied(dest, table.target)
+            table.forgotten = True
 
 
 def _apply_part(

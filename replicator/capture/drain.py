@@ -1,17 +1,16 @@
 """One run's reading of the slot: every change committed before the drain started, streamed
-once (capture/log_stream.py) in bounded reads, each applied and recorded before the slot lets
-go of it.
-
-Per read (capture/read.py) of at most READ_BATCHES batches of BATCH_CHANGES messages:
+once (capture/log_stream.py) and read to the end (capture/read.py), in batches of about
+BATCH_CHANGES messages:
 1. decode and stage each batch, handing it to the applier (capture/applier.py), which
    applies each table in its own destination transaction that records the position, while
    the next batch is read;
-2. once every batch of the read is applied, confirm the read's end to the slot, or only up
-   to the first transaction a table could not take (it failed... or was not selected this
-   run): that table reads it again next run, and the tables that took it skip it by their
-   positions. The stream goes on past such a hold: the slot stays at it for the rest of
-   the drain.
-A crash between 1 and 2 re-reads the changes next run and applies nothing twice.
+2. each time a batch is applied, confirm its end to the slot, or only up to the first
+   transaction a table could not take (it failed... or was not selected this run): that
+   table reads it again next run, and the tables that took it skip it by their positions.
+   The stream goes on past such a hold: the slot stays at it for the rest of the drain.
+A crash between 1 and 2 re-reads the changes next run and applies nothing twice. The
+stream never waits for the applies to catch up before the slot moves: confirming is a
+message on the stream, sent between two batches.
 """
 
 from __future__ import annotations
@@ -28,20 +27,17 @@ import psycopg
 
 from ..base.errors import ReplicatorError
 from ..base.failpoints import failpoint
-from ..base.interrupts import raise_if_requested
 from ..postgres.database import connect, execute, note
-from .applied import forget_applied
-from .applier import Applier
+from .applier import Applier, forget_drifted
 from .capture_table import CaptureTable
 from .log_stream import LogStream
 from .lsn import lsn_text
-from .read import read_changes
+from .read import Read, read_changes
 from .slot import advance_slot, slot_info
 
 log = logging.getLogger("replicator.capture")
 
-BATCH_CHANGES = 200_000  # messages per applied batch
-READ_BATCHES = 5  # batches per read: the slot moves after each
+BATCH_CHANGES = 200_000  # messages per applied batch: the slot moves after each
 RELEASE_WAIT_S = 15
 
 
@@ -67,10 +63,7 @@ def drain(
     """Read, apply and release the slot's changes from `start` (its position) up to `upto`
     (the WAL flushed when the drain began)."""
     by_name = {t.name: t for t in tables}
-    per_batch = batch_changes or BATCH_CHANGES
-    limit = per_batch * READ_BATCHES
-    position, batches, hold = start, 0, None
-    relations: dict[int, tuple[CaptureTable, str | None]] = {}
+    position = start
     with (
         connect(source_url, "source") as source,
         connect(dest_url, "destination") as staging,
@@ -84,23 +77,30 @@ def drain(
         applier = Applier((staging, other_staging), pool, copier)
         stream = LogStream(source_url, slot, publication, upto, encoding)
         applier.ping_while_waiting(stream.ping)
+
+        def advance(read: Read, end: int) -> None:
+            """The destination holds every change before `end`: the slot may let them go."""
+            nonlocal position
+            if read.batches:
+                failpoint("cdc-after-apply-before-advance")
+            target = end if read.hold is None else min(read.hold, end)
+            if target > position:
+                stream.confirm(target)
+                position = target
+            log.debug("cdc: %d message(s) read, slot at %s", read.rows, lsn_text(position))
+
         try:
             note(source, stream.start(start))
-            while not stream.done:
-                raise_if_requested()
-                read = read_changes(stream.messages(limit), applier, by_name, per_batch, relations)
-                batches += read.batches
-                _forget_drifted(staging, tables)
-                if read.batches:
-                    failpoint("cdc-after-apply-before-advance")
-                if read.hold is not None:  # the slot stays there for the rest of the drain
-                    hold = read.hold if hold is None else min(hold, read.hold)
-                end = max(upto, read.end) if stream.done else read.end
-                target = end if hold is None else min(hold, end)
-                if target > position:
-                    stream.confirm(target)
-                    position = target
-                log.debug("cdc: read %d message(s), slot at %s", read.rows, lsn_text(position))
+            read = read_changes(
+                stream.messages(),
+                applier,
+                by_name,
+                batch_changes or BATCH_CHANGES,
+                lambda read: advance(read, read.applied),
+                (start, upto),
+            )
+            forget_drifted(staging, tables)  # seen after the last batch
+            advance(read, max(upto, read.end) if stream.done else read.end)
         finally:
             stream.close()
             if not stream.released:
@@ -111,7 +111,7 @@ def drain(
     for table in tables:
         if table.takes_changes:
             table.position = max(table.position, position)
-    return DrainResult(list(tables), start, position, batches)
+    return DrainResult(list(tables), start, position, read.batches)
 
 
 def _wait_for_the_slot(source: psycopg.Connection[Any], slot: str) -> None:
@@ -135,13 +135,3 @@ def _make_sure_the_slot_moved(source: psycopg.Connection[Any], slot: str, positi
     if info is not None and info.confirmed is not None and info.confirmed < position:
         log.debug("cdc: the stream's last status did not arrive; advancing the slot")
         advance_slot(source, slot, position)
-
-
-def _forget_drifted(dest: psycopg.Connection[Any], tables: Sequence[CaptureTable]) -> None:
-    """A table the log showed changed shape took no changes from there: before the slot
-    passes them, its position goes, so that it reloads even if this process dies before
-    the run marks it (and the shape changed back meanwhile)."""
-    for table in tables:
-        if table.drift is not None and not table.forgotten:
-            forget_applied(dest, table.target)
-            table.forgotten = True

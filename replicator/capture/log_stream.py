@@ -88,9 +88,9 @@ class LogStream:
             self.released = True  # never held: nothing to wait for
             raise DatabaseError(f"source: {self._error(result)}")
 
-    def messages(self, limit: int) -> Iterator[bytes]:
-        """The next messages: up to the first commit after `limit` of them, or the end."""
-        conn, upto, count = self._conn, self.upto, 0
+    def messages(self) -> Iterator[bytes]:
+        """The messages up to the drain's end."""
+        conn, upto = self._conn, self.upto
         get = conn.get_copy_data
         while not self.done:
             size, buffer = get(1)
@@ -98,15 +98,12 @@ class LogStream:
                 kind = buffer[0]
                 if kind == _XLOG_DATA:
                     data = bytes(buffer[_HEADER:])
-                    count += 1
                     tag = data[0]
                     if tag == _COMMIT:
                         self._in_transaction = False
                         yield data
                         if int.from_bytes(data[10:18], "big") >= upto:  # its end LSN
                             self.done = True
-                        elif count >= limit:
-                            return
                         continue
                     if tag == _BEGIN:
                         if int.from_bytes(data[1:9], "big") >= upto:  # committed later

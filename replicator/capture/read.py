@@ -1,6 +1,13 @@
-"""One read of the slot's stream (capture/log_stream.py): its messages, up to the first
-commit after a limit, cut at commit boundaries into batches that are staged and handed to the
-applier one by one (the next batch is read while the previous one is applied).
+"""The slot's stream (capture/log_stream.py) read to the drain's end, cut at commit
+boundaries into batches that are staged and handed to the applier one by one (the next batch
+is read while the previous one is applied); each time a batch is known applied, the slot may
+let go of it (`advance`), so the stream never stops for the applies to catch up.
+
+The destination is idle until the first batch is read, and the last batch is applied with
+nothing left to read beside it: so the first batch holds a sixteenth of a full one and each
+next one twice its predecessor's, and near the drain's end a batch is cut early at a commit
+once it holds as many changes as the rest of the drain is estimated to (from the WAL left
+before the drain's end and the changes per byte of WAL so far), halving the batches there.
 
 A transaction bigger than a batch comes whole, streaming into COPY, so memory stays bounded,
 and is applied in parts while it is read (applier.submit_part). A table skips transactions
@@ -10,7 +17,7 @@ whose commit starts before its applied position: they are in its copy.
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from ..base.identifiers import TableName
@@ -21,6 +28,7 @@ from .pgoutput import UNCHANGED, Begin, Commit, Relation, Truncate, Update, deco
 from .stage import Stager, TableStage
 
 _ROW_CHANGES = frozenset((INSERT, UPDATE, DELETE))
+RAMP = 16  # the first batch holds this fraction of a full one (see above)
 
 
 @dataclass
@@ -30,6 +38,7 @@ class Read:
     rows: int = 0  # messages
     batches: int = 0
     end: int = 0  # the end of its last commit
+    applied: int = 0  # the end of the last batch applied
     hold: int | None = None  # the first commit a table that could not take it has changes in
 
     def hold_at(self, lsn: int | None) -> None:
@@ -42,7 +51,11 @@ class _Reader:
     tables: dict[TableName, CaptureTable]
     applier: Applier
     batch_changes: int
+    advance: Callable[[Read], None]
+    span: tuple[int, int]  # the WAL the drain reads: where it starts, where it ends
     read: Read = field(default_factory=Read)
+    handed: int = 0  # the changes of the batches handed over
+    size: int = 0  # the batch being read is handed over at a commit past this many changes
     batch: Batch = field(default_factory=Batch)
     relations: dict[int, tuple[CaptureTable, str | None]] = field(default_factory=dict)
     final_lsn: int = 0  # the commit position of the transaction being read
@@ -60,12 +73,14 @@ def read_changes(
     applier: Applier,
     tables: dict[TableName, CaptureTable],
     batch_changes: int,
-    relations: dict[int, tuple[CaptureTable, str | None]],
+    advance: Callable[[Read], None],
+    span: tuple[int, int],
 ) -> Read:
-    """Apply `messages` (whole transactions), batch by batch; returns once every batch is
-    applied. `relations` carries the Relation messages seen by the drain's earlier reads
-    (the stream sends each relation once per connection)."""
-    reader = _Reader(tables, applier, batch_changes, relations=relations)
+    """Apply `messages` (whole transactions, the WAL of `span`), batch by batch; returns once
+    every batch is applied. `advance` is called, on this thread, each time `Read.applied`
+    moves."""
+    reader = _Reader(tables, applier, batch_changes, advance, span)
+    reader.size = max(1, batch_changes // RAMP)
     read, stager = reader.read, applier.stager
     stages: dict[int, TableStage] = {}  # the batch's staging table of each relation
     takers = reader.takers
@@ -104,10 +119,10 @@ def _other(reader: _Reader, stager: Stager, data: bytes) -> bool:
         reader.takers.clear()
     if isinstance(message, Begin):
         reader.final_lsn = message.final_lsn
-        reader.part_at = reader.batch.changes + reader.batch_changes
+        reader.part_at = reader.batch.changes + reader.size
     elif isinstance(message, Commit):
         reader.batch.end = reader.read.end = message.end_lsn
-        if reader.batch.changes >= reader.batch_changes:
+        if reader.batch.changes >= reader.size or _near_the_end(reader):
             _hand_over(reader)
             return True
     elif isinstance(message, Relation):
@@ -124,20 +139,48 @@ def _other(reader: _Reader, stager: Stager, data: bytes) -> bool:
     return False
 
 
+def _near_the_end(reader: _Reader) -> bool:
+    """The batch holds at least as many changes as the rest of the drain is estimated to
+    (and a twentieth of a full batch): cut here, so that the last apply, which nothing
+    overlaps, is a small one."""
+    changes = reader.batch.changes
+    if changes < reader.batch_changes // 20:
+        return False
+    start, end = reader.span
+    done, left = reader.batch.end - start, end - reader.batch.end
+    return done > 0 and changes * done >= left * (reader.handed + changes)
+
+
 def _hand_over_part(reader: _Reader) -> None:
     """A transaction of more changes than a batch holds: what is staged so far is applied
     now, in a destination transaction left open for the rest of the batch, while the reader
     decodes on (the batch stays on this session; its last part commits it)."""
-    reader.part_at += reader.batch_changes
+    _grow(reader)
+    reader.part_at += reader.size
     reader.read.hold_at(reader.applier.submit_part(reader.batch, list(reader.tables.values())))
+    _applied(reader)
 
 
 def _hand_over(reader: _Reader) -> None:
     batch = reader.batch
     if batch.changes:
         reader.read.batches += 1
+        reader.handed += batch.changes
+        _grow(reader)
         reader.read.hold_at(reader.applier.submit(batch, list(reader.tables.values())))
+        _applied(reader)
     reader.batch = Batch()
+
+
+def _grow(reader: _Reader) -> None:
+    reader.size = min(reader.batch_changes, reader.size * 2)
+
+
+def _applied(reader: _Reader) -> None:
+    """The batches before the one just handed over are applied: the slot may move."""
+    if reader.applier.applied_end > reader.read.applied:
+        reader.read.applied = reader.applier.applied_end
+        reader.advance(reader.read)
 
 
 def _drift(table: CaptureTable, message: Relation) -> str | None:
