@@ -81,8 +81,9 @@ class Applier:
         of the one before, if any (see `wait`)."""
         stager = self.stager
         if stager.part_open:  # its session is applying the batch's previous part
+            taken = stager.take_copies()  # the rows are made meanwhile
             held = self.wait()
-            stager.flush()
+            stager.flush(taken=taken)
         else:
             stager.flush_behind()  # its rows are made and copied while the reader goes on
             failpoint("cdc-after-stage")
@@ -98,8 +99,9 @@ class Applier:
         destination transaction that stays open until the batch's last part (`submit`), on
         the same session, which takes no rows meanwhile (stage.py buffers them)."""
         stager = self.stager
+        taken = stager.take_copies()  # the rows are made while the part before applies
         held = self.wait()  # the batch before, or this batch's part before
-        stager.flush()
+        stager.flush(taken=taken)
         stager.part_open = True
         part = stager.take_part()
         self._pending = self._pool.submit(_apply_part, stager, part, batch, tables)

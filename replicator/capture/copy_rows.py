@@ -25,7 +25,6 @@ NULL = b"\\N"
 _SPECIAL = re.compile(rb"[\\\n\r\t]")
 _COUNT = struct.Struct(">h")
 _SIZE = struct.Struct(">i")
-_OID = struct.Struct(">I")
 INSERT, UPDATE, DELETE = ord("I"), ord("U"), ord("D")
 _TEXT, _NULL, _UNCHANGED, _NEW = ord("t"), ord("n"), ord("u"), ord("N")
 _KEY, _OLD = ord("K"), ord("O")
@@ -47,11 +46,6 @@ def escape(value: bytes) -> bytes:
         .replace(b"\r", b"\\r")
         .replace(b"\t", b"\\t")
     )
-
-
-def relation_of(data: bytes) -> int:
-    """The relation OID of an I, U or D message."""
-    return int(_OID.unpack_from(data, 1)[0])
 
 
 def fields(data: bytes, at: int, plain: bool) -> tuple[list[Field], int]:

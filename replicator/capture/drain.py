@@ -87,7 +87,7 @@ def drain(
             if target > position:
                 stream.confirm(target)
                 position = target
-            log.debug("cdc: %d message(s) read, slot at %s", read.rows, lsn_text(position))
+            log.debug("cdc: %d change(s) read, slot at %s", read.changes, lsn_text(position))
 
         try:
             note(source, stream.start(start))

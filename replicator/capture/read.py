@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from ..base.identifiers import TableName
 from .applier import Applier, Batch
 from .capture_table import CaptureTable
-from .copy_rows import DELETE, INSERT, UPDATE, Field, change, plain_line, relation_of
+from .copy_rows import DELETE, INSERT, UPDATE, Field, change, plain_line
 from .pgoutput import UNCHANGED, Begin, Commit, Relation, Truncate, Update, decode
 from .stage import Stager, TableStage
 
@@ -35,7 +35,7 @@ RAMP = 16  # the first batch holds this fraction of a full one (see above)
 class Read:
     """What one read of the slot saw."""
 
-    rows: int = 0  # messages
+    changes: int = 0  # handed to the applier
     batches: int = 0
     end: int = 0  # the end of its last commit
     applied: int = 0  # the end of the last batch applied
@@ -62,7 +62,7 @@ class _Reader:
     seq: int = 0
     # each relation's taker (or None) in the transaction being read: asked once per
     # transaction, not per change; forgotten at its Begin and at a Relation message
-    takers: dict[int, CaptureTable | None] = field(default_factory=dict)
+    takers: dict[bytes, CaptureTable | None] = field(default_factory=dict)
     # where the transaction being read is cut into a part (applier.submit_part): only one
     # of batch_changes changes or more is, so that its apply overlaps its own decoding
     part_at: int = 1 << 62
@@ -82,23 +82,23 @@ def read_changes(
     reader = _Reader(tables, applier, batch_changes, advance, span)
     reader.size = max(1, batch_changes // RAMP)
     read, stager = reader.read, applier.stager
-    stages: dict[int, TableStage] = {}  # the batch's staging table of each relation
+    stages: dict[bytes, TableStage] = {}  # the batch's staging table of each relation
     takers = reader.takers
     for data in messages:
-        read.rows += 1
         if data[0] in _ROW_CHANGES:  # the hot path: no message object
             reader.batch.changes += 1
             if reader.batch.changes >= reader.part_at:
                 _hand_over_part(reader)
-            oid = relation_of(data)
-            if oid in takers:
-                table = takers[oid]
+            relation = data[1:5]  # its OID, as bytes: a key as good as the number, and cheaper
+            if relation in takers:
+                table = takers[relation]
             else:
-                table = takers[oid] = _taker(reader, reader.relations.get(oid))
+                known = reader.relations.get(int.from_bytes(relation, "big"))
+                table = takers[relation] = _taker(reader, known)
             if table is not None:
-                stage = stages.get(oid)
+                stage = stages.get(relation)
                 if stage is None:
-                    stage = stages[oid] = _stage_of(stager, table)
+                    stage = stages[relation] = _stage_of(stager, table)
                 reader.seq += 2
                 if table.shape is None:  # rows made at the flush, many at once
                     stager.add_raw(stage, data, reader.seq)
@@ -166,6 +166,7 @@ def _hand_over(reader: _Reader) -> None:
     if batch.changes:
         reader.read.batches += 1
         reader.handed += batch.changes
+        reader.read.changes = reader.handed
         _grow(reader)
         reader.read.hold_at(reader.applier.submit(batch, list(reader.tables.values())))
         _applied(reader)

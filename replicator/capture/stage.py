@@ -214,7 +214,9 @@ class Stager:
         """One change as the log sent it (an I, U or D message), staged at the next flush."""
         stage.raw.append(data)
         stage.raw_seqs.append(seq)
-        self._grew(len(data))
+        self.buffered += len(data)  # _grew, inline: once per change of a big drain
+        if self.buffered >= FLUSH_BYTES:
+            self._full()
 
     def _buffer(self, stage: TableStage, line: bytes) -> None:
         """One row, without its newline (flush puts them between the rows)."""
@@ -226,15 +228,19 @@ class Stager:
     def _grew(self, size: int) -> None:
         self.buffered += size
         if self.buffered >= FLUSH_BYTES:
-            if self._part_applying() and self.buffered < PART_HELD_BYTES:
-                # the session applies a part: the rows wait here, made ready meanwhile so
-                # that the next COPY follows the apply at once
-                if self.buffered - self._made >= FLUSH_BYTES:
-                    self._make_rows()
-                    self._made = self.buffered
-                return
-            self._wait_for_part()
-            self.flush(wait=False)
+            self._full()
+
+    def _full(self) -> None:
+        """The buffers passed FLUSH_BYTES."""
+        if self._part_applying() and self.buffered < PART_HELD_BYTES:
+            # the session applies a part: the rows wait here, made ready meanwhile so that
+            # the next COPY follows the apply at once
+            if self.buffered - self._made >= FLUSH_BYTES:
+                self._make_rows()
+                self._made = self.buffered
+            return
+        self._wait_for_part()
+        self.flush(wait=False)
 
     def _part_applying(self) -> bool:
         """The applier is applying a part of the batch on this session right now."""
@@ -249,11 +255,11 @@ class Stager:
         stage.truncated_at = seq
         stage.changes += 1
 
-    def flush(self, *, wait: bool = True) -> None:
-        """COPY the buffered rows into their staging tables; `wait` False: on the copier's
-        thread, while the caller goes on filling buffers (the server parses the rows
-        meanwhile)."""
-        copies = self._take_copies()
+    def flush(self, *, wait: bool = True, taken: list[_Copy] | None = None) -> None:
+        """COPY the buffered rows into their staging tables, after `taken` (take_copies'
+        earlier); `wait` False: on the copier's thread, while the caller goes on filling
+        buffers (the server parses the rows meanwhile)."""
+        copies = [*(taken or ()), *self.take_copies()]
         self.settle()
         if copies and self._copier is not None and not wait:
             self._copying = self._copier.submit(self._copy, copies)
@@ -268,10 +274,11 @@ class Stager:
         if self._copier is None:
             self.flush()
         else:
-            self._copying = self._copier.submit(lambda: self._copy(self._take_copies()))
+            self._copying = self._copier.submit(lambda: self._copy(self.take_copies()))
 
-    def _take_copies(self) -> list[_Copy]:
-        """The buffered rows of each table, as COPYs to run; the buffers start over."""
+    def take_copies(self) -> list[_Copy]:
+        """The buffered rows of each table, as COPYs to run; the buffers start over. Pure
+        Python: the reader makes them while the session is busy, then `flush(taken=...)`."""
         self._make_rows()
         copies: list[_Copy] = []
         for stage in self.stages.values():
