@@ -1316,3 +1316,23 @@ def test_a_transaction_committed_after_the_reading_point_is_the_next_runs(
     monkeypatch.undo()
     _sync(cdc_project)
     assert assert_same_table(source_conn, dest_conn, schema, "orders") == 20_100
+
+
+def test_a_batch_applied_in_parts_closes_at_its_transaction_s_commit(
+    cdc_project, schema, writer, source_conn, dest_conn
+):
+    """A transaction bigger than the drain's first batch (12,500 changes) is applied in
+    parts, in a destination transaction that stays open until the batch ends: the batch
+    ends at that transaction's commit, not with the transactions after it."""
+    _create(writer, schema, "orders", rows=10)
+    _config(cdc_project, schema, "orders")
+    _sync(cdc_project)
+    _run(
+        writer, schema, "INSERT INTO {t} SELECT g, 'big', g, NULL FROM generate_series(11, 20010) g"
+    )
+    for n in range(10):
+        _run(writer, schema, "UPDATE {t} SET amount = %s WHERE id %% 10 = %s", n, n)
+    synced = _sync(cdc_project, "-vv")
+    assert "cdc: part of a batch" in synced.stderr
+    assert "cdc: batch of 20000 change(s)" in synced.stderr, synced.stderr[-3000:]
+    assert assert_same_table(source_conn, dest_conn, schema, "orders") == 20_010

@@ -122,7 +122,10 @@ def _other(reader: _Reader, stager: Stager, data: bytes) -> bool:
         reader.part_at = reader.batch.changes + reader.size
     elif isinstance(message, Commit):
         reader.batch.end = reader.read.end = message.end_lsn
-        if reader.batch.changes >= reader.size or _near_the_end(reader):
+        # a batch applied in parts closes at its transaction's commit: its destination
+        # transaction, open since the first part, stays open no longer than it must
+        full = reader.batch.changes >= reader.size or stager.part_open
+        if full or _near_the_end(reader):
             _hand_over(reader)
             return True
     elif isinstance(message, Relation):
