@@ -100,7 +100,7 @@ def drain(
                 (start, upto),
             )
             forget_drifted(staging, tables)  # seen after the last batch
-            advance(read, max(upto, read.end) if stream.done else read.end)
+            advance(read, max(upto, read.end))  # the stream was read to the drain's end
         finally:
             stream.close()
             if not stream.released:

@@ -54,8 +54,8 @@ class _Reader:
     advance: Callable[[Read], None]
     span: tuple[int, int]  # the WAL the drain reads: where it starts, where it ends
     read: Read = field(default_factory=Read)
-    handed: int = 0  # the changes of the batches handed over
-    size: int = 0  # the batch being read is handed over at a commit past this many changes
+    # the batch being read is handed over at a commit past this many changes (see above)
+    size: int = field(init=False)
     batch: Batch = field(default_factory=Batch)
     relations: dict[int, tuple[CaptureTable, str | None]] = field(default_factory=dict)
     final_lsn: int = 0  # the commit position of the transaction being read
@@ -66,6 +66,9 @@ class _Reader:
     # where the transaction being read is cut into a part (applier.submit_part): only one
     # of batch_changes changes or more is, so that its apply overlaps its own decoding
     part_at: int = 1 << 62
+
+    def __post_init__(self) -> None:
+        self.size = max(1, self.batch_changes // RAMP)
 
 
 def read_changes(
@@ -80,7 +83,6 @@ def read_changes(
     every batch is applied. `advance` is called, on this thread, each time `Read.applied`
     moves."""
     reader = _Reader(tables, applier, batch_changes, advance, span)
-    reader.size = max(1, batch_changes // RAMP)
     read, stager = reader.read, applier.stager
     stages: dict[bytes, TableStage] = {}  # the batch's staging table of each relation
     takers = reader.takers
@@ -151,7 +153,7 @@ def _near_the_end(reader: _Reader) -> bool:
         return False
     start, end = reader.span
     done, left = reader.batch.end - start, end - reader.batch.end
-    return done > 0 and changes * done >= left * (reader.handed + changes)
+    return done > 0 and changes * done >= left * (reader.read.changes + changes)
 
 
 def _hand_over_part(reader: _Reader) -> None:
@@ -168,8 +170,7 @@ def _hand_over(reader: _Reader) -> None:
     batch = reader.batch
     if batch.changes:
         reader.read.batches += 1
-        reader.handed += batch.changes
-        reader.read.changes = reader.handed
+        reader.read.changes += batch.changes
         _grow(reader)
         reader.read.hold_at(reader.applier.submit(batch, list(reader.tables.values())))
         _applied(reader)

@@ -214,9 +214,7 @@ class Stager:
         """One change as the log sent it (an I, U or D message), staged at the next flush."""
         stage.raw.append(data)
         stage.raw_seqs.append(seq)
-        self.buffered += len(data)  # _grew, inline: once per change of a big drain
-        if self.buffered >= FLUSH_BYTES:
-            self._full()
+        self._grew(len(data))
 
     def _buffer(self, stage: TableStage, line: bytes) -> None:
         """One row, without its newline (flush puts them between the rows)."""
@@ -228,19 +226,15 @@ class Stager:
     def _grew(self, size: int) -> None:
         self.buffered += size
         if self.buffered >= FLUSH_BYTES:
-            self._full()
-
-    def _full(self) -> None:
-        """The buffers passed FLUSH_BYTES."""
-        if self._part_applying() and self.buffered < PART_HELD_BYTES:
-            # the session applies a part: the rows wait here, made ready meanwhile so that
-            # the next COPY follows the apply at once
-            if self.buffered - self._made >= FLUSH_BYTES:
-                self._make_rows()
-                self._made = self.buffered
-            return
-        self._wait_for_part()
-        self.flush(wait=False)
+            if self._part_applying() and self.buffered < PART_HELD_BYTES:
+                # the session applies a part: the rows wait here, made ready meanwhile so
+                # that the next COPY follows the apply at once
+                if self.buffered - self._made >= FLUSH_BYTES:
+                    self._make_rows()
+                    self._made = self.buffered
+                return
+            self._wait_for_part()
+            self.flush(wait=False)
 
     def _part_applying(self) -> bool:
         """The applier is applying a part of the batch on this session right now."""
