@@ -132,7 +132,11 @@ def test_a_long_copy_logs_its_progress_off_a_terminal(db_project, slow, min_rows
     assert rows == sorted(rows) and rows[-1] > 0, rows
     assert {m["estimate"] for m in lines} == {"400"}, "the planner's estimate"
     assert all(m["table"] == f"{slow}.slow" and m["parts"] == "1" for m in lines)
-    quiet = db_project.run_process("sync", "-q", env={"REPLICATOR_PROGRESS_INTERVAL": "0.2"})
+    quiet = db_project.run_process(
+        "sync",
+        "-q",
+        env={"REPLICATOR_PROGRESS_INTERVAL": "0.2", "REPLICATOR_SPARK_MIN_ROWS": min_rows},
+    )
     assert quiet.returncode == 0 and quiet.stderr == "", quiet.stderr
 
 
