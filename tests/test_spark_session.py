@@ -116,3 +116,31 @@ def test_spark_reads_source_through_jdbc_in_utc(spark, source_conn, schema, pg_s
         frame.where("id = 1").selectExpr("date_format(at, 'yyyy-MM-dd HH:mm:ss.SSSSSS')").first()
     )
     assert first[0] == "2026-11-20 10:00:01.123456"
+
+
+def test_a_driver_archive_is_offered_only_to_the_spark_home_it_was_written_for(
+    tmp_path, monkeypatch
+):
+    """The JVM maps a class-data archive only for the class path it was written with: one
+    written by another install's Spark (another virtualenv, a fresh clone) would be ignored
+    without a word, and every driver would start seconds slower, for good."""
+    from pyspark.find_spark_home import _find_spark_home
+
+    from replicator.transfer.jvm_archive import plan_archive
+
+    monkeypatch.setenv("REPLICATOR_CACHE_DIR", str(tmp_path / "cache"))
+    home = _find_spark_home()
+    monkeypatch.setenv("SPARK_HOME", home)
+    first = plan_archive("/usr/share/java/postgresql.jar", "")
+    assert first.pending is not None and first.final is not None  # none yet: write one
+    first.final.write_bytes(b"an archive")  # what the JVM renames into place at exit
+    assert (
+        f"-XX:SharedArchiveFile={first.final}"
+        in plan_archive("/usr/share/java/postgresql.jar", "").options
+    )
+    elsewhere = tmp_path / "other-install"
+    elsewhere.symlink_to(home)  # the same Spark, its jars under another path
+    monkeypatch.setenv("SPARK_HOME", str(elsewhere))
+    other = plan_archive("/usr/share/java/postgresql.jar", "")
+    assert other.final is not None and other.final != first.final
+    assert "-XX:ArchiveClassesAtExit=" in other.options

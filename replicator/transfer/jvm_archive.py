@@ -1,10 +1,10 @@
 """A class-data archive (AppCDS) for Spark's driver JVM: starts it in about 2 s, not 5.
 
 The JVM writes the archive when it exits cleanly after a run without one; later runs map
-it. It is keyed by everything that must match (Java binary, pyspark version, jars, JVM
-flags), lives in `$REPLICATOR_CACHE_DIR` (default `~/.cache/replicator`), and is written
-under a temporary name and renamed, so a concurrent run never maps half an archive.
-`REPLICATOR_CACHE_DIR=off` disables it.
+it. It is keyed by everything that must match (Java binary, pyspark version, the Spark home
+its class path comes from, jars, JVM flags), lives in `$REPLICATOR_CACHE_DIR` (default
+`~/.cache/replicator`), and is written under a temporary name and renamed, so a concurrent
+run never maps half an archive. `REPLICATOR_CACHE_DIR=off` disables it.
 """
 
 from __future__ import annotations
@@ -46,9 +46,21 @@ def plan_archive(jars: str, java_options: str) -> ArchivePlan:
     if folder is None or java is None:
         return ArchivePlan("")
     import pyspark
+    from pyspark.find_spark_home import _find_spark_home
 
+    # The JVM maps an archive only for the class path it was written with: Spark's jars
+    # where this pyspark is installed (another virtualenv's archive is silently ignored, and
+    # every driver then starts without one)
     identity = "\0".join(
-        [str(java), str(java.stat().st_mtime_ns), pyspark.__version__, jars, java_options, LOADS]
+        [
+            str(java),
+            str(java.stat().st_mtime_ns),
+            pyspark.__version__,
+            _find_spark_home(),
+            jars,
+            java_options,
+            LOADS,
+        ]
     )
     final = folder / f"spark-driver-{hashlib.sha256(identity.encode()).hexdigest()[:16]}.jsa"
     if final.is_file():
