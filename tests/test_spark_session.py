@@ -144,3 +144,34 @@ def test_a_driver_archive_is_offered_only_to_the_spark_home_it_was_written_for(
     other = plan_archive("/usr/share/java/postgresql.jar", "")
     assert other.final is not None and other.final != first.final
     assert "-XX:ArchiveClassesAtExit=" in other.options
+
+
+def test_one_run_at_a_time_records_the_driver_archive(tmp_path, monkeypatch):
+    """Recording slows a JVM's start, its first job and its exit: a run that starts while
+    another one records starts without an archive; once that run is gone without
+    publishing one (killed), the next run records."""
+    import subprocess
+    import sys
+
+    from replicator.transfer.jvm_archive import discard_archive, plan_archive
+
+    monkeypatch.setenv("REPLICATOR_CACHE_DIR", str(tmp_path))
+    recording = plan_archive("/usr/share/java/postgresql.jar", "")
+    assert recording.pending is not None and "-XX:ArchiveClassesAtExit=" in recording.options
+    assert plan_archive("/usr/share/java/postgresql.jar", "").options == ""  # meanwhile
+    # the recording run killed before its JVM wrote anything: its mark names a dead process
+    gone = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    dead = recording.pending.with_name(
+        recording.pending.name.rsplit("-", 1)[0] + f"-{gone.stdout.strip()}"
+    )
+    recording.pending.rename(dead)
+    again = plan_archive("/usr/share/java/postgresql.jar", "")
+    assert "-XX:ArchiveClassesAtExit=" in again.options and not dead.exists()
+    discard_archive(again)  # an interrupted run: nothing left to hold the others back
+    assert list(tmp_path.glob("*.tmp-*")) == []
+    assert "-XX:ArchiveClassesAtExit=" in plan_archive("/usr/share/java/postgresql.jar", "").options

@@ -4,7 +4,8 @@ The JVM writes the archive when it exits cleanly after a run without one; later 
 it. It is keyed by everything that must match (Java binary, pyspark version, the Spark home
 its class path comes from, jars, JVM flags), lives in `$REPLICATOR_CACHE_DIR` (default
 `~/.cache/replicator`), and is written under a temporary name and renamed, so a concurrent
-run never maps half an archive. `REPLICATOR_CACHE_DIR=off` disables it.
+run never maps half an archive. One run at a time records it: a run that starts while
+another one records goes without. `REPLICATOR_CACHE_DIR=off` disables it.
 """
 
 from __future__ import annotations
@@ -66,13 +67,19 @@ def plan_archive(jars: str, java_options: str) -> ArchivePlan:
     if final.is_file():
         return ArchivePlan(f"-XX:SharedArchiveFile={final} {QUIET_CDS}")
     _remove_orphans(folder)
+    if any(folder.glob(f"{final.name}.tmp-*")):
+        # a run still going records it: this one starts without (recording slows a JVM's
+        # start, its job and its exit, and concurrent runs would each pay for it)
+        return ArchivePlan("")
     pending = final.with_name(f"{final.name}.tmp-{os.getpid()}")
+    pending.touch()  # says so to other runs; the JVM replaces it as it exits
     return ArchivePlan(f"-XX:ArchiveClassesAtExit={pending} {QUIET_CDS}", pending, final)
 
 
 def _remove_orphans(folder: Path) -> None:
     """Archives a JVM wrote for a run that never published them (it was interrupted or
-    killed): about 120 MB each. The pid in the name says whether that run is still going."""
+    killed): about 150 MB each, or the empty file a run left to say it was recording. The pid
+    in the name says whether that run is still going."""
     for orphan in folder.glob("spark-driver-*.jsa.tmp-*"):
         pid = orphan.name.rsplit("-", 1)[-1]
         if pid.isdigit() and not _alive(int(pid)):
@@ -98,4 +105,11 @@ def publish_archive(plan: ArchivePlan) -> None:
     if plan.pending.is_file() and plan.pending.stat().st_size > 0:
         os.replace(plan.pending, plan.final)
     else:
+        discard_archive(plan)
+
+
+def discard_archive(plan: ArchivePlan) -> None:
+    """No archive from this run (it was interrupted, or its JVM did not exit by itself): the
+    next run records one."""
+    if plan.pending is not None:
         plan.pending.unlink(missing_ok=True)

@@ -34,7 +34,7 @@ from ..project.spark_server_state import ServerState
 from .connect_session import Remote, abandon, unavailable
 from .copy_stream import CopyResult, CopyTask, TaskError, run_copy_task
 from .engine_choice import IN_PROCESS, EngineChoice
-from .jvm_archive import ArchivePlan, plan_archive, publish_archive
+from .jvm_archive import ArchivePlan, discard_archive, plan_archive, publish_archive
 from .jvm_stop import stop_jvm
 from .spark_session import is_local, jdbc_jar, shipped_archive
 from .task_job import default_parallelism, run_job
@@ -356,13 +356,11 @@ class SparkRunner:
             close(session, release=self._release)  # the warm server's stays
             return
         interrupted = requested() is not None  # then exit now; a later run writes it
-        if (
-            self._archive
-            and self._archive.pending
-            and not interrupted
-            and stop_jvm(session.sparkContext, graceful=True)
-        ):
-            publish_archive(self._archive)
+        if self._archive and self._archive.pending:
+            if not interrupted and stop_jvm(session.sparkContext, graceful=True):
+                publish_archive(self._archive)
+            else:
+                discard_archive(self._archive)
 
 
 def _alias() -> str:
