@@ -28,6 +28,14 @@ from psycopg import sql
 from replicator.cli.main import cli
 from replicator.postgres.pgcluster import PgCluster
 
+# The suite's own cache folder (Spark's class archive, the engine figures, the shipped
+# environment), shared by the workers and kept between runs, whatever the shell says: the
+# tests' copies never write their rates into the user's cache, where they would choose the
+# engine of the user's own runs (a copy measured on a JVM a test had already started looks
+# as if Spark started in no time).
+TEST_CACHE = Path(tempfile.gettempdir()) / f"replicator-tests-cache-{os.getuid()}"
+os.environ["REPLICATOR_CACHE_DIR"] = str(TEST_CACHE)
+
 ENV_VARS = (
     "REPLICATOR_SOURCE_URL",
     "REPLICATOR_DEST_URL",
