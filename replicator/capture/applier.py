@@ -81,9 +81,7 @@ class Applier:
         of the one before, if any (see `wait`)."""
         stager = self.stager
         if stager.part_open:  # its session is applying the batch's previous part
-            taken = stager.take_copies()  # the rows are made meanwhile
-            held = self.wait()
-            stager.flush(taken=taken)
+            held = self._flush_after_the_apply(stager)
         else:
             stager.flush_behind()  # its rows are made and copied while the reader goes on
             failpoint("cdc-after-stage")
@@ -99,13 +97,19 @@ class Applier:
         destination transaction that stays open until the batch's last part (`submit`), on
         the same session, which takes no rows meanwhile (stage.py buffers them)."""
         stager = self.stager
-        taken = stager.take_copies()  # the rows are made while the part before applies
-        held = self.wait()  # the batch before, or this batch's part before
-        stager.flush(taken=taken)
+        held = self._flush_after_the_apply(stager)  # the batch before, or this batch's part
         stager.part_open = True
         part = stager.take_part()
         self._pending = self._pool.submit(_apply_part, stager, part, batch, tables)
         stager.applying = self._pending
+        return held
+
+    def _flush_after_the_apply(self, stager: Stager) -> int | None:
+        """COPY the stager's rows once the apply under way is done (it may hold the same
+        session); the rows are made meanwhile. Returns `wait`'s hold."""
+        taken = stager.take_copies()
+        held = self.wait()
+        stager.flush(taken=taken)
         return held
 
     def wait(self) -> int | None:
