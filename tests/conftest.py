@@ -267,6 +267,7 @@ def cdc_project(db_project, source_conn):
 # The longest files, started first: `make test`'s two workers take whole files in collection
 # order, and a long file collected last would keep one worker busy after the other is done.
 LONGEST_FIRST = (
+    "test_spark_session.py",  # waits for a class archive's detached build: under way early
     "test_spark_connect.py",
     "test_soak.py",
     "test_spark_cluster.py",

@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
 from psycopg import sql
+from waiting import wait_for
 
 from replicator.transfer.spark_session import (
     DAEMON_MODULE_KEY,
@@ -126,52 +131,99 @@ def test_a_driver_archive_is_offered_only_to_the_spark_home_it_was_written_for(
     without a word, and every driver would start seconds slower, for good."""
     from pyspark.find_spark_home import _find_spark_home
 
-    from replicator.transfer.jvm_archive import plan_archive
+    from replicator.transfer.jvm_archive import discard_archive, plan_archive
 
     monkeypatch.setenv("REPLICATOR_CACHE_DIR", str(tmp_path / "cache"))
     home = _find_spark_home()
     monkeypatch.setenv("SPARK_HOME", home)
-    first = plan_archive("/usr/share/java/postgresql.jar", "")
-    assert first.pending is not None and first.final is not None  # none yet: write one
-    first.final.write_bytes(b"an archive")  # what the JVM renames into place at exit
-    assert (
-        f"-XX:SharedArchiveFile={first.final}"
-        in plan_archive("/usr/share/java/postgresql.jar", "").options
-    )
+    first = plan_archive(JAR, "")
+    assert first.pending is not None and first.final is not None  # none yet: list the classes
+    discard_archive(first)
+    first.final.write_bytes(b"an archive")  # what the builder renames into place
+    assert f"-XX:SharedArchiveFile={first.final}" in plan_archive(JAR, "").options
     elsewhere = tmp_path / "other-install"
     elsewhere.symlink_to(home)  # the same Spark, its jars under another path
     monkeypatch.setenv("SPARK_HOME", str(elsewhere))
-    other = plan_archive("/usr/share/java/postgresql.jar", "")
+    other = plan_archive(JAR, "")
     assert other.final is not None and other.final != first.final
-    assert "-XX:ArchiveClassesAtExit=" in other.options
+    assert "-XX:DumpLoadedClassList=" in other.options
 
 
-def test_one_run_at_a_time_records_the_driver_archive(tmp_path, monkeypatch):
-    """Recording slows a JVM's start, its first job and its exit: a run that starts while
-    another one records starts without an archive; once that run is gone without
-    publishing one (killed), the next run records."""
-    import subprocess
-    import sys
-
-    from replicator.transfer.jvm_archive import discard_archive, plan_archive
+def test_one_run_at_a_time_lists_its_classes_for_the_driver_archive(tmp_path, monkeypatch):
+    """A run that starts while another one (or its builder) makes the archive goes
+    without; once that process is gone without publishing one (killed), the next run lists
+    its classes, and a run that hands nothing on leaves nothing behind."""
+    from replicator.transfer.jvm_archive import build_archive_later, discard_archive, plan_archive
 
     monkeypatch.setenv("REPLICATOR_CACHE_DIR", str(tmp_path))
-    recording = plan_archive("/usr/share/java/postgresql.jar", "")
-    assert recording.pending is not None and "-XX:ArchiveClassesAtExit=" in recording.options
-    assert plan_archive("/usr/share/java/postgresql.jar", "").options == ""  # meanwhile
-    # the recording run killed before its JVM wrote anything: its mark names a dead process
+    listing = plan_archive(JAR, "")
+    assert listing.pending is not None and "-XX:DumpLoadedClassList=" in listing.options
+    assert plan_archive(JAR, "").options == ""  # meanwhile
+    # the listing run killed: its file names a dead process
+    dead = listing.pending.with_name(listing.pending.name.rsplit("-", 1)[0] + f"-{_dead_pid()}")
+    listing.pending.rename(dead)
+    again = plan_archive(JAR, "")
+    assert "-XX:DumpLoadedClassList=" in again.options and not dead.exists()
+    # no JVM to take the options from (or an interrupted run): no builder, no file left
+    assert build_archive_later(again, None) is False
+    assert list(tmp_path.glob("*.jsa.*")) == []
+    discard_archive(plan_archive(JAR, ""))
+    assert list(tmp_path.glob("*.jsa.*")) == []
+    assert "-XX:DumpLoadedClassList=" in plan_archive(JAR, "").options
+
+
+def test_the_first_spark_run_leaves_the_archive_to_a_detached_build_later_runs_map(
+    db_project, source_conn, schema, tmp_path
+):
+    """The run that finds no archive is not slowed by making one: its JVM lists the classes
+    it loads, and a builder dumps them after the command has exited, in a session of its
+    own. The next JVM maps the archive."""
+    source_conn.execute(
+        sql.SQL("CREATE TABLE {} AS SELECT g AS id FROM generate_series(1, 100) g").format(
+            sql.Identifier(schema, "t")
+        )
+    )
+    db_project.write_config({"tables": [{"name": f"{schema}.t", "mode": "full-refresh"}]})
+    cache = tmp_path / "cache"
+    env = {"REPLICATOR_CACHE_DIR": str(cache), "REPLICATOR_SPARK_MIN_ROWS": "0"}
+    done = db_project.run_process("sync", env=env)
+    assert done.returncode == 0, done.stderr
+    assert "t: full_reload, 100 rows" in done.stderr
+    archive = wait_for(lambda: next(cache.glob("spark-driver-*.jsa"), None), 600, "the archive")
+    wait_for(lambda: not list(cache.glob("*.jsa.*-*")), 60, "the builder's files to go")
+    mapped = subprocess.run(
+        [sys.executable, "-c", _MAPS_ARCHIVE],
+        env={**os.environ, "REPLICATOR_CACHE_DIR": str(cache)},
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
+    )
+    assert mapped.stdout.splitlines()[-1] == str(archive)
+
+
+# A new driver JVM, planned and started as a run does it: which archive it maps.
+_MAPS_ARCHIVE = """
+from pathlib import Path
+from pyspark import SparkContext
+from replicator.transfer.jvm_archive import plan_archive
+from replicator.transfer.spark_session import jdbc_jar, start_spark_context
+from replicator.transfer.jvm_stop import stop_jvm
+context = start_spark_context(driver_options=plan_archive(str(jdbc_jar() or ""), "").options)
+maps = Path(f"/proc/{SparkContext._gateway.proc.pid}/maps").read_text().split()
+stop_jvm(context, graceful=True)
+print(next((word for word in maps if word.endswith(".jsa")), "no archive mapped"))
+"""
+
+JAR = "/usr/share/java/postgresql.jar"
+
+
+def _dead_pid() -> int:
+    """The pid of a process that has ended."""
     gone = subprocess.run(
         [sys.executable, "-c", "import os; print(os.getpid())"],
         capture_output=True,
         text=True,
         check=True,
     )
-    dead = recording.pending.with_name(
-        recording.pending.name.rsplit("-", 1)[0] + f"-{gone.stdout.strip()}"
-    )
-    recording.pending.rename(dead)
-    again = plan_archive("/usr/share/java/postgresql.jar", "")
-    assert "-XX:ArchiveClassesAtExit=" in again.options and not dead.exists()
-    discard_archive(again)  # an interrupted run: nothing left to hold the others back
-    assert list(tmp_path.glob("*.tmp-*")) == []
-    assert "-XX:ArchiveClassesAtExit=" in plan_archive("/usr/share/java/postgresql.jar", "").options
+    return int(gone.stdout)

@@ -1,11 +1,18 @@
-"""A class-data archive (AppCDS) for Spark's driver JVM: starts it in about 2 s, not 5.
+"""A class-data archive (AppCDS) for Spark's driver JVM: with one, a local Spark run's
+start and first job took 5.0-5.6 s instead of 10.4-11.2 here (2026-11-26).
 
-The JVM writes the archive when it exits cleanly after a run without one; later runs map
-it. It is keyed by everything that must match (Java binary, pyspark version, the Spark home
-its class path comes from, jars, JVM flags), lives in `$REPLICATOR_CACHE_DIR` (default
-`~/.cache/replicator`), and is written under a temporary name and renamed, so a concurrent
-run never maps half an archive. One run at a time records it: a run that starts while
-another one records goes without. `REPLICATOR_CACHE_DIR=off` disables it.
+No run waits for it to be written. A run that finds none has its JVM list the classes it
+loads (`-XX:DumpLoadedClassList`, which costs nothing measurable); as the run ends, a
+detached process (archive_build.py) dumps those classes into a static archive at low
+priority, about 40 s of one core, while the run's command has already exited. (Asking the
+JVM to write a dynamic archive at its exit instead cost that run 25 s, and a loaded machine
+killed the slow exit, so every run paid it again.)
+
+The archive is keyed by everything that must match (Java binary, pyspark version, the Spark
+home its class path comes from, jars, JVM flags), lives in `$REPLICATOR_CACHE_DIR` (default
+`~/.cache/replicator`), and is written under a temporary name and renamed, so a run never
+maps half an archive. One run, then its builder, at a time makes it: the file that says so
+carries their pid. `REPLICATOR_CACHE_DIR=off` disables it.
 """
 
 from __future__ import annotations
@@ -13,22 +20,36 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+import re
 import shutil
+import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..base.cache import cache_dir
+from ..base.readable import readable
 
-# What the driver loads, in words: an archive written before the copy jobs went through a
+# What the driver loads, in words: a list taken before the copy jobs went through a
 # SparkSession lacks Spark SQL's classes (the session then starts in 2.8 s instead of 1.3).
-LOADS = "SparkContext, SparkSession, Python UDF jobs"
+# "static": the format, so that an archive of the earlier kind is never taken for one.
+LOADS = "SparkContext, SparkSession, Python UDF jobs; static"
 # Unified-logging warnings (a stale archive, say) would go to stdout: errors only.
 QUIET_CDS = "-Xlog:cds=error,cds+dynamic=error"
+# The main class pyspark's launcher starts: the JVM's options are the arguments before it.
+MAIN_CLASS = "org.apache.spark.deploy.SparkSubmit"
+_LIST_OPTION = "-XX:DumpLoadedClassList="
+_BUILDER = Path(__file__).with_name("archive_build.py")
+_TAKEN_WAIT_S = 10.0  # for the builder to copy the list (it starts in about 20 ms)
+# A run's class list, a builder's copy of it, the archive a builder dumps: each names the pid
+# of the process that owns it.
+_IN_PROGRESS = re.compile(r"^spark-driver-[0-9a-f]+\.jsa\.(?:classes|tmp)-(\d+)$")
 
 
 @dataclass(frozen=True)
 class ArchivePlan:
-    """The JVM options for this run and, when creating the archive, where it goes."""
+    """The JVM options for this run and, when it lists its classes for a build, where the
+    list goes (`pending`) and where the archive will be (`final`)."""
 
     options: str
     pending: Path | None = None
@@ -42,7 +63,8 @@ def _java() -> Path | None:
 
 
 def plan_archive(jars: str, java_options: str) -> ArchivePlan:
-    """Use the archive if it exists, else ask the JVM to write one at exit."""
+    """Map the archive if it exists; else list the loaded classes for a build, unless
+    another run or its builder is already making it."""
     folder, java = cache_dir(), _java()
     if folder is None or java is None:
         return ArchivePlan("")
@@ -66,25 +88,27 @@ def plan_archive(jars: str, java_options: str) -> ArchivePlan:
     final = folder / f"spark-driver-{hashlib.sha256(identity.encode()).hexdigest()[:16]}.jsa"
     if final.is_file():
         return ArchivePlan(f"-XX:SharedArchiveFile={final} {QUIET_CDS}")
-    _remove_orphans(folder)
-    if any(folder.glob(f"{final.name}.tmp-*")):
-        # a run still going records it: this one starts without (recording slows a JVM's
-        # start, its job and its exit, and concurrent runs would each pay for it)
+    if _in_progress(folder, final.name):
         return ArchivePlan("")
-    pending = final.with_name(f"{final.name}.tmp-{os.getpid()}")
-    pending.touch()  # says so to other runs; the JVM replaces it as it exits
-    return ArchivePlan(f"-XX:ArchiveClassesAtExit={pending} {QUIET_CDS}", pending, final)
+    pending = final.with_name(f"{final.name}.classes-{os.getpid()}")
+    pending.touch()  # says so to other runs; the JVM writes the list into it
+    return ArchivePlan(f"{_LIST_OPTION}{pending}", pending, final)
 
 
-def _remove_orphans(folder: Path) -> None:
-    """Archives a JVM wrote for a run that never published them (it was interrupted or
-    killed): about 150 MB each, or the empty file a run left to say it was recording. The pid
-    in the name says whether that run is still going."""
-    for orphan in folder.glob("spark-driver-*.jsa.tmp-*"):
-        pid = orphan.name.rsplit("-", 1)[-1]
-        if pid.isdigit() and not _alive(int(pid)):
+def _in_progress(folder: Path, name: str) -> bool:
+    """Whether a live process is making this archive. Files left by a process that is gone
+    (killed, or a machine restarted) are removed: a dumped archive is about 150 MB."""
+    busy = False
+    for path in folder.glob("spark-driver-*.jsa.*-*"):
+        match = _IN_PROGRESS.match(path.name)
+        if match is None:
+            continue
+        if _alive(int(match.group(1))):
+            busy = busy or path.name.startswith(f"{name}.")
+        else:
             with contextlib.suppress(OSError):
-                orphan.unlink()
+                path.unlink()
+    return busy
 
 
 def _alive(pid: int) -> bool:
@@ -97,19 +121,57 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def publish_archive(plan: ArchivePlan) -> None:
-    """After the JVM exited cleanly (it writes the archive as it exits): make it the one
-    later runs map."""
+def build_archive_later(plan: ArchivePlan, jvm_pid: int | None) -> bool:
+    """Hand the run's class list to a detached builder, which dumps the archive after the
+    command has exited; True when one took it. The JVM may go on (a process that runs
+    several commands keeps it): the builder copies the list as it stands."""
     if plan.pending is None or plan.final is None:
-        return
-    if plan.pending.is_file() and plan.pending.stat().st_size > 0:
-        os.replace(plan.pending, plan.final)
-    else:
-        discard_archive(plan)
+        return False
+    try:
+        command = _jvm_command(jvm_pid)
+        return command is not None and _start_builder(plan, command)
+    finally:
+        discard_archive(plan)  # the builder has its own copy by now, or there is none
+
+
+def _jvm_command(pid: int | None) -> list[str] | None:
+    """The driver JVM's java binary and options, as it was started (Linux's /proc: the
+    launcher builds them; a dump must use the same class path and flags)."""
+    if pid is None:
+        return None
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")
+    except (OSError, UnicodeDecodeError):
+        return None
+    if MAIN_CLASS not in argv:
+        return None
+    return [arg for arg in argv[: argv.index(MAIN_CLASS)] if not arg.startswith(_LIST_OPTION)]
+
+
+def _start_builder(plan: ArchivePlan, command: list[str]) -> bool:
+    """Start archive_build.py in a session of its own (a signal to the run's process group
+    does not reach it) and wait until it says it holds its copy of the list."""
+    assert plan.pending is not None and plan.final is not None
+    try:
+        files = [str(plan.final), str(plan.pending)]
+        builder = subprocess.Popen(
+            [sys.executable, "-I", "-S", str(_BUILDER), *files, *command],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+    except OSError:
+        return False
+    assert builder.stdout is not None
+    with builder.stdout:
+        if not readable(builder.stdout.fileno(), _TAKEN_WAIT_S):
+            return False  # it goes on without the list, and gives up
+        return builder.stdout.readline().strip() == b"taken"
 
 
 def discard_archive(plan: ArchivePlan) -> None:
-    """No archive from this run (it was interrupted, or its JVM did not exit by itself): the
-    next run records one."""
+    """No build from this run's list (it was interrupted, or a builder took a copy): the
+    file no longer says the run is making the archive."""
     if plan.pending is not None:
         plan.pending.unlink(missing_ok=True)

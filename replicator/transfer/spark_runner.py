@@ -34,8 +34,8 @@ from ..project.spark_server_state import ServerState
 from .connect_session import Remote, abandon, unavailable
 from .copy_stream import CopyResult, CopyTask, TaskError, run_copy_task
 from .engine_choice import IN_PROCESS, EngineChoice
-from .jvm_archive import ArchivePlan, discard_archive, plan_archive, publish_archive
-from .jvm_stop import stop_jvm
+from .jvm_archive import ArchivePlan, build_archive_later, discard_archive, plan_archive
+from .jvm_stop import jvm_pid
 from .spark_session import is_local, jdbc_jar, shipped_archive
 from .task_job import default_parallelism, run_job
 
@@ -340,27 +340,26 @@ class SparkRunner:
         )
 
     def finish(self) -> None:
-        """End of the run. A Connect session is released (the server keeps running). The
-        run that builds the class archive stops the JVM now, cleanly, so that the archive is
-        written; otherwise the context stays for the process's next run (tests run many in
-        one process) and the console script stops it as it exits (transfer/jvm_stop.py: no
-        JVM outlives the command)."""
+        """End of the run. A Connect session is released (the server keeps running). A JVM
+        here stays for the process's next run (tests run many in one process) and the
+        console script stops it as it exits (transfer/jvm_stop.py: no JVM of the run
+        outlives the command). The run that listed its JVM's classes hands the list to the
+        class archive's builder, which goes on detached (jvm_archive.py)."""
         if self._thread is not None and self._thread.is_alive() and self._release:
             self._thread.join(timeout=10)  # a session being opened: release it too
         session, self._session = self._session, None
+        archive, self._archive = self._archive, None
+        if archive is not None and archive.pending is not None:
+            if session is None or requested() is not None:
+                discard_archive(archive)  # a run that did not get through: a later one
+            else:
+                build_archive_later(archive, jvm_pid())
         if session is None:
             return
         if self.remote is not None:
             from .connect_session import close
 
             close(session, release=self._release)  # the warm server's stays
-            return
-        interrupted = requested() is not None  # then exit now; a later run writes it
-        if self._archive and self._archive.pending:
-            if not interrupted and stop_jvm(session.sparkContext, graceful=True):
-                publish_archive(self._archive)
-            else:
-                discard_archive(self._archive)
 
 
 def _alias() -> str:
