@@ -29,6 +29,8 @@ def main(argv: list[str]) -> int:
         print("taken", flush=True)
         sys.stdout.close()
         os.nice(NICENESS)
+        if final.is_file():  # made meanwhile: nothing to do
+            return 0
         with open(final.with_name(f"{final.name}.log"), "wb") as log:
             code = subprocess.run(
                 [

@@ -128,6 +128,8 @@ def build_archive_later(plan: ArchivePlan, jvm_pid: int | None) -> bool:
     if plan.pending is None or plan.final is None:
         return False
     try:
+        if plan.final.is_file():  # made meanwhile (say, copied in): nothing to build
+            return False
         command = _jvm_command(jvm_pid)
         return command is not None and _start_builder(plan, command)
     finally:
