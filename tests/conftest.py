@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -35,6 +36,9 @@ from replicator.postgres.pgcluster import PgCluster
 # as if Spark started in no time).
 TEST_CACHE = Path(tempfile.gettempdir()) / f"replicator-tests-cache-{os.getuid()}"
 os.environ["REPLICATOR_CACHE_DIR"] = str(TEST_CACHE)
+# When this suite run began: set by the first process to import this file (pytest's main
+# process, before it starts the workers, which inherit it).
+os.environ.setdefault("REPLICATOR_TESTS_STARTED", repr(time.time()))
 
 ENV_VARS = (
     "REPLICATOR_SOURCE_URL",

@@ -180,13 +180,15 @@ def test_the_first_spark_run_leaves_the_archive_to_a_detached_build_later_runs_m
     it loads, and a builder dumps them after the command has exited, in a session of its
     own. The next JVM maps the archive.
 
-    The suite's own cache, emptied of archives as a new machine's is: one build per suite
-    run (about 40 s of one core), whichever worker's run hands it the list first; a run
-    that starts meanwhile goes without, as a user's does (a JVM already started keeps the
-    archive it mapped)."""
+    The suite's own cache, which starts as a new machine's does: an archive from before
+    this suite run is removed, so that every run of the suite builds one (about 40 s of
+    one core), whichever worker's run hands it the list first; a run that starts meanwhile
+    goes without, as a user's does (a JVM already started keeps the archive it mapped)."""
     cache = Path(os.environ["REPLICATOR_CACHE_DIR"])
+    suite_started = float(os.environ["REPLICATOR_TESTS_STARTED"])  # conftest.py
     for archive in cache.glob("spark-driver-*.jsa"):
-        archive.unlink()
+        if archive.stat().st_mtime < suite_started:
+            archive.unlink()
     source_conn.execute(
         sql.SQL("CREATE TABLE {} AS SELECT g AS id FROM generate_series(1, 100) g").format(
             sql.Identifier(schema, "t")
