@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import logging
 import os
 import re
 import shutil
@@ -43,6 +44,7 @@ _BUILDER = Path(__file__).with_name("archive_build.py")
 _TAKEN_WAIT_S = 10.0  # for the builder to copy the list (it starts in about 20 ms)
 # A run's class list, a builder's copy of it, the archive a builder dumps: each names the pid
 # of the process that owns it.
+log = logging.getLogger(__name__)
 _IN_PROGRESS = re.compile(r"^spark-driver-[0-9a-f]+\.jsa\.(?:classes|tmp)-(\d+)$")
 
 
@@ -169,7 +171,15 @@ def _start_builder(plan: ArchivePlan, command: list[str]) -> bool:
     with builder.stdout:
         if not readable(builder.stdout.fileno(), _TAKEN_WAIT_S):
             return False  # it goes on without the list, and gives up
-        return builder.stdout.readline().strip() == b"taken"
+        if builder.stdout.readline().strip() != b"taken":
+            return False
+    log.debug(
+        "Spark: process %d writes the driver's class archive %s after this run (%s.log)",
+        builder.pid,
+        plan.final,
+        plan.final.name,
+    )
+    return True
 
 
 def discard_archive(plan: ArchivePlan) -> None:
