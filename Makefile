@@ -6,10 +6,13 @@ STAMP := $(VENV)/.installed
 
 .PHONY: test demo soak lint format system-deps bench clean
 
+# --no-compile: Python compiles a module when it is first imported instead. pip compiled every
+# module it installed (pyspark's thousands, most never imported here): the install took 31 s
+# with that, 16 s without.
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e '.[dev]'
+	$(BIN)/python -m pip install -q --no-compile -e '.[dev]'
 	@touch $(STAMP)
 
 system-deps:
