@@ -14,6 +14,7 @@ from psycopg import sql
 
 from replicator.base.errors import DatabaseError
 from replicator.base.identifiers import TableName
+from replicator.postgres.ownership import classify, read_many_records, read_records
 from replicator.postgres.swap import swap_in
 
 pytestmark = pytest.mark.spark
@@ -251,3 +252,31 @@ def test_the_swap_itself_refuses_a_table_it_does_not_own(pg_servers, dest_conn, 
         sql.SQL("SELECT count(*) FROM {}").format(sql.Identifier(schema, "t"))
     ).fetchone()
     assert rows == 2
+
+
+@pytest.mark.parametrize("many", [False, True], ids=["one-table", "read-ahead"])
+def test_a_plan_that_read_the_table_before_another_runs_swap_still_finds_it_the_tools(
+    db_project, source_conn, dest_conn, schema, many
+):
+    """Two project copies syncing together (tests/test_two_hosts.py): one's plan reads the
+    destination table's OID, the other's swap replaces that table and records the new one,
+    then the plan reads the ownership records. A fresh clone's CI run caught the second copy
+    failing the table as someone else's; the registry and the table at that name are read in
+    one snapshot now, whatever OID the plan's description holds."""
+    source_conn.execute(
+        sql.SQL("CREATE TABLE {} AS SELECT g AS id FROM generate_series(1, 10) g").format(
+            sql.Identifier(schema, "t")
+        )
+    )
+    db_project.write_config({"tables": [{"name": f"{schema}.t", "mode": "full-refresh"}]})
+    in_process = {"REPLICATOR_SPARK_MIN_ROWS": "1000000000"}
+    assert db_project.run("sync", env=in_process).exit_code == 0
+    target = TableName(schema, "t")
+    (described,) = dest_conn.execute("SELECT %s::regclass::oid", (target.sql(),)).fetchone()
+    assert db_project.run("sync", env=in_process).exit_code == 0  # the other run's swap
+    (now,) = dest_conn.execute("SELECT %s::regclass::oid", (target.sql(),)).fetchone()
+    assert now != described
+    if many:
+        read_many_records(dest_conn, {target: described})
+    records = read_records(dest_conn, target, described)
+    assert classify(True, records, None) == "owned"

@@ -38,10 +38,22 @@ log = logging.getLogger(__name__)
 # version (see above); foreign: someone else's, never replaced.
 Ownership = Literal["missing", "owned", "legacy", "foreign"]
 
+# The table now at the name and the registry, read in one statement, so in one snapshot: an
+# OID read earlier (the plan's description of the table) may be the table another run's swap
+# has just replaced, and that run's record names the new one (in a fresh clone's CI run, two
+# project copies syncing together: the second failed as if someone else's table were there).
+_HERE = """
+SELECT w.i, w.schema_name, w.table_name, c.oid
+FROM unnest(%(i)s::int[], %(schemas)s::text[], %(names)s::text[]) AS w (i, schema_name, table_name)
+LEFT JOIN pg_catalog.pg_namespace n ON n.nspname = w.schema_name
+LEFT JOIN pg_catalog.pg_class c ON c.relnamespace = n.oid AND c.relname = w.table_name
+"""
 _RECORDS = """
-SELECT o.table_oid, o.table_oid = %(oid)s
-FROM {registry} AS o
-WHERE o.table_oid = %(oid)s OR (o.schema_name = %(schema)s AND o.table_name = %(name)s)
+SELECT h.i, o.table_oid IS NOT NULL, o.table_oid IS NOT NULL OR named.table_name IS NOT NULL
+FROM ({here}) AS h
+LEFT JOIN {registry} AS o ON o.table_oid = h.oid
+LEFT JOIN (SELECT DISTINCT schema_name, table_name FROM {registry}) AS named
+    ON named.schema_name = h.schema_name AND named.table_name = h.table_name
 """
 
 
@@ -66,35 +78,42 @@ def classify(exists: bool, records: Records, state: TableState | None) -> Owners
 
 
 def read_records(dest: psycopg.Connection[Any], target: TableName, oid: int | None) -> Records:
-    """The registry's rows for the table (none when the registry does not exist yet)."""
+    """The registry's rows for the table now at `target` (none when the registry does not
+    exist yet, or `oid` says there is no table)."""
     found, records = prefetch.take(dest, "records", (target, oid))
     if found:
         return records
-    (exists,) = execute(dest, "SELECT to_regclass(%s) IS NOT NULL", (OWNED_TABLE.sql(),)).fetchone()
-    if not exists or oid is None:
+    if oid is None:
         return Records(False, False)
-    query = sql.SQL(_RECORDS).format(registry=OWNED_TABLE.identifier())
-    rows = fetch_all(dest, query, {"oid": oid, "schema": target.schema, "name": target.name})
-    return Records(any(row[1] for row in rows), bool(rows))
+    return _read(dest, [target])[0]
 
 
 def read_many_records(
     dest: psycopg.Connection[Any], tables: Mapping[TableName, int | None]
 ) -> None:
-    """`read_records` of these (destination table, OID) pairs in one read of the registry;
-    each is then taken once instead of read."""
-    (exists,) = execute(dest, "SELECT to_regclass(%s) IS NOT NULL", (OWNED_TABLE.sql(),)).fetchone()
-    rows = []
-    if exists:
-        query = sql.SQL("SELECT table_oid, schema_name, table_name FROM {}")
-        rows = fetch_all(dest, query.format(OWNED_TABLE.identifier()))
-    oids = {row[0] for row in rows}
-    names = {TableName(row[1], row[2]) for row in rows}
-    records = {}
-    for target, oid in tables.items():
-        this = oid is not None and oid in oids
-        records[(target, oid)] = Records(this, oid is not None and (this or target in names))
+    """`read_records` of these (destination table, OID) pairs in one statement; each is
+    then taken once instead of read."""
+    present = [target for target, oid in tables.items() if oid is not None]
+    found = dict(zip(present, _read(dest, present), strict=True)) if present else {}
+    records = {
+        (target, oid): found.get(target, Records(False, False)) for target, oid in tables.items()
+    }
     prefetch.put_many(dest, "records", records)
+
+
+def _read(dest: psycopg.Connection[Any], targets: list[TableName]) -> list[Records]:
+    """What the registry says of the tables now at these names, in their order."""
+    (exists,) = execute(dest, "SELECT to_regclass(%s) IS NOT NULL", (OWNED_TABLE.sql(),)).fetchone()
+    if not exists:
+        return [Records(False, False) for _ in targets]
+    query = sql.SQL(_RECORDS).format(registry=OWNED_TABLE.identifier(), here=sql.SQL(_HERE))
+    params = {
+        "i": list(range(len(targets))),
+        "schemas": [t.schema for t in targets],
+        "names": [t.name for t in targets],
+    }
+    rows = sorted(fetch_all(dest, query, params))
+    return [Records(bool(this), bool(same)) for _, this, same in rows]
 
 
 def record_owned(dest: psycopg.Connection[Any], target: TableName) -> None:
