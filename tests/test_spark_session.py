@@ -210,6 +210,24 @@ def test_the_first_spark_run_leaves_the_archive_to_a_detached_build_later_runs_m
     assert mapped.stdout.splitlines()[-1] == str(archive)
 
 
+def test_the_archive_builder_gets_no_database_url_or_secret_from_the_run():
+    """The builder outlives the command by about 40 s: nothing of the run's environment it
+    has no use for, least of all the databases' URLs; the JVM options it does need."""
+    from replicator.transfer.jvm_archive import builder_environment
+
+    run = {
+        "REPLICATOR_SOURCE_URL": "postgresql://app:s3cret@db/shop",
+        "REPLICATOR_DEST_URL": "postgresql://wh:s3cret@wh/wh",
+        "REPLICATOR_WEBHOOK_SECRET": "s3cret",
+        "PGPASSWORD": "s3cret",
+        "PATH": "/usr/bin",
+        "JAVA_TOOL_OPTIONS": "-Xmx2g",
+    }
+    given = builder_environment(run)
+    assert given == {"PATH": "/usr/bin", "JAVA_TOOL_OPTIONS": "-Xmx2g"}
+    assert "s3cret" not in repr(given)
+
+
 # A new driver JVM, planned and started as a run does it: which archive it maps.
 _MAPS_ARCHIVE = """
 from pathlib import Path

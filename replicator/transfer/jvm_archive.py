@@ -25,6 +25,7 @@ import re
 import shutil
 import subprocess
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -41,6 +42,11 @@ QUIET_CDS = "-Xlog:cds=error,cds+dynamic=error"
 MAIN_CLASS = "org.apache.spark.deploy.SparkSubmit"
 _LIST_OPTION = "-XX:DumpLoadedClassList="
 _BUILDER = Path(__file__).with_name("archive_build.py")
+# All the builder's java needs of the run's environment: the rest (the databases' URLs and
+# passwords among it) does not outlive the command in a process that has no use for it. The
+# JVM options from the environment are kept: the dump must be made with the run's flags.
+BUILDER_ENVIRONMENT = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "JAVA_HOME")
+BUILDER_ENVIRONMENT += ("JAVA_TOOL_OPTIONS", "_JAVA_OPTIONS", "JDK_JAVA_OPTIONS")
 _TAKEN_WAIT_S = 10.0  # for the builder to copy the list (it starts in about 20 ms)
 # A run's class list, a builder's copy of it, the archive a builder dumps: each names the pid
 # of the process that owns it.
@@ -164,6 +170,7 @@ def _start_builder(plan: ArchivePlan, command: list[str]) -> bool:
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
             start_new_session=True,
+            env=builder_environment(os.environ),
         )
     except OSError:
         return False
@@ -180,6 +187,11 @@ def _start_builder(plan: ArchivePlan, command: list[str]) -> bool:
         plan.final.name,
     )
     return True
+
+
+def builder_environment(environ: Mapping[str, str]) -> dict[str, str]:
+    """The part of the run's environment the builder gets (BUILDER_ENVIRONMENT)."""
+    return {name: environ[name] for name in BUILDER_ENVIRONMENT if name in environ}
 
 
 def discard_archive(plan: ArchivePlan) -> None:
