@@ -42,18 +42,16 @@ Ownership = Literal["missing", "owned", "legacy", "foreign"]
 # OID read earlier (the plan's description of the table) may be the table another run's swap
 # has just replaced, and that run's record names the new one (in a fresh clone's CI run, two
 # project copies syncing together: the second failed as if someone else's table were there).
-_HERE = """
-SELECT w.i, w.schema_name, w.table_name, c.oid
-FROM unnest(%(i)s::int[], %(schemas)s::text[], %(names)s::text[]) AS w (i, schema_name, table_name)
+_RECORDS = """
+SELECT o.table_oid IS NOT NULL, o.table_oid IS NOT NULL OR named.table_name IS NOT NULL
+FROM unnest(%(schemas)s::text[], %(names)s::text[])
+    WITH ORDINALITY AS w (schema_name, table_name, i)
 LEFT JOIN pg_catalog.pg_namespace n ON n.nspname = w.schema_name
 LEFT JOIN pg_catalog.pg_class c ON c.relnamespace = n.oid AND c.relname = w.table_name
-"""
-_RECORDS = """
-SELECT h.i, o.table_oid IS NOT NULL, o.table_oid IS NOT NULL OR named.table_name IS NOT NULL
-FROM ({here}) AS h
-LEFT JOIN {registry} AS o ON o.table_oid = h.oid
+LEFT JOIN {registry} AS o ON o.table_oid = c.oid
 LEFT JOIN (SELECT DISTINCT schema_name, table_name FROM {registry}) AS named
-    ON named.schema_name = h.schema_name AND named.table_name = h.table_name
+    ON named.schema_name = w.schema_name AND named.table_name = w.table_name
+ORDER BY w.i
 """
 
 
@@ -106,14 +104,9 @@ def _read(dest: psycopg.Connection[Any], targets: list[TableName]) -> list[Recor
     (exists,) = execute(dest, "SELECT to_regclass(%s) IS NOT NULL", (OWNED_TABLE.sql(),)).fetchone()
     if not exists:
         return [Records(False, False) for _ in targets]
-    query = sql.SQL(_RECORDS).format(registry=OWNED_TABLE.identifier(), here=sql.SQL(_HERE))
-    params = {
-        "i": list(range(len(targets))),
-        "schemas": [t.schema for t in targets],
-        "names": [t.name for t in targets],
-    }
-    rows = sorted(fetch_all(dest, query, params))
-    return [Records(bool(this), bool(same)) for _, this, same in rows]
+    query = sql.SQL(_RECORDS).format(registry=OWNED_TABLE.identifier())
+    params = {"schemas": [t.schema for t in targets], "names": [t.name for t in targets]}
+    return [Records(bool(this), bool(same)) for this, same in fetch_all(dest, query, params)]
 
 
 def record_owned(dest: psycopg.Connection[Any], target: TableName) -> None:

@@ -48,9 +48,9 @@ _BUILDER = Path(__file__).with_name("archive_build.py")
 BUILDER_ENVIRONMENT = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "JAVA_HOME")
 BUILDER_ENVIRONMENT += ("JAVA_TOOL_OPTIONS", "_JAVA_OPTIONS", "JDK_JAVA_OPTIONS")
 _TAKEN_WAIT_S = 10.0  # for the builder to copy the list (it starts in about 20 ms)
+log = logging.getLogger(__name__)
 # A run's class list, a builder's copy of it, the archive a builder dumps: each names the pid
 # of the process that owns it.
-log = logging.getLogger(__name__)
 _IN_PROGRESS = re.compile(r"^spark-driver-[0-9a-f]+\.jsa\.(?:classes|tmp)-(\d+)$")
 
 
