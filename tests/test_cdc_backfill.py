@@ -9,9 +9,8 @@ import uuid
 
 import pytest
 from dbcompare import assert_same_table, row_hashes
+from engines import IN_PROCESS
 from psycopg import sql
-
-IN_PROCESS = {"REPLICATOR_SPARK_MIN_ROWS": "1000000000"}  # small tables: no JVM
 
 
 @pytest.fixture

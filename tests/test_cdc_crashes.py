@@ -8,12 +8,12 @@ import time
 
 import pytest
 from dbcompare import assert_same_table
+from engines import IN_PROCESS
 from failpoint_paths import CAPTURE_POINTS, FULL_RELOAD_POINTS
 from psycopg import sql
 
 pytestmark = pytest.mark.spark
 
-IN_PROCESS = {"REPLICATOR_SPARK_MIN_ROWS": "1000000000"}
 # Points the in-process load passes (the others are Spark's, or a cursor table's).
 LOAD_POINTS = tuple(p for p in FULL_RELOAD_POINTS if p not in ("mid-extract",))
 

@@ -12,6 +12,7 @@ import sys
 import uuid
 
 import pytest
+from engines import IN_PROCESS
 from psycopg import sql
 
 pytestmark = pytest.mark.spark
@@ -73,6 +74,8 @@ COMMANDS = [
 
 
 def test_every_command_prints_only_json_under_log_format_json(db_project, shop):
+    """Spark's own output under json: tests/test_jvm_output.py."""
+    db_project.env.update(IN_PROCESS)
     codes = {}
     for args in COMMANDS:
         done = db_project.run_process(*args, "--log-format", "json")
@@ -96,6 +99,9 @@ def test_every_command_prints_only_json_under_log_format_json(db_project, shop):
 
 
 def test_quiet_prints_only_warnings_and_errors(db_project, shop):
+    """A quiet run through Spark: test_operations.py,
+    test_a_long_copy_logs_its_progress_off_a_terminal."""
+    db_project.env.update(IN_PROCESS)
     assert db_project.run_process("sync", "-q").stderr == ""
     checked = db_project.run_process("check", "-q")
     assert checked.returncode == 0
@@ -225,7 +231,7 @@ def test_verbose_shows_sql_not_library_chatter(db_project, shop):
 
 
 def test_json_says_when_a_table_starts(db_project, shop):
-    synced = db_project.run_process("sync", "--log-format", "json")
+    synced = db_project.run_process("sync", "--log-format", "json", env=IN_PROCESS)
     started = [e for e in _json_lines(synced.stderr) if e.get("event") == "table.started"]
     assert started == [
         started[0] | {"name": f"{shop}.orders", "action": "full_reload", "reason": "no state"}

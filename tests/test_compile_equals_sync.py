@@ -10,6 +10,7 @@ import json
 import re
 
 import pytest
+from engines import IN_PROCESS
 from psycopg import sql
 
 from replicator.postgres.database import captured
@@ -17,7 +18,7 @@ from replicator.sync import run
 
 pytestmark = pytest.mark.spark
 
-IN_PROCESS = {"REPLICATOR_SPARK_MIN_ROWS": "1000000000"}  # tasks run here: captured too
+# The copies run in this process (IN_PROCESS): their statements are captured too.
 WRITES = re.compile(
     r"^(CREATE|ALTER|DROP|INSERT|UPDATE|DELETE|COPY|TRUNCATE|GRANT|REVOKE|COMMENT|ANALYZE|LOCK"
     r"|MERGE|WITH\b.*\b(INSERT|UPDATE|DELETE|MERGE)\b)",

@@ -14,6 +14,7 @@ import json
 
 import pytest
 from dbcompare import assert_same_table, leftovers
+from engines import IN_PROCESS
 from failpoint_paths import FULL_RELOAD_POINTS, INCREMENTAL_POINTS
 from psycopg import sql
 
@@ -21,7 +22,6 @@ from replicator.base.identifiers import TableName
 
 pytestmark = pytest.mark.spark
 
-IN_PROCESS = {"REPLICATOR_SPARK_MIN_ROWS": "1000000000"}
 
 CASES = [
     *[("full-refresh", p) for p in FULL_RELOAD_POINTS],

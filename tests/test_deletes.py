@@ -7,6 +7,7 @@ import json
 
 import pytest
 from dbcompare import assert_same_table
+from engines import IN_PROCESS
 from psycopg import sql
 
 pytestmark = pytest.mark.spark
@@ -151,7 +152,9 @@ def test_a_delete_check_killed_before_it_commits_converges(
     _config(db_project, schema, deletes="delete")
     assert db_project.run("sync").exit_code == 0
     _source(source_conn, schema, "DELETE FROM {t} WHERE id % 100 = 0")
-    killed = db_project.run_process("sync", env={"REPLICATOR_FAILPOINT": "deletes-before-commit"})
+    killed = db_project.run_process(
+        "sync", env={**IN_PROCESS, "REPLICATOR_FAILPOINT": "deletes-before-commit"}
+    )
     assert killed.returncode == -9
     assert _count(dest_conn, schema) == 2000
     synced = db_project.run("sync")

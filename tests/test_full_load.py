@@ -10,6 +10,7 @@ import time
 import psycopg
 import pytest
 from dbcompare import assert_same_table, leftovers, row_hashes
+from engines import IN_PROCESS
 from psycopg import sql
 
 from replicator.base.identifiers import TableName
@@ -267,7 +268,9 @@ def test_crash_before_swap_leaves_old_table_and_next_run_cleans_up(
     db_project.write_config({"tables": [{"name": f"{schema}.t", "mode": "full-refresh"}]})
     assert _sync(db_project).exit_code == 0
     source_conn.execute(sql.SQL("UPDATE {} SET v = 2").format(table))
-    killed = db_project.run_process("sync", env={"REPLICATOR_FAILPOINT": "after-load-before-swap"})
+    killed = db_project.run_process(
+        "sync", env={**IN_PROCESS, "REPLICATOR_FAILPOINT": "after-load-before-swap"}
+    )
     assert killed.returncode == -9, killed.stderr
     assert dest_conn.execute(sql.SQL("SELECT DISTINCT v FROM {}").format(table)).fetchall() == [
         (1,)

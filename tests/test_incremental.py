@@ -10,6 +10,7 @@ import time
 import psycopg
 import pytest
 from dbcompare import assert_same_table
+from engines import IN_PROCESS
 from psycopg import sql
 
 from replicator.base.identifiers import TableName
@@ -290,7 +291,7 @@ def test_kill_after_merge_before_state_write_converges(db_project, source_conn, 
         )
     )
     killed = db_project.run_process(
-        "sync", env={"REPLICATOR_FAILPOINT": "after-merge-before-state"}
+        "sync", env={**IN_PROCESS, "REPLICATOR_FAILPOINT": "after-merge-before-state"}
     )
     assert killed.returncode == -9
     assert db_project.run("sync").exit_code == 0
@@ -395,7 +396,7 @@ def test_append_adds_each_row_once_and_never_updates(db_project, source_conn, de
     )
     source_conn.execute(sql.SQL("UPDATE {} SET v = 'changed' WHERE id = 100").format(table))
     killed = db_project.run_process(
-        "sync", env={"REPLICATOR_FAILPOINT": "after-merge-before-state"}
+        "sync", env={**IN_PROCESS, "REPLICATOR_FAILPOINT": "after-merge-before-state"}
     )
     assert killed.returncode == -9
     result = db_project.run("sync")  # reads the same rows again from the old cursor

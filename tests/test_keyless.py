@@ -10,11 +10,11 @@ from collections import Counter
 
 import pytest
 from dbcompare import assert_same_table
+from engines import IN_PROCESS
 from psycopg import sql
 
 pytestmark = pytest.mark.spark
 
-IN_PROCESS = {"REPLICATOR_SPARK_MIN_ROWS": "1000000"}
 EVENTS = "Events.Log"
 
 

@@ -12,6 +12,7 @@ import uuid
 import psycopg
 import pytest
 from dbcompare import assert_same_table
+from engines import IN_PROCESS
 from psycopg import sql
 
 from replicator.base.identifiers import TableName
@@ -19,8 +20,6 @@ from replicator.postgres.partition_tree import Leaf
 from replicator.transfer.leaf_parts import leaf_range_query, split_leaves
 
 pytestmark = pytest.mark.spark
-
-IN_PROCESS = {"REPLICATOR_SPARK_MIN_ROWS": "100000000"}  # no JVM: the copies are small
 
 
 def _run(conn, schema: str, statement: str, *params) -> None:

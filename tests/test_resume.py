@@ -21,11 +21,11 @@ import time
 import psycopg
 import pytest
 from dbcompare import assert_same_table, leftovers
+from engines import IN_PROCESS
 from psycopg import sql
 
 from replicator.base.identifiers import TableName
 
-IN_PROCESS = {"REPLICATOR_SPARK_MIN_ROWS": "1000000000"}
 ROWS = 30_000
 
 

@@ -7,6 +7,7 @@ import json
 import psycopg
 import pytest
 from dbcompare import assert_same_table
+from engines import IN_PROCESS
 from psycopg import sql
 
 pytestmark = pytest.mark.spark
@@ -247,7 +248,9 @@ def test_refresh_reloads_exactly_the_marked_tables_once(synced, source_conn, des
 
 def test_a_failed_refresh_keeps_its_mark(synced, source_conn, schema):
     assert synced.run("refresh", f"{schema}.other").exit_code == 0
-    failed = synced.run_process("sync", env={"REPLICATOR_FAILPOINT": "after-load-before-swap"})
+    failed = synced.run_process(
+        "sync", env={**IN_PROCESS, "REPLICATOR_FAILPOINT": "after-load-before-swap"}
+    )
     assert failed.returncode != 0
     state = json.loads(synced.run("state", "show", f"{schema}.other").stdout)
     assert state[f"{schema}.other"]["pending_full_reload"] is True

@@ -7,6 +7,7 @@ import re
 from urllib.parse import quote
 
 import pytest
+from engines import IN_PROCESS
 from psycopg import sql
 
 from replicator.project.settings import Environment
@@ -117,7 +118,7 @@ def test_dotenv_values_are_read_as_written_without_interpolation(
     assert "${HOME}" in env.get("REPLICATOR_SOURCE_URL")
     db_project.env.pop("REPLICATOR_SOURCE_URL")
     db_project.write_config({"tables": [{"name": table, "replication_key": "updated_at"}]})
-    synced = db_project.run_process("sync", drop=("REPLICATOR_SOURCE_URL",))
+    synced = db_project.run_process("sync", env=IN_PROCESS, drop=("REPLICATOR_SOURCE_URL",))
     assert synced.returncode == 0, synced.stderr
     assert password_role.password not in synced.stderr
 

@@ -8,6 +8,7 @@ import json
 
 import pytest
 from dbcompare import assert_same_table
+from engines import IN_PROCESS
 from psycopg import sql
 
 from replicator.base.identifiers import TableName, quote_ident
@@ -286,7 +287,7 @@ def test_a_repair_killed_before_it_commits_converges(db_project, schema, source_
     assert db_project.run("sync").exit_code == 0
     _tamper(dest_conn, schema)
     killed = db_project.run_process(
-        "verify", "--repair", env={"REPLICATOR_FAILPOINT": "repair-before-commit"}
+        "verify", "--repair", env={**IN_PROCESS, "REPLICATOR_FAILPOINT": "repair-before-commit"}
     )
     assert killed.returncode == -9
     result, verdicts = _verify(db_project, "--repair")
