@@ -174,6 +174,7 @@ def test_a_terminal_gets_a_live_progress_line_but_not_under_q(db_project, slow):
     assert re.search(r"[\d,]+ of ~400 rows, [\d.]+ MB, [\d,]+ rows/s", typescript), typescript
     assert "partitions 0/1" in typescript
     assert "sync: 1 succeeded, 0 failed" in typescript
+    db_project.env.update(IN_PROCESS)  # a quiet Spark run: test_a_long_copy_logs_its_progress...
     quiet = _tty_run(db_project, "sync", "-q")
     assert "rows/s" not in quiet and "succeeded" not in quiet, quiet
 
