@@ -14,7 +14,6 @@ import click
 
 from .. import __version__
 from ..base.errors import UsageError
-from ..project.project import Project
 from ..report.logs import configure_logging, error_line, json_output, say
 from ..transfer.jvm_stop import stop_spark_on_exit
 from .help_text import ENVIRONMENT, EXAMPLES, EXIT_CODES, examples
@@ -155,6 +154,8 @@ def sync(
     if force and not check_deletes:
         raise UsageError("--force goes with --deletes: `replicator sync --deletes --force`")
     verbose = click.get_current_context().meta["replicator.verbose"]
+    from ..project.project import Project
+
     project = Project.load(project_dir)
     if interval is not None and not follow:
         raise UsageError("--interval goes with --follow: `replicator sync --follow --interval 5`")
@@ -275,6 +276,8 @@ def status(project_dir: Path, names: tuple[str, ...], history: int | None, as_js
     """Per table: mode, cursor, lag behind the source's newest key, when the last run ended
     and how, rows in the destination, and the next action as `sync` will decide it. Exit 1
     when a state file cannot be read. With --history: each table's last runs instead."""
+    from ..project.project import Project
+
     project = Project.load(project_dir)
     if history is not None:
         from ..commands.history import print_history
@@ -304,6 +307,7 @@ def report(project_dir: Path, names: tuple[str, ...], output: Path | None, runs:
     _replicator.runs in the destination: per table its last status, its lag over its last
     runs, rows and seconds per run, and every failure with its reason."""
     from ..commands.report_page import write_report
+    from ..project.project import Project
 
     return write_report(Project.load(project_dir), names, output, runs)
 
@@ -349,6 +353,7 @@ def check(project_dir: Path, ping: bool) -> int:
     JDBC driver, and a cluster's Spark master. One line per finding, with its fix; exit 1
     when one is an error. Nothing is written."""
     from ..commands.check import print_checks
+    from ..project.project import Project
 
     return print_checks(Project.load(project_dir), ping)
 

@@ -7,7 +7,6 @@ from typing import Any
 
 import click
 
-from ..project.project import Project
 from .help_text import examples
 from .options import common, json_option, shared_options
 
@@ -40,6 +39,7 @@ def spark_start(project_dir: Path) -> int:
     """Start the project's warm Spark server in the background and wait until it answers
     and has run a first job. Does nothing when it is running already."""
     from ..commands.spark_server import start_server
+    from ..project.project import Project
 
     return start_server(Project.load(project_dir))
 
@@ -61,5 +61,6 @@ def spark_status(project_dir: Path, as_json: bool) -> int:
     """Whether the project's warm Spark server is up, where, and whether sync uses it; exit
     0 when it is up, 1 when not."""
     from ..commands.spark_server import print_server_status
+    from ..project.project import Project
 
     return print_server_status(Project.load(project_dir), as_json)
