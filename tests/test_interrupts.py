@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 from dbcompare import leftovers
+from engines import IN_PROCESS
 from psycopg import sql
 from waiting import wait_for
 
@@ -113,7 +114,7 @@ def test_a_signal_mid_load_cancels_cleans_up_and_reports(
     httpserver.expect_request("/hook", method="POST").respond_with_data("ok")
     db_project.env["REPLICATOR_WEBHOOK_URL"] = httpserver.url_for("/hook")
     db_project.write_config({"tables": [{"name": f"{table}.t", "mode": "full-refresh"}]})
-    assert db_project.run_process("sync", env=env).returncode == 0
+    assert db_project.run("sync", env=IN_PROCESS).exit_code == 0  # the table to replace
     (before,) = dest_conn.execute(
         sql.SQL("SELECT {}::regclass::oid").format(
             sql.Literal(sql.Identifier(table, "t").as_string(dest_conn))
