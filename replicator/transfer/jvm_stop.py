@@ -21,7 +21,7 @@ from typing import Any
 
 from ..base.interrupts import requested
 
-STOP_SECONDS = 30.0  # a clean exit (about 1 s here)
+STOP_SECONDS = 30.0  # a clean stop and exit: about 0.3 s here
 INTERRUPTED_SECONDS = 3.0  # after SIGTERM / SIGINT: then it is killed
 
 
