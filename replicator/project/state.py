@@ -245,8 +245,8 @@ def write_many_atomically(directory: Path, files: list[tuple[Path, str]]) -> Non
     once. A crash leaves each old file or its new one, as one write at a time does.
 
     Not `syncfs`: it flushes everything the file system holds dirty, the databases' files
-    too when they share its disk. A no-op run after a 1% batch of 5M rows waited 0.4-1.6 s
-    in it (bench/RESULTS.md, 2026-11-26), where an fsync of its one file takes 1-3 ms."""
+    too when they share its disk: 0.40 s of a 1.28 s no-op run right after a 1% batch of a
+    2M-row table (bench/RESULTS.md, 2026-11-26), where an fsync of its one file takes 1-3 ms."""
     written: list[tuple[Path, Path]] = []
     try:
         directory.mkdir(parents=True, exist_ok=True)
