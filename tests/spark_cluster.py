@@ -20,6 +20,7 @@ from pathlib import Path
 import pyspark
 
 from replicator.postgres.pgcluster import free_port
+from replicator.transfer.spark_session import QUICK_JIT
 
 SPARK_HOME = Path(pyspark.__file__).parent
 SYSTEM_PYTHON = "/usr/bin/python3"
@@ -74,7 +75,7 @@ class SparkCluster:
             # The master's and workers' own JVMs: C1 alone, as the tool's executors (a
             # master and two workers took 22.5-24.8 CPU-seconds over their first 30 s with
             # both compilers, 12.6-13.3 with C1, and answered in 8 s instead of 12-13).
-            "SPARK_DAEMON_JAVA_OPTS": "-XX:TieredStopAtLevel=1",
+            "SPARK_DAEMON_JAVA_OPTS": QUICK_JIT,
         }
         for key in ("PYTHONPATH", "VIRTUAL_ENV", "PYSPARK_DRIVER_PYTHON"):
             env.pop(key, None)  # the workers see no trace of the tests' virtualenv

@@ -13,6 +13,7 @@ import sys
 from datetime import UTC, datetime
 
 import pytest
+from engines import IN_PROCESS
 from prometheus_client.parser import text_string_to_metric_families
 from psycopg import sql
 from waiting import wait_for
@@ -22,15 +23,13 @@ from replicator.report.charts import MIN_SLOTS, PAD, WIDTH, sparkline
 from replicator.report.history_rows import RunRow
 from replicator.report.html_page import failures, table_view
 
-# Small tables: copied by the replicator process itself, no JVM.
-NO_SPARK = {"REPLICATOR_SPARK_MIN_ROWS": "1000000000"}
 _CLI = (sys.executable, "-m", "replicator")
 SLOW_MODEL = "SELECT t.id, t.v FROM {{ source }} AS t CROSS JOIN (SELECT pg_sleep(120)) AS slow"
 
 
 @pytest.fixture(autouse=True)
 def _no_spark(monkeypatch):
-    monkeypatch.setenv("REPLICATOR_SPARK_MIN_ROWS", NO_SPARK["REPLICATOR_SPARK_MIN_ROWS"])
+    monkeypatch.setenv("REPLICATOR_SPARK_MIN_ROWS", IN_PROCESS["REPLICATOR_SPARK_MIN_ROWS"])
 
 
 @pytest.fixture
@@ -114,7 +113,7 @@ def test_an_interrupted_run_leaves_its_rows(db_project, tables, source_conn, des
     db_project.write(f"models/{tables}/a.sql", SLOW_MODEL.replace("t.v", "t.v, t.updated_at"))
     process = subprocess.Popen(
         [*_CLI, "sync", "--project-dir", str(db_project.path)],
-        env={**os.environ, **db_project.env, **NO_SPARK},
+        env={**os.environ, **db_project.env, **IN_PROCESS},
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         stdin=subprocess.DEVNULL,
@@ -309,7 +308,7 @@ def test_each_follow_tick_is_a_run(db_project, tables, dest_conn, tmp_path):
     follow = ["sync", "--follow", "--interval", "0.2", "--log-format", "json"]
     process = subprocess.Popen(
         [*_CLI, *follow, "--project-dir", str(db_project.path)],
-        env={**os.environ, **db_project.env, **NO_SPARK},
+        env={**os.environ, **db_project.env, **IN_PROCESS},
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         stdin=subprocess.DEVNULL,

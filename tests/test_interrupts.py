@@ -103,8 +103,8 @@ def test_no_process_of_a_finished_run_outlives_it(db_project, table, tmp_path):
 @pytest.mark.parametrize(
     ("signum", "code", "env"),
     [
-        pytest.param(signal.SIGTERM, 143, {"REPLICATOR_SPARK_MIN_ROWS": "1000000000"}, id="term"),
-        pytest.param(signal.SIGINT, 130, {"REPLICATOR_SPARK_MIN_ROWS": "1000000000"}, id="int"),
+        pytest.param(signal.SIGTERM, 143, IN_PROCESS, id="term"),
+        pytest.param(signal.SIGINT, 130, IN_PROCESS, id="int"),
         pytest.param(signal.SIGTERM, 143, {"REPLICATOR_SPARK_MIN_ROWS": "0"}, id="term-spark"),
     ],
 )
@@ -213,7 +213,7 @@ def test_sigterm_during_verify_cancels_and_stops_the_run(db_project, table, sour
     db_project.write(f"models/{table}/t.sql", SLOW_MODEL)
     process = subprocess.Popen(
         [sys.executable, "-m", "replicator", "verify", "--project-dir", str(db_project.path)],
-        env={**os.environ, **db_project.env, "REPLICATOR_SPARK_MIN_ROWS": "1000000000"},
+        env={**os.environ, **db_project.env, **IN_PROCESS},
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         stdin=subprocess.DEVNULL,

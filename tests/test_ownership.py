@@ -10,6 +10,7 @@ import re
 import psycopg
 import pytest
 from dbcompare import assert_same_table
+from engines import IN_PROCESS
 from psycopg import sql
 
 from replicator.base.errors import DatabaseError
@@ -269,11 +270,10 @@ def test_a_plan_that_read_the_table_before_another_runs_swap_still_finds_it_the_
         )
     )
     db_project.write_config({"tables": [{"name": f"{schema}.t", "mode": "full-refresh"}]})
-    in_process = {"REPLICATOR_SPARK_MIN_ROWS": "1000000000"}
-    assert db_project.run("sync", env=in_process).exit_code == 0
+    assert db_project.run("sync", env=IN_PROCESS).exit_code == 0
     target = TableName(schema, "t")
     (described,) = dest_conn.execute("SELECT %s::regclass::oid", (target.sql(),)).fetchone()
-    assert db_project.run("sync", env=in_process).exit_code == 0  # the other run's swap
+    assert db_project.run("sync", env=IN_PROCESS).exit_code == 0  # the other run's swap
     (now,) = dest_conn.execute("SELECT %s::regclass::oid", (target.sql(),)).fetchone()
     assert now != described
     if many:

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 from dbcompare import assert_same_table, leftovers, pausing_scans
+from engines import IN_PROCESS
 from psycopg import sql
 from spark_cluster import SYSTEM_PYTHON, SparkCluster
 from waiting import wait_for
@@ -181,7 +182,7 @@ def test_a_driver_killed_mid_load_and_the_next_run_converges(
     source_conn.execute(
         sql.SQL("DELETE FROM {} WHERE id <= 100").format(sql.Identifier(table, "t"))
     )
-    again = db_project.run_process("sync", env={"REPLICATOR_SPARK_MIN_ROWS": "1000000000"})
+    again = db_project.run_process("sync", env=IN_PROCESS)
     assert again.returncode == 0, again.stderr
     assert assert_same_table(source_conn, dest_conn, table, "t") == ROWS - 100
     assert leftovers(dest_conn, [TableName(table, "t")]) == []
