@@ -15,15 +15,14 @@ from __future__ import annotations
 import gc
 import sys
 
-_HELP = frozenset({"-h", "--help", "--version"})
-
 
 def main() -> None:
     gc.disable()
     try:
+        from .main import CONTEXT
         from .main import main as run
 
-        if _HELP.isdisjoint(sys.argv[1:]):
+        if {*CONTEXT["help_option_names"], "--version"}.isdisjoint(sys.argv[1:]):
             from ..project import project  # noqa: F401  (what every command imports)
     finally:
         gc.freeze()
