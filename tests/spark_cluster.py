@@ -79,9 +79,13 @@ class SparkCluster:
         }
         for key in ("PYTHONPATH", "VIRTUAL_ENV", "PYSPARK_DRIVER_PYTHON"):
             env.pop(key, None)  # the workers see no trace of the tests' virtualenv
+        # No virtualenv's bin folder (this one, or one the calling shell activated): the
+        # executors' `python3` is found on this PATH and must not have replicator.
         venv_bin = str(Path(sys.prefix) / "bin")
         env["PATH"] = os.pathsep.join(
-            p for p in env.get("PATH", "").split(os.pathsep) if p and p != venv_bin
+            p
+            for p in env.get("PATH", "").split(os.pathsep)
+            if p and p != venv_bin and not (Path(p).parent / "pyvenv.cfg").exists()
         )
         log = folder / f"{name}.log"
         return subprocess.Popen(
