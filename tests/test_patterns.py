@@ -236,3 +236,36 @@ def test_a_pattern_entry_that_cannot_work_is_refused_before_anything_runs(projec
     result = project.run("ls")
     assert result.exit_code == 2
     assert "tables[0]" in result.stderr and message in result.stderr, result.stderr
+
+
+def test_the_screen_of_many_tables_sees_a_rewritten_row_and_a_tied_one(
+    db_project, schema, source_conn, dest_conn
+):
+    """The tables of a run are probed together before any is synced (sync/probe_many.py).
+    Every row of each table shares one `updated_at`, so each probe reads them all: a row
+    rewritten in place keeps the count and the newest key (only the hash tells), a row
+    added at the cursor adds one past what the last sync read there, and an untouched
+    table is a noop."""
+    for name in ("rewritten", "tied", "untouched"):
+        _table(source_conn, schema, name, rows=10)
+    db_project.write_config(
+        {"tables": [{"name": f"{schema}.*", "replication_key": "updated_at", "lookback": 0}]}
+    )
+    assert db_project.run("sync").exit_code == 0
+    source_conn.execute(
+        sql.SQL("UPDATE {} SET note = 'rewritten' WHERE id = 3").format(
+            sql.Identifier(schema, "rewritten")
+        )
+    )
+    tied = sql.Identifier(schema, "tied")
+    source_conn.execute(
+        sql.SQL(
+            "INSERT INTO {0} (id, note, updated_at) SELECT 11, 'tied', max(updated_at) FROM {0}"
+        ).format(tied)
+    )
+    result = db_project.run("sync")
+    assert result.exit_code == 0, result.output
+    for name in ("rewritten", "tied"):
+        assert f"{schema}.{name}: incremental, " in result.stderr, result.stderr
+        assert_same_table(source_conn, dest_conn, schema, name)
+    assert f"{schema}.untouched: noop" in result.stderr

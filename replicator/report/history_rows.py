@@ -11,7 +11,7 @@ table the run did not sync (`from_state`), so the metrics keep its last values.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import astuple, dataclass, fields
+from dataclasses import dataclass, fields
 from datetime import datetime, timedelta
 from typing import Any, Literal
 
@@ -48,7 +48,9 @@ class RunRow:
         return (self.finished_at - self.started_at).total_seconds()
 
     def values(self) -> tuple[Any, ...]:
-        return astuple(self)
+        # not dataclasses.astuple, which deep-copies every field: 0.2 s for a run of 1,000
+        # tables, whose fields are all immutable
+        return tuple(getattr(self, name) for name in COLUMNS)
 
     def as_json(self) -> dict[str, Any]:
         return {
