@@ -24,6 +24,7 @@ import math
 import os
 import random
 import shlex
+import shutil
 import signal
 import statistics
 import subprocess
@@ -275,6 +276,7 @@ def main() -> None:
     finally:
         source.destroy()
         dest.destroy()
+        shutil.rmtree(base, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -31,6 +31,7 @@ import argparse
 import json
 import os
 import shlex
+import shutil
 import signal
 import statistics
 import subprocess
@@ -266,6 +267,7 @@ def main() -> None:
             subprocess.run(["git", "-C", repo, "worktree", "remove", "--force", str(worktree)])
         source.destroy()
         dest.destroy()
+        shutil.rmtree(base, ignore_errors=True)
 
 
 def report(results: dict[str, list[Measured]], rows: int, table_bytes: int) -> None:

@@ -27,6 +27,7 @@ import argparse
 import json
 import os
 import shlex
+import shutil
 import statistics
 import sys
 import tempfile
@@ -182,6 +183,7 @@ def main() -> None:
             run_measured(f"{cli} spark stop -q {where}", warm_env)
         source.destroy()
         dest.destroy()
+        shutil.rmtree(base, ignore_errors=True)
 
 
 def verify(source_url: str, dest_url: str) -> None:

@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -130,6 +131,7 @@ def main() -> None:
     finally:
         for cluster in clusters:
             cluster.destroy()
+        shutil.rmtree(base, ignore_errors=True)
 
 
 if __name__ == "__main__":

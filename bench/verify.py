@@ -20,6 +20,7 @@ import argparse
 import json
 import os
 import shlex
+import shutil
 import statistics
 import sys
 import tempfile
@@ -165,6 +166,7 @@ def main() -> None:
     finally:
         source.destroy()
         dest.destroy()
+        shutil.rmtree(base, ignore_errors=True)
 
 
 def report(results: dict[str, list[Measured]], rows: int) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import atexit
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -76,6 +77,7 @@ def pg_servers() -> Iterator[Servers]:
     def cleanup() -> None:
         for cluster in clusters:
             cluster.destroy()
+        shutil.rmtree(base, ignore_errors=True)  # the clusters' folder, made above
 
     atexit.register(cleanup)
     previous = {s: signal.signal(s, _raise_interrupt) for s in (signal.SIGTERM, signal.SIGHUP)}
