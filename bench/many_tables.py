@@ -13,9 +13,9 @@ Printed: seconds for each, and the ratio of the large project to the small one. 
 
 Each command starts on a settled machine: both clusters checkpointed and every dirty page
 written out (`sync`). Without that, a command run just after the first sync of 1,000 tables
-waited on the write-back of the data that sync left behind: the clusters and the project
-share one file system here, and creating a file waits for its journal, which flushes that
-data first (1,000 state files took 1.3-1.8 s to write instead of 0.2-0.7 s).
+waits on the write-back of the data that sync left behind (the clusters and the project share
+one file system here): a no-op run's 1,000 state files took 1.6-1.8 s to write, and
+0.45-0.73 s once settled.
 
     .venv/bin/python bench/many_tables.py --tables 1000 --small 10
 """
