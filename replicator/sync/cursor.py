@@ -186,15 +186,22 @@ def sql_key(built: TableSql) -> sql.Identifier:
     return sql.Identifier(built.table.replication_key or "")
 
 
+def window_columns(built: TableSql) -> sql.Composable:
+    """Count, newest key and hash of the rows `b`, as a Window holds them: what a sync
+    records (`fingerprint`) and what a probe of many tables compares with (probe_many.py)."""
+    return sql.SQL(
+        "count(*), max(b.{k})::text, "
+        "coalesce(md5(string_agg(md5(b::text), '' ORDER BY md5(b::text))), '')"
+    ).format(k=sql_key(built))
+
+
 def fingerprint(conn: psycopg.Connection[Any], built: TableSql, cursor: Cursor | None) -> Window:
     """Count, newest key and hash of the model's rows at or past the cursor."""
     rows, newest, digest = execute(
         conn,
-        sql.SQL(
-            "SELECT count(*), max(b.{k})::text, "
-            "coalesce(md5(string_agg(md5(b::text), '' ORDER BY md5(b::text))), '') "
-            "FROM ({q}) AS b"
-        ).format(k=sql_key(built), q=rows_past(built, cursor)),
+        sql.SQL("SELECT {columns} FROM ({q}) AS b").format(
+            columns=window_columns(built), q=rows_past(built, cursor)
+        ),
     ).fetchone()
     return Window(rows=rows, hash=digest, max=newest)
 

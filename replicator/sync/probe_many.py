@@ -17,7 +17,7 @@ from ..base.errors import DatabaseError
 from ..plan.table_sql import TableSql
 from ..postgres.database import execute, fetch_union
 from ..project.state import TableState, Window
-from .cursor import ProbeResult, in_progress_xids, probe_limit, rows_past, sql_key
+from .cursor import ProbeResult, in_progress_xids, probe_limit, rows_past, window_columns
 
 Item = tuple[Hashable, TableSql, TableState]
 
@@ -53,13 +53,9 @@ def _windows(
     """Each table's count, newest key and hash over its rows at or past its cursor, read up
     to its probe limit."""
     branches = [
-        sql.SQL(
-            "SELECT {i}::int, count(*), max(b.{k})::text, "
-            "coalesce(md5(string_agg(md5(b::text), '' ORDER BY md5(b::text))), '') "
-            "FROM (SELECT * FROM ({q}) AS p LIMIT {n}) AS b"
-        ).format(
+        sql.SQL("SELECT {i}::int, {columns} FROM (SELECT * FROM ({q}) AS p LIMIT {n}) AS b").format(
             i=sql.Literal(i),
-            k=sql_key(built),
+            columns=window_columns(built),
             q=rows_past(built, state.cursor),
             n=sql.Literal(probe_limit(state)),
         )
