@@ -156,6 +156,13 @@ def test_excluded_hashed_and_filtered_columns_in_a_cursor_and_a_full_refresh_tab
     verified = db_project.run("verify", "--json", env=env)
     assert verified.exit_code == 0, verified.output
     assert [v["status"] for v in json.loads(verified.stdout)] == ["equal", "equal"]
+    # status and compile plan with the salt too: the hashed column did not change.
+    status = db_project.run("status", "--json", env=env)
+    assert status.exit_code == 0, status.output
+    assert json.loads(status.stdout)[0]["next_action"] == "incremental"
+    planned = db_project.run("compile", "--json", "-s", f"{schema}.people", env=env)
+    assert planned.exit_code == 0, planned.output
+    assert json.loads(planned.stdout)[0]["next_action"] == "incremental"
 
     # Another salt, and one more hashed column: the cursor table reloads, and says why.
     config = json.loads((db_project.path / "tables-config.json").read_text())

@@ -151,6 +151,47 @@ def test_rows_changed_after_the_last_sync_are_not_yet_synced(
     assert verdicts[f"{schema}.orders"]["not_yet_synced"] == 0
 
 
+def test_a_row_changed_by_hand_at_the_cursor_is_a_difference_while_the_sync_is_a_no_op(
+    db_project, schema, source_conn, dest_conn
+):
+    """A copy's row edited by hand, at or past the cursor: the next sync would read it again
+    only if something there changed in the source. While nothing did, that sync is a no-op
+    and the row stays wrong, so verify calls it different and --repair fixes it; once the
+    source changes there, the next sync reads the rows again and brings it back."""
+    _orders(source_conn, schema)
+    db_project.write_config(
+        {"tables": [{"name": f"{schema}.orders", "replication_key": "updated_at"}]}
+    )
+    assert db_project.run("sync", env=IN_PROCESS).exit_code == 0
+    orders = sql.Identifier(schema, "orders")
+    newest = "(SELECT max(id) FROM {t})"
+    dest_conn.execute(
+        sql.SQL("UPDATE {t} SET note = 'by hand' WHERE id = " + newest).format(t=orders)
+    )
+    synced = db_project.run("sync", env=IN_PROCESS)
+    assert synced.exit_code == 0 and "noop" in synced.output, synced.output
+    result, verdicts = _verify(db_project, env=IN_PROCESS)
+    assert result.exit_code == 1, result.output
+    verdict = verdicts[f"{schema}.orders"]
+    assert (verdict["different"], verdict["not_yet_synced"]) == (1, 0)
+    assert verdict["examples"] == [{"key": {"id": 10_000}, "kind": "different"}]
+    repaired, verdicts = _verify(db_project, "--repair", env=IN_PROCESS)
+    assert repaired.exit_code == 0 and verdicts[f"{schema}.orders"]["repaired"] == 1
+    assert assert_same_table(source_conn, dest_conn, schema, "orders") == 10_000
+
+    dest_conn.execute(
+        sql.SQL("UPDATE {t} SET note = 'by hand' WHERE id = " + newest).format(t=orders)
+    )
+    source_conn.execute(
+        sql.SQL("UPDATE {t} SET note = 'changed', updated_at = now() WHERE id = 5").format(t=orders)
+    )
+    _, verdicts = _verify(db_project, env=IN_PROCESS)
+    verdict = verdicts[f"{schema}.orders"]
+    assert (verdict["different"], verdict["not_yet_synced"]) == (0, 2)
+    assert db_project.run("sync", env=IN_PROCESS).exit_code == 0
+    assert assert_same_table(source_conn, dest_conn, schema, "orders") == 10_000
+
+
 def test_a_key_written_behind_the_cursor_is_found_and_repaired(
     db_project, schema, source_conn, dest_conn
 ):

@@ -28,7 +28,7 @@ from ..plan.read_ahead import read_ahead
 from ..postgres.database import Step, connect, display, render
 from ..project.config import TableConfig
 from ..project.project import Project
-from ..project.settings import DEST_URL, SOURCE_URL
+from ..project.settings import DEST_URL
 from ..project.state import TableState
 from ..report.logs import json_output
 from ..sync.action_scripts import ActionScripts, Inputs, Item, Tasks, action_scripts
@@ -46,7 +46,7 @@ def compile_tables(
     """Print each table's plan and statements; a table that cannot be built is reported,
     exit 1. With `since` (and `until`), the one selected table's re-sync script too."""
     tables = project.select(names)
-    source_url = project.env.connection(SOURCE_URL)
+    source_url = project.env.source()
     resync = resync_bounds(tables, names, False, since, until, source_url)
     failed = 0
     documents: list[dict[str, Any]] = []

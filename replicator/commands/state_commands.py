@@ -17,7 +17,6 @@ from ..postgres.database import connect, execute
 from ..project.config import TableConfig
 from ..project.project import Project
 from ..project.runlock import run_lock
-from ..project.settings import SOURCE_URL
 from ..project.state import Cursor, TableState
 from ..report.logs import json_output, say
 from ..sync.cursor import canonical_value, newest_key
@@ -88,7 +87,7 @@ def set_cursor(project: Project, name: str, value: str, force: bool = False) -> 
         raise UsageError(
             f"{table.written_name}: mode {table.mode} has no cursor: every sync reloads it"
         )
-    with connect(project.env.connection(SOURCE_URL), "source") as conn:
+    with connect(project.env.source(), "source") as conn:
         info = describe_table(conn, table.name)
         column = info.column(table.replication_key) if info else None
         if column is None:

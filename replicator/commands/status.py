@@ -4,7 +4,8 @@ sync will do, decided by the same plan `compile` and `sync` use when both databa
 `lag` is the source's newest replication key minus the newest key already copied (the
 highest of the cursor and the rows read past it: the stored cursor itself stays a lookback
 behind on purpose). `rows` is the destination table's row count; `last_run_rows` what the
-last run read.
+last run read. No statement on the source runs longer than POSITION_TIMEOUT_SECONDS: status
+never hangs on a slow model (it says so instead) or a locked catalog.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from ..plan.drift import Planned, plan_now
 from ..plan.read_ahead import read_ahead
 from ..plan.selection import expand_project, known_tables
 from ..plan.table_sql import MODEL_ALIAS, TableSql, fitting_cursor
-from ..postgres.database import connect, execute, transaction
+from ..postgres.database import connect, execute
 from ..project.config import TableConfig
 from ..project.project import Project
 from ..project.settings import DEST_URL, SOURCE_URL
@@ -188,7 +189,7 @@ def _observe_live(
 ) -> list[str]:
     """Fill in the next action (the sync's own plan), lag and destination rows from the
     databases; without them, the next action comes from sync-state alone, with a note."""
-    source_url = project.env.optional_connection(SOURCE_URL)
+    source_url = project.env.optional_source()
     dest_url = project.env.optional_connection(DEST_URL)
     notes: list[str] = []
     with (
@@ -199,6 +200,14 @@ def _observe_live(
             notes.append("next action, lag and source_max from sync-state alone (see above)")
             return notes
         read_ahead(source, dest, tables)
+        # The newest keys come from the models: a slow one must not make status hang. Set
+        # once for the session, not per table (four statements a table became one).
+        execute(
+            source,
+            sql.SQL("SET statement_timeout = {}").format(
+                sql.Literal(f"{POSITION_TIMEOUT_SECONDS}s")
+            ),
+        )
         for table, (row, state) in zip(tables, read, strict=True):
             if row["last_status"] == "error":
                 continue
@@ -310,18 +319,10 @@ def _position(
         # The model is the user's SQL: `%` doubled since parameters are bound.
         model=sql.SQL(built.model.sql.replace("%", "%%")),
     )
-    try:
-        with transaction(conn):
-            # The newest key comes from the model: a slow model must not make status hang.
-            execute(
-                conn,
-                sql.SQL("SET LOCAL statement_timeout = {}").format(
-                    sql.Literal(f"{POSITION_TIMEOUT_SECONDS}s")
-                ),
-            )
-            newest, behind, ahead = execute(conn, query, copied).fetchone()
-            if behind is not None and behind.startswith("-"):  # a row read, since filtered
-                behind = "00:00:00" if ":" in behind else "0"
+    try:  # under the session's statement_timeout (_observe_live)
+        newest, behind, ahead = execute(conn, query, copied).fetchone()
+        if behind is not None and behind.startswith("-"):  # a row read, since filtered
+            behind = "00:00:00" if ":" in behind else "0"
     except DatabaseError as exc:
         if exc.sqlstate != QUERY_CANCELED:
             raise

@@ -2,10 +2,12 @@
 
 Each side is read in one snapshot. Rows the cursor has yet to reach (replication key at or
 past the cursor in sync-state, or NULL) are counted as not yet synced, never as differences:
-the next sync copies them. With `repair`, the table's destination lock is held from before
-the snapshots until the last fix commits, so no sync of the table runs in between (a repair
-must never write an older row over one a sync has just merged). A table without a key is
-compared as a multiset of rows instead (multiset.py): a missing key never fails it.
+the next sync copies them, when something there changed since the last one (else it is a
+no-op, and a row there that differs stays a difference). With `repair`, the table's
+destination lock is held from before the snapshots until the last fix commits, so no sync of
+the table runs in between (a repair must never write an older row over one a sync has just
+merged). A table without a key is compared as a multiset of rows instead (multiset.py): a
+missing key never fails it.
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ from psycopg import sql
 from ..base.errors import ReplicatorError, TableProblem, one_line
 from ..base.interrupts import raise_if_requested
 from ..plan.drift import Planned, plan_now
+from ..plan.table_sql import TableSql
+from ..plan.window import probe
 from ..postgres.endpoints import Endpoints
 from ..postgres.snapshot import ExportedSnapshot
 from ..postgres.table_lock import table_lock
@@ -188,9 +192,10 @@ def _compare(
     )
     with (
         built.reading_model(),
-        compared(
-            ends, table, sides, spark, _fresh(table, built.columns, state), source_snapshot
-        ) as (found, reader),
+        compared(ends, table, sides, spark, _fresh(ends, built, state), source_snapshot) as (
+            found,
+            reader,
+        ),
     ):
         _set_aside_pending(table, planned.built.primary_key, found, pending)
         repaired = 0
@@ -267,13 +272,20 @@ def _set_aside_pending(
 
 
 def _fresh(
-    table: TableConfig, columns: tuple[Any, ...], state: TableState | None
+    ends: Endpoints, built: TableSql, state: TableState | None
 ) -> tuple[sql.Composable, list[Any]] | None:
-    """`the cursor has yet to reach this source row`, when the table has a cursor."""
+    """`the cursor has yet to reach this source row`, when the table has a cursor and its
+    next sync reads the rows at or past it. When nothing there changed since the last sync
+    read them (the probe a sync runs first), that sync is a no-op: a row that differs there
+    (one changed in the copy by hand) stays as it is, so it is a difference, not a row not
+    yet synced."""
+    table = built.table
     key = table.replication_key
     if key is None or table.mode == "full-refresh" or state is None or state.cursor is None:
         return None
-    column = next(c for c in columns if c.name == key)
+    if not probe(ends.source, built, state).changed:
+        return None
+    column = next(c for c in built.columns if c.name == key)
     ref = sql.SQL("{}.{}").format(q.ident(q.ALIAS), q.ident(key))
     test = sql.SQL("{} >= %s::{}").format(ref, sql.SQL(column.type))
     if not column.not_null:

@@ -124,6 +124,16 @@ class Environment:
             )
         return value
 
+    def source(self) -> str:
+        """The source's connection string, with the hash salt its sessions hash with
+        (`salted`): a plan read without it sees every hashed column's salt changed."""
+        return salted(self.connection(SOURCE_URL), self.get(HASH_SALT))
+
+    def optional_source(self) -> str | None:
+        """`source`, or None when the source's URL is not set."""
+        url = self.optional_connection(SOURCE_URL)
+        return None if url is None else salted(url, self.get(HASH_SALT))
+
     def optional_connection(self, name: str) -> str | None:
         """The connection string when set (checked like `connection`), else None."""
         value = self.values.get(name)

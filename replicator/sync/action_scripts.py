@@ -38,6 +38,7 @@ from .resume import (
     record_step,
     resumable,
     start_over_steps,
+    unfinished_targets,
 )
 from .scripts import (
     DestinationFacts,
@@ -230,6 +231,8 @@ def _unfinished(inputs: Inputs, built: TableSql) -> Found | None:
     """The table's unfinished reload, which an incremental run drops first."""
     if inputs.dest is None or not resumable(built.table.mode, built.table.replication_key):
         return None
+    if built.table.target.sql() not in unfinished_targets(inputs.dest):
+        return None  # no record: read once for all tables
     return find(inputs.dest, built.table.target)
 
 

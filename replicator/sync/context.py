@@ -15,6 +15,7 @@ from ..base.redact import redact
 from ..plan.decide import Plan
 from ..plan.drift import Observed, Planned
 from ..plan.table_sql import TableSql
+from ..plan.window import ProbeResult
 from ..postgres.catalog import TableInfo
 from ..postgres.endpoints import Endpoints
 from ..project.config import TableConfig
@@ -23,7 +24,6 @@ from ..project.state import RunOutcome, TableState
 from ..report.output import SyncOutput
 from ..report.results import TableResult, utc_now
 from ..transfer.spark_runner import SparkRunner
-from .cursor import ProbeResult
 
 log = logging.getLogger("replicator.sync")
 

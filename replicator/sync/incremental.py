@@ -18,6 +18,7 @@ from psycopg import sql
 from ..base.errors import DatabaseError
 from ..base.failpoints import failpoint
 from ..plan.table_sql import TableSql, batch_query
+from ..plan.window import count_and_newest, fingerprint, in_progress_xids
 from ..postgres.database import execute, run_steps, transaction
 from ..postgres.endpoints import Endpoints
 from ..postgres.naming import staging_table
@@ -30,15 +31,7 @@ from ..transfer.markers import discard, forget_markers, new_load_id
 from ..transfer.partitions import KeyRange, range_predicate
 from ..transfer.spark_runner import SparkRunner
 from .context import KeyBounds
-from .cursor import (
-    ProbeResult,
-    advance,
-    count_and_newest,
-    fingerprint,
-    in_progress_xids,
-    newest_key,
-    probe_limit,
-)
+from .cursor import advance, newest_key
 from .scripts import DestinationFacts, drop_staging_step, staging_steps
 
 log = logging.getLogger(__name__)
@@ -53,28 +46,6 @@ class IncrementalResult:
     cursor: Cursor | None
     pending: Pending | None
     window: Window | None
-
-
-def probe(conn: psycopg.Connection[Any], built: TableSql, state: TableState) -> ProbeResult:
-    """Has anything at or past the cursor changed since it was read? One snapshot.
-
-    Count and newest key first (cheap); the hash of every row only when those match."""
-    execute(conn, "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
-    try:
-        xids = set(in_progress_xids(conn))
-        limit = probe_limit(state)
-        rows, newest = execute(
-            conn, sql.SQL("SELECT ") + count_and_newest(built, state.cursor, limit)
-        ).fetchone()
-        stored = state.window
-        if stored is None or (rows, newest) != (stored.rows, stored.max):
-            changed = True
-        else:
-            changed = fingerprint(conn, built, state.cursor) != stored
-    finally:
-        execute(conn, "ROLLBACK")
-    pending = state.pending if state.pending and set(state.pending.xids) & xids else None
-    return ProbeResult(changed, pending, rows, rows < limit)
 
 
 def batch_size(conn: psycopg.Connection[Any], built: TableSql, state: TableState) -> int:

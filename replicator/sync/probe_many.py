@@ -1,4 +1,4 @@
-"""The probe of many cursor tables at once (incremental.probe's rules, one snapshot): each
+"""The probe of many cursor tables at once (plan/window.probe's rules, one snapshot): each
 table's count, newest key and hash of its rows at or past its cursor, in one statement of
 fifty tables. The rows read stop one past what the last sync read there (probe_limit): more
 means changed whatever their hash, so a table with a large batch waiting costs no more than
@@ -15,9 +15,9 @@ from psycopg import sql
 
 from ..base.errors import DatabaseError
 from ..plan.table_sql import TableSql
+from ..plan.window import ProbeResult, in_progress_xids, probe_limit, rows_past, window_columns
 from ..postgres.database import execute, fetch_union
 from ..project.state import TableState, Window
-from .cursor import ProbeResult, in_progress_xids, probe_limit, rows_past, window_columns
 
 Item = tuple[Hashable, TableSql, TableState]
 

@@ -262,7 +262,10 @@ def outlook(
     source: TableInfo,
 ) -> tuple[Found, str | None] | None:
     """For `status` and `compile`: the unfinished load, and why the next sync would start
-    over instead (None: it resumes)."""
+    over instead (None: it resumes). A table without a record costs no statement: the
+    records are read once for all tables (`unfinished_targets`)."""
+    if built.table.target.sql() not in unfinished_targets(dest):
+        return None
     found = find(dest, built.table.target)
     if found is None:
         return None

@@ -15,15 +15,15 @@ from ..capture.lsn import lsn_text
 from ..plan.decide import Plan
 from ..plan.drift import destination_has_rows
 from ..plan.table_sql import batch_query
+from ..plan.window import ProbeResult, probe
 from ..postgres.database import execute
 from ..project.state import LSN_CURSOR_TYPE, Cursor, Pending, TableState, Window
 from ..report.results import TableResult, utc_now
 from .capture_adopt import adopt_at_slot
 from .context import TableJob
-from .cursor import ProbeResult
 from .deletes import propagate_deletes
 from .full_load import full_reload
-from .incremental import batch_size, incremental_sync, probe
+from .incremental import batch_size, incremental_sync
 from .resume import abandon, resumable
 from .skip_backfill import start_without_backfill
 
