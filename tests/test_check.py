@@ -91,6 +91,26 @@ def test_missing_table_and_column_are_errors(db_project, tables):
     assert "2 error(s)" in result.stdout
 
 
+def test_a_column_named_in_the_wrong_case_gets_the_spelling_to_write(
+    db_project, tables, source_conn
+):
+    source_conn.execute(
+        sql.SQL('CREATE TABLE {} (id int PRIMARY KEY, "UpdatedAt" timestamptz NOT NULL)').format(
+            sql.Identifier(tables, "camel")
+        )
+    )
+    db_project.write_config(
+        {"tables": [{"name": f"{tables}.camel", "replication_key": "UpdatedAt"}]}
+    )
+    result = db_project.run("check")
+    assert result.exit_code == 1
+    assert (
+        f"error {tables}.camel: replication key column updatedat does not exist in the source "
+        'table (it has id, "UpdatedAt"); did you mean "UpdatedAt"? Unquoted names are folded '
+        'to lower case: write it as "\\"UpdatedAt\\"" in tables-config.json'
+    ) in result.stdout, result.stdout
+
+
 def test_corrupt_state_file_is_reported(db_project, tables):
     db_project.write_config(
         {"tables": [{"name": f"{tables}.good", "replication_key": "updated_at"}]}

@@ -269,3 +269,50 @@ def test_the_screen_of_many_tables_sees_a_rewritten_row_and_a_tied_one(
         assert f"{schema}.{name}: incremental, " in result.stderr, result.stderr
         assert_same_table(source_conn, dest_conn, schema, name)
     assert f"{schema}.untouched: noop" in result.stderr
+
+
+def test_a_source_out_of_reach_fails_each_matched_table_and_records_it(
+    db_project, schema, source_conn
+):
+    """A pattern cannot be matched without the source's catalog: the run matches it against
+    the tables sync-state knows, and each fails with the connection's error, recorded as its
+    last run (status), as in a project without patterns. `state show` needs no database."""
+    from replicator.postgres.pgcluster import free_port
+
+    for name in ("alpha", "beta"):
+        _table(source_conn, schema, name, rows=5)
+    db_project.write_config({"tables": [{"name": f"{schema}.*", "replication_key": "updated_at"}]})
+    assert db_project.run("sync").exit_code == 0
+    unreachable = f"postgresql://postgres@127.0.0.1:{free_port()}/postgres?connect_timeout=2"
+    env = {"REPLICATOR_SOURCE_URL": unreachable}
+    failed = db_project.run("sync", env=env)
+    assert failed.exit_code == 1, failed.output
+    error = "cannot connect to the source database"
+    assert failed.stderr.count(error) == 1, failed.stderr
+    assert "2 of 2 table(s) not synced" in failed.stderr, failed.stderr
+    rows = json.loads(db_project.run("status", "--json", env=env).stdout)
+    names = [f"{schema}.alpha", f"{schema}.beta"]
+    assert [(r["name"], r["last_status"]) for r in rows] == [(n, "failure") for n in names]
+    assert all(r["last_error"].startswith(error) for r in rows)
+    shown = db_project.run("state", "show", env=env)
+    assert shown.exit_code == 0, shown.output
+    assert sorted(json.loads(shown.stdout)) == names
+    assert error in shown.stderr
+
+
+def test_a_table_named_by_hand_that_never_existed_is_not_reported_gone(
+    db_project, schema, source_conn
+):
+    """A typo'd entry fails its run, whose state file records that run. Once the entry is
+    gone, a pattern that would match the name does not call it a table gone from the
+    source: no sync ever copied it."""
+    _table(source_conn, schema, "alpha", rows=5)
+    key = {"replication_key": "updated_at"}
+    db_project.write_config(
+        {"tables": [{"name": f"{schema}.alpha", **key}, {"name": f"{schema}.alhpa", **key}]}
+    )
+    assert db_project.run("sync").exit_code == 1
+    db_project.write_config({"tables": [{"name": f"{schema}.*", **key}]})
+    synced = db_project.run("sync")
+    assert synced.exit_code == 0, synced.output
+    assert "gone" not in synced.stderr, synced.stderr

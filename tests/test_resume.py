@@ -319,3 +319,51 @@ def test_compile_shows_the_resumed_load(db_project, table):
     script = shown["script"]["full_reload"]
     assert len({s["task"] for s in script if "task" in s}) == 6  # the missing partitions only
     assert not any(s["sql"].startswith("CREATE TABLE") and "new_" in s["sql"] for s in script)
+
+
+def test_a_load_that_fails_after_its_copy_starts_over_once_the_source_is_fixed(
+    db_project, schema, source_conn, dest_conn
+):
+    """A `primary_key` chosen over a nullable column, and a row with NULL there: every
+    partition is copied, then the key's build fails, with the fix. Such a load is not kept
+    (a resumed one would copy nothing and fail the same way on the rows it kept): once the
+    row is fixed in the source, the next sync loads the table."""
+    events = sql.Identifier(schema, "events")
+    source_conn.execute(
+        sql.SQL(
+            "CREATE TABLE {} (id bigint NOT NULL, k int, "
+            "updated_at timestamptz NOT NULL DEFAULT clock_timestamp())"
+        ).format(events)
+    )
+    source_conn.execute(
+        sql.SQL("INSERT INTO {} (id, k) SELECT g, g FROM generate_series(1, 5000) g").format(events)
+    )
+    source_conn.execute(sql.SQL("UPDATE {} SET k = NULL WHERE id = 4000").format(events))
+    db_project.write_config(
+        {
+            "tables": [
+                {
+                    "name": f"{schema}.events",
+                    "replication_key": "updated_at",
+                    "primary_key": ["k"],
+                    "partitions": 4,
+                }
+            ]
+        }
+    )
+    failed = db_project.run("sync", env=IN_PROCESS)
+    assert failed.exit_code == 1
+    assert (
+        "the source has rows with NULL in the primary key (k), which a primary key cannot hold"
+        in failed.stderr
+    ), failed.stderr
+    assert "new_" not in failed.stderr, "the message names the side table"
+    assert _resumable(db_project) is None
+    source_conn.execute(sql.SQL("UPDATE {} SET k = id WHERE k IS NULL").format(events))
+    fixed = db_project.run("sync", env=IN_PROCESS)
+    assert fixed.exit_code == 0, fixed.stderr
+    assert "resuming" not in fixed.stderr
+    rows = sql.SQL("SELECT id, k, updated_at FROM {} ORDER BY id").format(events)
+    copied = dest_conn.execute(rows).fetchall()  # k is NOT NULL there: the key
+    assert copied == source_conn.execute(rows).fetchall() and len(copied) == 5000
+    assert leftovers(dest_conn, [TableName(schema, "events")]) == []

@@ -92,7 +92,10 @@ def test_partial_failure_names_the_failed_table(db_project, table, schema, https
         (f"{schema}.missing", "failure"),
         (table, "success"),
     ]
-    assert payload["tables"][0]["error"] == f"{schema}.missing: source table does not exist"
+    assert payload["tables"][0]["error"] == (
+        f"{schema}.missing: source table does not exist: create it, or fix its name "
+        "(tables[0] in tables-config.json)"
+    )
     assert f"failed: {schema}.missing" in payload["text"]
 
 

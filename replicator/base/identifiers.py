@@ -82,7 +82,13 @@ def split_parts(text: str, globs: bool = False) -> list[tuple[str, bool]]:
         if i == n:
             return parts
         if text[i] != ".":
-            raise ValueError(f"unexpected {text[i]!r} at position {i + 1} of {text!r}")
+            hint = (  # a space inside an unquoted name: `Big Customers`
+                " (a name with spaces, capitals or symbols is written in double quotes, as in "
+                "SQL: 'shop.\"Big Customers\"')"
+                if not quoted and text[i - 1] in " \t\n\r\f"
+                else ""
+            )
+            raise ValueError(f"unexpected {text[i]!r} at position {i + 1} of {text!r}{hint}")
         i += 1
 
 

@@ -11,7 +11,10 @@ Environment (or the project's .env; the environment wins):
   REPLICATOR_SPARK_MASTER       overrides spark.master
   REPLICATOR_SPARK_MIN_ROWS     overrides spark.min_rows
   REPLICATOR_SPARK_REMOTE       overrides spark.remote (a Spark Connect server, sc://host:port)
-  REPLICATOR_PROGRESS_INTERVAL  seconds between progress log lines off a terminal (10)"""
+  REPLICATOR_PROGRESS_INTERVAL  seconds between progress log lines off a terminal (10)
+  REPLICATOR_HASH_SALT          the salt of `columns.hash` (a secret: never printed)
+  REPLICATOR_CACHE_DIR          the cache folder (~/.cache/replicator; off: none)
+  REPLICATOR_JDBC_JAR           the PostgreSQL JDBC driver's jar for Spark"""
 
 EXIT_CODES = """\b
 Exit codes:

@@ -351,7 +351,7 @@ def check(project_dir: Path, ping: bool) -> int:
     """Check the config, both connections and the privileges a sync needs, each table (its
     source, keys, indexes, model and destination, and the next sync's plan), Java and the
     JDBC driver, and a cluster's Spark master. One line per finding, with its fix; exit 1
-    when one is an error. Nothing is written."""
+    when one is an error, 2 when the config itself cannot be read. Nothing is written."""
     from ..commands.check import print_checks
     from ..project.project import Project
 

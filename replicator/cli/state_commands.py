@@ -28,10 +28,12 @@ def state(**_: Any) -> None:
 @click.argument("tables", nargs=-1)
 @common
 def state_show(project_dir: Path, tables: tuple[str, ...]) -> int:
-    """Print the sync-state of TABLES (default: all) as one JSON object (null: no state)."""
+    """Print the sync-state of TABLES (default: all) as one JSON object (null: no state).
+    A source out of reach matches the table patterns against sync-state's tables."""
     from ..commands.state_commands import show_state
+    from ..project.project import Project
 
-    return show_state(load_expanded(project_dir), tables)
+    return show_state(Project.load(project_dir), tables)
 
 
 @state.command(

@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import json
+import logging
 from typing import Any
 
 import click
 import psycopg
 from psycopg import sql
 
-from ..base.errors import ReplicatorError, StateError, UsageError
+from ..base.errors import ReplicatorError, StateError, UsageError, one_line
 from ..base.identifiers import display_ident
 from ..plan.inspect_table import inspect_table
+from ..plan.selection import expand_project, known_tables
 from ..postgres.catalog import describe_table
 from ..postgres.database import connect, execute
 from ..project.config import TableConfig
@@ -20,6 +22,8 @@ from ..project.runlock import run_lock
 from ..project.state import Cursor, TableState
 from ..report.logs import json_output, say
 from ..sync.cursor import canonical_value, newest_key
+
+log = logging.getLogger(__name__)
 
 
 def mark_for_refresh(project: Project, names: tuple[str, ...]) -> int:
@@ -41,7 +45,16 @@ def mark_for_refresh(project: Project, names: tuple[str, ...]) -> int:
 
 
 def show_state(project: Project, names: tuple[str, ...]) -> int:
-    """Print the states as one JSON object keyed by table name (null: no state yet)."""
+    """Print the states as one JSON object keyed by table name (null: no state yet); it
+    needs no database (the table patterns are matched against sync-state's tables when the
+    source is out of reach)."""
+    try:
+        project = expand_project(project)
+    except ReplicatorError as exc:
+        project = expand_project(project, catalog=known_tables(project.store))
+        log.warning(
+            "%s: the table patterns are matched against sync-state/'s tables", one_line(exc)
+        )
     out: dict[str, object] = {}
     failed = False
     for table in project.select(names):

@@ -29,7 +29,10 @@ def inspect_source(
         raise TableProblem(table.problem)
     source = describe_table(conn, table.source)
     if source is None:
-        raise TableProblem(f"{table.written_name}: source table does not exist")
+        raise TableProblem(
+            f"{table.written_name}: source table does not exist: create it, or fix its name "
+            f"(tables[{table.entry}] in tables-config.json)"
+        )
     shaping = shaping_of(conn, table)
     readable = readable_columns(source, shaping, table.written_name)
     model = templates.model(table.source, readable)

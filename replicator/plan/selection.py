@@ -157,7 +157,8 @@ def vanished_tables(
     catalog: list[TableName],
     store: StateStore,
 ) -> tuple[Vanished, ...]:
-    """State files of tables a pattern would choose that the source no longer has."""
+    """State files of tables a pattern would choose that the source no longer has (and that
+    a sync copied once)."""
     present = set(catalog)
     selected = {state_file_stem(t.source) for t in tables}
     found = []
@@ -165,8 +166,8 @@ def vanished_tables(
         if path.stem in selected:
             continue
         name = store.name_in(path)
-        if name is None or name in present:
-            continue
+        if name is None or name in present or not store.ever_synced(path):
+            continue  # never copied (a table named by hand that never existed): not gone
         entry = next((e for e in entries if e.is_pattern and _chosen(e, name)), None)
         explicit = any(e.name == name for e in entries if not e.is_pattern)
         if entry is not None and not explicit:

@@ -162,5 +162,10 @@ def shape_model(
             describe_query(conn, shaped.sql)
         except DatabaseError as exc:
             message = str(exc).removeprefix("source: ")
-            raise TableProblem(f"{name}: where: {message}") from None
+            if 'at or near ")"' in message:  # the closing parenthesis the filter is put in
+                message += " (the expression ends too soon)"
+            raise TableProblem(
+                f"{name}: tables[{table.entry}].where in tables-config.json "
+                f"({shaping.where}): {message}"
+            ) from None
     return shaped, columns

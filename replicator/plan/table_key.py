@@ -18,6 +18,7 @@ from ..base.errors import TableProblem
 from ..base.identifiers import display_ident
 from ..postgres.catalog import TableInfo
 from ..project.config import TableConfig
+from .column_hint import columns_hint
 
 KeyOrigin = Literal["config", "primary key", "unique index", "none"]
 
@@ -66,6 +67,7 @@ def resolve_key(table: TableConfig, source: TableInfo, model_columns: Collection
             raise TableProblem(
                 f"{table.written_name}: primary_key column "
                 f"{', '.join(map(display_ident, missing))} does not exist in the source table"
+                f"{columns_hint(missing, source)}{table.pattern_fix()}"
             )
         return TableKey(tuple(table.primary_key), "config")
     if source.primary_key:

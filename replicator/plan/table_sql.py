@@ -21,6 +21,7 @@ from ..postgres.naming import MARK_COLUMN, MARK_TYPE, staging_table
 from ..project.config import TableConfig
 from ..project.state import Cursor
 from ..project.templates import Model, Templates
+from .column_hint import columns_hint
 from .shaping import MODEL_ALIAS, Shaping
 from .table_key import TableKey, resolve_key
 
@@ -119,7 +120,7 @@ def check_replication_key(table: TableConfig, source: TableInfo) -> Column | Non
         raise TableProblem(
             f"{table.written_name}: replication key column "
             f"{display_ident(table.replication_key)} does not exist in the source table"
-            f"{table.pattern_fix()}"
+            f"{columns_hint([table.replication_key], source)}{table.pattern_fix()}"
         )
     return column
 

@@ -110,4 +110,10 @@ def resolve_names(config: CdcConfig | None, stored: CaptureState | None) -> Capt
     publication = config.publication or (stored.publication if stored else f"replicator_{suffix}")
     created = config.create if stored is None else (stored.created and config.create)
     tables = stored.tables if stored else None
-    return CaptureState(slot=slot, publication=publication, created=created, tables=tables)
+    # How each table was listed in the publication: kept while it is the same publication
+    # (else every run would list a shaped table again, as if its `columns` had changed).
+    same = stored is not None and stored.publication == publication
+    listings = stored.listings if same and stored is not None else {}
+    return CaptureState(
+        slot=slot, publication=publication, created=created, tables=tables, listings=listings
+    )

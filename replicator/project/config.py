@@ -120,7 +120,7 @@ class TableConfig(_Frozen):
         if self.pattern is None:
             return ""
         return (
-            f"; or leave it out of tables[{self.entry}] ({self.pattern}): add "
+            f"; or leave the table out of tables[{self.entry}] ({self.pattern}): add "
             f'"{self.written_name}" to its "exclude", or give it an entry of its own'
         )
 

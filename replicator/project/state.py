@@ -178,6 +178,14 @@ class StateStore:
         except (OSError, ValueError, KeyError, TypeError):
             return None
 
+    def ever_synced(self, path: Path) -> bool:
+        """Whether a sync ever copied the table of this state file (a failed first run
+        writes one too, to record that run)."""
+        try:
+            return json.loads(path.read_bytes()).get("last_synced_at") is not None
+        except (OSError, ValueError, AttributeError):
+            return False
+
     def delete(self, name: TableName) -> bool:
         """Forget the table's state (its next sync is a full reload); False if it had none."""
         self._later.pop(name, None)

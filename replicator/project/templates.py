@@ -180,9 +180,10 @@ def validate_select(text: str, origin: str) -> str:
     except (sqlglot.errors.ParseError, sqlglot.errors.TokenError) as exc:
         first = exc.errors[0] if isinstance(exc, sqlglot.errors.ParseError) and exc.errors else {}
         where = f":{first.get('line')}:{first.get('col')}" if first.get("line") else ""
-        detail = first.get("description", str(exc)).split("<Token")[0].strip()
+        detail = _readable(first.get("description", str(exc)))
+        near = f" at {first['highlight']!r}" if first.get("highlight") else ""
         raise TemplateError(
-            f"{origin}{where}: SQL syntax error (line:col of the rendered SQL): {detail}"
+            f"{origin}{where}: SQL syntax error{near} (line:col of the rendered SQL): {detail}"
         ) from None
     if len(statements) != 1 or not isinstance(statements[0], exp.Query):
         raise TemplateError(f"{origin}: expected exactly one SELECT statement")
@@ -245,3 +246,10 @@ def canonical_sql(text: str) -> str:
         else:
             parts.append(token.text.upper())
     return " ".join(parts)
+
+
+def _readable(description: str) -> str:
+    """The parser's description without its internals (`<Token ...>`, `for <class ...>`):
+    `Required keyword: 'expression' missing` says an expression is missing there."""
+    text = re.sub(r"\s*for <class '[^']*'>", "", description.split("<Token")[0]).strip()
+    return re.sub(r"Required keyword: '(\w+)' missing", r"an \1 is missing here", text)

@@ -20,7 +20,7 @@ from psycopg import sql
 
 from ..base.errors import DatabaseError, TableProblem
 from ..base.failpoints import failpoint
-from ..base.identifiers import TableName
+from ..base.identifiers import TableName, display_ident
 from ..capture.applied import ensure_applied_table, record_applied_step
 from ..capture.slot_snapshot import SlotSnapshot
 from ..plan.table_sql import TableSql
@@ -51,6 +51,7 @@ from .scripts import (
 log = logging.getLogger(__name__)
 
 UNIQUE_VIOLATION = psycopg.errors.UniqueViolation.sqlstate
+NOT_NULL_VIOLATION = psycopg.errors.NotNullViolation.sqlstate
 
 
 @dataclass(frozen=True)
@@ -109,8 +110,9 @@ def full_reload(
             load_id,
             resumable,
         )
-    except BaseException:
-        if not (resumable and resume.kept(ends.dest, built, load_id)):
+    except BaseException as exc:
+        failed = isinstance(exc, Exception)  # not an interruption (SIGTERM, SIGINT)
+        if not (resumable and resume.kept(ends.dest, built, load_id, failed=failed)):
             also = [resume.forget_step(target)] if resumable else []
             discard(ends.dest, target, [side_table(target)], also)
         raise
@@ -287,8 +289,22 @@ def _finish_side_table(
         try:
             execute(dest, step.statement, step.params)
         except DatabaseError as exc:
+            if step.text == key_text and exc.sqlstate == NOT_NULL_VIOLATION:
+                raise _null_in_the_key(built) from None
             if step.text != key_text or exc.sqlstate != UNIQUE_VIOLATION:
                 raise
             removed = _keep_newest_version_per_key(dest, side, built, rows_moved_pages)
             execute(dest, step.statement, step.params)
     return removed
+
+
+def _null_in_the_key(built: TableSql) -> TableProblem:
+    """The model returned a row with NULL in a primary key column (a `primary_key` chosen
+    in the config over nullable columns): no copy can have that key."""
+    name = built.table.written_name
+    columns = ", ".join(map(display_ident, built.primary_key))
+    return TableProblem(
+        f"{name}: the source has rows with NULL in the primary key ({columns}), which a "
+        "primary key cannot hold: fix those rows in the source, or set `primary_key` to "
+        "columns that are never NULL; the next sync starts the load over"
+    )

@@ -284,13 +284,24 @@ def check_unchanged(
         )
 
 
-def kept(dest: psycopg.Connection[Any], built: TableSql, load_id: str) -> bool:
-    """After a failed or interrupted resumable load: keep it when a partition is in."""
+def kept(
+    dest: psycopg.Connection[Any], built: TableSql, load_id: str, *, failed: bool = True
+) -> bool:
+    """After a failed (`failed`) or interrupted resumable load: keep it when a partition is
+    in. Not one that failed once every partition was in: what failed came after the copy
+    (the key's build, the swap), and a resumed load, which copies nothing, would fail the
+    same way on the rows it kept, even once the source is fixed."""
     try:
         found = find(dest, built.table.target)
     except (DatabaseError, psycopg.Error):  # the destination is gone too: look next run
         return True
     if found is None or found.resume.load_id != load_id or not found.loaded:
+        return False
+    if failed and len(found.loaded) >= len(found.resume.parts):
+        log.info(
+            "%s: the load failed after its last partition was copied: the next sync starts it over",
+            built.table.written_name,
+        )
         return False
     log.info(  # tasks still stopping may commit a partition more: `status` counts them
         "%s: partitions loaded so far (%d of %d) are kept: the next sync resumes the load "

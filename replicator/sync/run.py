@@ -29,7 +29,7 @@ from ..base.redact import redact
 from ..plan.decide import Plan
 from ..plan.drift import plan_now
 from ..plan.read_ahead import read_ahead
-from ..plan.selection import expand_project
+from ..plan.selection import expand_project, has_patterns, known_tables
 from ..postgres.database import connect
 from ..postgres.endpoints import Endpoints
 from ..postgres.ownership import adopt_legacy, bookkeeping_gone
@@ -135,11 +135,19 @@ def run_sync(
 
 
 def _expanded(project: Project, notify: Callable[[dict[str, Any], bool], None] | None) -> Project:
-    """The project with its patterns matched against the source now (plan/selection.py);
-    a source that cannot be reached fails the run once, webhook included."""
-    started_at = utc_now()
+    """The project with its patterns matched against the source now (plan/selection.py),
+    or against sync-state's tables when the source is out of reach: each then fails, as its
+    last run records (as without patterns). A catalog that cannot be read fails the run."""
+    if project.expanded or not has_patterns(project):
+        return project
+    started_at, url = utc_now(), project.connections().source
     try:
-        return expand_project(project)
+        source = connect(url, "source")
+    except ReplicatorError:  # each table fails with it (`_sync_all`), as without patterns
+        return expand_project(project, catalog=known_tables(project.store))
+    try:
+        with source:
+            return expand_project(project, source)
     except ReplicatorError as exc:
         webhook = project.settings.webhook
         if webhook is not None:
