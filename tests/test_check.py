@@ -111,6 +111,21 @@ def test_a_column_named_in_the_wrong_case_gets_the_spelling_to_write(
     ) in result.stdout, result.stdout
 
 
+def test_a_primary_key_over_a_nullable_column_is_a_warning(db_project, tables):
+    db_project.write_config(
+        {
+            "tables": [
+                {"name": f"{tables}.no_pk", "replication_key": "updated_at", "primary_key": ["id"]}
+            ]
+        }
+    )
+    result = db_project.run("check")
+    assert (
+        f"warn  {tables}.no_pk: primary_key column(s) id may be NULL in the source: a row "
+        "with NULL there fails the load"
+    ) in result.stdout, result.stdout
+
+
 def test_corrupt_state_file_is_reported(db_project, tables):
     db_project.write_config(
         {"tables": [{"name": f"{tables}.good", "replication_key": "updated_at"}]}

@@ -19,7 +19,7 @@ from ..plan.drift import plan_now
 from ..plan.inspect_table import inspect_table
 from ..plan.read_ahead import read_ahead
 from ..plan.selection import expand_project, has_patterns, without_patterns
-from ..postgres.catalog import describe_table, leading_index_columns
+from ..postgres.catalog import TableInfo, describe_table, leading_index_columns
 from ..postgres.database import connect, execute, fetch_all
 from ..postgres.dependent_views import reload_problem
 from ..postgres.dest_schema import missing_schemas
@@ -281,6 +281,15 @@ def _check_table(
         return
     shape = f"{info.kind}, {len(info.columns)} columns, {built.key.describe()}"
     yield Finding("ok", subject, shape)
+    nullable = [c for c in table.primary_key or () if not _not_null(info, c)]
+    if nullable:  # the copy's key cannot hold a NULL: such a row fails the load
+        yield Finding(
+            "warn",
+            subject,
+            f"primary_key column(s) {', '.join(map(display_ident, nullable))} may be NULL in "
+            "the source: a row with NULL there fails the load (a primary key holds no NULLs)",
+            "choose columns declared NOT NULL, or make sure no row has NULL in them",
+        )
     if table.replication_key is None:
         return
     (zone,) = execute(
@@ -338,3 +347,8 @@ def _check_plan(
 
 def _current_user(conn: psycopg.Connection[Any]) -> str:
     return str(fetch_all(conn, "SELECT current_user")[0][0])
+
+
+def _not_null(info: TableInfo, name: str) -> bool:
+    column = info.column(name)
+    return column is None or column.not_null  # a missing one is an error of its own
