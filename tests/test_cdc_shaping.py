@@ -104,6 +104,10 @@ def test_a_cdc_table_leaves_out_hashes_and_filters_from_the_log(
     first = cdc_project.run("sync", env=env)
     assert first.exit_code == 1, first.output  # orders fails alone, with the fix
     assert f"ALTER TABLE {schema}.orders REPLICA IDENTITY FULL" in first.stderr
+    unverified = cdc_project.run("verify", "--json", "-s", f"{schema}.orders", env=env)
+    (verdict,) = json.loads(unverified.stdout)
+    assert verdict["status"] == "failed"
+    assert f"ALTER TABLE {schema}.orders REPLICA IDENTITY FULL" in verdict["error"], verdict
     assert _copy(dest_conn, schema, "people") == _expected(
         source_conn, schema, "people", "status <> 'test'"
     )

@@ -18,8 +18,10 @@ from ..base.errors import ReplicatorError, StateError
 from ..base.redact import redact
 from ..capture.applied import applied_positions
 from ..capture.pending import Key, pending_keys
+from ..capture.preflight import capture_problem
 from ..compare.verdict import Verdict
 from ..compare.verify_table import PendingLookup, verify_table
+from ..plan.inspect_table import inspect_source
 from ..postgres.database import connect
 from ..postgres.endpoints import Endpoints
 from ..postgres.table_lock import lock_connections
@@ -82,8 +84,12 @@ def _verify_one(
 ) -> Verdict:
     try:
         state = project.store.read(table.name)
+        never = state is None or state.last_synced_at is None
+        problem = _uncapturable(project, ends, table) if never else None
     except StateError as exc:
-        verdict = _failed(table, str(exc))
+        state, problem = None, str(exc)
+    if problem is not None:
+        verdict = _failed(table, problem)
     else:
         log.info("%s: verifying%s", table.written_name, " and repairing" if repair else "")
         verdict = verify_table(
@@ -105,6 +111,19 @@ def _verify_one(
         extra={"fields": {"event": "verify.table", **verdict.as_dict()}},
     )
     return verdict
+
+
+def _uncapturable(project: Project, ends: Endpoints, table: TableConfig) -> str | None:
+    """Why a `cdc` table never loaded cannot be, with the fix (the sync fails it for that:
+    "run sync first" would not help); None when it can, or is not a `cdc` table."""
+    if table.mode != "cdc":
+        return None
+    try:
+        info, built = inspect_source(ends.source, table, project.templates)
+        problem = capture_problem(ends.source, info, built)
+    except ReplicatorError:
+        return None  # the comparison says why
+    return None if problem is None else f"{table.written_name}: {problem}"
 
 
 def _pending_changes(project: Project, ends: Endpoints, table: TableConfig) -> PendingLookup | None:
