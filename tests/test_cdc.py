@@ -78,7 +78,8 @@ def test_inserts_updates_deletes_and_truncate_arrive_exactly_once(
 
     _run(writer, schema, "TRUNCATE {t}")
     _run(writer, schema, "INSERT INTO {t} VALUES (1, 'after the truncate', 1, NULL)")
-    _sync(cdc_project)
+    fourth = _sync(cdc_project)
+    assert "; truncated" in fourth.stderr, fourth.stderr  # the log says the copy was emptied
     assert assert_same_table(source_conn, dest_conn, schema, "orders") == 1
 
 

@@ -304,6 +304,8 @@ class CaptureRun:
         }
         action = "incremental" if table.changes else "noop"
         reason = f"lsn {before} -> {after}" if table.changes else f"lsn {after}"
+        if table.truncated:  # the log's TRUNCATE emptied the copy before the changes after it
+            reason += "; truncated"
         result = job.success(action, table.changes, reason, 0, before, after)
         result = replace(result, deleted=table.deleted)
         job.write_state(

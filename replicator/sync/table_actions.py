@@ -134,8 +134,8 @@ def _incremental(job: TableJob) -> TableResult:
         probed = probe(job.ends.source, job.built, state)
     if not probed.changed:
         return finish_noop(job, probed)
-    _warn_of_vanished_rows(job, state, probed.rows)
     job.started_log("incremental", f"incremental ({job.plan.reason})")
+    _warn_of_vanished_rows(job, state, probed.rows)
     rows = probed.rows
     if not probed.exact:  # the probe stopped counting: only Spark's choice needs the size
         spark = job.run.spark
