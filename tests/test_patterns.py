@@ -282,9 +282,13 @@ def test_a_source_out_of_reach_fails_each_matched_table_and_records_it(
     for name in ("alpha", "beta"):
         _table(source_conn, schema, name, rows=5)
     db_project.write_config({"tables": [{"name": f"{schema}.*", "replication_key": "updated_at"}]})
-    assert db_project.run("sync").exit_code == 0
     unreachable = f"postgresql://postgres@127.0.0.1:{free_port()}/postgres?connect_timeout=2"
     env = {"REPLICATOR_SOURCE_URL": unreachable}
+    first = db_project.run("sync", env=env)  # sync-state knows no table yet: nothing to say
+    assert first.exit_code == 1 and "cannot connect to the source" in first.stderr, first.output
+    assert db_project.run("sync").exit_code == 0
+    named = db_project.run("sync", "-s", f"{schema}.gamma", env=env)  # not in sync-state
+    assert named.exit_code == 1 and "cannot connect to the source" in named.stderr, named.output
     failed = db_project.run("sync", env=env)
     assert failed.exit_code == 1, failed.output
     error = "cannot connect to the source database"

@@ -225,7 +225,12 @@ def _observe_live(
                 if dest is not None:
                     _show_resumable(source, dest, planned, row)
             except ReplicatorError as exc:
-                row["next_action"] = f"fail: {redact(str(exc))}"
+                row["next_action"] = (
+                    f"unknown: a statement on the source took over {POSITION_TIMEOUT_SECONDS} s "
+                    "(a lock on the table?)"
+                    if getattr(exc, "sqlstate", None) == QUERY_CANCELED
+                    else f"fail: {redact(str(exc))}"
+                )
         if any(t.mode == "cdc" for t in tables):
             notes.extend(capture_notes(project, source, tables, [row for row, _ in read]))
     if dest is None:

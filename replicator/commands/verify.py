@@ -123,7 +123,7 @@ def _uncapturable(project: Project, ends: Endpoints, table: TableConfig) -> str 
         problem = capture_problem(ends.source, info, built)
     except ReplicatorError:
         return None  # the comparison says why
-    return None if problem is None else f"{table.written_name}: {problem}"
+    return None if problem is None else problem.removeprefix(f"{table.written_name}: ")
 
 
 def _pending_changes(project: Project, ends: Endpoints, table: TableConfig) -> PendingLookup | None:

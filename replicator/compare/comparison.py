@@ -5,7 +5,7 @@ cursor tables (the key alone)."""
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -71,18 +71,24 @@ def sides_of(
     )
 
 
+# On the source's snapshot: the test of a source row the next sync copies, with its values.
+Fresh = Callable[[psycopg.Connection[Any]], tuple[sql.Composable, list[Any]] | None]
+
+
 @contextlib.contextmanager
 def compared(
     ends: Endpoints,
     table: TableConfig,
     sides: Sides,
     spark: SparkRunner,
-    fresh: tuple[sql.Composable, list[Any]] | None = None,
+    fresh: Fresh | None = None,
     source_snapshot: str | None = None,
 ) -> Iterator[tuple[Found, RangeReader]]:
     """Compare the sides, each in a snapshot that stays open for the block (a repair reads
-    the source rows it writes from the same snapshot). `source_snapshot`: the source side
-    reads that exported snapshot (a new slot's, for `cdc restart`) instead of its own."""
+    the source rows it writes from the same snapshot). `fresh` gives, on the source's
+    snapshot, which source rows are not yet synced (bisect.py). `source_snapshot`: the
+    source side reads that exported snapshot (a new slot's, for `cdc restart`) instead of
+    its own."""
     rows, pages = estimated_rows(ends.dest, table.target)
     on_spark = rows > 0 and spark.needed_for(rows)
     if sides.keys_only:  # hashing keys is cheap: worth a JVM start only for huge tables
@@ -97,7 +103,7 @@ def compared(
         ) as ours,
         ExportedSnapshot(ends.dest_url, "destination") as theirs,
     ):
-        assert theirs.conn is not None
+        assert theirs.conn is not None and ours.conn is not None
         reader = RangeReader(ours, theirs, spark if on_spark else None)
         cuts = first_thresholds(theirs.conn, sides.shape, table.target, rows, pages)
         found = find_differences(
@@ -106,7 +112,7 @@ def compared(
             sides.source,
             sides.destination,
             cuts,
-            fresh=fresh,
+            fresh=fresh(ours.conn) if fresh is not None else None,
             # one range per two cores and side: the servers, not Spark, do the hashing
             chunks=max(spark.parallelism() // 2, 1) if on_spark else 1,
         )

@@ -25,7 +25,7 @@ from ..base.errors import ReplicatorError, TableProblem, one_line
 from ..base.interrupts import raise_if_requested
 from ..plan.drift import Planned, plan_now
 from ..plan.table_sql import TableSql
-from ..plan.window import probe
+from ..plan.window import changed_since
 from ..postgres.endpoints import Endpoints
 from ..postgres.snapshot import ExportedSnapshot
 from ..postgres.table_lock import table_lock
@@ -35,7 +35,7 @@ from ..project.templates import Templates
 from ..transfer.spark_runner import SparkRunner
 from . import range_sql as q
 from .bisect import Found, Key
-from .comparison import compared, sides_of
+from .comparison import Fresh, compared, sides_of
 from .multiset import diff_multisets, examples, repair_multiset
 from .reader import RangeReader
 from .repair import MARK_COLUMN, repair
@@ -192,7 +192,7 @@ def _compare(
     )
     with (
         built.reading_model(),
-        compared(ends, table, sides, spark, _fresh(ends, built, state), source_snapshot) as (
+        compared(ends, table, sides, spark, _fresh(built, state), source_snapshot) as (
             found,
             reader,
         ),
@@ -271,26 +271,28 @@ def _set_aside_pending(
         found.set_aside(lambda k: waiting is None or k in waiting, _DIFFERENCES)
 
 
-def _fresh(
-    ends: Endpoints, built: TableSql, state: TableState | None
-) -> tuple[sql.Composable, list[Any]] | None:
+def _fresh(built: TableSql, state: TableState | None) -> Fresh | None:
     """`the cursor has yet to reach this source row`, when the table has a cursor and its
     next sync reads the rows at or past it. When nothing there changed since the last sync
-    read them (the probe a sync runs first), that sync is a no-op: a row that differs there
-    (one changed in the copy by hand) stays as it is, so it is a difference, not a row not
-    yet synced."""
+    read them (the probe a sync runs first, asked in the comparison's own snapshot), that
+    sync is a no-op: a row that differs there (one changed in the copy by hand) stays as it
+    is, so it is a difference, not a row not yet synced."""
     table = built.table
     key = table.replication_key
     if key is None or table.mode == "full-refresh" or state is None or state.cursor is None:
         return None
-    if not probe(ends.source, built, state).changed:
-        return None
+    cursor = state.cursor.value
     column = next(c for c in built.columns if c.name == key)
     ref = sql.SQL("{}.{}").format(q.ident(q.ALIAS), q.ident(key))
     test = sql.SQL("{} >= %s::{}").format(ref, sql.SQL(column.type))
     if not column.not_null:
         test = sql.SQL("({} OR {} IS NULL)").format(test, ref)
-    return test, [state.cursor.value]
+
+    def on(snapshot: psycopg.Connection[Any]) -> tuple[sql.Composable, list[Any]] | None:
+        assert state is not None
+        return (test, [cursor]) if changed_since(snapshot, built, state) else None
+
+    return on
 
 
 def _examples(shape: q.Shape, found: Found) -> list[dict[str, Any]]:

@@ -162,7 +162,8 @@ def shape_model(
             describe_query(conn, shaped.sql)
         except DatabaseError as exc:
             message = str(exc).removeprefix("source: ")
-            if 'at or near ")"' in message:  # the closing parenthesis the filter is put in
+            balanced = shaping.where.count("(") >= shaping.where.count(")")
+            if 'at or near ")"' in message and balanced:  # the `)` the filter is put in
                 message += " (the expression ends too soon)"
             raise TableProblem(
                 f"{name}: tables[{table.entry}].where in tables-config.json "

@@ -94,22 +94,32 @@ def fingerprint(conn: psycopg.Connection[Any], built: TableSql, cursor: Cursor |
 
 
 def probe(conn: psycopg.Connection[Any], built: TableSql, state: TableState) -> ProbeResult:
-    """Has anything at or past the cursor changed since it was read? One snapshot.
-
-    Count and newest key first (cheap); the hash of every row only when those match."""
+    """Has anything at or past the cursor changed since it was read? One snapshot."""
     execute(conn, "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
     try:
         xids = set(in_progress_xids(conn))
         limit = probe_limit(state)
-        rows, newest = execute(
-            conn, sql.SQL("SELECT ") + count_and_newest(built, state.cursor, limit)
-        ).fetchone()
-        stored = state.window
-        if stored is None or (rows, newest) != (stored.rows, stored.max):
-            changed = True
-        else:
-            changed = fingerprint(conn, built, state.cursor) != stored
+        changed, rows = _changed(conn, built, state, limit)
     finally:
         execute(conn, "ROLLBACK")
     pending = state.pending if state.pending and set(state.pending.xids) & xids else None
     return ProbeResult(changed, pending, rows, rows < limit)
+
+
+def changed_since(conn: psycopg.Connection[Any], built: TableSql, state: TableState) -> bool:
+    """`probe`'s answer in the caller's transaction (`verify`: its source snapshot)."""
+    return _changed(conn, built, state, probe_limit(state))[0]
+
+
+def _changed(
+    conn: psycopg.Connection[Any], built: TableSql, state: TableState, limit: int
+) -> tuple[bool, int]:
+    """Changed, and the rows counted (up to `limit`): count and newest key first (cheap),
+    the hash of every row only when those match."""
+    rows, newest = execute(
+        conn, sql.SQL("SELECT ") + count_and_newest(built, state.cursor, limit)
+    ).fetchone()
+    stored = state.window
+    if stored is None or (rows, newest) != (stored.rows, stored.max):
+        return True, rows
+    return fingerprint(conn, built, state.cursor) != stored, rows

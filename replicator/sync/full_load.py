@@ -111,8 +111,8 @@ def full_reload(
             resumable,
         )
     except BaseException as exc:
-        failed = isinstance(exc, Exception)  # not an interruption (SIGTERM, SIGINT)
-        if not (resumable and resume.kept(ends.dest, built, load_id, failed=failed)):
+        unusable = isinstance(exc, NullInTheKey)
+        if not (resumable and resume.kept(ends.dest, built, load_id, unusable=unusable)):
             also = [resume.forget_step(target)] if resumable else []
             discard(ends.dest, target, [side_table(target)], also)
         raise
@@ -298,12 +298,16 @@ def _finish_side_table(
     return removed
 
 
-def _null_in_the_key(built: TableSql) -> TableProblem:
+class NullInTheKey(TableProblem):
     """The model returned a row with NULL in a primary key column (a `primary_key` chosen
-    in the config over nullable columns): no copy can have that key."""
+    in the config over nullable columns): no copy can have that key, and the rows copied
+    are of no use to a resumed load."""
+
+
+def _null_in_the_key(built: TableSql) -> NullInTheKey:
     name = built.table.written_name
     columns = ", ".join(map(display_ident, built.primary_key))
-    return TableProblem(
+    return NullInTheKey(
         f"{name}: the source has rows with NULL in the primary key ({columns}), which a "
         "primary key cannot hold: fix those rows in the source, or set `primary_key` to "
         "columns that are never NULL; the next sync starts the load over"

@@ -285,21 +285,21 @@ def check_unchanged(
 
 
 def kept(
-    dest: psycopg.Connection[Any], built: TableSql, load_id: str, *, failed: bool = True
+    dest: psycopg.Connection[Any], built: TableSql, load_id: str, *, unusable: bool = False
 ) -> bool:
-    """After a failed (`failed`) or interrupted resumable load: keep it when a partition is
-    in. Not one that failed once every partition was in: what failed came after the copy
-    (the key's build, the swap), and a resumed load, which copies nothing, would fail the
-    same way on the rows it kept, even once the source is fixed."""
+    """After a failed or interrupted resumable load: keep it when a partition is in. Not
+    one whose copied rows cannot take the key (`unusable`: a NULL in it): a resumed load
+    would copy nothing new and fail the same way on the rows it kept, even once the source
+    is fixed."""
     try:
         found = find(dest, built.table.target)
     except (DatabaseError, psycopg.Error):  # the destination is gone too: look next run
         return True
     if found is None or found.resume.load_id != load_id or not found.loaded:
         return False
-    if failed and len(found.loaded) >= len(found.resume.parts):
+    if unusable:
         log.info(
-            "%s: the load failed after its last partition was copied: the next sync starts it over",
+            "%s: the rows copied cannot take the key: the next sync starts the load over",
             built.table.written_name,
         )
         return False

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import logging
 import time
-import uuid
 from collections.abc import Callable
 from traceback import format_exception
 from typing import Any
@@ -29,7 +28,6 @@ from ..base.redact import redact
 from ..plan.decide import Plan
 from ..plan.drift import plan_now
 from ..plan.read_ahead import read_ahead
-from ..plan.selection import expand_project, has_patterns, known_tables
 from ..postgres.database import connect
 from ..postgres.endpoints import Endpoints
 from ..postgres.ownership import adopt_legacy, bookkeeping_gone
@@ -48,6 +46,7 @@ from .context import RunContext, TableJob, failure, record_failure
 from .noop_screen import screen_noops
 from .resync import resync_bounds
 from .run_record import record_run
+from .run_tables import expanded
 from .table_actions import carry_out
 from .unreachable import fail_the_rest
 
@@ -72,7 +71,7 @@ def run_sync(
     With `since` (and `until`), re-read that replication-key range of the one selected table
     and merge it, leaving its cursor where it is. `notify` decides about the webhook instead
     of posting every run (`sync --follow`): it gets the payload and whether the run failed."""
-    project = _expanded(project, notify)
+    project = expanded(project, names, lambda payload: _deliver_to(project, notify, payload))
     for line in [*project.unmatched, *(v.line() for v in project.vanished)]:
         log.warning("%s", line)
     tables = project.select(names)
@@ -132,29 +131,6 @@ def run_sync(
         return 1 if run.state_unwritten or run.slot_lost else 0
     # Every failure was a table another host is syncing: "try again later", like the run lock.
     return TableLocked.exit_code if failures <= run.locked else 1
-
-
-def _expanded(project: Project, notify: Callable[[dict[str, Any], bool], None] | None) -> Project:
-    """The project with its patterns matched against the source now (plan/selection.py),
-    or against sync-state's tables when the source is out of reach: each then fails, as its
-    last run records (as without patterns). A catalog that cannot be read fails the run."""
-    if project.expanded or not has_patterns(project):
-        return project
-    started_at, url = utc_now(), project.connections().source
-    try:
-        source = connect(url, "source")
-    except ReplicatorError:  # each table fails with it (`_sync_all`), as without patterns
-        return expand_project(project, catalog=known_tables(project.store))
-    try:
-        with source:
-            return expand_project(project, source)
-    except ReplicatorError as exc:
-        webhook = project.settings.webhook
-        if webhook is not None:
-            error = redact(f"{exc}: the table patterns cannot be matched")
-            payload = build_payload(uuid.uuid4().hex, started_at, utc_now(), [], "failure", error)
-            _deliver(webhook, notify, payload)
-        raise
 
 
 def _sync_all(
@@ -246,6 +222,16 @@ def _notify(
     warnings = [redact(w) for w in run.warnings]
     payload = build_payload(run.run_id, run.started_at, utc_now(), results, status, error, warnings)
     _deliver(run.webhook, run.notify, payload, within)
+
+
+def _deliver_to(
+    project: Project,
+    notify: Callable[[dict[str, Any], bool], None] | None,
+    payload: dict[str, Any],
+) -> None:
+    webhook = project.settings.webhook
+    if webhook is not None:
+        _deliver(webhook, notify, payload)
 
 
 def _deliver(
