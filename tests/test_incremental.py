@@ -188,6 +188,42 @@ def test_rows_tied_with_the_cursor_are_not_lost(db_project, source_conn, dest_co
     assert_same_table(source_conn, dest_conn, schema, "orders")
 
 
+@pytest.mark.parametrize(
+    ("key_type", "far", "now"),
+    [
+        ("timestamptz", "infinity", "clock_timestamp()"),
+        ("numeric", "NaN", "extract(epoch FROM clock_timestamp())"),
+        ("double precision", "Infinity", "extract(epoch FROM clock_timestamp())"),
+    ],
+)
+def test_a_key_at_infinity_never_becomes_the_cursor(
+    db_project, source_conn, dest_conn, schema, key_type, far, now
+):
+    """A row keyed `infinity` (or NaN) is at or past any cursor: read by every run, as a row
+    at the cursor is. The cursor never becomes it (every later row would be below it)."""
+    table = sql.Identifier(schema, "events")
+    source_conn.execute(
+        sql.SQL(f"CREATE TABLE {{}} (id int PRIMARY KEY, note text, k {key_type})").format(table)
+    )
+    source_conn.execute(
+        sql.SQL(f"INSERT INTO {{}} SELECT g, 'n', {now} FROM generate_series(1, 5) g").format(table)
+    )
+    db_project.write_config({"tables": [{"name": f"{schema}.events", "replication_key": "k"}]})
+    assert db_project.run("sync").exit_code == 0
+    source_conn.execute(sql.SQL("INSERT INTO {} VALUES (6, 'far', %s)").format(table), (far,))
+    assert db_project.run("sync").exit_code == 0
+    cursor = _state(db_project, f"{schema}.events")["cursor"]["value"]
+    assert cursor.lower() not in ("infinity", "nan"), cursor
+    source_conn.execute(
+        sql.SQL(f"UPDATE {{}} SET note = 'later', k = {now} WHERE id = 1").format(table)
+    )
+    source_conn.execute(sql.SQL(f"INSERT INTO {{}} VALUES (7, 'new', {now})").format(table))
+    assert db_project.run("sync").exit_code == 0
+    assert_same_table(source_conn, dest_conn, schema, "events")
+    status = json.loads(db_project.run("status", "--json").stdout)[0]
+    assert status["next_action"] == "incremental", status
+
+
 def test_late_commit_with_older_timestamp_is_not_lost(
     db_project, source_conn, dest_conn, schema, pg_servers
 ):

@@ -192,6 +192,38 @@ def test_a_row_changed_by_hand_at_the_cursor_is_a_difference_while_the_sync_is_a
     assert assert_same_table(source_conn, dest_conn, schema, "orders") == 10_000
 
 
+def test_a_row_added_by_hand_is_a_difference_until_the_next_delete_check_is_due(
+    db_project, schema, source_conn, dest_conn
+):
+    """With `deletes` set, a row only the copy has is removed by the next delete check: not
+    yet synced when the next sync runs one; a difference while `deletes_interval` defers it
+    (the next sync leaves it), which --repair removes."""
+    _orders(source_conn, schema, rows=100)
+    entry = {"name": f"{schema}.orders", "replication_key": "updated_at", "deletes": "delete"}
+    db_project.write_config({"tables": [{**entry, "deletes_interval": 3600}]})
+    assert db_project.run("sync", env=IN_PROCESS).exit_code == 0  # the load
+    assert db_project.run("sync", env=IN_PROCESS).exit_code == 0  # its first delete check
+    dest_conn.execute(
+        sql.SQL("INSERT INTO {} VALUES (-1, 'by hand', 1, now() - interval '40 days')").format(
+            sql.Identifier(schema, "orders")
+        )
+    )
+    result, verdicts = _verify(db_project, env=IN_PROCESS)
+    assert result.exit_code == 1, result.output
+    verdict = verdicts[f"{schema}.orders"]
+    assert (verdict["extra"], verdict["not_yet_synced"]) == (1, 0)
+    db_project.write_config({"tables": [entry]})  # a delete check at every sync
+    _, verdicts = _verify(db_project, env=IN_PROCESS)
+    assert (
+        verdicts[f"{schema}.orders"]["extra"],
+        verdicts[f"{schema}.orders"]["not_yet_synced"],
+    ) == (0, 1)
+    db_project.write_config({"tables": [{**entry, "deletes_interval": 3600}]})
+    repaired, verdicts = _verify(db_project, "--repair", env=IN_PROCESS)
+    assert repaired.exit_code == 0 and verdicts[f"{schema}.orders"]["repaired"] == 1
+    assert assert_same_table(source_conn, dest_conn, schema, "orders") == 100
+
+
 def test_a_key_written_behind_the_cursor_is_found_and_repaired(
     db_project, schema, source_conn, dest_conn
 ):

@@ -146,7 +146,9 @@ def set_cursor(project: Project, name: str, value: str, force: bool = False) -> 
 def _newest_key(conn: psycopg.Connection[Any], project: Project, table: TableConfig) -> str | None:
     """The newest replication key the table's model reads now."""
     built = inspect_table(conn, table, project.templates)
-    return newest_key(conn, sql.SQL(built.model.sql), table.replication_key or "")
+    return newest_key(
+        conn, sql.SQL(built.model.sql), table.replication_key or "", built.replication_key_type
+    )
 
 
 def _after(conn: psycopg.Connection[Any], value: str, newest: str, key_type: str) -> bool:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import shlex
 import sys
 from collections.abc import Iterator
 from typing import Any
@@ -36,6 +37,7 @@ from ..project.project import Project
 from ..project.settings import DEST_URL, SOURCE_URL
 from ..project.state import TableState
 from ..report.logs import json_output
+from ..sync.cursor import finite
 from ..sync.resume import outlook, resumable
 from .capture_status import capture_notes
 
@@ -55,7 +57,7 @@ class _CursorAhead(Exception):
 
 _POSITION = """
 SELECT max_key::text, {lag}, max_key < %(cursor)s::{type}
-FROM (SELECT max({alias}.{key}) AS max_key FROM ({model}) AS {alias}) AS m
+FROM (SELECT max({alias}.{key}) AS max_key FROM ({model}) AS {alias}{finite}) AS m
 """
 _LAG = "(max_key - greatest(%(cursor)s::{type}, %(read)s::{type}, %(pending)s::{type}))::text"
 # Key types whose difference means something: an interval, a number of days or of ids.
@@ -323,6 +325,7 @@ def _position(
         key=sql.Identifier(key),
         # The model is the user's SQL: `%` doubled since parameters are bound.
         model=sql.SQL(built.model.sql.replace("%", "%%")),
+        finite=_finite_only(key_type, key),
     )
     try:  # under the session's statement_timeout (_observe_live)
         newest, behind, ahead = execute(conn, query, copied).fetchone()
@@ -340,7 +343,8 @@ def _position(
             newest,
             f"{built.table.written_name}: the cursor ({copied['cursor']}) is past the source's "
             f"newest key ({newest}): no sync reads a row until the source passes it; "
-            f"`replicator state set-cursor {built.table.written_name} {newest}` moves it back",
+            f"`replicator state set-cursor {shlex.quote(built.table.written_name)} "
+            f"{shlex.quote(newest)}` moves it back",
         )
     return newest, behind
 
@@ -353,7 +357,8 @@ def _copied_positions(built: TableSql, state: TableState | None) -> dict[str, st
         return {"cursor": None, "read": None, "pending": None}
     return {
         "cursor": state.cursor.value if state.cursor else None,
-        "read": state.window.max if state.window else None,
+        # a row read at `infinity` says nothing of how far the finite keys were read
+        "read": _finite(state.window.max) if state.window else None,
         "pending": state.pending.value if state.pending else None,
     }
 
@@ -366,3 +371,15 @@ def _count(conn: psycopg.Connection[Any], table: TableConfig) -> int:
 
 def _text(value: Any) -> str:
     return "-" if value is None else str(value)
+
+
+def _finite_only(key_type: str, key: str) -> sql.Composable:
+    """The newest key a cursor could become (an `infinity` is no lag: sync/cursor.finite)."""
+    test = finite(
+        key_type, sql.SQL("{}.{}").format(sql.Identifier(MODEL_ALIAS), sql.Identifier(key))
+    )
+    return sql.SQL(" WHERE {}").format(test) if test is not None else sql.SQL("")
+
+
+def _finite(value: str | None) -> str | None:
+    return None if value is None or value.lower() in ("infinity", "-infinity", "nan") else value

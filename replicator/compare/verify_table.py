@@ -23,6 +23,7 @@ from psycopg import sql
 
 from ..base.errors import ReplicatorError, TableProblem, one_line
 from ..base.interrupts import raise_if_requested
+from ..plan.deletes_due import delete_check_due
 from ..plan.drift import Planned, plan_now
 from ..plan.table_sql import TableSql
 from ..plan.window import changed_since
@@ -197,7 +198,7 @@ def _compare(
             reader,
         ),
     ):
-        _set_aside_pending(table, planned.built.primary_key, found, pending)
+        _set_aside_pending(table, state, planned.built.primary_key, found, pending)
         repaired = 0
         if fix and found.differences and (force or not _found_too_many(found)):
             repaired = repair(ends.dest, reader, sides.shape, sides.source, sides.target, found)
@@ -251,19 +252,24 @@ def _compare_keyless(
 
 
 def _set_aside_pending(
-    table: TableConfig, key: tuple[str, ...], found: Found, pending: PendingLookup | None
+    table: TableConfig,
+    state: TableState | None,
+    key: tuple[str, ...],
+    found: Found,
+    pending: PendingLookup | None,
 ) -> None:
     """Differences the next sync resolves are not yet synced (a cursor table's rows at or
     past its cursor were set aside while they were read, `_fresh`):
     - `deletes: delete` or `mark`: a row gone from the source since the last delete check
-      is deleted (or marked) by the next one (unless they are more than half of the copy:
-      the check refuses those until `sync --deletes --force`, so they stay differences);
+      is deleted (or marked) by the next one, when the next sync runs one (`deletes_interval`
+      passed) and they are not more than half of the copy (the check refuses those until
+      `sync --deletes --force`, so they stay differences);
     - `cdc`: a row whose change is still in the slot.
     A full-refresh table's differences stay differences: which rows changed since its
     reload cannot be told from a tampered copy (README: Verify)."""
     if not found.differences:
         return
-    if table.deletes != "ignore" and not _found_too_many(found):
+    if delete_check_due(table, state) and not _found_too_many(found):
         found.set_aside(lambda _: True, ("extra",))
     if table.mode == "cdc" and pending is not None and found.differences:
         differing = [*found.missing, *found.extra, *found.different]

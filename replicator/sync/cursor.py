@@ -26,16 +26,35 @@ from ..project.state import Cursor, Pending, Window
 TEMPORAL_TYPES = ("timestamp", "date")
 
 
-def newest_key(conn: psycopg.Connection[Any], rows: sql.Composable, key: str) -> str | None:
-    """max(key) over a query's rows, as PostgreSQL prints it (None when there are none)."""
+def newest_key(
+    conn: psycopg.Connection[Any], rows: sql.Composable, key: str, key_type: str
+) -> str | None:
+    """max(key) over a query's rows, as PostgreSQL prints it (None when there are none),
+    among the values a cursor may become (`finite`)."""
     alias = sql.Identifier("_replicator_rows")
+    ref = sql.SQL("{}.{}").format(alias, sql.Identifier(key))
+    test = finite(key_type, ref)
+    where = sql.SQL(" WHERE {}").format(test) if test is not None else sql.SQL("")
     (value,) = execute(
         conn,
-        sql.SQL("SELECT max({a}.{k})::text FROM ({q}) AS {a}").format(
-            a=alias, k=sql.Identifier(key), q=rows
+        sql.SQL("SELECT max({r})::text FROM ({q}) AS {a}{w}").format(
+            r=ref, q=rows, a=alias, w=where
         ),
     ).fetchone()
     return value
+
+
+def finite(key_type: str, ref: sql.Composable) -> sql.Composable | None:
+    """A key value a cursor may become: not `infinity` (dates, timestamps, floats, numeric)
+    nor NaN. A cursor at infinity would never see a later row (every finite key is below
+    it); a row keyed so is read again by every run instead, as a row at the cursor is."""
+    if key_type.startswith(TEMPORAL_TYPES):
+        return sql.SQL("isfinite({})").format(ref)
+    if key_type.startswith(("real", "double precision")):
+        return sql.SQL("{} < 'Infinity'").format(ref)  # NaN sorts above Infinity
+    if key_type.startswith("numeric"):
+        return sql.SQL("scale({}) IS NOT NULL").format(ref)  # NULL for NaN and ±Infinity
+    return None
 
 
 _OLDEST_WRITER = """
@@ -137,7 +156,7 @@ def first_cursor(
     key = built.table.replication_key
     if key is None:
         return None, None, None
-    hwm = newest_key(conn, sql.SQL(built.model.sql), key)
+    hwm = newest_key(conn, sql.SQL(built.model.sql), key, built.replication_key_type)
     xids = in_progress_xids(conn)
     cursor, pending = advance(
         conn, built.replication_key_type, None, None, hwm, xids, built.table.lookback

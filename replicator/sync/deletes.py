@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from datetime import UTC, datetime
 from traceback import format_exception
 
 import psycopg
@@ -24,6 +23,7 @@ from ..base.interrupts import raise_if_requested
 from ..base.redact import redact
 from ..compare.comparison import compared, sides_of
 from ..compare.repair import remove
+from ..plan.deletes_due import delete_check_due
 from ..plan.drift import destination_has_rows
 from ..postgres.catalog import describe_table
 from ..postgres.database import execute, transaction
@@ -61,13 +61,7 @@ def _due(job: TableJob, result: TableResult) -> bool:
         return False
     if result.action not in ("incremental", "noop") or job.run.resync is not None:
         return False
-    if job.run.check_deletes or job.table.deletes_interval == 0:
-        return True
-    last = job.state.deletes_checked_at if job.state else None
-    if last is None:
-        return True
-    elapsed = datetime.now(UTC) - datetime.fromisoformat(last.replace("Z", "+00:00"))
-    return elapsed.total_seconds() >= job.table.deletes_interval
+    return job.run.check_deletes or delete_check_due(job.table, job.state)
 
 
 def _delete_gone_rows(job: TableJob) -> int:

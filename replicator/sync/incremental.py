@@ -168,7 +168,7 @@ def _read_batch(
         assert snap.conn is not None
         xids = in_progress_xids(snap.conn)
         progress.phase("reading the batch's newest key from the model")
-        hwm = newest_key(snap.conn, batch.query, batch.key)
+        hwm = newest_key(snap.conn, batch.query, batch.key, batch.key_type)
         load_id = new_load_id(ends.dest, built.table.target)
         if not batch.in_process:
             progress.phase("starting Spark")
