@@ -81,7 +81,15 @@ def run_checks(project: Project, ping: bool = False) -> list[Finding]:
             if source is not None:
                 findings.extend(_check_table(source, table, project))
             if source is not None and dest is not None:
-                findings.extend(_check_plan(source, dest, table, project))
+                failing = any(
+                    f.level == "error" and f.subject == table.written_name for f in findings
+                )
+                # the plan of a table found failing is not what its next sync does: it fails
+                findings.extend(
+                    f
+                    for f in _check_plan(source, dest, table, project)
+                    if not failing or f.level != "ok"
+                )
                 findings.extend(extension_findings(source, dest, table, project))
     finally:
         for conn in (source, dest):
