@@ -155,7 +155,9 @@ def read_signature(conn: psycopg.Connection[Any], source: TableInfo, built: Tabl
     """The signature of the table as the source describes it now."""
     as_is = built.model.reads_table_as_is
     columns = tuple(
-        SignedColumn(c.name, c.type, c.not_null, c.attnum if as_is and c.attnum else None)
+        SignedColumn(
+            c.name, c.declared_type(), c.not_null, c.attnum if as_is and c.attnum else None
+        )
         for c in built.columns
     )
     return Signature(
@@ -194,7 +196,7 @@ def destination_signature(table: TableInfo) -> Signature:
     """The destination table as it is, in the form `Signature.as_created` gives."""
     return Signature(
         table_oid=None,
-        columns=tuple(SignedColumn(c.name, c.type, c.not_null) for c in table.columns),
+        columns=tuple(SignedColumn(c.name, c.declared_type(), c.not_null) for c in table.columns),
         primary_key=table.primary_key,
         replication_key=None,
     )

@@ -131,7 +131,9 @@ def model_columns(model_output: tuple[Column, ...], source: TableInfo) -> tuple[
     for column in model_output:
         original = source.column(column.name)
         keep = original is not None and original.type == column.type and original.not_null
-        out.append(Column(column.name, column.type, keep, column.type_oid, column.attnum))
+        out.append(
+            Column(column.name, column.type, keep, column.type_oid, column.attnum, column.collation)
+        )
     return tuple(out)
 
 

@@ -21,13 +21,19 @@ from .database import execute, fetch_all, transaction
 
 @dataclass(frozen=True)
 class Column:
-    """A column; `type` is format_type() text with user-defined types schema-qualified."""
+    """A column; `type` is format_type() text with user-defined types schema-qualified;
+    `collation` its own collation, qualified and quoted, when it is not its type's."""
 
     name: str
     type: str
     not_null: bool = False
     type_oid: int = 0
     attnum: int = 0  # the source table's column number; 0 for a query's output
+    collation: str | None = None
+
+    def declared_type(self) -> str:
+        """The type as a column declares it: with its collation (`text COLLATE "C"`)."""
+        return f"{self.type} COLLATE {self.collation}" if self.collation else self.type
 
 
 @dataclass(frozen=True)
@@ -54,9 +60,16 @@ class TableInfo:
         return next((c for c in self.columns if c.name == name), None)
 
 
-_COLUMNS = """
+# A column's collation when it is not its type's default (`COLLATE "C"` on a text column).
+_COLLATION = """(SELECT pg_catalog.quote_ident(cn.nspname) || '.'
+          || pg_catalog.quote_ident(co.collname)
+   FROM pg_catalog.pg_collation co
+   JOIN pg_catalog.pg_namespace cn ON cn.oid = co.collnamespace
+   JOIN pg_catalog.pg_type ct ON ct.oid = a.atttypid
+   WHERE co.oid = a.attcollation AND a.attcollation <> ct.typcollation)"""
+_COLUMNS = f"""
 SELECT a.attname, pg_catalog.format_type(a.atttypid, a.atttypmod), a.attnotnull, a.atttypid,
-       a.attnum
+       a.attnum, {_COLLATION}
 FROM pg_catalog.pg_attribute a
 WHERE a.attrelid = %s AND a.attnum > 0 AND NOT a.attisdropped
 ORDER BY a.attnum
@@ -85,7 +98,8 @@ LIMIT 1
 _DESCRIBE = f"""
 SELECT c.oid, c.relkind,
   (SELECT json_agg(json_build_array(a.attname, pg_catalog.format_type(a.atttypid, a.atttypmod),
-                                    a.attnotnull, a.atttypid::int8, a.attnum) ORDER BY a.attnum)
+                                    a.attnotnull, a.atttypid::int8, a.attnum, {_COLLATION})
+                    ORDER BY a.attnum)
    FROM pg_catalog.pg_attribute a
    WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped),
   (SELECT array_agg(a.attname::text ORDER BY k.ord)
@@ -186,7 +200,7 @@ def describe_query(conn: psycopg.Connection[Any], query: str) -> tuple[Column, .
         columns = _columns(conn, oid)
     if not columns:
         raise DatabaseError("the query returns no columns")
-    return tuple(Column(c.name, c.type, False, c.type_oid) for c in columns)
+    return tuple(Column(c.name, c.type, False, c.type_oid, 0, c.collation) for c in columns)
 
 
 def _columns(conn: psycopg.Connection[Any], oid: int) -> tuple[Column, ...]:

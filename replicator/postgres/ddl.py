@@ -15,10 +15,12 @@ from .catalog import Column
 
 
 def column_def(column: Column) -> sql.Composed:
-    """`"name" type [NOT NULL]`; the type kept verbatim: format_type() output is already
-    valid, exact PostgreSQL."""
+    """`"name" type [COLLATE collation] [NOT NULL]`; the type kept verbatim: format_type()
+    output is already valid, exact PostgreSQL (the collation is quoted by the catalog)."""
     not_null = sql.SQL(" NOT NULL") if column.not_null else sql.SQL("")
-    return sql.SQL("{} {}{}").format(sql.Identifier(column.name), sql.SQL(column.type), not_null)
+    return sql.SQL("{} {}{}").format(
+        sql.Identifier(column.name), sql.SQL(column.declared_type()), not_null
+    )
 
 
 def create_schema(schema: str) -> sql.Composed:
