@@ -4,6 +4,7 @@ source, applying no change twice and losing none (md5 of every row, by key)."""
 from __future__ import annotations
 
 import json
+import re
 import time
 
 import pytest
@@ -69,8 +70,12 @@ def test_a_drain_killed_anywhere_converges(
     _config(cdc_project, schema)
     assert cdc_project.run("sync", env=IN_PROCESS).exit_code == 0
     _change(writer, schema, 1)
-    _kill_then_converge(cdc_project, point)
-    _change(writer, schema, 2)  # and the run after goes on from where that one ended
+    done = _kill_then_converge(cdc_project, point, before=lambda: _change(writer, schema, 2))
+    # its result starts where its start line said (not at the cursor the killed run left)
+    started = re.search(r"applying the log \(lsn ([0-9A-F/]+)\)", done.stderr)
+    finished = re.search(r"reason: lsn ([0-9A-F/]+) -> ", done.stderr)
+    assert started and finished and started[1] == finished[1], done.stderr
+    _change(writer, schema, 3)  # and the run after goes on from where that one ended
     assert cdc_project.run("sync", env=IN_PROCESS).exit_code == 0
     assert_same_table(source_conn, dest_conn, schema, "t")
 

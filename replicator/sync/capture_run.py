@@ -285,7 +285,12 @@ class CaptureRun:
         """The table's result and state after the drain."""
         run, state = self.run, job.state
         assert state is not None
-        before = state.cursor.value if state.cursor else lsn_text(table.applied)
+        # The later of sync-state's cursor (it moves on with the slot while the table has
+        # no changes) and the copy's position when the drain began (a run killed after an
+        # apply, before its state write, left the cursor behind that).
+        known = [parse_lsn(state.cursor.value)] if state.cursor else []
+        known += [p for p in (self.positions.get(job.table.target),) if p is not None]
+        before = lsn_text(max(known)) if known else lsn_text(table.applied)
         if table.error is not None:
             result = failure(job.table, table.error, 0.0, "incremental", job.plan.reason)
             record_failure(run, job.table, state, job.started_at, result)
