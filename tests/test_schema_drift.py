@@ -488,6 +488,39 @@ def test_a_changed_domain_is_redefined_in_the_destination(
     assert sync_events(db_project)[1][f"{schema}.stock"]["action"] == "noop"
 
 
+def test_a_domain_check_added_not_valid_over_old_rows_waits_for_its_validation(
+    db_project, source_conn, dest_conn, schema
+):
+    """A check the source adds NOT VALID holds for new rows only: its old rows may break it,
+    and the copy takes them (the check is not carried); once validated there, it is."""
+    for statement in [
+        "CREATE DOMAIN {s}.qty AS int CHECK (VALUE >= 0)",
+        "CREATE TABLE {s}.stock (id int PRIMARY KEY, qty {s}.qty, "
+        "updated_at timestamptz NOT NULL DEFAULT clock_timestamp())",
+        "INSERT INTO {s}.stock (id, qty) VALUES (1, 5000), (2, 5)",
+    ]:
+        source_conn.execute(_q(schema, statement))
+    db_project.write_config(
+        {"tables": [{"name": f"{schema}.stock", "replication_key": "updated_at"}]}
+    )
+    assert sync_events(db_project)[0] == 0
+    source_conn.execute(
+        _q(schema, "ALTER DOMAIN {s}.qty ADD CONSTRAINT small CHECK (VALUE < 1000) NOT VALID")
+    )
+    source_conn.execute(_q(schema, "INSERT INTO {s}.stock (id, qty) VALUES (3, 7)"))
+    code, events = sync_events(db_project)
+    assert code == 0, events[f"{schema}.stock"]
+    assert assert_same_table(source_conn, dest_conn, schema, "stock") == 3
+    source_conn.execute(_q(schema, "UPDATE {s}.stock SET qty = 999 WHERE id = 1"))
+    source_conn.execute(_q(schema, "ALTER DOMAIN {s}.qty VALIDATE CONSTRAINT small"))
+    code, events = sync_events(db_project)
+    assert code == 0, events[f"{schema}.stock"]
+    assert assert_same_table(source_conn, dest_conn, schema, "stock") == 3
+    assert _domain_definition(dest_conn, schema, "qty") == _domain_definition(
+        source_conn, schema, "qty"
+    )
+
+
 def test_a_domain_with_another_base_type_fails_the_table_with_a_fix(
     db_project, source_conn, dest_conn, schema
 ):

@@ -3,8 +3,9 @@
 The closure of user-defined types is read from the source (type_closure.py), then created
 deepest-first, after the extensions whose types it uses (dest_extensions.py: a type that
 belongs to an extension is never created by hand). Existing enums gain the labels they lack,
-in the source's order. Existing domains take the source's default, NOT NULL and checks (a
-changed domain reloads the table through schema drift, and its new rows must fit); a domain
+in the source's order. Existing domains take the source's default, NOT NULL and validated
+checks (a changed domain reloads the table through schema drift, and its new rows must fit;
+a check the source added NOT VALID may be broken by rows it already has); a domain
 whose base type or collation changed fails the table with the fix (PostgreSQL cannot change
 it in place). Existing composites gain attributes added at the end; any other difference
 fails the table with the fix.
@@ -35,13 +36,20 @@ SELECT pg_catalog.format_type(typbasetype, typtypmod), typnotnull, typdefault,
           AND c.oid <> (SELECT b.typcollation FROM pg_catalog.pg_type b
                         WHERE b.oid = t.typbasetype)),
        ARRAY(SELECT pg_catalog.pg_get_constraintdef(c.oid) FROM pg_catalog.pg_constraint c
-             WHERE c.contypid = t.oid AND c.contype = 'c' ORDER BY c.conname)
+             WHERE c.contypid = t.oid AND c.contype = 'c' AND c.convalidated
+             ORDER BY c.conname)
 FROM pg_catalog.pg_type t WHERE t.oid = %s
 """
 _DOMAIN_CHECKS = """
 SELECT c.conname, pg_catalog.pg_get_constraintdef(c.oid) FROM pg_catalog.pg_constraint c
 WHERE c.contypid = %s AND c.contype = 'c' ORDER BY c.conname
 """
+# A check the source added NOT VALID holds for new rows only: rows it has already may break
+# it, and the copy must take them (COPY checks every row it writes into a domain). It is
+# carried once validated there (its definition, and so the table's signature, changes).
+_VALID_DOMAIN_CHECKS = _DOMAIN_CHECKS.replace(
+    "c.contype = 'c' ORDER BY", "c.contype = 'c' AND c.convalidated ORDER BY"
+)
 _COMPOSITE = """
 SELECT a.attname, pg_catalog.format_type(a.atttypid, a.atttypmod)
 FROM pg_catalog.pg_type t JOIN pg_catalog.pg_attribute a ON a.attrelid = t.typrelid
@@ -173,7 +181,7 @@ def _align_domain(
         statements.append(alter + action.format(sql.SQL(default or "")))
     if not_null != have_not_null:
         statements.append(alter + sql.SQL("SET NOT NULL" if not_null else "DROP NOT NULL"))
-    wanted = {_check_text(d) for _, d in fetch_all(source, _DOMAIN_CHECKS, (oid,))}
+    wanted = {_check_text(d) for _, d in fetch_all(source, _VALID_DOMAIN_CHECKS, (oid,))}
     have = {}
     for name, definition in _catalog_rows(dest, _DOMAIN_CHECKS, dest_oid):
         have.setdefault(_check_text(definition), name)
