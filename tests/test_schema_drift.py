@@ -521,6 +521,50 @@ def test_a_domain_check_added_not_valid_over_old_rows_waits_for_its_validation(
     )
 
 
+def _labels(conn, schema, name="mood"):
+    return conn.execute(
+        "SELECT array_agg(enumlabel ORDER BY enumsortorder) FROM pg_enum "
+        "WHERE enumtypid = %s::regtype",
+        (f'"{schema}".{name}',),
+    ).fetchone()[0]
+
+
+def test_an_enum_label_renamed_and_added_back_keeps_the_sources_order(
+    db_project, source_conn, dest_conn, schema
+):
+    """Labels compare by their place: a label renamed in the source is renamed in the
+    destination (not added beside the old one), so one added back later under the old name
+    lands where the source has it. An order no statement can reach fails with the fix."""
+    for statement in [
+        "CREATE TYPE {s}.mood AS ENUM ('sad', 'meh', 'ok', 'happy')",
+        "CREATE TABLE {s}.notes (id int PRIMARY KEY, m {s}.mood, "
+        "updated_at timestamptz NOT NULL DEFAULT clock_timestamp())",
+        "INSERT INTO {s}.notes (id, m) VALUES (1, 'sad'), (2, 'ok'), (3, 'happy')",
+    ]:
+        source_conn.execute(_q(schema, statement))
+    db_project.write_config(
+        {"tables": [{"name": f"{schema}.notes", "replication_key": "updated_at"}]}
+    )
+    assert sync_events(db_project)[0] == 0
+    source_conn.execute(_q(schema, "ALTER TYPE {s}.mood RENAME VALUE 'sad' TO 'blue'"))
+    assert sync_events(db_project)[0] == 0
+    source_conn.execute(_q(schema, "ALTER TYPE {s}.mood ADD VALUE 'sad'"))
+    source_conn.execute(_q(schema, "INSERT INTO {s}.notes (id, m) VALUES (4, 'sad')"))
+    assert sync_events(db_project)[0] == 0
+    assert _labels(dest_conn, schema) == _labels(source_conn, schema)
+    assert assert_same_table(source_conn, dest_conn, schema, "notes") == 4
+    ordered = _q(schema, "SELECT array_agg(id ORDER BY m, id) FROM {s}.notes")
+    assert dest_conn.execute(ordered).fetchone() == source_conn.execute(ordered).fetchone()
+
+    dest_conn.execute(_q(schema, "ALTER TYPE {s}.mood ADD VALUE 'zen' BEFORE 'blue'"))
+    source_conn.execute(_q(schema, "ALTER TYPE {s}.mood ADD VALUE 'zen'"))  # last there
+    code, events = sync_events(db_project)
+    assert code == 1
+    error = events[f"{schema}.notes"]["error"]
+    assert "orders its labels otherwise in the destination" in error, error
+    assert "DROP TYPE" in error and "replicator sync -f" in error
+
+
 def test_a_domain_with_another_base_type_fails_the_table_with_a_fix(
     db_project, source_conn, dest_conn, schema
 ):

@@ -3,12 +3,13 @@
 The closure of user-defined types is read from the source (type_closure.py), then created
 deepest-first, after the extensions whose types it uses (dest_extensions.py: a type that
 belongs to an extension is never created by hand). Existing enums gain the labels they lack,
-in the source's order. Existing domains take the source's default, NOT NULL and validated
-checks (a changed domain reloads the table through schema drift, and its new rows must fit;
-a check the source added NOT VALID may be broken by rows it already has); a domain
-whose base type or collation changed fails the table with the fix (PostgreSQL cannot change
-it in place). Existing composites gain attributes added at the end; any other difference
-fails the table with the fix.
+in the source's order, and take its renames; one whose labels end up in another order fails
+the table with the fix (labels compare by place; PostgreSQL cannot move one). Existing
+domains take the source's default, NOT NULL and validated checks (a changed domain reloads
+the table through schema drift, and its new rows must fit; a check the source added NOT
+VALID may be broken by rows it already has); a domain whose base type or collation changed
+fails the table with the fix (PostgreSQL cannot change it in place). Existing composites
+gain attributes added at the end; any other difference fails the table with the fix.
 """
 
 from __future__ import annotations
@@ -118,7 +119,7 @@ def _enum(
             )
         ]
     have = [row[0] for row in fetch_all(dest, _ENUM_LABELS, (existing[0][0],))]
-    statements: list[sql.Composable] = []
+    statements = _renamed_labels(qualified, labels, have)
     previous: str | None = None
     for label in labels:
         if label not in have:
@@ -133,8 +134,38 @@ def _enum(
                     qualified, sql.Literal(label), position
                 )
             )
-            have.insert(0 if previous is None else len(have), label)
+            have.insert(0 if previous is None else have.index(previous) + 1, label)
         previous = label
+    wanted = set(labels)
+    if [label for label in have if label in wanted] != labels:  # labels compare by place
+        name = qualified.as_string(None)
+        raise _drop_by_hand(
+            f"enum {name} orders its labels otherwise in the destination "
+            f"({', '.join(have)}) than in the source ({', '.join(labels)}), and PostgreSQL "
+            "cannot move a label",
+            "TYPE",
+            name,
+        )
+    return statements
+
+
+def _renamed_labels(
+    qualified: sql.Identifier, labels: list[str], have: list[str]
+) -> list[sql.Composable]:
+    """Labels renamed in the source (`ALTER TYPE ... RENAME VALUE`): one the destination has
+    and the source lacks, where the source has one the destination lacks, in the same place
+    of lists as long. Renamed in `have` too."""
+    if len(labels) != len(have):
+        return []
+    statements: list[sql.Composable] = []
+    for place, (old, new) in enumerate(zip(have, labels, strict=True)):
+        if old != new and old not in labels and new not in have:
+            statements.append(
+                sql.SQL("ALTER TYPE {} RENAME VALUE {} TO {}").format(
+                    qualified, sql.Literal(old), sql.Literal(new)
+                )
+            )
+            have[place] = new
     return statements
 
 
