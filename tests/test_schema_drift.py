@@ -734,3 +734,19 @@ def test_a_misnamed_model_file_is_an_error_in_check_and_a_warning_in_sync(synced
     warned = synced.run("sync")
     assert f"models/{schema}/ordrs.sql is the model of no table" in warned.stderr
     assert f"(did you mean models/{schema}/orders.sql?)" in warned.stderr
+
+
+def test_a_reload_names_the_indexes_made_on_the_copy_that_it_leaves_out(
+    db_project, source_conn, dest_conn, schema
+):
+    _tables(source_conn, schema)
+    _config(db_project, schema)
+    assert sync_events(db_project)[0] == 0
+    dest_conn.execute(_q(schema, "CREATE INDEX by_note ON {s}.orders (note)"))
+    assert db_project.run("refresh", f"{schema}.orders").exit_code == 0
+    reloaded = db_project.run("sync", "-s", f"{schema}.orders")
+    assert reloaded.exit_code == 0, reloaded.output
+    assert "the reload left out index(es) made on the copy by hand: " in reloaded.stderr
+    assert f"{schema}.by_note" in reloaded.stderr, reloaded.stderr
+    again = db_project.run("sync", "-s", f"{schema}.orders", "-f")
+    assert "made on the copy by hand" not in again.stderr, "only the copy's own key is left"

@@ -198,8 +198,16 @@ def _load_and_swap(
     also = [record_applied_step(target, lsn)] if lsn is not None else []
     # Any full load ends an unfinished one (a table whose mode changed, say).
     also.append(resume.forget_step(target))
+    lost = _own_indexes(ends.dest, target)
     lock_seconds = swap_in(ends.dest, side, target, side_key_name(built), also)
     phases.mark(f"swapped (table lock held {lock_seconds * 1000:.0f} ms)")
+    if lost:  # the reload builds its table anew: only its primary key (README: full loads)
+        log.warning(
+            "%s: the reload left out index(es) made on the copy by hand: %s; create them "
+            "again (after each reload)",
+            built.table.written_name,
+            ", ".join(lost),
+        )
     forget_markers(ends.dest, load_id)
     return LoadResult(
         rows=rows,
@@ -312,3 +320,14 @@ def _null_in_the_key(built: TableSql) -> NullInTheKey:
         "primary key cannot hold: fix those rows in the source, or set `primary_key` to "
         "columns that are never NULL; the next sync starts the load over"
     )
+
+
+def _own_indexes(dest: psycopg.Connection[Any], target: TableName) -> list[str]:
+    """The copy's indexes besides its primary key (someone made them there)."""
+    rows = execute(
+        dest,
+        "SELECT i.indexrelid::regclass::text FROM pg_catalog.pg_index i "
+        "WHERE i.indrelid = to_regclass(%s) AND NOT i.indisprimary ORDER BY 1",
+        (target.sql(),),
+    ).fetchall()
+    return [row[0] for row in rows]
