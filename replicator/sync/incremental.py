@@ -31,7 +31,7 @@ from ..transfer.markers import discard, forget_markers, new_load_id
 from ..transfer.partitions import KeyRange, range_predicate
 from ..transfer.spark_runner import SparkRunner
 from .context import KeyBounds
-from .cursor import advance, newest_key
+from .cursor import advance, finite, newest_key
 from .scripts import DestinationFacts, drop_staging_step, staging_steps
 
 log = logging.getLogger(__name__)
@@ -213,14 +213,17 @@ def _split_batch(
     """Equal ranges of the replication key over the batch (each an index range scan)."""
     if parts <= 1 or not key_type.startswith(_SPLITTABLE):
         return [query]
-    # Counts inlined as literals: the model text is the user's and may contain `%`.
+    # Counts inlined as literals: the model text is the user's and may contain `%`. The
+    # ranges span the finite keys (the first and last ranges are open: they take the rest).
+    test = finite(key_type, sql.SQL("b.{}").format(sql.Identifier(key)))
+    finite_only = sql.SQL(" WHERE {}").format(test) if test is not None else sql.SQL("")
     (bounds,) = execute(
         conn,
         sql.SQL(
             "SELECT array_agg(DISTINCT (lo + (hi - lo) * i / {n})::text) "
-            "FROM (SELECT min(b.{k}) AS lo, max(b.{k}) AS hi FROM ({q}) AS b) AS r, "
+            "FROM (SELECT min(b.{k}) AS lo, max(b.{k}) AS hi FROM ({q}) AS b{finite}) AS r, "
             "generate_series(1, {n} - 1) AS i WHERE lo < hi"
-        ).format(k=sql.Identifier(key), q=query, n=sql.Literal(parts)),
+        ).format(k=sql.Identifier(key), q=query, n=sql.Literal(parts), finite=finite_only),
     ).fetchone()
     if not bounds:
         return [query]
