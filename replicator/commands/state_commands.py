@@ -10,10 +10,10 @@ import click
 import psycopg
 from psycopg import sql
 
-from ..base.errors import ReplicatorError, StateError, UsageError, one_line
+from ..base.errors import ReplicatorError, StateError, UsageError
 from ..base.identifiers import display_ident
 from ..plan.inspect_table import inspect_table
-from ..plan.selection import expand_project, known_tables
+from ..plan.selection import expanded_or_known
 from ..postgres.catalog import describe_table
 from ..postgres.database import connect, execute
 from ..project.config import TableConfig
@@ -48,13 +48,9 @@ def show_state(project: Project, names: tuple[str, ...]) -> int:
     """Print the states as one JSON object keyed by table name (null: no state yet); it
     needs no database (the table patterns are matched against sync-state's tables when the
     source is out of reach)."""
-    try:
-        project = expand_project(project)
-    except ReplicatorError as exc:
-        project = expand_project(project, catalog=known_tables(project.store))
-        log.warning(
-            "%s: the table patterns are matched against sync-state/'s tables", one_line(exc)
-        )
+    project, fallback = expanded_or_known(project)
+    if fallback is not None:
+        log.warning("%s", fallback)
     out: dict[str, object] = {}
     failed = False
     for table in project.select(names):

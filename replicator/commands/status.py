@@ -23,13 +23,13 @@ from psycopg import sql
 from rich.console import Console
 from rich.table import Table
 
-from ..base.errors import DatabaseError, ReplicatorError, StateError, TableProblem, one_line
+from ..base.errors import DatabaseError, ReplicatorError, StateError, TableProblem
 from ..base.redact import redact
 from ..capture.preflight import capture_problem
+from ..plan import selection
 from ..plan.decide import Plan, plan_table
 from ..plan.drift import Planned, plan_now
 from ..plan.read_ahead import read_ahead
-from ..plan.selection import expand_project, known_tables
 from ..plan.table_sql import MODEL_ALIAS, TableSql, fitting_cursor
 from ..postgres.database import connect, execute
 from ..project.config import TableConfig
@@ -37,7 +37,7 @@ from ..project.project import Project
 from ..project.settings import DEST_URL, SOURCE_URL
 from ..project.state import TableState
 from ..report.logs import json_output
-from ..sync.cursor import finite
+from ..sync.cursor import where_finite
 from ..sync.resume import outlook, resumable
 from .capture_status import capture_notes
 
@@ -144,17 +144,11 @@ def print_status(project: Project, as_json: bool, names: tuple[str, ...] = ()) -
 
 
 def expanded_or_known(project: Project) -> tuple[Project, list[str]]:
-    """The project with its patterns matched now; with the source out of reach, matched
-    against the tables its sync-state knows (status still shows the last runs)."""
-    try:
-        project = expand_project(project)
-    except ReplicatorError as exc:
-        known = known_tables(project.store)
-        project = expand_project(project, catalog=known)
-        return project, [
-            f"{one_line(exc)}: the table patterns are matched against the tables of "
-            "sync-state/, not the source's catalog"
-        ]
+    """The project with its patterns matched now (or against sync-state's tables, with the
+    source out of reach: status still shows the last runs), and the notes to print."""
+    project, fallback = selection.expanded_or_known(project)
+    if fallback is not None:
+        return project, [fallback]
     return project, [*project.unmatched, *(v.line() for v in project.vanished)]
 
 
@@ -325,7 +319,10 @@ def _position(
         key=sql.Identifier(key),
         # The model is the user's SQL: `%` doubled since parameters are bound.
         model=sql.SQL(built.model.sql.replace("%", "%%")),
-        finite=_finite_only(key_type, key),
+        # the newest key a cursor could become: an `infinity` is no lag
+        finite=where_finite(
+            key_type, sql.SQL("{}.{}").format(sql.Identifier(MODEL_ALIAS), sql.Identifier(key))
+        ),
     )
     try:  # under the session's statement_timeout (_observe_live)
         newest, behind, ahead = execute(conn, query, copied).fetchone()
@@ -371,14 +368,6 @@ def _count(conn: psycopg.Connection[Any], table: TableConfig) -> int:
 
 def _text(value: Any) -> str:
     return "-" if value is None else str(value)
-
-
-def _finite_only(key_type: str, key: str) -> sql.Composable:
-    """The newest key a cursor could become (an `infinity` is no lag: sync/cursor.finite)."""
-    test = finite(
-        key_type, sql.SQL("{}.{}").format(sql.Identifier(MODEL_ALIAS), sql.Identifier(key))
-    )
-    return sql.SQL(" WHERE {}").format(test) if test is not None else sql.SQL("")
 
 
 def _finite(value: str | None) -> str | None:

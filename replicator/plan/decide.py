@@ -123,7 +123,7 @@ def _plan(
     return Plan("incremental", f"cursor {state.cursor.value}")
 
 
-# A cursor earlier versions could store from a key of `infinity` or NaN (sync/cursor.finite).
+# A cursor earlier versions could store from a key of `infinity` or NaN (sync/cursor.where_finite).
 _NOT_FINITE = frozenset(("infinity", "nan"))
 
 

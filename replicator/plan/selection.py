@@ -16,6 +16,7 @@ from typing import Any
 
 import psycopg
 
+from ..base.errors import ReplicatorError, one_line
 from ..base.identifiers import INTERNAL_SCHEMA, TableName
 from ..base.name_patterns import NamePattern, destination_for
 from ..postgres.database import connect, fetch_all
@@ -72,6 +73,24 @@ def without_patterns(project: Project) -> Project:
     tables = tuple(t for t in project.config.tables if not t.is_pattern)
     config = project.config.model_copy(update={"tables": tables})
     return dataclasses.replace(project, config=config, expanded=True)
+
+
+def expanded_or_known(project: Project) -> tuple[Project, str | None]:
+    """The project with its patterns matched now; with the source out of reach, matched
+    against the tables its sync-state knows, with a note saying so (the commands that show
+    sync-state work without the source)."""
+    try:
+        return expand_project(project), None
+    except ReplicatorError as exc:
+        return matched_in_sync_state(project), (
+            f"{one_line(exc)}: the table patterns are matched against the tables of "
+            "sync-state/, not the source's catalog"
+        )
+
+
+def matched_in_sync_state(project: Project) -> Project:
+    """The project with its patterns matched against the tables sync-state knows."""
+    return expand_project(project, catalog=known_tables(project.store))
 
 
 def known_tables(store: StateStore) -> list[TableName]:

@@ -30,31 +30,32 @@ def newest_key(
     conn: psycopg.Connection[Any], rows: sql.Composable, key: str, key_type: str
 ) -> str | None:
     """max(key) over a query's rows, as PostgreSQL prints it (None when there are none),
-    among the values a cursor may become (`finite`)."""
+    among the values a cursor may become (`where_finite`)."""
     alias = sql.Identifier("_replicator_rows")
     ref = sql.SQL("{}.{}").format(alias, sql.Identifier(key))
-    test = finite(key_type, ref)
-    where = sql.SQL(" WHERE {}").format(test) if test is not None else sql.SQL("")
     (value,) = execute(
         conn,
         sql.SQL("SELECT max({r})::text FROM ({q}) AS {a}{w}").format(
-            r=ref, q=rows, a=alias, w=where
+            r=ref, q=rows, a=alias, w=where_finite(key_type, ref)
         ),
     ).fetchone()
     return value
 
 
-def finite(key_type: str, ref: sql.Composable) -> sql.Composable | None:
-    """A key value a cursor may become: not `infinity` (dates, timestamps, floats, numeric)
-    nor NaN. A cursor at infinity would never see a later row (every finite key is below
-    it); a row keyed so is read again by every run instead, as a row at the cursor is."""
+def where_finite(key_type: str, ref: sql.Composable) -> sql.Composable:
+    """` WHERE` the key value `ref` is one a cursor may become: not `infinity` (dates,
+    timestamps, floats, numeric) nor NaN; empty for a type without such values. A cursor
+    at infinity would never see a later row (every finite key is below it); a row keyed so
+    is read again by every run instead, as a row at the cursor is."""
     if key_type.startswith(TEMPORAL_TYPES):
-        return sql.SQL("isfinite({})").format(ref)
-    if key_type.startswith(("real", "double precision")):
-        return sql.SQL("{} < 'Infinity'").format(ref)  # NaN sorts above Infinity
-    if key_type.startswith("numeric"):
-        return sql.SQL("scale({}) IS NOT NULL").format(ref)  # NULL for NaN and ±Infinity
-    return None
+        test = sql.SQL("isfinite({})").format(ref)
+    elif key_type.startswith(("real", "double precision")):
+        test = sql.SQL("{} < 'Infinity'").format(ref)  # NaN sorts above Infinity
+    elif key_type.startswith("numeric"):
+        test = sql.SQL("scale({}) IS NOT NULL").format(ref)  # NULL for NaN and ±Infinity
+    else:
+        return sql.SQL("")
+    return sql.SQL(" WHERE {}").format(test)
 
 
 _OLDEST_WRITER = """

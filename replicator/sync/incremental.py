@@ -31,7 +31,7 @@ from ..transfer.markers import discard, forget_markers, new_load_id
 from ..transfer.partitions import KeyRange, range_predicate
 from ..transfer.spark_runner import SparkRunner
 from .context import KeyBounds
-from .cursor import advance, finite, newest_key
+from .cursor import advance, newest_key, where_finite
 from .scripts import DestinationFacts, drop_staging_step, staging_steps
 
 log = logging.getLogger(__name__)
@@ -215,8 +215,7 @@ def _split_batch(
         return [query]
     # Counts inlined as literals: the model text is the user's and may contain `%`. The
     # ranges span the finite keys (the first and last ranges are open: they take the rest).
-    test = finite(key_type, sql.SQL("b.{}").format(sql.Identifier(key)))
-    finite_only = sql.SQL(" WHERE {}").format(test) if test is not None else sql.SQL("")
+    finite_only = where_finite(key_type, sql.SQL("b.{}").format(sql.Identifier(key)))
     (bounds,) = execute(
         conn,
         sql.SQL(

@@ -14,7 +14,7 @@ from typing import Any
 
 from ..base.errors import ReplicatorError
 from ..base.redact import redact
-from ..plan.selection import expand_project, has_patterns, known_tables
+from ..plan.selection import expand_project, has_patterns, matched_in_sync_state
 from ..postgres.database import connect
 from ..project.project import Project
 from ..report.results import utc_now
@@ -35,20 +35,20 @@ def expanded(
         known = _from_sync_state(project, names)
         if known is not None:
             return known
-        _failed(project, started_at, exc, deliver)
+        _failed(started_at, exc, deliver)
         raise
     try:
         with source:
             return expand_project(project, source)
     except ReplicatorError as exc:
-        _failed(project, started_at, exc, deliver)
+        _failed(started_at, exc, deliver)
         raise
 
 
 def _from_sync_state(project: Project, names: tuple[str, ...]) -> Project | None:
     """The patterns matched against the tables sync-state knows; None when a pattern gets
     none there or a table named is not among them."""
-    known = expand_project(project, catalog=known_tables(project.store))
+    known = matched_in_sync_state(project)
     if known.unmatched:
         return None
     try:
@@ -59,11 +59,7 @@ def _from_sync_state(project: Project, names: tuple[str, ...]) -> Project | None
 
 
 def _failed(
-    project: Project,
-    started_at: str,
-    exc: ReplicatorError,
-    deliver: Callable[[dict[str, Any]], None],
+    started_at: str, exc: ReplicatorError, deliver: Callable[[dict[str, Any]], None]
 ) -> None:
-    if project.settings.webhook is not None:
-        error = redact(f"{exc}: the table patterns cannot be matched")
-        deliver(build_payload(uuid.uuid4().hex, started_at, utc_now(), [], "failure", error))
+    error = redact(f"{exc}: the table patterns cannot be matched")
+    deliver(build_payload(uuid.uuid4().hex, started_at, utc_now(), [], "failure", error))
