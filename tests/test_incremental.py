@@ -194,6 +194,7 @@ def test_rows_tied_with_the_cursor_are_not_lost(db_project, source_conn, dest_co
         ("timestamptz", "infinity", "clock_timestamp()"),
         ("numeric", "NaN", "extract(epoch FROM clock_timestamp())"),
         ("double precision", "Infinity", "extract(epoch FROM clock_timestamp())"),
+        ("moment", "infinity", "clock_timestamp()"),  # a domain over timestamptz
     ],
 )
 def test_a_key_at_infinity_never_becomes_the_cursor(
@@ -202,6 +203,11 @@ def test_a_key_at_infinity_never_becomes_the_cursor(
     """A row keyed `infinity` (or NaN) is at or past any cursor: read by every run, as a row
     at the cursor is. The cursor never becomes it (every later row would be below it)."""
     table = sql.Identifier(schema, "events")
+    if key_type == "moment":  # the key's type as the catalog prints a domain's name
+        source_conn.execute(
+            sql.SQL("CREATE DOMAIN {} AS timestamptz").format(sql.Identifier(schema, "moment"))
+        )
+        key_type = f"{schema}.moment"
     source_conn.execute(
         sql.SQL(f"CREATE TABLE {{}} (id int PRIMARY KEY, note text, k {key_type})").format(table)
     )
@@ -220,6 +226,15 @@ def test_a_key_at_infinity_never_becomes_the_cursor(
     )
     source_conn.execute(sql.SQL(f"INSERT INTO {{}} VALUES (7, 'new', {now})").format(table))
     assert db_project.run("sync", env=IN_PROCESS).exit_code == 0
+    if far == "infinity":  # a temporal key (a domain's too) keeps the lookback's margin
+        cursor = _state(db_project, f"{schema}.events")["cursor"]["value"]
+        (margin,) = source_conn.execute(
+            sql.SQL("SELECT max(k) FILTER (WHERE isfinite(k)) - %s::timestamptz FROM {}").format(
+                table
+            ),
+            (cursor,),
+        ).fetchone()
+        assert margin.total_seconds() >= 5, (cursor, margin)  # the default lookback
     # A batch cut in key ranges (Spark's tasks) spans the finite keys; the far one is in the
     # last, open range: every row in exactly one range.
     from replicator.sync.incremental import _split_batch

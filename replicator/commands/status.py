@@ -32,6 +32,7 @@ from ..plan.drift import Planned, plan_now
 from ..plan.read_ahead import read_ahead
 from ..plan.table_sql import MODEL_ALIAS, TableSql, fitting_cursor
 from ..postgres.database import connect, execute
+from ..postgres.type_closure import base_type
 from ..project.config import TableConfig
 from ..project.project import Project
 from ..project.settings import DEST_URL, SOURCE_URL
@@ -305,7 +306,7 @@ def _position(
     key = built.table.replication_key
     if key is None:
         return None, None
-    key_type = built.replication_key_type
+    key_type = base_type(conn, built.replication_key_type)  # a domain's lag is its base's
     copied = _copied_positions(built, state)
     lag = (
         sql.SQL(_LAG).format(type=sql.SQL(key_type))

@@ -92,3 +92,24 @@ def read_closure(
         execute(conn, "SET LOCAL search_path = pg_catalog, pg_temp")
         rows = fetch_all(conn, _CLOSURE, ([p[0] for p in pairs], [p[1] for p in pairs]))
     return [UsedType(*row[:7], tuple(row[7])) for row in rows]
+
+
+_BASE = """
+WITH RECURSIVE chain(oid, base) AS (
+    SELECT t.oid, t.typbasetype FROM pg_catalog.pg_type t WHERE t.oid = %s::regtype
+  UNION ALL
+    SELECT t.oid, t.typbasetype FROM pg_catalog.pg_type t JOIN chain ON t.oid = chain.base
+)
+SELECT pg_catalog.format_type(oid, NULL) FROM chain WHERE base = 0
+"""
+
+
+def base_type(conn: psycopg.Connection[Any], type_text: str) -> str:
+    """The type a domain stands on, through domains over domains (a `timestamptz` for a
+    domain over it): what its values can be (`infinity`) and how they subtract. Any other
+    type is its own; a built-in one (catalog.Column prints only user-defined types
+    schema-qualified) needs no look at the catalog."""
+    if "." not in type_text:
+        return type_text
+    row = execute(conn, _BASE, (type_text,)).fetchone()
+    return str(row[0]) if row else type_text

@@ -21,6 +21,7 @@ from ..base.errors import ReplicatorError, UsageError
 from ..plan.table_sql import TableSql
 from ..plan.window import fingerprint, in_progress_xids
 from ..postgres.database import execute
+from ..postgres.type_closure import base_type
 from ..project.state import Cursor, Pending, Window
 
 TEMPORAL_TYPES = ("timestamp", "date")
@@ -36,7 +37,7 @@ def newest_key(
     (value,) = execute(
         conn,
         sql.SQL("SELECT max({r})::text FROM ({q}) AS {a}{w}").format(
-            r=ref, q=rows, a=alias, w=where_finite(key_type, ref)
+            r=ref, q=rows, a=alias, w=where_finite(base_type(conn, key_type), ref)
         ),
     ).fetchone()
     return value
@@ -44,7 +45,8 @@ def newest_key(
 
 def where_finite(key_type: str, ref: sql.Composable) -> sql.Composable:
     """` WHERE` the key value `ref` is one a cursor may become: not `infinity` (dates,
-    timestamps, floats, numeric) nor NaN; empty for a type without such values. A cursor
+    timestamps, floats, numeric) nor NaN; empty for a type without such values (`key_type`
+    is a domain's base type, type_closure.base_type). A cursor
     at infinity would never see a later row (every finite key is below it); a row keyed so
     is read again by every run instead, as a row at the cursor is."""
     if key_type.startswith(TEMPORAL_TYPES):
@@ -88,7 +90,8 @@ def advance(
     if hwm is None:  # nothing read: nothing new to wait for
         return old, pending if pending and set(pending.xids) & set(xids) else None
     waiting = set(xids)
-    oldest = oldest_writer_start(conn, xids) if key_type.startswith(TEMPORAL_TYPES) else None
+    temporal = base_type(conn, key_type).startswith(TEMPORAL_TYPES)  # a domain's too
+    oldest = oldest_writer_start(conn, xids) if temporal else None
     if not waiting:
         target: str | None = hwm
     elif oldest is not None:  # no open writer can produce a key below its own start
@@ -101,7 +104,7 @@ def advance(
     new_pending = Pending(value=hwm, xids=xids) if waiting else None
     if target is None:
         return old, new_pending
-    value = _greatest_of(conn, key_type, old, target, hwm, lookback_seconds)
+    value = _greatest_of(conn, key_type, old, target, hwm, lookback_seconds if temporal else 0)
     return Cursor(value=value, type=key_type), new_pending
 
 
@@ -124,10 +127,11 @@ def _greatest_of(
     hwm: str,
     lookback_seconds: int,
 ) -> str:
-    """greatest(old, least(target, hwm - lookback)), computed in the key's type."""
+    """greatest(old, least(target, hwm - lookback)), computed in the key's type (a
+    temporal one when `lookback_seconds` is set)."""
     kind = sql.SQL(key_type)
     ceiling: sql.Composable = sql.SQL("{}::{}").format(sql.Literal(hwm), kind)
-    if lookback_seconds and key_type.startswith(TEMPORAL_TYPES):
+    if lookback_seconds:
         ceiling = sql.SQL("({} - make_interval(secs => {}))::{}").format(
             ceiling, sql.Literal(lookback_seconds), kind
         )

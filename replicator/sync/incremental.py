@@ -23,6 +23,7 @@ from ..postgres.database import execute, run_steps, transaction
 from ..postgres.endpoints import Endpoints
 from ..postgres.naming import staging_table
 from ..postgres.snapshot import ExportedSnapshot
+from ..postgres.type_closure import base_type
 from ..project.state import Cursor, Pending, TableState, Window
 from ..transfer.copy_progress import NO_PROGRESS, Sink, watch_copy
 from ..transfer.copy_stream import CopyResult, CopyTask
@@ -211,6 +212,7 @@ def _split_batch(
     conn: psycopg.Connection[Any], query: sql.Composable, key: str, key_type: str, parts: int
 ) -> list[sql.Composable]:
     """Equal ranges of the replication key over the batch (each an index range scan)."""
+    key_type = base_type(conn, key_type)  # a domain splits as what it stands on
     if parts <= 1 or not key_type.startswith(_SPLITTABLE):
         return [query]
     # Counts inlined as literals: the model text is the user's and may contain `%`. The
