@@ -18,6 +18,7 @@ from ..base.identifiers import display_ident, quote_ident
 from ..postgres import ddl
 from ..postgres.catalog import Column, TableInfo
 from ..postgres.naming import MARK_COLUMN, MARK_TYPE, staging_table
+from ..postgres.type_closure import OID_VALUED_TYPES
 from ..project.config import TableConfig
 from ..project.state import Cursor
 from ..project.templates import Model, Templates
@@ -83,6 +84,12 @@ class TableSql:
     def type_of(self, column: str) -> str:
         """The exact type of one of the model's columns ("" when it has no such column)."""
         return next((c.type for c in self.columns if c.name == column), "")
+
+    @property
+    def copies_as_text(self) -> bool:
+        """A column's binary form is an object's OID (regclass...): its rows are copied in
+        COPY's text format, so that the destination reads the object's name."""
+        return any(c.type_oid in OID_VALUED_TYPES for c in self.columns)
 
     @property
     def replication_key_type(self) -> str:

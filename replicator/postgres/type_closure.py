@@ -16,6 +16,14 @@ import psycopg
 
 from .database import execute, fetch_all, transaction
 
+# The object identifier types (regclass, regtype, ...) and their arrays: their binary form is
+# the object's OID, which names another object, or none, in another database; their text
+# form is the object's name.
+OID_VALUED_TYPES = frozenset(
+    {24, 1008, 2202, 2203, 2204, 2205, 2206, 2207, 2208, 2209, 2210, 2211}
+    | {3734, 3735, 3769, 3770, 4089, 4090, 4096, 4097, 4191, 4192}
+)
+
 # Every object made after initdb (a user's type, an extension's) has an OID from here on:
 # a column of a built-in type needs no look at the catalog.
 FIRST_NORMAL_OID = 16384

@@ -151,6 +151,7 @@ def batch_tasks(
         (staging.schema, staging.name),
         [c.name for c in built.columns],
         origin=built.model.origin,
+        text=built.copies_as_text,
     )
 
 

@@ -93,6 +93,7 @@ def part_tasks(
         freeze=len(todo) == len(parts),
         origin=built.model.origin,
         parts=todo,
+        text=built.copies_as_text,
     )
 
 

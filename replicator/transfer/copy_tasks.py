@@ -21,18 +21,23 @@ def copy_tasks(
     freeze: bool = False,
     origin: str = "",
     parts: list[int] | None = None,
+    text: bool = False,
 ) -> list[CopyTask]:
     """One task per query: binary COPY of its rows into `table` (schema, name).
 
+    `text`: in COPY's text format instead, for columns whose binary form is an object's OID
+    (regclass and the like: the destination must read the object's name, type_closure).
     `freeze`: the table is this load's alone; a single task truncates it and copies frozen.
     `parts`: the partition number of each query (default 0, 1, ...): a resumed load copies
     only the partitions its first run did not finish, under their first numbers."""
     freeze = freeze and len(queries) == 1
+    form = "text" if text else "binary"
     copy_in = (
-        sql.SQL("COPY {} ({}) FROM STDIN (FORMAT binary{})")
+        sql.SQL("COPY {} ({}) FROM STDIN (FORMAT {}{})")
         .format(
             sql.Identifier(*table),
             sql.SQL(", ").join(map(sql.Identifier, columns)),
+            sql.SQL(form),
             sql.SQL(", FREEZE" if freeze else ""),
         )
         .as_string(None)
@@ -47,7 +52,7 @@ def copy_tasks(
             source_url,
             dest_url,
             snapshot,
-            sql.SQL("COPY ({}) TO STDOUT (FORMAT binary)").format(query).as_string(None),
+            sql.SQL("COPY ({}) TO STDOUT (FORMAT {})").format(query, sql.SQL(form)).as_string(None),
             copy_in,
             (MARKER_TABLE.schema, MARKER_TABLE.name),
             truncate,

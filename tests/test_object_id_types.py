@@ -1,0 +1,59 @@
+"""Columns of the object identifier types (regclass, regtype, ...): their binary form is the
+object's OID, which in the destination names another object or none, so their rows travel
+in COPY's text form, where they are the objects' names."""
+
+from __future__ import annotations
+
+import pytest
+from dbcompare import assert_same_table
+from engines import IN_PROCESS
+from psycopg import sql
+
+_VALUES = "SELECT id, rc::text, rt::text, rn::text, rp::text, rcs::text FROM {} ORDER BY id"
+
+
+@pytest.mark.parametrize("mode", ["incremental", "cdc"])
+def test_object_ids_name_the_same_objects_in_the_destination(
+    db_project, source_conn, dest_conn, schema, mode
+):
+    """The objects are the schema, a type and a table the destination also has (under other
+    OIDs there): a full load, then a batch or the log, copy their names."""
+    s = sql.Identifier(schema)
+    for statement in (
+        "CREATE TYPE {s}.mood AS ENUM ('calm', 'busy')",
+        "CREATE TABLE {s}.other (id int PRIMARY KEY, updated_at timestamptz NOT NULL)",
+        "INSERT INTO {s}.other VALUES (1, now())",
+        "CREATE TABLE {s}.refs (id int PRIMARY KEY, m {s}.mood, rc regclass, rt regtype, "
+        "rn regnamespace, rp regproc, rcs regclass[], updated_at timestamptz NOT NULL)",
+    ):
+        source_conn.execute(sql.SQL(statement).format(s=s))
+    row = (
+        "INSERT INTO {s}.refs VALUES (%s, 'calm', {other}, {mood}, {schema}, 'now', "
+        "ARRAY[{other}, 'pg_catalog.pg_class']::regclass[], now())"
+    )
+    values = {
+        "s": s,
+        "other": sql.Literal(f"{schema}.other"),
+        "mood": sql.Literal(f"{schema}.mood"),
+        "schema": sql.Literal(schema),
+    }
+    source_conn.execute(sql.SQL(row).format(**values), (1,))
+    key = {"replication_key": "updated_at"} if mode == "incremental" else {"mode": "cdc"}
+    tables = [{"name": f"{schema}.other", **key}, {"name": f"{schema}.refs", **key}]
+    db_project.write_config({"tables": tables})
+    table = sql.Identifier(schema, "refs")
+    first = db_project.run("sync", env=IN_PROCESS)
+    assert first.exit_code == 0, first.output
+    source_conn.execute(sql.SQL(row).format(**values), (2,))
+    later = db_project.run("sync", env=IN_PROCESS)
+    assert later.exit_code == 0, later.output
+    wanted = source_conn.execute(sql.SQL(_VALUES).format(table)).fetchall()
+    assert wanted[0][1:] == (
+        f"{schema}.other",
+        f"{schema}.mood",
+        schema,
+        "now",
+        f"{{{schema}.other,pg_class}}",
+    )
+    assert dest_conn.execute(sql.SQL(_VALUES).format(table)).fetchall() == wanted
+    assert_same_table(source_conn, dest_conn, schema, "refs")
