@@ -93,7 +93,7 @@ BASE = _sig(ID, AMOUNT, NOTE, types={"public.mood": {"kind": "enum", "labels": [
         ),
         pytest.param(
             _sig(ID, AMOUNT, NOTE, types={"public.mood": {"kind": "enum", "labels": ["b", "a"]}}),
-            "type definition changed: public.mood (enum labels removed or reordered)",
+            "type definition changed: public.mood (enum labels renamed, removed or reordered)",
             None,
             id="enum-reordered",
         ),

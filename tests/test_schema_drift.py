@@ -565,6 +565,33 @@ def test_an_enum_label_renamed_and_added_back_keeps_the_sources_order(
     assert "DROP TYPE" in error and "replicator sync -f" in error
 
 
+def test_an_enum_label_renamed_beside_a_label_added_is_renamed_in_the_destination(
+    db_project, source_conn, dest_conn, schema
+):
+    """A rename and an addition between two syncs (the lists no longer as long): the label
+    is renamed where it is, the new one added; one added back under the old name later lands
+    where the source has it (it was kept beside the new name, and the table then failed)."""
+    for statement in [
+        "CREATE TYPE {s}.mood AS ENUM ('red', 'green', 'blue')",
+        "CREATE TABLE {s}.notes (id int PRIMARY KEY, m {s}.mood)",
+        "INSERT INTO {s}.notes VALUES (1, 'red'), (2, 'blue')",
+    ]:
+        source_conn.execute(_q(schema, statement))
+    db_project.write_config({"tables": [{"name": f"{schema}.notes", "mode": "cdc"}]})
+    assert sync_events(db_project)[0] == 0
+    source_conn.execute(_q(schema, "ALTER TYPE {s}.mood RENAME VALUE 'red' TO 'crimson'"))
+    source_conn.execute(_q(schema, "ALTER TYPE {s}.mood ADD VALUE 'pink'"))
+    source_conn.execute(_q(schema, "INSERT INTO {s}.notes VALUES (3, 'pink')"))
+    assert sync_events(db_project)[0] == 0
+    assert _labels(dest_conn, schema) == ["crimson", "green", "blue", "pink"]
+    source_conn.execute(_q(schema, "ALTER TYPE {s}.mood ADD VALUE 'red' BEFORE 'green'"))
+    source_conn.execute(_q(schema, "INSERT INTO {s}.notes VALUES (4, 'red')"))
+    code, events = sync_events(db_project)
+    assert code == 0, events
+    assert _labels(dest_conn, schema) == _labels(source_conn, schema)
+    assert assert_same_table(source_conn, dest_conn, schema, "notes") == 4
+
+
 def test_a_domain_with_another_base_type_fails_the_table_with_a_fix(
     db_project, source_conn, dest_conn, schema
 ):

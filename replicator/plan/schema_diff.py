@@ -378,7 +378,7 @@ def _type_changes(old: dict[str, Any], new: dict[str, Any]) -> list[Change]:
                 added = [label for label in labels_after if label not in labels_before]
                 changes += [EnumLabelAdded(name, label) for label in added]
                 continue
-            changes.append(TypeDefinitionChanged(name, "enum labels removed or reordered"))
+            changes.append(TypeDefinitionChanged(name, "enum labels renamed, removed or reordered"))
         else:
             changes.append(TypeDefinitionChanged(name, f"{before.get('kind')} definition"))
     return changes

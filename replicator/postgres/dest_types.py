@@ -152,21 +152,37 @@ def _enum(
 def _renamed_labels(
     qualified: sql.Identifier, labels: list[str], have: list[str]
 ) -> list[sql.Composable]:
-    """Labels renamed in the source (`ALTER TYPE ... RENAME VALUE`): one the destination has
-    and the source lacks, where the source has one the destination lacks, in the same place
-    of lists as long. Renamed in `have` too."""
-    if len(labels) != len(have):
-        return []
+    """Labels renamed in the source (`ALTER TYPE ... RENAME VALUE`; PostgreSQL cannot drop
+    one): between the same two labels both lists share, as many the destination has and the
+    source lacks as the source has and the destination lacks, paired in order (a gap with
+    other counts also holds labels added since: which one was renamed cannot be told).
+    Renamed in `have` too."""
+    shared = set(labels) & set(have)
+    if [label for label in have if label in shared] != [x for x in labels if x in shared]:
+        return []  # reordered: the caller says so
     statements: list[sql.Composable] = []
-    for place, (old, new) in enumerate(zip(have, labels, strict=True)):
-        if old != new and old not in labels and new not in have:
+    for old, new in zip(_gaps(have, shared), _gaps(labels, shared), strict=True):
+        if len(old) != len(new):
+            continue
+        for before, after in zip(old, new, strict=True):
             statements.append(
                 sql.SQL("ALTER TYPE {} RENAME VALUE {} TO {}").format(
-                    qualified, sql.Literal(old), sql.Literal(new)
+                    qualified, sql.Literal(before), sql.Literal(after)
                 )
             )
-            have[place] = new
+            have[have.index(before)] = after
     return statements
+
+
+def _gaps(labels: list[str], shared: set[str]) -> list[list[str]]:
+    """The runs of labels before, between and after the shared ones."""
+    gaps: list[list[str]] = [[]]
+    for label in labels:
+        if label in shared:
+            gaps.append([])
+        else:
+            gaps[-1].append(label)
+    return gaps
 
 
 def _domain(source: psycopg.Connection[Any], oid: int, qualified: sql.Identifier) -> sql.Composed:
