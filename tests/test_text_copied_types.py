@@ -1,6 +1,7 @@
-"""Columns of the object identifier types (regclass, regtype, ...): their binary form is the
-object's OID, which in the destination names another object or none, so their rows travel
-in COPY's text form, where they are the objects' names."""
+"""Types whose values COPY's binary form cannot carry to another database travel in its text
+form: the object identifier types (regclass, regtype, ...), whose binary form is the object's
+OID, which in the destination names another object or none; and tsquery, int2vector and
+oidvector (their binary input refuses the empty value) and aclitem (no binary form)."""
 
 from __future__ import annotations
 
@@ -57,3 +58,28 @@ def test_object_ids_name_the_same_objects_in_the_destination(
     )
     assert dest_conn.execute(sql.SQL(_VALUES).format(table)).fetchall() == wanted
     assert_same_table(source_conn, dest_conn, schema, "refs")
+
+
+def test_values_binary_copy_cannot_read_back_are_copied(db_project, source_conn, dest_conn, schema):
+    """An empty tsquery, int2vector and oidvector, and an aclitem: a full load, then a batch."""
+    s = sql.Identifier(schema)
+    source_conn.execute(
+        sql.SQL(
+            "CREATE TABLE {}.odd (id int PRIMARY KEY, q tsquery, qs tsquery[], i int2vector, "
+            "o oidvector, a aclitem, acl aclitem[], updated_at timestamptz NOT NULL)"
+        ).format(s)
+    )
+    row = (
+        "INSERT INTO {}.odd VALUES (%s, '', ARRAY['', 'a & b']::tsquery[], '', '', "
+        "'postgres=r/postgres', ARRAY['postgres=arw/postgres']::aclitem[], now())"
+    )
+    source_conn.execute(sql.SQL(row).format(s), (1,))
+    db_project.write_config(
+        {"tables": [{"name": f"{schema}.odd", "replication_key": "updated_at"}]}
+    )
+    first = db_project.run("sync", env=IN_PROCESS)
+    assert first.exit_code == 0, first.output
+    source_conn.execute(sql.SQL(row).format(s), (2,))
+    later = db_project.run("sync", env=IN_PROCESS)
+    assert later.exit_code == 0, later.output
+    assert assert_same_table(source_conn, dest_conn, schema, "odd") == 2

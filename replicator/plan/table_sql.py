@@ -18,7 +18,7 @@ from ..base.identifiers import display_ident, quote_ident
 from ..postgres import ddl
 from ..postgres.catalog import Column, TableInfo
 from ..postgres.naming import MARK_COLUMN, MARK_TYPE, staging_table
-from ..postgres.type_closure import OID_VALUED_TYPES
+from ..postgres.type_closure import TEXT_COPIED_TYPES
 from ..project.config import TableConfig
 from ..project.state import Cursor
 from ..project.templates import Model, Templates
@@ -89,7 +89,7 @@ class TableSql:
     def copies_as_text(self) -> bool:
         """A column's binary form is an object's OID (regclass...): its rows are copied in
         COPY's text format, so that the destination reads the object's name."""
-        return any(c.type_oid in OID_VALUED_TYPES for c in self.columns)
+        return any(c.type_oid in TEXT_COPIED_TYPES for c in self.columns)
 
     @property
     def replication_key_type(self) -> str:

@@ -16,12 +16,15 @@ import psycopg
 
 from .database import execute, fetch_all, transaction
 
-# The object identifier types (regclass, regtype, ...) and their arrays: their binary form is
-# the object's OID, which names another object, or none, in another database; their text
-# form is the object's name.
-OID_VALUED_TYPES = frozenset(
+# The types whose rows a load copies in COPY's text form, not its binary one (with arrays):
+# - the object identifier types (regclass, regtype, ...): the binary form is the object's
+#   OID, which names another object, or none, in another database; the text form its name;
+# - tsquery, int2vector and oidvector: their binary input refuses the empty value their
+#   binary output writes; aclitem has no binary form at all.
+TEXT_COPIED_TYPES = frozenset(
     {24, 1008, 2202, 2203, 2204, 2205, 2206, 2207, 2208, 2209, 2210, 2211}
     | {3734, 3735, 3769, 3770, 4089, 4090, 4096, 4097, 4191, 4192}
+    | {3615, 3645, 22, 1006, 30, 1013, 1033, 1034}
 )
 
 # Every object made after initdb (a user's type, an extension's) has an OID from here on:

@@ -25,8 +25,8 @@ def copy_tasks(
 ) -> list[CopyTask]:
     """One task per query: binary COPY of its rows into `table` (schema, name).
 
-    `text`: in COPY's text format instead, for columns whose binary form is an object's OID
-    (regclass and the like: the destination must read the object's name, type_closure).
+    `text`: in COPY's text format instead, for the types the binary one cannot carry to
+    another database (type_closure.TEXT_COPIED_TYPES).
     `freeze`: the table is this load's alone; a single task truncates it and copies frozen.
     `parts`: the partition number of each query (default 0, 1, ...): a resumed load copies
     only the partitions its first run did not finish, under their first numbers."""
