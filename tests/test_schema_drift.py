@@ -592,6 +592,48 @@ def test_an_enum_label_renamed_beside_a_label_added_is_renamed_in_the_destinatio
     assert assert_same_table(source_conn, dest_conn, schema, "notes") == 4
 
 
+def test_a_range_type_is_created_in_the_destination(db_project, source_conn, dest_conn, schema):
+    """A user's range type (its multirange and array too): created with the source's
+    definition, then the log carries its values; one of another subtype fails with the fix."""
+    for statement in [
+        "CREATE TYPE {s}.span AS RANGE (SUBTYPE = float8, SUBTYPE_DIFF = float8mi, "
+        "MULTIRANGE_TYPE_NAME = {s}.spans)",
+        "CREATE TABLE {s}.readings (id int PRIMARY KEY, r {s}.span, rs {s}.span[], m {s}.spans)",
+        "INSERT INTO {s}.readings VALUES (1, '[1.5,2)', ARRAY['(,0]', 'empty']::{s}.span[], "
+        "'{{[1,2), [3,4]}}')",
+    ]:
+        source_conn.execute(_q(schema, statement))
+    db_project.write_config({"tables": [{"name": f"{schema}.readings", "mode": "cdc"}]})
+    code, events = sync_events(db_project)
+    assert code == 0, events
+    source_conn.execute(_q(schema, "INSERT INTO {s}.readings VALUES (2, '(-1,1]', NULL, '{{}}')"))
+    assert sync_events(db_project)[0] == 0
+    assert assert_same_table(source_conn, dest_conn, schema, "readings") == 2
+    defined = _q(  # its difference function and multirange came along
+        schema,
+        "SELECT rngsubdiff::regproc::text, rngmultitypid::regtype::text FROM pg_range "
+        "WHERE rngtypid = '{s}.span'::regtype",
+    )
+    assert dest_conn.execute(defined).fetchone() == source_conn.execute(defined).fetchone()
+
+    other = f"{schema}_elsewhere"
+    source_conn.execute(_q(other, "CREATE SCHEMA {s}"))
+    try:
+        source_conn.execute(_q(other, "CREATE TYPE {s}.span AS RANGE (SUBTYPE = int4)"))
+        source_conn.execute(_q(other, "CREATE TABLE {s}.t (id int PRIMARY KEY, r {s}.span)"))
+        dest_conn.execute(_q(other, "CREATE SCHEMA {s}"))
+        dest_conn.execute(_q(other, "CREATE TYPE {s}.span AS RANGE (SUBTYPE = int8)"))
+        db_project.write_config({"tables": [{"name": f"{other}.t", "mode": "full-refresh"}]})
+        code, events = sync_events(db_project)
+        assert code == 1
+        error = events[f"{other}.t"]["error"]
+        assert "is a range of bigint in the destination and of integer in the source" in error
+        assert "DROP TYPE" in error and "replicator sync -f" in error, error
+    finally:
+        source_conn.execute(_q(other, "DROP SCHEMA {s} CASCADE"))
+        dest_conn.execute(_q(other, "DROP SCHEMA {s} CASCADE"))
+
+
 def test_a_domain_with_another_base_type_fails_the_table_with_a_fix(
     db_project, source_conn, dest_conn, schema
 ):

@@ -1,4 +1,4 @@
-"""Enum, domain and composite types a table uses, created in the destination first.
+"""Enum, domain, range and composite types a table uses, created in the destination first.
 
 The closure of user-defined types is read from the source (type_closure.py), then created
 deepest-first, after the extensions whose types it uses (dest_extensions.py: a type that
@@ -9,7 +9,8 @@ domains take the source's default, NOT NULL and validated checks (a changed doma
 the table through schema drift, and its new rows must fit; a check the source added NOT
 VALID may be broken by rows it already has); a domain whose base type or collation changed
 fails the table with the fix (PostgreSQL cannot change it in place). Existing composites
-gain attributes added at the end; any other difference fails the table with the fix.
+gain attributes added at the end; any other difference fails the table with the fix. An
+existing range type must have the source's subtype (else the same fix).
 """
 
 from __future__ import annotations
@@ -56,6 +57,29 @@ SELECT a.attname, pg_catalog.format_type(a.atttypid, a.atttypmod)
 FROM pg_catalog.pg_type t JOIN pg_catalog.pg_attribute a ON a.attrelid = t.typrelid
 WHERE t.oid = %s AND a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attnum
 """
+# A range type's definition, as CREATE TYPE ... AS RANGE takes it (functions and names printed
+# under search_path pg_catalog: a user's qualified, a built-in one bare).
+_RANGE = """
+SELECT pg_catalog.format_type(r.rngsubtype, NULL),
+       CASE WHEN NOT o.opcdefault THEN
+           pg_catalog.quote_ident(on_.nspname) || '.' || pg_catalog.quote_ident(o.opcname) END,
+       (SELECT pg_catalog.quote_ident(cn.nspname) || '.' || pg_catalog.quote_ident(c.collname)
+        FROM pg_catalog.pg_collation c JOIN pg_catalog.pg_namespace cn ON cn.oid = c.collnamespace
+        WHERE c.oid = r.rngcollation AND r.rngcollation <> st.typcollation),
+       CASE WHEN r.rngcanonical::oid <> 0 THEN r.rngcanonical::text END,
+       CASE WHEN r.rngsubdiff::oid <> 0 THEN r.rngsubdiff::text END,
+       (SELECT pg_catalog.quote_ident(mn.nspname) || '.' || pg_catalog.quote_ident(m.typname)
+        FROM pg_catalog.pg_type m JOIN pg_catalog.pg_namespace mn ON mn.oid = m.typnamespace
+        WHERE m.oid = r.rngmultitypid)
+FROM pg_catalog.pg_range r
+JOIN pg_catalog.pg_type st ON st.oid = r.rngsubtype
+JOIN pg_catalog.pg_opclass o ON o.oid = r.rngsubopc
+JOIN pg_catalog.pg_namespace on_ ON on_.oid = o.opcnamespace
+WHERE r.rngtypid = %s
+"""
+_RANGE_SUBTYPE = (
+    "SELECT pg_catalog.format_type(rngsubtype, NULL) FROM pg_catalog.pg_range WHERE rngtypid = %s"
+)
 _EXISTS = """
 SELECT t.oid FROM pg_catalog.pg_type t JOIN pg_catalog.pg_namespace n ON n.oid = t.typnamespace
 WHERE n.nspname = %s AND t.typname = %s
@@ -91,6 +115,8 @@ def type_work(
             existing = fetch_all(dest, _EXISTS, (t.schema, t.name))
             if t.kind == "e":
                 statements = _enum(source, dest, t.oid, qualified, existing)
+            elif t.kind == "r":
+                statements = _range(source, dest, t.oid, qualified, existing)
             elif t.kind == "d" and existing:
                 statements = _align_domain(source, dest, t.oid, existing[0][0], qualified)
             elif existing:
@@ -183,6 +209,39 @@ def _gaps(labels: list[str], shared: set[str]) -> list[list[str]]:
         else:
             gaps[-1].append(label)
     return gaps
+
+
+def _range(
+    source: psycopg.Connection[Any],
+    dest: psycopg.Connection[Any],
+    oid: int,
+    qualified: sql.Identifier,
+    existing: list[tuple[Any, ...]],
+) -> list[sql.Composable]:
+    """CREATE TYPE ... AS RANGE with the source's subtype, operator class, collation,
+    functions and multirange name; nothing for one the destination has on the same subtype."""
+    subtype, opclass, collation, canonical, diff, multirange = fetch_all(source, _RANGE, (oid,))[0]
+    if existing:
+        (have,) = fetch_all(dest, _RANGE_SUBTYPE, (existing[0][0],))[0]
+        if have != subtype:
+            raise _drop_by_hand(
+                f"range type {qualified.as_string(None)} is a range of {have} in the "
+                f"destination and of {subtype} in the source",
+                "TYPE",
+                qualified.as_string(None),
+            )
+        return []
+    options = [sql.SQL("SUBTYPE = {}").format(sql.SQL(subtype))]
+    for option, value in (
+        ("SUBTYPE_OPCLASS", opclass),
+        ("COLLATION", collation),
+        ("CANONICAL", canonical),
+        ("SUBTYPE_DIFF", diff),
+        ("MULTIRANGE_TYPE_NAME", multirange),
+    ):
+        if value is not None:
+            options.append(sql.SQL("{} = {}").format(sql.SQL(option), sql.SQL(value)))
+    return [sql.SQL("CREATE TYPE {} AS RANGE ({})").format(qualified, sql.SQL(", ").join(options))]
 
 
 def _domain(source: psycopg.Connection[Any], oid: int, qualified: sql.Identifier) -> sql.Composed:

@@ -1,6 +1,6 @@
 """The user-defined types a table's columns use, read from one catalog: the columns' own
 types and everything they are built on (array elements, domain bases, composite attributes,
-range subtypes), deepest first.
+range subtypes, a multirange's range), deepest first.
 
 A type that belongs to an extension (pg_depend deptype 'e') is the extension's to create:
 `extension` names it, and such a type is never created by hand (dest_extensions.py).
@@ -44,6 +44,7 @@ WITH RECURSIVE used(col, oid, depth) AS (
                   WHERE ty.typtype = 'c' AND a.attrelid = ty.typrelid
                     AND a.attnum > 0 AND NOT a.attisdropped
         UNION ALL SELECT r.rngsubtype FROM pg_catalog.pg_range r WHERE r.rngtypid = ty.oid
+        UNION ALL SELECT r.rngtypid FROM pg_catalog.pg_range r WHERE r.rngmultitypid = ty.oid
     ) dep
     WHERE used.depth < 32
 )
@@ -53,7 +54,7 @@ FROM (
     SELECT ty.oid, n.nspname, ty.typname, ty.typtype, x.extname, x.extversion, used.col,
            used.depth,
            n.nspname NOT IN ('pg_catalog', 'information_schema')
-           AND (ty.typtype IN ('e', 'd')
+           AND (ty.typtype IN ('e', 'd', 'r')
                 OR (ty.typtype = 'c' AND (SELECT relkind FROM pg_catalog.pg_class
                                           WHERE oid = ty.typrelid) = 'c')) AS creatable
     FROM used
@@ -80,8 +81,8 @@ class UsedType:
     oid: int
     schema: str
     name: str
-    kind: str  # pg_type.typtype: 'e' enum, 'd' domain, 'c' composite, 'b' base, ...
-    creatable: bool  # an enum, domain or free-standing composite (not a table's row type)
+    kind: str  # pg_type.typtype: 'e' enum, 'd' domain, 'c' composite, 'r' range, 'b' base...
+    creatable: bool  # an enum, domain, range or free-standing composite (not a row type)
     extension: str | None  # the extension it belongs to, if any
     extension_version: str | None
     columns: tuple[str, ...]  # the columns that use it
