@@ -25,6 +25,7 @@ from psycopg import sql
 from ..base.errors import TableProblem
 from .catalog import Column
 from .database import Step, execute, fetch_all, transaction
+from .dest_collations import collation_work
 from .dest_extensions import extension_needs
 from .type_closure import read_closure
 
@@ -101,7 +102,8 @@ def type_work(
     """Reads both catalogs, writes nothing. TableProblem when a type cannot be aligned in
     place, or an extension it belongs to cannot be created by the loading role."""
     used = read_closure(source, [(c.name, c.type_oid) for c in columns])
-    steps: list[Step] = []
+    collation_schemas, collations = collation_work(source, dest, columns)
+    steps = [Step("destination", statement) for statement in collations]
     for need in extension_needs(dest, used):
         if need.problem is not None:
             raise TableProblem(need.error)
@@ -126,7 +128,8 @@ def type_work(
             else:
                 statements = [_composite(source, t.oid, qualified)]
             steps += [Step("destination", statement) for statement in statements]
-    return TypeWork(list(dict.fromkeys(t.schema for t in used)), steps)
+    schemas = [*collation_schemas, *(t.schema for t in used)]
+    return TypeWork(list(dict.fromkeys(schemas)), steps)
 
 
 def _enum(
