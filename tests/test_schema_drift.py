@@ -634,6 +634,44 @@ def test_a_range_type_is_created_in_the_destination(db_project, source_conn, des
         dest_conn.execute(_q(other, "DROP SCHEMA {s} CASCADE"))
 
 
+def test_a_domain_calling_a_function_the_destination_lacks_says_what_to_create(
+    db_project, source_conn, dest_conn, schema
+):
+    """A domain whose check calls a function of the user's own and whose default draws from
+    a sequence: the table fails naming both and the domain; once they exist there, it loads
+    (`check` says it first)."""
+    for statement in [
+        "CREATE FUNCTION {s}.is_even(int) RETURNS boolean LANGUAGE sql IMMUTABLE "
+        "AS 'SELECT $1 % 2 = 0'",
+        "CREATE SEQUENCE {s}.numbers",
+        "CREATE DOMAIN {s}.even AS int DEFAULT nextval('{s}.numbers') * 2 "
+        "CHECK ({s}.is_even(VALUE))",
+        "CREATE TABLE {s}.pairs (id int PRIMARY KEY, n {s}.even)",
+        "INSERT INTO {s}.pairs VALUES (1, 2), (2, DEFAULT)",
+    ]:
+        source_conn.execute(sql.SQL(statement.replace("{s}", f'"{schema}"')))
+    db_project.write_config({"tables": [{"name": f"{schema}.pairs", "mode": "full-refresh"}]})
+    wanted = (
+        f"domain {schema}.even's default or checks use function {schema}.is_even(integer), "
+        f"sequence {schema}.numbers, which the destination lacks: create them there"
+    )
+    checked = db_project.run("check")
+    assert checked.exit_code == 1 and wanted in checked.stdout, checked.output
+    code, events = sync_events(db_project)
+    assert code == 1 and wanted in events[f"{schema}.pairs"]["error"], events
+    dest_conn.execute(_q(schema, "CREATE SCHEMA IF NOT EXISTS {s}"))
+    dest_conn.execute(
+        _q(
+            schema,
+            "CREATE FUNCTION {s}.is_even(int) RETURNS boolean LANGUAGE sql IMMUTABLE "
+            "AS 'SELECT $1 % 2 = 0'",
+        )
+    )
+    dest_conn.execute(_q(schema, "CREATE SEQUENCE {s}.numbers"))
+    assert sync_events(db_project)[0] == 0
+    assert assert_same_table(source_conn, dest_conn, schema, "pairs") == 2
+
+
 def test_a_domain_with_another_base_type_fails_the_table_with_a_fix(
     db_project, source_conn, dest_conn, schema
 ):

@@ -1,5 +1,6 @@
-"""`check`'s findings about the extensions a table's types belong to (citext, hstore...):
-the ones the destination lacks, and whether the first sync can create them."""
+"""`check`'s findings about a table's types: the extensions they belong to (citext,
+hstore...) that the destination lacks, and whether the first sync can create them; and the
+functions and sequences of the user's own its domains use that the destination lacks."""
 
 from __future__ import annotations
 
@@ -8,9 +9,11 @@ from typing import Any
 
 import psycopg
 
-from ..base.errors import ReplicatorError
+from ..base.errors import ReplicatorError, TableProblem
 from ..plan.inspect_table import inspect_table
+from ..postgres.database import execute, transaction
 from ..postgres.dest_extensions import extension_needs
+from ..postgres.domain_needs import check_domain_needs
 from ..postgres.type_closure import read_closure
 from ..project.config import TableConfig
 from ..project.project import Project
@@ -41,3 +44,11 @@ def extension_findings(
             )
         else:
             yield Finding("error", table.written_name, f"{need.lacking}; {need.problem}", need.fix)
+    with transaction(source):
+        execute(source, "SET LOCAL search_path = pg_catalog, pg_temp")  # names qualified
+        for t in used:
+            if t.kind == "d" and not t.extension:
+                try:
+                    check_domain_needs(source, dest, t.oid, t.qualified)
+                except TableProblem as exc:
+                    yield Finding("error", table.written_name, str(exc))

@@ -27,6 +27,7 @@ from .catalog import Column
 from .database import Step, execute, fetch_all, transaction
 from .dest_collations import collation_work
 from .dest_extensions import extension_needs
+from .domain_needs import check_domain_needs
 from .type_closure import read_closure
 
 _ENUM_LABELS = (
@@ -115,6 +116,8 @@ def type_work(
                 continue
             qualified = sql.Identifier(t.schema, t.name)
             existing = fetch_all(dest, _EXISTS, (t.schema, t.name))
+            if t.kind == "d":
+                check_domain_needs(source, dest, t.oid, t.qualified)
             if t.kind == "e":
                 statements = _enum(source, dest, t.oid, qualified, existing)
             elif t.kind == "r":
