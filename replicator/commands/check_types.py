@@ -44,11 +44,14 @@ def extension_findings(
             )
         else:
             yield Finding("error", table.written_name, f"{need.lacking}; {need.problem}", need.fix)
-    with transaction(source):
+    problems = []
+    with transaction(source):  # (no yield inside: the caller reads on this session)
         execute(source, "SET LOCAL search_path = pg_catalog, pg_temp")  # names qualified
         for t in used:
             if t.kind == "d" and not t.extension:
                 try:
                     check_domain_needs(source, dest, t.oid, t.qualified)
                 except TableProblem as exc:
-                    yield Finding("error", table.written_name, str(exc))
+                    problems.append(str(exc))
+    for problem in problems:
+        yield Finding("error", table.written_name, problem)

@@ -1,7 +1,8 @@
 """What a domain's default and checks call that PostgreSQL does not ship: functions and
-sequences of the user's own. A domain made in the destination with them fails there with
-"function ... does not exist", naming neither the domain nor the fix; so each one the
-destination lacks is said first, with the domain that needs it."""
+sequences of the user's own (an extension's come with its CREATE EXTENSION). A domain made
+in the destination with them fails there with "function ... does not exist", naming neither
+the domain nor the fix; so each one the destination lacks is said first, with the domain
+that needs it."""
 
 from __future__ import annotations
 
@@ -30,6 +31,8 @@ WHERE ((d.classid = 'pg_catalog.pg_type'::pg_catalog.regclass AND d.objid = %(oi
            <> 'pg_catalog'::pg_catalog.regnamespace
     OR d.refclassid = 'pg_catalog.pg_class'::pg_catalog.regclass
        AND (SELECT c.relkind FROM pg_catalog.pg_class c WHERE c.oid = d.refobjid) = 'S')
+  AND NOT EXISTS (SELECT FROM pg_catalog.pg_depend x  -- an extension's: it comes with it
+                  WHERE x.classid = d.refclassid AND x.objid = d.refobjid AND x.deptype = 'e')
 ORDER BY 1, 2
 """
 _MISSING = (
