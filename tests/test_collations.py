@@ -115,16 +115,21 @@ def test_a_copy_without_its_collation_is_reloaded_once(db_project, schema, sourc
 def test_a_collation_of_the_users_own_is_created_in_the_destination(
     db_project, schema, source_conn, dest_conn
 ):
-    """`CREATE COLLATION` in the source (an ICU one that ignores case, a libc one): made in
-    the destination with the same definition before the table, which compares alike."""
+    """`CREATE COLLATION` in the source (an ICU one that ignores case, a libc one, one a
+    domain declares): made in the destination with the same definition before the table,
+    which compares alike."""
     s = sql.Identifier(schema)
     for statement in (
         "CREATE COLLATION {s}.nocase (provider = icu, locale = 'und-u-ks-level2', "
         "deterministic = false)",
         "CREATE COLLATION {s}.bytes (provider = libc, locale = 'C')",
+        "CREATE COLLATION {s}.nocase2 (provider = icu, locale = 'und-u-ks-level2', "
+        "deterministic = false)",
+        "CREATE DOMAIN {s}.label AS text COLLATE {s}.nocase2",
         "CREATE TABLE {s}.names (id int PRIMARY KEY, n text COLLATE {s}.nocase, "
-        "b text COLLATE {s}.bytes)",
-        "INSERT INTO {s}.names VALUES (1, 'Anna', 'Anna'), (2, 'anna', 'anna'), (3, 'Bo', 'Bo')",
+        "b text COLLATE {s}.bytes, l {s}.label)",
+        "INSERT INTO {s}.names VALUES (1, 'Anna', 'Anna', 'X'), (2, 'anna', 'anna', 'x'), "
+        "(3, 'Bo', 'Bo', 'y')",
     ):
         source_conn.execute(sql.SQL(statement).format(s=s))
     db_project.write_config({"tables": [{"name": f"{schema}.names", "mode": "full-refresh"}]})
@@ -132,12 +137,18 @@ def test_a_collation_of_the_users_own_is_created_in_the_destination(
     assert checked.exit_code == 0, checked.output
     first = db_project.run("sync")
     assert first.exit_code == 0, first.output
-    assert _collations(dest_conn, schema, "names") == {"id": None, "n": "nocase", "b": "bytes"}
+    assert _collations(dest_conn, schema, "names") == {
+        "id": None,
+        "n": "nocase",
+        "b": "bytes",
+        "l": "nocase2",  # the domain's
+    }
     same = sql.SQL(
-        "SELECT count(*) FILTER (WHERE n = 'ANNA'), count(*) FILTER (WHERE b < 'a') FROM {}"
+        "SELECT count(*) FILTER (WHERE n = 'ANNA'), count(*) FILTER (WHERE b < 'a'), "
+        "count(*) FILTER (WHERE l = 'X') FROM {}"
     )
     query = same.format(sql.Identifier(schema, "names"))
-    assert dest_conn.execute(query).fetchone() == source_conn.execute(query).fetchone() == (2, 2)
+    assert dest_conn.execute(query).fetchone() == source_conn.execute(query).fetchone() == (2, 2, 2)
     assert_same_table(source_conn, dest_conn, schema, "names")
     again = db_project.run("sync")  # the collations are there now: nothing to make
     assert again.exit_code == 0, again.output

@@ -83,3 +83,35 @@ def test_values_binary_copy_cannot_read_back_are_copied(db_project, source_conn,
     later = db_project.run("sync", env=IN_PROCESS)
     assert later.exit_code == 0, later.output
     assert assert_same_table(source_conn, dest_conn, schema, "odd") == 2
+
+
+def test_types_built_on_them_travel_as_text_too(db_project, source_conn, dest_conn, schema):
+    """A domain over regclass, an array of it, a composite with a regclass attribute and a
+    domain over tsquery: their values hold the same binary forms, so the rows go as text."""
+    s = sql.Identifier(schema)
+    dest_conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(s))
+    dest_conn.execute(sql.SQL("CREATE TABLE {}.padding (id int)").format(s))  # other OIDs
+    for statement in (
+        "CREATE TABLE {s}.target (id int PRIMARY KEY)",
+        "CREATE DOMAIN {s}.rel AS regclass",
+        "CREATE TYPE {s}.pointer AS (r regclass, n int)",
+        "CREATE DOMAIN {s}.query AS tsquery",
+        "CREATE TABLE {s}.wrapped (id int PRIMARY KEY, r {s}.rel, rs {s}.rel[], "
+        "p {s}.pointer, q {s}.query)",
+    ):
+        source_conn.execute(sql.SQL(statement).format(s=s))
+    source_conn.execute(
+        sql.SQL(
+            "INSERT INTO {s}.wrapped VALUES (1, %(t)s, ARRAY[%(t)s]::{s}.rel[], ROW(%(t)s, 1), '')"
+        ).format(s=s),
+        {"t": f"{schema}.target"},
+    )
+    tables = [{"name": f"{schema}.{t}", "mode": "full-refresh"} for t in ("target", "wrapped")]
+    db_project.write_config({"tables": tables})
+    result = db_project.run("sync", env=IN_PROCESS)
+    assert result.exit_code == 0, result.output
+    values = sql.SQL("SELECT r::text, rs::text, p::text, q::text FROM {}.wrapped").format(s)
+    assert dest_conn.execute(values).fetchall() == [
+        (f"{schema}.target", f"{{{schema}.target}}", f"({schema}.target,1)", "")
+    ]
+    assert_same_table(source_conn, dest_conn, schema, "wrapped")

@@ -8,6 +8,7 @@ import psycopg
 
 from ..base.errors import DatabaseError
 from ..postgres.catalog import TableInfo, describe_query, describe_table
+from ..postgres.type_closure import holds_text_copied
 from ..project.config import TableConfig
 from ..project.templates import Templates
 from .shaping import readable_columns, shape_model, shaping_of
@@ -45,4 +46,8 @@ def inspect_source(
             raise TableProblem(f"{table.written_name}: model {model.origin}: {exc}") from None
     if shaping is not None:
         model, output = shape_model(conn, table, source, model, output, shaping)
-    return source, build_table_sql(table, source, model, output, templates, shaping)
+    as_text = holds_text_copied(conn, (c.type_oid for c in output))
+    built = build_table_sql(
+        table, source, model, output, templates, shaping, copies_as_text=as_text
+    )
+    return source, built

@@ -18,7 +18,6 @@ from ..base.identifiers import display_ident, quote_ident
 from ..postgres import ddl
 from ..postgres.catalog import Column, TableInfo
 from ..postgres.naming import MARK_COLUMN, MARK_TYPE, staging_table
-from ..postgres.type_closure import TEXT_COPIED_TYPES
 from ..project.config import TableConfig
 from ..project.state import Cursor
 from ..project.templates import Model, Templates
@@ -39,6 +38,10 @@ class TableSql:
     key: TableKey  # `primary_key` and where it comes from (table_key.py)
     templates: Templates = field(compare=False, repr=False)
     shaping: Shaping | None = None  # the table's `columns` and `where` (plan/shaping.py)
+    # a column's values are, or hold, a type COPY's binary form cannot carry to another
+    # database (regclass, a domain over it, tsquery...: type_closure.TEXT_COPIED_TYPES):
+    # its rows are copied in COPY's text form
+    copies_as_text: bool = False
 
     # Rendered when first used: a run screening 1,000 untouched tables needs none of them.
     @functools.cached_property
@@ -84,12 +87,6 @@ class TableSql:
     def type_of(self, column: str) -> str:
         """The exact type of one of the model's columns ("" when it has no such column)."""
         return next((c.type for c in self.columns if c.name == column), "")
-
-    @property
-    def copies_as_text(self) -> bool:
-        """A column's binary form is an object's OID (regclass...): its rows are copied in
-        COPY's text format, so that the destination reads the object's name."""
-        return any(c.type_oid in TEXT_COPIED_TYPES for c in self.columns)
 
     @property
     def replication_key_type(self) -> str:
@@ -151,6 +148,8 @@ def build_table_sql(
     model_output: tuple[Column, ...],
     templates: Templates,
     shaping: Shaping | None = None,
+    *,
+    copies_as_text: bool = False,
 ) -> TableSql:
     """Build every statement of the table's sync."""
     columns = model_columns(model_output, source)
@@ -175,6 +174,7 @@ def build_table_sql(
         full_extract=sql.SQL(model.sql),
         templates=templates,
         key=key,
+        copies_as_text=copies_as_text,
     )
 
 

@@ -27,7 +27,9 @@ from .catalog import Column
 from .database import Step, execute, fetch_all, transaction
 from .dest_collations import collation_work
 from .dest_extensions import extension_needs
+from .dest_ranges import range_definition, range_statements
 from .domain_needs import check_domain_needs
+from .type_alignment import drop_by_hand, qualified_rows
 from .type_closure import read_closure
 
 _ENUM_LABELS = (
@@ -35,7 +37,9 @@ _ENUM_LABELS = (
 )
 _DOMAIN = """
 SELECT pg_catalog.format_type(typbasetype, typtypmod), typnotnull, typdefault,
-       (SELECT quote_ident(c.collname) FROM pg_catalog.pg_collation c
+       (SELECT CASE WHEN cn.nspname <> 'pg_catalog' THEN quote_ident(cn.nspname) || '.' ELSE '' END
+               || quote_ident(c.collname)
+        FROM pg_catalog.pg_collation c JOIN pg_catalog.pg_namespace cn ON cn.oid = c.collnamespace
         WHERE c.oid = t.typcollation AND t.typcollation <> 0
           AND c.oid <> (SELECT b.typcollation FROM pg_catalog.pg_type b
                         WHERE b.oid = t.typbasetype)),
@@ -59,29 +63,6 @@ SELECT a.attname, pg_catalog.format_type(a.atttypid, a.atttypmod)
 FROM pg_catalog.pg_type t JOIN pg_catalog.pg_attribute a ON a.attrelid = t.typrelid
 WHERE t.oid = %s AND a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attnum
 """
-# A range type's definition, as CREATE TYPE ... AS RANGE takes it (functions and names printed
-# under search_path pg_catalog: a user's qualified, a built-in one bare).
-_RANGE = """
-SELECT pg_catalog.format_type(r.rngsubtype, NULL),
-       CASE WHEN NOT o.opcdefault THEN
-           pg_catalog.quote_ident(on_.nspname) || '.' || pg_catalog.quote_ident(o.opcname) END,
-       (SELECT pg_catalog.quote_ident(cn.nspname) || '.' || pg_catalog.quote_ident(c.collname)
-        FROM pg_catalog.pg_collation c JOIN pg_catalog.pg_namespace cn ON cn.oid = c.collnamespace
-        WHERE c.oid = r.rngcollation AND r.rngcollation <> st.typcollation),
-       CASE WHEN r.rngcanonical::oid <> 0 THEN r.rngcanonical::text END,
-       CASE WHEN r.rngsubdiff::oid <> 0 THEN r.rngsubdiff::text END,
-       (SELECT pg_catalog.quote_ident(mn.nspname) || '.' || pg_catalog.quote_ident(m.typname)
-        FROM pg_catalog.pg_type m JOIN pg_catalog.pg_namespace mn ON mn.oid = m.typnamespace
-        WHERE m.oid = r.rngmultitypid)
-FROM pg_catalog.pg_range r
-JOIN pg_catalog.pg_type st ON st.oid = r.rngsubtype
-JOIN pg_catalog.pg_opclass o ON o.oid = r.rngsubopc
-JOIN pg_catalog.pg_namespace on_ ON on_.oid = o.opcnamespace
-WHERE r.rngtypid = %s
-"""
-_RANGE_SUBTYPE = (
-    "SELECT pg_catalog.format_type(rngsubtype, NULL) FROM pg_catalog.pg_range WHERE rngtypid = %s"
-)
 _EXISTS = """
 SELECT t.oid FROM pg_catalog.pg_type t JOIN pg_catalog.pg_namespace n ON n.oid = t.typnamespace
 WHERE n.nspname = %s AND t.typname = %s
@@ -103,7 +84,7 @@ def type_work(
     """Reads both catalogs, writes nothing. TableProblem when a type cannot be aligned in
     place, or an extension it belongs to cannot be created by the loading role."""
     used = read_closure(source, [(c.name, c.type_oid) for c in columns])
-    collation_schemas, collations = collation_work(source, dest, columns)
+    collation_schemas, collations = collation_work(source, dest, columns, used)
     steps = [Step("destination", statement) for statement in collations]
     for need in extension_needs(dest, used):
         if need.problem is not None:
@@ -121,7 +102,7 @@ def type_work(
             if t.kind == "e":
                 statements = _enum(source, dest, t.oid, qualified, existing)
             elif t.kind == "r":
-                statements = _range(source, dest, t.oid, qualified, existing)
+                statements = range_statements(source, dest, t.oid, qualified, existing)
             elif t.kind == "d" and existing:
                 statements = _align_domain(source, dest, t.oid, existing[0][0], qualified)
             elif existing:
@@ -171,7 +152,7 @@ def _enum(
     wanted = set(labels)
     if [label for label in have if label in wanted] != labels:  # labels compare by place
         name = qualified.as_string(None)
-        raise _drop_by_hand(
+        raise drop_by_hand(
             f"enum {name} orders its labels otherwise in the destination "
             f"({', '.join(have)}) than in the source ({', '.join(labels)}), and PostgreSQL "
             "cannot move a label",
@@ -217,39 +198,6 @@ def _gaps(labels: list[str], shared: set[str]) -> list[list[str]]:
     return gaps
 
 
-def _range(
-    source: psycopg.Connection[Any],
-    dest: psycopg.Connection[Any],
-    oid: int,
-    qualified: sql.Identifier,
-    existing: list[tuple[Any, ...]],
-) -> list[sql.Composable]:
-    """CREATE TYPE ... AS RANGE with the source's subtype, operator class, collation,
-    functions and multirange name; nothing for one the destination has on the same subtype."""
-    subtype, opclass, collation, canonical, diff, multirange = fetch_all(source, _RANGE, (oid,))[0]
-    if existing:
-        (have,) = fetch_all(dest, _RANGE_SUBTYPE, (existing[0][0],))[0]
-        if have != subtype:
-            raise _drop_by_hand(
-                f"range type {qualified.as_string(None)} is a range of {have} in the "
-                f"destination and of {subtype} in the source",
-                "TYPE",
-                qualified.as_string(None),
-            )
-        return []
-    options = [sql.SQL("SUBTYPE = {}").format(sql.SQL(subtype))]
-    for option, value in (
-        ("SUBTYPE_OPCLASS", opclass),
-        ("COLLATION", collation),
-        ("CANONICAL", canonical),
-        ("SUBTYPE_DIFF", diff),
-        ("MULTIRANGE_TYPE_NAME", multirange),
-    ):
-        if value is not None:
-            options.append(sql.SQL("{} = {}").format(sql.SQL(option), sql.SQL(value)))
-    return [sql.SQL("CREATE TYPE {} AS RANGE ({})").format(qualified, sql.SQL(", ").join(options))]
-
-
 def _domain(source: psycopg.Connection[Any], oid: int, qualified: sql.Identifier) -> sql.Composed:
     base, not_null, default, collation, checks = fetch_all(source, _DOMAIN, (oid,))[0]
     parts = [sql.SQL("CREATE DOMAIN {} AS {}").format(qualified, sql.SQL(base))]
@@ -275,12 +223,12 @@ def _align_domain(
     New checks are added NOT VALID: the live table's rows are about to be replaced by the
     source's, which already pass them."""
     base, not_null, default, collation, _ = fetch_all(source, _DOMAIN, (oid,))[0]
-    have_base, have_not_null, have_default, have_collation, _ = _catalog_rows(
+    have_base, have_not_null, have_default, have_collation, _ = qualified_rows(
         dest, _DOMAIN, dest_oid
     )[0]
     if (base, collation) != (have_base, have_collation):
         name = qualified.as_string(dest)
-        raise _drop_by_hand(
+        raise drop_by_hand(
             f"domain {name} is {base} in the source but {have_base} in the destination, and "
             f"PostgreSQL cannot change a domain's type in place",
             "DOMAIN",
@@ -295,7 +243,7 @@ def _align_domain(
         statements.append(alter + sql.SQL("SET NOT NULL" if not_null else "DROP NOT NULL"))
     wanted = {_check_text(d) for _, d in fetch_all(source, _VALID_DOMAIN_CHECKS, (oid,))}
     have = {}
-    for name, definition in _catalog_rows(dest, _DOMAIN_CHECKS, dest_oid):
+    for name, definition in qualified_rows(dest, _DOMAIN_CHECKS, dest_oid):
         have.setdefault(_check_text(definition), name)
     for definition, name in have.items():
         if definition not in wanted:
@@ -303,14 +251,6 @@ def _align_domain(
     for definition in sorted(wanted - have.keys()):
         statements.append(alter + sql.SQL("ADD {} NOT VALID").format(sql.SQL(definition)))
     return statements
-
-
-def _catalog_rows(conn: psycopg.Connection[Any], query: str, oid: int) -> list[tuple[Any, ...]]:
-    """A catalog query about one type, with type names printed schema-qualified (as on the
-    source side), whatever the connection's search_path."""
-    with transaction(conn):
-        execute(conn, "SET LOCAL search_path = pg_catalog, pg_temp")
-        return fetch_all(conn, query, (oid,))
 
 
 def _check_text(definition: str) -> str:
@@ -329,7 +269,7 @@ def _check_composite(
     (the live table's values read them as NULL until the swap). Any other difference would
     change or drop values readers still see: the table fails with the fix."""
     wanted = fetch_all(source, _COMPOSITE, (oid,))
-    have = _catalog_rows(dest, _COMPOSITE, dest_oid)
+    have = qualified_rows(dest, _COMPOSITE, dest_oid)
     if wanted[: len(have)] == have:
         return [
             sql.SQL("ALTER TYPE {} ADD ATTRIBUTE {} {}").format(
@@ -338,20 +278,11 @@ def _check_composite(
             for attribute, type_text in wanted[len(have) :]
         ]
     name = qualified.as_string(dest)
-    raise _drop_by_hand(
+    raise drop_by_hand(
         f"composite type {name} is ({_attributes(wanted)}) in the source but "
         f"({_attributes(have)}) in the destination; replicator only adds attributes at the end",
         "TYPE",
         name,
-    )
-
-
-def _drop_by_hand(problem: str, kind: str, name: str) -> TableProblem:
-    """A type the destination cannot be brought in line with: what differs, and the fix
-    (`name` is already quoted)."""
-    return TableProblem(
-        f"{problem}: drop it in the destination (DROP {kind} {name} CASCADE also drops the "
-        f"columns that use it), then run `replicator sync -f` for the tables that use it"
     )
 
 
@@ -370,8 +301,9 @@ def _composite(
 
 
 def describe_types(conn: psycopg.Connection[Any], columns: Sequence[Column]) -> dict[str, Any]:
-    """The enums, domains and composites behind these columns, by qualified name, as
-    comparable JSON: enum labels in order, a domain's definition, a composite's attributes."""
+    """The enums, domains, ranges and composites behind these columns, by qualified name, as
+    comparable JSON: enum labels in order, a domain's or a range's definition, a composite's
+    attributes."""
     out: dict[str, Any] = {}
     used = [t for t in read_closure(conn, [(c.name, c.type_oid) for c in columns]) if t.creatable]
     if not used:
@@ -388,6 +320,9 @@ def describe_types(conn: psycopg.Connection[Any], columns: Sequence[Column]) -> 
                     "kind": "domain",
                     "definition": _domain(conn, t.oid, ident).as_string(conn),
                 }
+            elif t.kind == "r":
+                definition = range_definition(conn, t.oid)
+                out[t.qualified] = {"kind": "range", "definition": definition}
             else:
                 attributes = [list(row) for row in fetch_all(conn, _COMPOSITE, (t.oid,))]
                 out[t.qualified] = {"kind": "composite", "attributes": attributes}

@@ -31,13 +31,9 @@ TEXT_COPIED_TYPES = frozenset(
 # a column of a built-in type needs no look at the catalog.
 FIRST_NORMAL_OID = 16384
 
-_CLOSURE = """
-WITH RECURSIVE used(col, oid, depth) AS (
-    SELECT c.col, c.oid, 0 FROM unnest(%s::text[], %s::oid[]) AS c(col, oid)
-  UNION ALL
-    SELECT used.col, dep.oid, used.depth + 1
-    FROM used JOIN pg_catalog.pg_type ty ON ty.oid = used.oid
-    CROSS JOIN LATERAL (
+# The types a type is built on: an array's element, a domain's base, a composite's
+# attributes, a range's subtype, a multirange's range (`ty` is the type's pg_type row).
+_BUILT_ON = """
         SELECT ty.typelem AS oid WHERE ty.typcategory = 'A' AND ty.typelem <> 0
         UNION ALL SELECT ty.typbasetype WHERE ty.typtype = 'd'
         UNION ALL SELECT a.atttypid FROM pg_catalog.pg_attribute a
@@ -45,7 +41,15 @@ WITH RECURSIVE used(col, oid, depth) AS (
                     AND a.attnum > 0 AND NOT a.attisdropped
         UNION ALL SELECT r.rngsubtype FROM pg_catalog.pg_range r WHERE r.rngtypid = ty.oid
         UNION ALL SELECT r.rngtypid FROM pg_catalog.pg_range r WHERE r.rngmultitypid = ty.oid
-    ) dep
+"""
+
+_CLOSURE = f"""
+WITH RECURSIVE used(col, oid, depth) AS (
+    SELECT c.col, c.oid, 0 FROM unnest(%s::text[], %s::oid[]) AS c(col, oid)
+  UNION ALL
+    SELECT used.col, dep.oid, used.depth + 1
+    FROM used JOIN pg_catalog.pg_type ty ON ty.oid = used.oid
+    CROSS JOIN LATERAL ({_BUILT_ON}) dep
     WHERE used.depth < 32
 )
 SELECT oid, nspname, typname, typtype, creatable, extname, extversion,
@@ -125,3 +129,29 @@ def base_type(conn: psycopg.Connection[Any], type_text: str) -> str:
         return type_text
     row = execute(conn, _BASE, (type_text,)).fetchone()
     return str(row[0]) if row else type_text
+
+
+_HOLDS = f"""
+WITH RECURSIVE used(oid, depth) AS (
+    SELECT c.oid, 0 FROM unnest(%s::oid[]) AS c(oid)
+  UNION
+    SELECT dep.oid, used.depth + 1
+    FROM used JOIN pg_catalog.pg_type ty ON ty.oid = used.oid
+    CROSS JOIN LATERAL ({_BUILT_ON}) dep
+    WHERE used.depth < 32
+)
+SELECT EXISTS (SELECT FROM used WHERE used.oid = ANY(%s::oid[]))
+"""
+
+
+def holds_text_copied(conn: psycopg.Connection[Any], oids: Iterable[int]) -> bool:
+    """Whether a value of one of these types is, or holds, one of TEXT_COPIED_TYPES (a domain
+    over regclass, an array of one, a composite with a tsquery attribute...)."""
+    wanted = set(oids)
+    if wanted & TEXT_COPIED_TYPES:
+        return True
+    built = sorted(oid for oid in wanted if oid >= FIRST_NORMAL_OID)
+    if not built:  # a built-in type is built on built-in ones only
+        return False
+    (holds,) = execute(conn, _HOLDS, (built, sorted(TEXT_COPIED_TYPES))).fetchone()
+    return bool(holds)
