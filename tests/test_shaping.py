@@ -247,3 +247,57 @@ def test_a_source_key_column_or_an_unknown_column_fails_the_table_with_the_fix(
         result = db_project.run("sync")
         assert result.exit_code == 1
         assert message in result.stderr, result.stderr
+
+
+@pytest.mark.parametrize(
+    ("model", "message"),
+    [
+        (
+            "SELECT id, name, ssn AS social, email, status, updated_at FROM {{ source }}",
+            "reads excluded column(s) ssn",
+        ),
+        (
+            "SELECT id, name, email, status, updated_at FROM {{ source }} WHERE ssn > ''",
+            "reads excluded column(s) ssn",
+        ),
+        (
+            "SELECT p.id, p.name, p.email, p.status, p.updated_at, row_to_json(p)::text AS j "
+            "FROM {{ source }} AS p",
+            "reads whole rows of",
+        ),
+        (
+            "SELECT id, name, email, email AS contact, status, updated_at FROM {{ source }}",
+            "uses hashed column(s) email other than selected as they are",
+        ),
+        (
+            "SELECT id, name, lower(email) AS email, status, updated_at FROM {{ source }}",
+            "uses hashed column(s) email other than selected as they are",
+        ),
+    ],
+)
+def test_a_model_that_reads_a_shaped_column_another_way_is_refused(
+    db_project, schema, source_conn, dest_conn, model, message
+):
+    """An excluded column renamed, filtered on, or read in a whole row; a hashed one renamed
+    or in an expression: the shaping wraps the model's output by name, so each would carry
+    the value (or what it tells) into the copy. The table fails before anything is read."""
+    _people(source_conn, schema, rows=5)
+    db_project.write(f"models/{schema}/people.sql", model)
+    db_project.write_config(
+        {
+            "tables": [
+                {
+                    "name": f"{schema}.people",
+                    "mode": "full-refresh",
+                    "columns": {"exclude": ["ssn"], "hash": ["email"]},
+                }
+            ]
+        }
+    )
+    result = db_project.run("sync")
+    assert result.exit_code == 1 and message in result.stderr, result.output
+    assert "ssn-1" not in result.output and "user1@x.test" not in result.output
+    copied = dest_conn.execute(
+        "SELECT count(*) FROM information_schema.tables WHERE table_schema = %s", (schema,)
+    ).fetchone()
+    assert copied == (0,)

@@ -27,6 +27,7 @@ from ..postgres.database import fetch_all
 from ..project.config import TableConfig
 from ..project.settings import SALT_SETTING
 from ..project.templates import Model
+from .model_reads import check_model_reads
 from .table_key import preferred_key
 
 MODEL_ALIAS = "_replicator_model"
@@ -120,6 +121,10 @@ def shape_model(
         raise TableProblem(
             f"{name}: the model ({model.origin}) reads excluded column(s) "
             f"{', '.join(map(display_ident, leaked))}: remove them from it"
+        )
+    if not model.reads_table_as_is:  # the built-in model selects the columns one by one
+        check_model_reads(
+            conn, model.sql, model.origin, source, shaping.exclude, shaping.hash, name
         )
     absent = [c for c in shaping.hash if c not in shown]
     if absent:
