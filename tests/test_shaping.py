@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from engines import IN_PROCESS
 from psycopg import sql
 
 pytestmark = pytest.mark.spark
@@ -301,3 +302,36 @@ def test_a_model_that_reads_a_shaped_column_another_way_is_refused(
         "SELECT count(*) FROM information_schema.tables WHERE table_schema = %s", (schema,)
     ).fetchone()
     assert copied == (0,)
+
+
+def test_a_failing_filter_does_not_tell_the_value_it_failed_on(
+    db_project, schema, source_conn, httpserver
+):
+    """PostgreSQL's `invalid input syntax for type integer: "ssn-1"` quotes the value of an
+    excluded column: the table's error, wherever it goes, says the value was there only."""
+    _people(source_conn, schema, rows=5)
+    httpserver.expect_request("/hook", method="POST").respond_with_data("ok")
+    db_project.write_config(
+        {
+            "tables": [
+                {
+                    "name": f"{schema}.people",
+                    "mode": "full-refresh",
+                    "columns": {"exclude": ["ssn"]},
+                    "where": "ssn::int > 0",
+                }
+            ],
+            "webhook": {"url": httpserver.url_for("/hook")},
+        }
+    )
+    result = db_project.run("sync", env=IN_PROCESS)
+    assert result.exit_code == 1
+    assert 'invalid input syntax for type integer: "***"' in result.output, result.output
+    status = db_project.run("status", "--json", env=IN_PROCESS)
+    told = [
+        result.output,
+        status.stdout,
+        *(p.read_text() for p in (db_project.path / "sync-state").glob("*.json")),
+        *(request.get_data(as_text=True) for request, _ in httpserver.log),
+    ]
+    assert len(told) >= 4 and not [t for t in told if "ssn-" in t], told

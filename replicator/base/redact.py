@@ -61,3 +61,15 @@ def redact(text: str) -> str:
     for secret in sorted(_secrets, key=len, reverse=True):
         text = text.replace(secret, MASK)
     return text
+
+
+# PostgreSQL's messages that quote a value: `invalid input syntax for type integer: "x"`,
+# `invalid input value for enum mood: "x"`, `value "x" is out of range for type integer`,
+# `date/time field value out of range: "x"`.
+_QUOTED_VALUE = re.compile(r'(?P<head>: |\bvalue )"(?:[^"]|"")*"')
+
+
+def mask_values(text: str) -> str:
+    """`text` without the values PostgreSQL's messages quote: the error of a table with
+    columns that must not leave the source (`columns`, `where`) may be about one of them."""
+    return _QUOTED_VALUE.sub(lambda m: f'{m["head"]}"{MASK}"', text)

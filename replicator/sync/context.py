@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..base.errors import StateWriteError
-from ..base.redact import redact
+from ..base.redact import mask_values, redact
 from ..plan.decide import Plan
 from ..plan.drift import Observed, Planned
 from ..plan.table_sql import TableSql
@@ -191,9 +191,14 @@ def failure(
         action=action,
         rows=None,
         reason=reason,
-        error=redact(error),
+        error=redact(mask_values(error) if _shaped(table) else error),
         seconds=seconds,
     )
+
+
+def _shaped(table: TableConfig) -> bool:
+    """The table has columns or rows that must not leave the source."""
+    return table.columns is not None or table.where is not None
 
 
 def record_failure(
