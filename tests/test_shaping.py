@@ -118,6 +118,11 @@ def test_excluded_hashed_and_filtered_columns_in_a_cursor_and_a_full_refresh_tab
     url = db_project.env["REPLICATOR_SOURCE_URL"].replace("postgres@", f"{column_reader}@")
     env = {"REPLICATOR_SOURCE_URL": url, "REPLICATOR_HASH_SALT": SALT}
 
+    checked = db_project.run("check", env=env)  # column grants are enough
+    assert checked.exit_code == 0, checked.output
+    assert "may not SELECT" not in checked.stdout and "HASH_SALT" not in checked.stdout
+    unsalted = db_project.run("check", env={**env, "REPLICATOR_HASH_SALT": ""})
+    assert "columns.hash without REPLICATOR_HASH_SALT" in unsalted.stdout, unsalted.output
     compiled = db_project.run("compile", env=env)
     assert compiled.exit_code == 0, compiled.output
     assert "current_setting('replicator.hash_salt', true)" in compiled.stdout

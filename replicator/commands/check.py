@@ -26,6 +26,7 @@ from ..postgres.dest_schema import missing_schemas
 from ..postgres.naming import INTERNAL_SCHEMA
 from ..project.config import TableConfig
 from ..project.project import Project
+from ..project.settings import SALT_SETTING
 from ..project.templates import stray_models
 from ..report.logs import json_output, quiet
 from ..report.results import utc_now
@@ -270,8 +271,8 @@ def _check_table(
             "create it, or fix the name in tables-config.json",
         )
         return
-    (can_select,) = execute(
-        conn, "SELECT has_table_privilege(%s, 'SELECT')", (info.oid,)
+    (can_select,) = execute(  # column grants count: `columns.exclude` needs no more
+        conn, "SELECT has_any_column_privilege(%s, 'SELECT')", (info.oid,)
     ).fetchone()
     if not can_select:
         yield Finding(
@@ -289,6 +290,14 @@ def _check_table(
         return
     shape = f"{info.kind}, {len(info.columns)} columns, {built.key.describe()}"
     yield Finding("ok", subject, shape)
+    if table.columns is not None and table.columns.hash and not _salted(conn):
+        yield Finding(
+            "warn",
+            subject,
+            "columns.hash without REPLICATOR_HASH_SALT: each hash is the bare SHA-256 of the "
+            "value, which a list of the possible values reverses (an SSN, a phone number)",
+            "set REPLICATOR_HASH_SALT to a long random secret (the copy reloads once with it)",
+        )
     nullable = [c for c in table.primary_key or () if not _not_null(info, c)]
     if nullable:  # the copy's key cannot hold a NULL: such a row fails the load
         yield Finding(
@@ -360,3 +369,9 @@ def _current_user(conn: psycopg.Connection[Any]) -> str:
 def _not_null(info: TableInfo, name: str) -> bool:
     column = info.column(name)
     return column is None or column.not_null  # a missing one is an error of its own
+
+
+def _salted(conn: psycopg.Connection[Any]) -> bool:
+    """The source session holds a hash salt (project/settings.py: never in a statement)."""
+    (salt,) = execute(conn, "SELECT current_setting(%s, true)", (SALT_SETTING,)).fetchone()
+    return bool(salt)
