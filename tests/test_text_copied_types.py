@@ -5,6 +5,8 @@ oidvector (their binary input refuses the empty value) and aclitem (no binary fo
 
 from __future__ import annotations
 
+from urllib.parse import quote
+
 import pytest
 from dbcompare import assert_same_table
 from engines import IN_PROCESS
@@ -115,3 +117,43 @@ def test_types_built_on_them_travel_as_text_too(db_project, source_conn, dest_co
         (f"{schema}.target", f"{{{schema}.target}}", f"({schema}.target,1)", "")
     ]
     assert_same_table(source_conn, dest_conn, schema, "wrapped")
+
+
+def test_a_name_printed_without_its_schema_means_the_same_object_there(
+    db_project, source_conn, dest_conn, schema
+):
+    """The source's sessions have the table's schema on their search_path, so regclass
+    prints `target` bare; the destination's sessions find another `target` first on theirs:
+    the rows are read under the source session's search_path, and name the same table."""
+    s = sql.Identifier(schema)
+    clash = f"{schema}_clash"
+    dest_conn.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(clash)))
+    dest_conn.execute(sql.SQL("CREATE TABLE {}.target (id int)").format(sql.Identifier(clash)))
+    try:
+        for statement in (
+            "CREATE TABLE {s}.target (id int PRIMARY KEY)",
+            "CREATE TABLE {s}.refs (id int PRIMARY KEY, r regclass)",
+        ):
+            source_conn.execute(sql.SQL(statement).format(s=s))
+        source_conn.execute(
+            sql.SQL("INSERT INTO {}.refs VALUES (1, %s)").format(s), (f"{schema}.target",)
+        )
+        tables = [{"name": f"{schema}.{t}", "mode": "full-refresh"} for t in ("target", "refs")]
+        db_project.write_config({"tables": tables})
+
+        def with_path(url: str, path: str) -> str:
+            return f"{url}?options={quote(f'-c search_path={path}')}"
+
+        env = {
+            **IN_PROCESS,
+            "REPLICATOR_SOURCE_URL": with_path(db_project.env["REPLICATOR_SOURCE_URL"], schema),
+            "REPLICATOR_DEST_URL": with_path(db_project.env["REPLICATOR_DEST_URL"], clash),
+        }
+        result = db_project.run("sync", env=env)
+        assert result.exit_code == 0, result.output
+        same = sql.SQL("SELECT r::oid = {}::regclass::oid FROM {}.refs").format(
+            sql.Literal(f"{schema}.target"), s
+        )
+        assert dest_conn.execute(same).fetchone() == (True,)
+    finally:
+        dest_conn.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(clash)))

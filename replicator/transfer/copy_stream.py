@@ -20,6 +20,7 @@ from psycopg import pq, sql
 
 from ..base.errors import DatabaseError, TaskError
 from ..base.failpoints import failpoint
+from ..base.identifiers import quote_ident
 from ..base.readable import readable
 from ..postgres.database import Step, connect, execute, note, transaction
 
@@ -43,6 +44,10 @@ class CopyTask:
     # when the key is built, nothing for vacuum to do later).
     truncate: str | None = None
     origin: str = ""  # the model the rows come from, for error messages
+    # In COPY's text form, with names of objects (regclass...): the destination reads them
+    # under the source session's search_path (`SEARCH_PATH`), so a name printed without its
+    # schema means the same object there.
+    names: bool = False
 
     def __repr__(self) -> str:  # never print connection strings
         return f"CopyTask({self.load_id!r}, {self.index})"
@@ -57,6 +62,8 @@ class CopyResult:
 
 
 SOURCE_BEGIN = "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"
+SCHEMAS = "SELECT pg_catalog.current_schemas(false)::text[]"
+SEARCH_PATH = "SELECT pg_catalog.set_config('search_path', %s, true)"
 # A task killed mid-query (its Spark job cancelled, its worker gone) is noticed by the server
 # within seconds, instead of when the query next sends a row (PostgreSQL 14 and later).
 CHECK_CLIENT = "SET client_connection_check_interval = '2s'"
@@ -99,6 +106,11 @@ def task_steps(task: CopyTask, source_version: int) -> list[Step]:
         *check,
         Step("source", SOURCE_BEGIN),
         snapshot_step(task),
+        *(
+            [Step("source", SCHEMAS), Step("destination", SEARCH_PATH, ("<source's schemas>",))]
+            if task.names
+            else []
+        ),
         Step("destination", task.copy_in),
         Step("source", task.copy_out),
         Step("source", "ROLLBACK"),
@@ -187,6 +199,9 @@ def _stream(task: CopyTask, dest: psycopg.Connection) -> tuple[int, int]:
     """
     size = 0
     with _source_snapshot(task) as source:
+        if task.names:
+            (schemas,) = execute(source, SCHEMAS).fetchone()
+            execute(dest, SEARCH_PATH, (_quoted_path(schemas),))
         in_cursor = dest.cursor()
         note(dest, task.copy_in)
         with in_cursor.copy(task.copy_in) as into:
@@ -251,3 +266,8 @@ def _expect(result: pq.abc.PGresult | None, status: pq.ExecStatus) -> None:
             _first_line(message) if message.strip() else "COPY failed",
             code.decode() if code else None,
         )
+
+
+def _quoted_path(schemas: list[str]) -> str:
+    """current_schemas' names as a search_path value: each quoted."""
+    return ", ".join(map(quote_ident, schemas))

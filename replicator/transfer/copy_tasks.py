@@ -57,6 +57,7 @@ def copy_tasks(
             (MARKER_TABLE.schema, MARKER_TABLE.name),
             truncate,
             origin,
+            names=text,
         )
         for index, query in zip(parts or range(len(queries)), queries, strict=True)
     ]
