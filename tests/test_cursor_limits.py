@@ -74,6 +74,19 @@ def test_check_names_the_keys_a_cursor_misses_with_their_fix(db_project, orders,
     assert "SET NOT NULL, or a model that coalesces it" in checked
     assert f"warn  {orders}.events: replication key at is a timestamp without time zone" in checked
     assert f"AT TIME ZONE '{zone}'" in checked and "<" not in checked
+    # The same key as a domain (NOT NULL there, the column itself nullable): its base type
+    # says the same, and the domain's NOT NULL that no NULL can come.
+    source_conn.execute(
+        sql.SQL(
+            "CREATE DOMAIN {s}.moment AS timestamp NOT NULL; "
+            "CREATE TABLE {s}.visits (id int PRIMARY KEY, at {s}.moment); "
+            "CREATE INDEX ON {s}.visits (at)"
+        ).format(s=sql.Identifier(orders))
+    )
+    db_project.write_config({"tables": [{"name": f"{orders}.visits", "replication_key": "at"}]})
+    domain = db_project.run("check").stdout
+    assert f"warn  {orders}.visits: replication key at is a timestamp without time zone" in domain
+    assert "can be NULL" not in domain, domain
 
 
 def test_rows_that_vanish_at_the_cursor_are_reported(db_project, orders, source_conn):

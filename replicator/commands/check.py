@@ -24,6 +24,7 @@ from ..postgres.database import connect, execute, fetch_all
 from ..postgres.dependent_views import reload_problem
 from ..postgres.dest_schema import missing_schemas
 from ..postgres.naming import INTERNAL_SCHEMA
+from ..postgres.type_closure import domain_base
 from ..project.config import TableConfig
 from ..project.project import Project
 from ..project.settings import SALT_SETTING
@@ -312,7 +313,8 @@ def _check_table(
     (zone,) = execute(
         conn, "SELECT reset_val FROM pg_catalog.pg_settings WHERE name = 'TimeZone'"
     ).fetchone()
-    for limit in cursor_limits(built, zone):
+    base, not_null = domain_base(conn, built.replication_key_type)
+    for limit in cursor_limits(built, zone, base, not_null):
         yield Finding("warn", subject, limit.message, limit.fix)
     if table.replication_key in leading_index_columns(conn, info.oid):
         yield Finding(

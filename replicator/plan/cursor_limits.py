@@ -23,16 +23,19 @@ class Limit:
     fix: str
 
 
-def cursor_limits(built: TableSql, source_zone: str) -> list[Limit]:
+def cursor_limits(
+    built: TableSql, source_zone: str, key_base: str | None = None, key_not_null: bool = False
+) -> list[Limit]:
     """The limits of this table's cursor, each with its fix (none for full-refresh).
     `source_zone` is the source server's default TimeZone, which local times most likely
-    were written in."""
+    were written in; `key_base` the key's type under its domains, `key_not_null` whether
+    one of them is NOT NULL (type_closure.domain_base)."""
     key = built.table.replication_key
     if key is None:
         return []
     name, table = display_ident(key), built.table.name
     limits = []
-    if built.key_can_be_null:
+    if built.key_can_be_null and not key_not_null:
         limits.append(
             Limit(
                 f"replication key {name} can be NULL: no cursor can order such rows, so "
@@ -42,7 +45,7 @@ def cursor_limits(built: TableSql, source_zone: str) -> list[Limit]:
                 f"coalesces it (coalesce({name}, created_at) AS {name})",
             )
         )
-    if built.replication_key_type.startswith("timestamp without time zone"):
+    if (key_base or built.replication_key_type).startswith("timestamp without time zone"):
         limits.append(
             Limit(
                 f"replication key {name} is a timestamp without time zone: values written in "

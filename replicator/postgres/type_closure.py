@@ -116,19 +116,27 @@ WITH RECURSIVE chain(oid, base) AS (
   UNION ALL
     SELECT t.oid, t.typbasetype FROM pg_catalog.pg_type t JOIN chain ON t.oid = chain.base
 )
-SELECT pg_catalog.format_type(oid, NULL) FROM chain WHERE base = 0
+SELECT pg_catalog.format_type(oid, NULL),
+       (SELECT bool_or(t.typnotnull) FROM pg_catalog.pg_type t
+        WHERE t.oid IN (SELECT c.oid FROM chain c))
+FROM chain WHERE base = 0
 """
 
 
-def base_type(conn: psycopg.Connection[Any], type_text: str) -> str:
+def domain_base(conn: psycopg.Connection[Any], type_text: str) -> tuple[str, bool]:
     """The type a domain stands on, through domains over domains (a `timestamptz` for a
-    domain over it): what its values can be (`infinity`) and how they subtract. Any other
-    type is its own; a built-in one (catalog.Column prints only user-defined types
-    schema-qualified) needs no look at the catalog."""
+    domain over it): what its values can be (`infinity`) and how they subtract; and whether
+    one of the domains is NOT NULL. Any other type is its own, nullable; a built-in one
+    (catalog.Column prints only user-defined types schema-qualified) needs no catalog."""
     if "." not in type_text:
-        return type_text
+        return type_text, False
     row = execute(conn, _BASE, (type_text,)).fetchone()
-    return str(row[0]) if row else type_text
+    return (str(row[0]), bool(row[1])) if row else (type_text, False)
+
+
+def base_type(conn: psycopg.Connection[Any], type_text: str) -> str:
+    """domain_base's type."""
+    return domain_base(conn, type_text)[0]
 
 
 _HOLDS = f"""
