@@ -616,6 +616,19 @@ def test_a_range_type_is_created_in_the_destination(db_project, source_conn, des
     )
     assert dest_conn.execute(defined).fetchone() == source_conn.execute(defined).fetchone()
 
+    # A difference function of the user's own must be in the destination first.
+    for statement in [
+        "CREATE FUNCTION {s}.gap(a float8, b float8) RETURNS float8 LANGUAGE sql IMMUTABLE "
+        "AS 'SELECT a - b'",
+        "CREATE TYPE {s}.span2 AS RANGE (SUBTYPE = float8, SUBTYPE_DIFF = {s}.gap)",
+        "CREATE TABLE {s}.gaps (id int PRIMARY KEY, r {s}.span2)",
+    ]:
+        source_conn.execute(_q(schema, statement))
+    db_project.write_config({"tables": [{"name": f"{schema}.gaps", "mode": "full-refresh"}]})
+    code, events = sync_events(db_project)
+    assert code == 1
+    assert f"uses function(s) {schema}.gap, which the destination lacks" in str(events), events
+
     other = f"{schema}_elsewhere"
     source_conn.execute(_q(other, "CREATE SCHEMA {s}"))
     try:

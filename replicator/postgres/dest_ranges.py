@@ -8,6 +8,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
+from ..base.errors import TableProblem
 from .database import fetch_all
 from .type_alignment import drop_by_hand, qualified_rows
 
@@ -31,6 +32,7 @@ JOIN pg_catalog.pg_opclass o ON o.oid = r.rngsubopc
 JOIN pg_catalog.pg_namespace on_ ON on_.oid = o.opcnamespace
 WHERE r.rngtypid = %s
 """
+_LACKS = "SELECT pg_catalog.to_regproc(%s) IS NULL"
 _RANGE_SUBTYPE = (
     "SELECT pg_catalog.format_type(rngsubtype, NULL) FROM pg_catalog.pg_range WHERE rngtypid = %s"
 )
@@ -56,6 +58,14 @@ def range_statements(
                 qualified.as_string(None),
             )
         return []
+    user = [f for f in (canonical, diff) if f is not None and "." in f]  # a user's: qualified
+    lacking = [f for f in user if fetch_all(dest, _LACKS, (f,))[0][0]]
+    if lacking:
+        raise TableProblem(
+            f"range type {qualified.as_string(None)} uses function(s) {', '.join(lacking)}, "
+            "which the destination lacks: create them there (the same definitions as in the "
+            "source), then sync again"
+        )
     options = [sql.SQL("SUBTYPE = {}").format(sql.SQL(subtype))]
     for option, value in (
         ("SUBTYPE_OPCLASS", opclass),
