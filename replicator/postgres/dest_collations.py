@@ -19,9 +19,10 @@ from .type_closure import UsedType
 _QUALIFIED = (
     "pg_catalog.quote_ident(n.nspname) || '.' || pg_catalog.quote_ident(c.collname) = ANY(%s)"
 )
+# The whole row as JSON: the ICU locale's column is colliculocale in PostgreSQL 15 and 16,
+# colllocale from 17; ICU rules (collicurules) exist from 16.
 _DEFINITIONS = f"""
-SELECT n.nspname, c.collname, c.collprovider, c.collcollate, c.collctype, c.colliculocale,
-       c.collisdeterministic
+SELECT n.nspname, c.collname, pg_catalog.to_jsonb(c)
 FROM pg_catalog.pg_collation c JOIN pg_catalog.pg_namespace n ON n.oid = c.collnamespace
 WHERE n.nspname <> 'pg_catalog' AND {_QUALIFIED}
 """
@@ -63,16 +64,21 @@ def collation_work(
     have = {tuple(row) for row in fetch_all(dest, _EXISTING, (sorted(named),))}
     schemas: list[str] = []
     statements: list[sql.Composable] = []
-    for schema, name, provider, collate, ctype, icu, deterministic in fetch_all(
-        source, _DEFINITIONS, (sorted(named),)
-    ):
+    for schema, name, row in fetch_all(source, _DEFINITIONS, (sorted(named),)):
         if (schema, name) in have:
             continue
-        if provider == "i":
-            options = [("provider", "icu"), ("locale", icu)]
+        if row["collprovider"] == "i":
+            locale = row.get("colllocale") or row.get("colliculocale")
+            options = [("provider", "icu"), ("locale", locale)]
+            if row.get("collicurules"):
+                options.append(("rules", row["collicurules"]))
         else:
-            options = [("provider", "libc"), ("lc_collate", collate), ("lc_ctype", ctype)]
-        if not deterministic:
+            options = [
+                ("provider", "libc"),
+                ("lc_collate", row["collcollate"]),
+                ("lc_ctype", row["collctype"]),
+            ]
+        if not row["collisdeterministic"]:
             options.append(("deterministic", "false"))
         schemas.append(schema)
         statements.append(
