@@ -528,3 +528,44 @@ def test_large_batch_is_read_in_key_ranges(db_project, source_conn, dest_conn, s
     assert re.search(r"batch of 100\d row\(s\) read in 3 partition\(s\) on Spark", result.stderr)
     assert_same_table(source_conn, dest_conn, schema, "orders")
     assert markers() == markers_before, "no partition marker is left behind"
+
+
+@pytest.mark.parametrize("mode", ["incremental", "cdc"])
+def test_a_destination_switched_back_to_an_older_copy_is_reloaded(
+    db_project, source_conn, dest_conn, schema, mode
+):
+    """The config's destination moves to another table and back: the older copy missed
+    what the other one took meanwhile, and the cursor is the other one's. It is reloaded."""
+    table = sql.Identifier(schema, "events")
+    source_conn.execute(
+        sql.SQL(
+            "CREATE TABLE {} (id int PRIMARY KEY, note text, "
+            "updated_at timestamptz NOT NULL DEFAULT clock_timestamp())"
+        ).format(table)
+    )
+    source_conn.execute(sql.SQL("INSERT INTO {} (id, note) VALUES (1, 'a')").format(table))
+    key = {"replication_key": "updated_at"} if mode == "incremental" else {"mode": "cdc"}
+
+    def sync_into(name: str):
+        entry = {"name": f"{schema}.events", "destination": f"{schema}.{name}", **key}
+        db_project.write_config({"tables": [entry]})
+        result = db_project.run("sync", env=IN_PROCESS)
+        assert result.exit_code == 0, result.output
+        return result
+
+    sync_into("first")
+    sync_into("second")
+    source_conn.execute(sql.SQL("INSERT INTO {} (id, note) VALUES (2, 'b')").format(table))
+    source_conn.execute(
+        sql.SQL("UPDATE {} SET note = 'a2', updated_at = clock_timestamp() WHERE id = 1").format(
+            table
+        )
+    )
+    sync_into("second")
+    back = sync_into("first")
+    assert "destination table replaced" in back.stderr, back.stderr
+    rows = sql.SQL("SELECT id, note FROM {} ORDER BY id")
+    wanted = source_conn.execute(rows.format(table)).fetchall()
+    assert dest_conn.execute(rows.format(sql.Identifier(schema, "first"))).fetchall() == wanted
+    again = sync_into("first")  # the copy is the state's own again
+    assert "destination table replaced" not in again.stderr, again.stderr

@@ -36,6 +36,7 @@ def plan_table(
     name: str = "<table>",
     model_change: str | None = None,
     destination_emptied: bool = False,
+    destination_replaced: bool = False,
     pattern: str | None = None,
     partitions_change: str | None = None,
 ) -> Plan:
@@ -45,9 +46,10 @@ def plan_table(
     `model_change` how the model's SQL differs from the one the copy was loaded with (the
     user's own change: on_schema_change does not apply); `destination_emptied`: the copy
     held rows at its last sync and holds none now (a TRUNCATE there): no cursor would bring
-    them back; `partitions_change`: leaves of a partitioned table came or went in a way no
-    run reads (plan/partition_change.py); `destination_change` how the destination table
-    differs from what the tool created;
+    them back; `destination_replaced`: the table there is not the one the last sync wrote;
+    `partitions_change`: leaves of a partitioned table came or went in a way no run reads
+    (plan/partition_change.py); `destination_change` how the destination table differs from
+    what the tool created;
     `not_owned` is the fix when the destination table exists but is not the tool's: only a
     start without backfill (which adopts a matching table) may touch it. `name` is the table
     as the config writes it, for the fixes; `pattern` the pattern that chose it, if one did."""
@@ -68,6 +70,13 @@ def plan_table(
         plan = Plan("full_reload", model_change)
     if plan.action == "incremental" and partitions_change:
         plan = Plan("full_reload", f"partitions changed: {partitions_change}")
+    if plan.action == "incremental" and destination_replaced:
+        plan = Plan(
+            "full_reload",
+            "destination table replaced: another table than the one the last sync wrote is "
+            "there (the destination switched back to an older copy, or another load replaced "
+            "it); its rows are not the cursor's",
+        )
     if plan.action == "incremental" and destination_emptied:
         plan = Plan(
             "full_reload",

@@ -146,6 +146,12 @@ def destination_has_rows(dest_conn: psycopg.Connection[Any], target: TableName) 
     return bool(found)
 
 
+def destination_oid(dest_conn: psycopg.Connection[Any], target: TableName) -> int | None:
+    """The OID of the table now at `target` (after a load's swap: the new one)."""
+    (oid,) = execute(dest_conn, "SELECT to_regclass(%s)::oid", (target.sql(),)).fetchone()
+    return int(oid) if oid is not None else None
+
+
 def plan_observed(
     table: TableConfig,
     state: TableState | None,
@@ -167,6 +173,10 @@ def plan_observed(
         destination_change=observed.destination_change,
         destination_emptied=bool(state and state.holds_rows)
         and observed.destination_has_rows is False,
+        destination_replaced=state is not None
+        and state.destination_oid is not None
+        and observed.destination is not None
+        and observed.destination.oid != state.destination_oid,
         on_schema_change=table.on_schema_change or "full_reload",
         initial_load=table.initial_load,
         not_owned=(

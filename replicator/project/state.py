@@ -94,6 +94,10 @@ class TableState(_Record):
     # recorded yet). A copy that held rows and holds none now was emptied behind the tool's
     # back (a TRUNCATE there): it is reloaded (plan/decide.py).
     holds_rows: bool | None = None
+    # The destination table the last successful sync wrote (its OID; None: not recorded
+    # yet). Another table there now (the config's destination switched back to an older
+    # copy, or another source's load replaced it) is reloaded: the cursor is not its.
+    destination_oid: int | None = None
 
 
 def state_file_stem(name: TableName) -> str:

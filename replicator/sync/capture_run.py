@@ -306,6 +306,7 @@ class CaptureRun:
                 if table.changes
                 else job.observed.destination_has_rows
             ),
+            "destination_oid": job.observed_destination_oid(),
         }
         action = "incremental" if table.changes else "noop"
         reason = f"lsn {before} -> {after}" if table.changes else f"lsn {after}"

@@ -114,6 +114,11 @@ class TableJob:
     def plan(self) -> Plan:
         return self.planned.plan
 
+    def observed_destination_oid(self) -> int | None:
+        """The destination table this run found (and wrote to, unless it replaced it)."""
+        destination = self.observed.destination
+        return destination.oid if destination is not None else None
+
     def success(
         self,
         action: str,

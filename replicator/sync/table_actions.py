@@ -13,7 +13,7 @@ from psycopg import sql
 from ..base.failpoints import failpoint
 from ..capture.lsn import lsn_text
 from ..plan.decide import Plan
-from ..plan.drift import destination_has_rows
+from ..plan.drift import destination_has_rows, destination_oid
 from ..plan.table_sql import batch_query
 from ..plan.window import ProbeResult, probe
 from ..postgres.database import execute
@@ -115,6 +115,7 @@ def finish_noop(job: TableJob, probed: ProbeResult) -> TableResult:
                 "last_synced_at": finished,
                 "last_run": job.outcome(result, finished),
                 "holds_rows": job.observed.destination_has_rows,
+                "destination_oid": job.observed_destination_oid(),
             }
         )
     )
@@ -158,6 +159,7 @@ def _incremental(job: TableJob) -> TableResult:
                 "last_run": job.outcome(result, finished),
                 # a merge of rows leaves at least one (a delete check after it may not)
                 "holds_rows": True if synced.rows_read else job.observed.destination_has_rows,
+                "destination_oid": job.observed_destination_oid(),
             }
         )
     )
@@ -280,6 +282,7 @@ def _write_new_state(job: TableJob, position: _Position, result: TableResult) ->
         last_synced_at=finished,
         last_run=job.outcome(result, finished),
         holds_rows=destination_has_rows(job.ends.dest, job.table.target),
+        destination_oid=destination_oid(job.ends.dest, job.table.target),
     )
     job.write_state(state)
     return state
