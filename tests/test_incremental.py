@@ -569,3 +569,31 @@ def test_a_destination_switched_back_to_an_older_copy_is_reloaded(
     assert dest_conn.execute(rows.format(sql.Identifier(schema, "first"))).fetchall() == wanted
     again = sync_into("first")  # the copy is the state's own again
     assert "destination table replaced" not in again.stderr, again.stderr
+
+
+def test_a_batch_with_a_configured_key_twice_says_it_kept_the_newest(
+    db_project, source_conn, dest_conn, schema
+):
+    """A keyless source with `primary_key` in the config: two rows of one batch on one key
+    are one row in the copy (the newest), and the sync says so, as a full load does."""
+    table = sql.Identifier(schema, "log")
+    source_conn.execute(
+        sql.SQL("CREATE TABLE {} (id int, note text, updated_at timestamptz NOT NULL)").format(
+            table
+        )
+    )
+    source_conn.execute(sql.SQL("INSERT INTO {} VALUES (1, 'a', now())").format(table))
+    entry = {"name": f"{schema}.log", "replication_key": "updated_at", "primary_key": ["id"]}
+    db_project.write_config({"tables": [entry]})
+    assert db_project.run("sync", env=IN_PROCESS).exit_code == 0
+    source_conn.execute(
+        sql.SQL(
+            "INSERT INTO {} VALUES (2, 'older', now() + interval '1 minute'), "
+            "(2, 'newer', now() + interval '2 minutes')"
+        ).format(table)
+    )
+    synced = db_project.run("sync", env=IN_PROCESS)
+    assert synced.exit_code == 0, synced.output
+    assert "returned 1 row(s) whose primary key another row also has" in synced.stderr
+    copied = dest_conn.execute(sql.SQL("SELECT id, note FROM {} ORDER BY id").format(table))
+    assert copied.fetchall() == [(1, "a"), (2, "newer")]

@@ -17,6 +17,7 @@ from psycopg import sql
 
 from ..base.errors import DatabaseError
 from ..base.failpoints import failpoint
+from ..base.identifiers import TableName
 from ..plan.table_sql import TableSql, batch_query
 from ..plan.window import count_and_newest, fingerprint, in_progress_xids
 from ..postgres.database import execute, run_steps, transaction
@@ -188,6 +189,7 @@ def _read_batch(
             " in-process" if batch.in_process else " on Spark",
         )
         forget_markers(ends.dest, load_id)
+        _say_repeated_keys(ends.dest, built, staging)
         if resync is not None:
             return BatchRead(copied, state.cursor, state.pending, state.window)
         progress.phase("computing the new cursor")
@@ -246,6 +248,30 @@ def _split_batch(
         )
         for i in range(len(edges) - 1)
     ]
+
+
+def _say_repeated_keys(dest: psycopg.Connection[Any], built: TableSql, staging: TableName) -> None:
+    """Rows of the batch that share their primary key with another: the merge keeps the
+    newest of each, as a full load does, and says so as it does. Asked only where the
+    source does not hold the key unique itself (a `primary_key` of the config, a model)."""
+    if built.table.mode == "incremental-append" or (
+        built.key.origin != "config" and built.model.reads_table_as_is
+    ):
+        return
+    keys = sql.SQL(", ").join(map(sql.Identifier, built.primary_key))
+    (repeated,) = execute(
+        dest,
+        sql.SQL("SELECT count(*) - count(DISTINCT ({})) FROM {}").format(
+            keys, sql.Identifier(staging.schema, staging.name)
+        ),
+    ).fetchone()
+    if repeated:
+        log.warning(
+            "%s: the model returned %d row(s) whose primary key another row also has; kept "
+            "the newest version of each key",
+            built.table.written_name,
+            repeated,
+        )
 
 
 def _combined(results: list[CopyResult]) -> CopyResult:
