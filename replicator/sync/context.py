@@ -196,14 +196,17 @@ def failure(
         action=action,
         rows=None,
         reason=reason,
-        error=redact(mask_values(error) if _shaped(table) else error),
+        error=table_error(table, error),
         seconds=seconds,
     )
 
 
-def _shaped(table: TableConfig) -> bool:
-    """The table has columns or rows that must not leave the source."""
-    return table.columns is not None or table.where is not None
+def table_error(table: TableConfig, error: str) -> str:
+    """A table's error as it may be told anywhere: secrets masked, and for a table with
+    columns or rows that must not leave the source, the values PostgreSQL's messages quote
+    (its error may be about one of them)."""
+    shaped = table.columns is not None or table.where is not None
+    return redact(mask_values(error) if shaped else error)
 
 
 def record_failure(

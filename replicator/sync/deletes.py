@@ -20,7 +20,6 @@ import psycopg
 from ..base.errors import ReplicatorError, StateError, TableProblem, one_line
 from ..base.failpoints import failpoint
 from ..base.interrupts import raise_if_requested
-from ..base.redact import redact
 from ..compare.comparison import compared, sides_of
 from ..compare.repair import remove
 from ..plan.deletes_due import delete_check_due
@@ -29,7 +28,7 @@ from ..postgres.catalog import describe_table
 from ..postgres.database import execute, transaction
 from ..project.state import TableState
 from ..report.results import TableResult, utc_now
-from .context import TableJob
+from .context import TableJob, table_error
 
 log = logging.getLogger("replicator.sync")
 
@@ -47,7 +46,7 @@ def propagate_deletes(job: TableJob, result: TableResult) -> TableResult:
         log.debug("%s: traceback:\n%s", job.name, "".join(format_exception(exc)))
         text = one_line(exc).removeprefix(f"{job.name}: ")
         failure = dataclasses.replace(
-            result, status="failure", error=redact(f"delete check: {text}")
+            result, status="failure", error=table_error(job.table, f"delete check: {text}")
         )
         _record(job, failure, checked=False)
         return failure

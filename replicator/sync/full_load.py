@@ -38,6 +38,7 @@ from ..transfer.partitions import KeyRange
 from ..transfer.spark_runner import SparkRunner
 from . import resume
 from .cursor import first_cursor
+from .incremental import say_repeated_keys
 from .load_parts import estimated_rows, part_tasks, plan_parts
 from .scripts import (
     DestinationFacts,
@@ -274,12 +275,7 @@ def _keep_newest_version_per_key(
             removed,
         )
     else:
-        log.warning(
-            "%s: the model returned %d row(s) whose primary key another row also has; kept "
-            "the newest version of each key",
-            built.table.written_name,
-            removed,
-        )
+        say_repeated_keys(built, removed)
     return removed
 
 

@@ -266,12 +266,17 @@ def _say_repeated_keys(dest: psycopg.Connection[Any], built: TableSql, staging: 
         ),
     ).fetchone()
     if repeated:
-        log.warning(
-            "%s: the model returned %d row(s) whose primary key another row also has; kept "
-            "the newest version of each key",
-            built.table.written_name,
-            repeated,
-        )
+        say_repeated_keys(built, repeated)
+
+
+def say_repeated_keys(built: TableSql, count: int) -> None:
+    """What a load or a batch that kept one row of each key says (full_load.py's too)."""
+    log.warning(
+        "%s: the model returned %d row(s) whose primary key another row also has; kept the "
+        "newest version of each key",
+        built.table.written_name,
+        count,
+    )
 
 
 def _combined(results: list[CopyResult]) -> CopyResult:
