@@ -11,6 +11,7 @@ from psycopg import sql
 
 from ..base.errors import DatabaseError, TaskError
 from ..postgres.database import connect, execute, transaction
+from ..postgres.snapshot import BOUNDED_LOCK_WAIT, GAVE_WAY, LOCK_TIMEOUT_SQLSTATE
 
 BEGIN = "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"
 # A checksum scan is one long, simple expression per row: JIT compilation costs more than it
@@ -41,10 +42,12 @@ def run_query_task(task: QueryTask) -> list[tuple[Any, ...]]:
         ):
             # SET TRANSACTION SNAPSHOT must be the transaction's first statement.
             execute(conn, sql.SQL("SET TRANSACTION SNAPSHOT {}").format(sql.Literal(task.snapshot)))
-            for setting in TUNING:
+            for setting in (BOUNDED_LOCK_WAIT, *TUNING):  # never queue behind an ALTER forever
                 execute(conn, setting)
             rows = execute(conn, task.query, task.params).fetchall()
     except DatabaseError as exc:
+        if exc.sqlstate == LOCK_TIMEOUT_SQLSTATE:
+            raise TaskError(f"{task.side}: {GAVE_WAY}", exc.sqlstate) from None
         raise TaskError(str(exc), exc.sqlstate) from None
     return [exact(row) for row in rows]
 

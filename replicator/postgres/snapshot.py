@@ -17,6 +17,23 @@ from ..base.errors import DatabaseError
 from ..base.failpoints import failpoint
 from .database import connect, execute
 
+# A session that imports a run's snapshot (a copy task, a comparison's read) waits this long
+# at most for a table lock. The exporting session holds a share lock on every table it read;
+# an ALTER TABLE (or an ATTACH PARTITION beside a DEFAULT partition) that then asks for an
+# exclusive lock waits for it, and PostgreSQL queues the importing session's share lock
+# behind the ALTER. Each then waits for the other, and the server cannot see it: the
+# exporter waits on its client, not on a lock. Measured: a run and the application's DDL
+# stood still for 11 minutes, until the run was killed.
+IMPORTER_LOCK_TIMEOUT = "5s"
+BOUNDED_LOCK_WAIT = f"SET LOCAL lock_timeout = '{IMPORTER_LOCK_TIMEOUT}'"
+LOCK_TIMEOUT_SQLSTATE = "55P03"
+GAVE_WAY = (
+    "another session asks for an exclusive lock on a table read here (an ALTER TABLE, an "
+    "ATTACH PARTITION...) while this run's snapshot holds it: the read gave way after "
+    f"{IMPORTER_LOCK_TIMEOUT.removesuffix('s')} s so that session can go on; the next run "
+    "reads the table again"
+)
+
 
 class ExportedSnapshot:
     """`with ExportedSnapshot(url) as snap:` holds the snapshot open for the block."""

@@ -23,6 +23,7 @@ from ..base.failpoints import failpoint
 from ..base.identifiers import quote_ident
 from ..base.readable import readable
 from ..postgres.database import Step, connect, execute, note, transaction
+from ..postgres.snapshot import BOUNDED_LOCK_WAIT, GAVE_WAY, LOCK_TIMEOUT_SQLSTATE
 
 WRITE_BLOCK = 1 << 20
 
@@ -106,6 +107,7 @@ def task_steps(task: CopyTask, source_version: int) -> list[Step]:
         *check,
         Step("source", SOURCE_BEGIN),
         snapshot_step(task),
+        Step("source", BOUNDED_LOCK_WAIT),
         *(
             [Step("source", SCHEMAS), Step("destination", SEARCH_PATH, ("<source's schemas>",))]
             if task.names
@@ -125,7 +127,8 @@ def run_copy_task(task: CopyTask) -> CopyResult:
     try:
         return _copy_once(task)
     except _SourceFailure as exc:
-        raise TaskError(f"source: {exc}{where}", exc.sqlstate) from None
+        gave_way = f"; {GAVE_WAY}" if exc.sqlstate == LOCK_TIMEOUT_SQLSTATE else ""
+        raise TaskError(f"source: {exc}{where}{gave_way}", exc.sqlstate) from None
     except DatabaseError as exc:  # from the executor: it names the side already
         text = str(exc)
         source = text.startswith("source: ")
@@ -187,6 +190,7 @@ def _source_snapshot(task: CopyTask) -> Iterator[psycopg.Connection]:
         # SET TRANSACTION SNAPSHOT must be the transaction's first statement.
         with transaction(source, SOURCE_BEGIN, rollback=True):
             execute(source, snapshot_step(task).statement)
+            execute(source, BOUNDED_LOCK_WAIT)  # never queue behind an ALTER forever
             yield source
 
 
