@@ -287,6 +287,32 @@ def test_the_tools_publication_made_before_gets_publish_via_partition_root(
     assert assert_same_table(source_conn, dest_conn, schema, "plain") == 1
 
 
+def test_a_partition_of_a_captured_root_cannot_be_captured_too(
+    cdc_project, schema, writer, source_conn, dest_conn
+):
+    """The publication names a partition's changes by its root: a partition captured beside
+    its root (a second level's, here) would never change again. It fails, saying so, in
+    every run and in check; the root goes on, and no run fails on the publication."""
+    cdc_project.env.update(IN_PROCESS)
+    _events(writer, schema)
+    leaf = {"name": f"{schema}.p_mid_eu", "mode": "cdc"}
+    cdc_project.write_config({"tables": [leaf]})
+    _sync(cdc_project)  # alone, the partition is captured under its own name
+    cdc_project.write_config({"tables": [{"name": f"{schema}.events", "mode": "cdc"}, leaf]})
+    expected = f"a partition of {schema}.events, which is captured too (mode cdc)"
+    for round_ in range(2):
+        _run(writer, schema, "UPDATE {events} SET note = %s WHERE region = 'eu'", f"r{round_}")
+        result = cdc_project.run("sync")
+        assert result.exit_code == 1, result.output
+        assert f"{schema}.p_mid_eu: failed" in result.stderr and expected in result.stderr
+        assert f"{schema}.events: {('full_reload', 'incremental')[round_]}" in result.stderr
+        assert "already member" not in result.stderr, result.stderr
+        assert _same(source_conn, dest_conn, schema) == 500
+    checked = cdc_project.run("check")
+    assert checked.exit_code == 1, checked.output
+    assert expected in checked.output, checked.output
+
+
 def test_a_killed_load_resumes_only_while_the_leaves_are_the_same(
     db_project, schema, writer, source_conn, dest_conn
 ):

@@ -15,6 +15,7 @@ and DELETEs: that must never be the tool's doing).
 
 from __future__ import annotations
 
+from collections.abc import Collection, Iterable
 from typing import Any
 
 import psycopg
@@ -25,6 +26,7 @@ from ..plan.table_sql import TableSql
 from ..postgres.catalog import TableInfo
 from ..postgres.database import fetch_all
 from ..postgres.partition_tree import PARTITIONED, leaves
+from ..project.config import TableConfig
 from .log_filter import row_filter_problem, where_columns
 from .shaped_log import log_shaping
 
@@ -37,7 +39,17 @@ SELECT c.oid, c.relreplident::text,
            AND (CASE c.relreplident WHEN 'i' THEN i.indisreplident ELSE i.indisprimary END)),
        (SELECT array_agg(a.attname::text ORDER BY a.attnum) FROM pg_catalog.pg_attribute a
          WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped
-           AND a.attgenerated <> '')
+           AND a.attgenerated <> ''),
+       (WITH RECURSIVE up(oid) AS (
+          SELECT i.inhparent FROM pg_catalog.pg_inherits i
+           WHERE i.inhrelid = c.oid AND c.relispartition
+          UNION ALL
+          SELECT i.inhparent FROM up
+            JOIN pg_catalog.pg_class u ON u.oid = up.oid AND u.relispartition
+            JOIN pg_catalog.pg_inherits i ON i.inhrelid = up.oid)
+        SELECT array_agg(ARRAY[n.nspname::text, p.relname::text])
+          FROM up JOIN pg_catalog.pg_class p ON p.oid = up.oid
+          JOIN pg_catalog.pg_namespace n ON n.oid = p.relnamespace)
 FROM pg_catalog.pg_class c WHERE c.oid = ANY(%s)
 """
 _VIA_ROOT_SINCE = 130000  # publish_via_partition_root
@@ -47,18 +59,32 @@ IDENTITY_NAMES = {"d": "default", "f": "full", "i": "index", "n": "nothing"}
 
 def replica_identity(source: psycopg.Connection[Any], info: TableInfo) -> tuple[str, list[str]]:
     """The table's replica identity (d, f, i, n) and the key columns it names."""
-    _, identity, keys, _ = fetch_all(source, _IDENTITIES, ([info.oid],))[0]
+    _, identity, keys, _, _ = fetch_all(source, _IDENTITIES, ([info.oid],))[0]
     return identity, keys or []
 
 
+def captured_tables(tables: Iterable[TableConfig]) -> frozenset[TableName]:
+    """The source tables of the config's `cdc` tables (what `capture_problem` is given)."""
+    return frozenset(t.name for t in tables if t.mode == "cdc")
+
+
 def capture_problem(
-    source: psycopg.Connection[Any], info: TableInfo, built: TableSql
+    source: psycopg.Connection[Any],
+    info: TableInfo,
+    built: TableSql,
+    captured: Collection[TableName],
 ) -> str | None:
-    """Why the table cannot be captured from the log, with the fix; None when it can."""
-    return _log_problem(source, info, built) or shaping_problem(source, info, built)
+    """Why the table cannot be captured from the log, with the fix; None when it can.
+    `captured`: every `cdc` table of the config (a partition of one of them cannot be)."""
+    return _log_problem(source, info, built, captured) or shaping_problem(source, info, built)
 
 
-def _log_problem(source: psycopg.Connection[Any], info: TableInfo, built: TableSql) -> str | None:
+def _log_problem(
+    source: psycopg.Connection[Any],
+    info: TableInfo,
+    built: TableSql,
+    captured: Collection[TableName],
+) -> str | None:
     name = built.table.written_name
     if not (built.model.base or built.model).reads_table_as_is:
         return (
@@ -79,7 +105,17 @@ def _log_problem(source: psycopg.Connection[Any], info: TableInfo, built: TableS
             "publication that sends its partitions' changes under its name): use a cursor "
             "mode, or full-refresh"
         )
-    _, identity, keys, generated = fetch_all(source, _IDENTITIES, ([info.oid],))[0]
+    _, identity, keys, generated, ancestors = fetch_all(source, _IDENTITIES, ([info.oid],))[0]
+    above = next((TableName(*a) for a in ancestors or [] if TableName(*a) in captured), None)
+    if above is not None:
+        # The publication sends a partition's changes under the name of its topmost
+        # ancestor in it: this partition's own copy would never change again.
+        return (
+            f"{name}: a partition of {above}, which is captured too (mode cdc): the log "
+            f"names this partition's changes by {above} only, so this copy would never "
+            f"change, and {above}'s copy holds its rows already: remove {name} from the "
+            "config, or give it a cursor mode (replication_key) or full-refresh"
+        )
     if generated:
         columns = ", ".join(map(display_ident, generated))
         return (
@@ -92,7 +128,7 @@ def _log_problem(source: psycopg.Connection[Any], info: TableInfo, built: TableS
     found = leaves(source, info.oid)
     identities = {
         oid: (identity, keys)
-        for oid, identity, keys, _ in fetch_all(source, _IDENTITIES, ([f.oid for f in found],))
+        for oid, identity, keys, _, _ in fetch_all(source, _IDENTITIES, ([f.oid for f in found],))
     }
     for leaf in found:
         subject = f"{name}: partition {leaf.name}"

@@ -22,7 +22,7 @@ from ..base.errors import ReplicatorError, TableProblem
 from ..base.identifiers import display_ident
 from ..base.redact import redact
 from ..capture.apply_sql import apply_steps
-from ..capture.preflight import capture_problem
+from ..capture.preflight import capture_problem, captured_tables
 from ..plan.drift import Planned, plan_now
 from ..plan.read_ahead import read_ahead
 from ..postgres.database import Step, connect, display, render
@@ -305,7 +305,12 @@ def _compile_table(
     state = project.planning_state(table)
     planned = plan_now(inputs.source, inputs.dest, table, project.templates, state)
     if table.mode == "cdc":  # what the sync fails such a table for, before any plan
-        problem = capture_problem(inputs.source, planned.source, planned.built)
+        problem = capture_problem(
+            inputs.source,
+            planned.source,
+            planned.built,
+            captured_tables(project.config.tables),
+        )
         if problem is not None:
             raise TableProblem(problem)
     scripts = action_scripts(

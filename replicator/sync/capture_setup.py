@@ -13,7 +13,7 @@ from ..base.errors import ReplicatorError, TableProblem
 from ..base.identifiers import TableName
 from ..capture.applied import ensure_applied_table, forget_applied
 from ..capture.log_filter import PublishedAs, published_as
-from ..capture.preflight import capture_problem, replica_identity
+from ..capture.preflight import capture_problem, captured_tables, replica_identity
 from ..capture.slot import (
     PLUGIN,
     create_slot,
@@ -143,7 +143,8 @@ def _listing(project: Project, ends: Endpoints, table: TableConfig) -> Published
     may not (run.py reports why, later)."""
     try:
         info, built = inspect_source(ends.source, table, project.templates)
-        if capture_problem(ends.source, info, built) is not None:
+        captured = captured_tables(project.config.tables)
+        if capture_problem(ends.source, info, built, captured) is not None:
             return None
         shaping = built.shaping
         if shaping is None:
