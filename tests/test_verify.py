@@ -472,3 +472,46 @@ def test_changes_not_yet_applied_are_not_yet_synced_in_every_mode(
     for table in ("gone", "logged"):
         assert verdicts[f"{schema}.{table}"]["not_yet_synced"] == 0
         assert_same_table(source_conn, dest_conn, schema, table)
+
+
+def test_a_configured_key_on_two_source_rows_is_said_and_left_to_the_sync(
+    db_project, schema, source_conn, dest_conn
+):
+    """A keyless source whose configured primary_key repeats: the copy holds the newest row
+    of the key, which verify counts as equal and names; a copy matching none of them is
+    different, and a repair leaves it to `sync -f` rather than write either one."""
+    table = sql.Identifier(schema, "log")
+    source_conn.execute(
+        sql.SQL("CREATE TABLE {} (id int, note text, updated_at timestamptz NOT NULL)").format(
+            table
+        )
+    )
+    source_conn.execute(
+        sql.SQL(
+            "INSERT INTO {} SELECT g, 'n' || g, now() FROM generate_series(1, 300) g "
+            "UNION ALL VALUES (2, 'older', now() - interval '1 minute'), "
+            "(3, 'newer', now() + interval '1 minute')"
+        ).format(table)
+    )
+    entry = {"name": f"{schema}.log", "replication_key": "updated_at", "primary_key": ["id"]}
+    db_project.write_config({"tables": [entry]})
+    assert db_project.run("sync", env=IN_PROCESS).exit_code == 0
+    kept = "SELECT id, note FROM {} WHERE id IN (2, 3) ORDER BY id"
+    assert dest_conn.execute(sql.SQL(kept).format(table)).fetchall() == [(2, "n2"), (3, "newer")]
+
+    for _ in range(2):  # the same verdict however the rows of a key come back
+        checked = db_project.run("verify", "--json", env=IN_PROCESS)
+        assert checked.exit_code == 0, checked.output
+        (verdict,) = json.loads(checked.stdout)
+        assert verdict["status"] == "equal" and verdict["repeated_keys"] == 2, verdict
+    assert "2 key(s) on more than one source row" in checked.stderr, checked.stderr
+
+    dest_conn.execute(sql.SQL("UPDATE {} SET note = 'by hand' WHERE id = 3").format(table))
+    repaired = db_project.run("verify", "--repair", "--json", env=IN_PROCESS)
+    assert repaired.exit_code == 1, repaired.output
+    (verdict,) = json.loads(repaired.stdout)
+    assert (verdict["status"], verdict["different"], verdict["repaired"]) == ("different", 1, 0)
+    assert dest_conn.execute(sql.SQL(kept).format(table)).fetchall() == [(2, "n2"), (3, "by hand")]
+    assert db_project.run("sync", "-f", env=IN_PROCESS).exit_code == 0
+    assert dest_conn.execute(sql.SQL(kept).format(table)).fetchall() == [(2, "n2"), (3, "newer")]
+    assert db_project.run("verify", env=IN_PROCESS).exit_code == 0

@@ -42,6 +42,10 @@ class Found:
     extra: list[Key] = field(default_factory=list)
     different: list[Key] = field(default_factory=list)
     not_yet_synced: list[Key] = field(default_factory=list)
+    # Keys on more than one source row (a configured primary_key the source does not keep
+    # unique): the copy holds one row per key, so one that matches any of them is no
+    # difference; a repair leaves them (which row sync keeps, `repeated_keys_note` says).
+    repeated: list[Key] = field(default_factory=list)
 
     @property
     def differences(self) -> int:
@@ -193,11 +197,18 @@ def _compare_rows(
         q.row_hashes(shape, source, ranges, *(fresh or (None, []))),
         q.row_hashes(shape, destination, ranges),
     )
-    mine = {tuple(row[:width]): (row[width], row[width + 1]) for row in ours}
+    mine: dict[Key, tuple[Any, bool]] = {}
+    repeated: dict[Key, set[Any]] = {}
+    for row in ours:
+        key = tuple(row[:width])
+        if key in mine:
+            repeated.setdefault(key, {mine[key][0]}).add(row[width])
+        mine[key] = (row[width], row[width + 1])
+    found.repeated.extend(repeated)
     other = {tuple(row[:width]): row[width] for row in theirs}
     for key, (digest, is_fresh) in mine.items():
         there = other.get(key)
-        if there == digest:
+        if there == digest or there in repeated.get(key, ()):
             continue
         if is_fresh:
             found.not_yet_synced.append(key)

@@ -43,8 +43,10 @@ def repair(
     target: Target,
     found: Found,
 ) -> int:
-    """Apply the fixes; the number of rows written or removed."""
-    changed = [*found.missing, *found.different]
+    """Apply the fixes; the number of rows written or removed. A key on more than one source
+    row is left: which of them the copy should hold is the sync's to say (the newest)."""
+    repeated = set(found.repeated)
+    changed = [k for k in (*found.missing, *found.different) if k not in repeated]
     done = 0
     for start in range(0, max(len(changed), len(found.extra)), BATCH_ROWS):
         extra = found.extra[start : start + BATCH_ROWS]

@@ -21,6 +21,7 @@ class Verdict:
     different: int = 0  # same key, other values
     not_yet_synced: int = 0  # changed in the source after the last sync: not a difference
     repaired: int = 0
+    repeated_keys: int = 0  # keys on more than one source row (primary_key not unique there)
     examples: list[dict[str, Any]] = field(default_factory=list)  # {"key": {...}, "kind": ...}
     error: str | None = None
     seconds: float = 0.0
@@ -48,6 +49,7 @@ class Verdict:
             "different": self.different,
             "not_yet_synced": self.not_yet_synced,
             "repaired": self.repaired,
+            "repeated_keys": self.repeated_keys,
             "examples": self.examples,
             "error": self.error,
             "duration_seconds": round(self.seconds, 3),
@@ -66,5 +68,11 @@ class Verdict:
                 text += f", {self.repaired:,} repaired"
         if self.not_yet_synced:
             text += f"; {self.not_yet_synced:,} not yet synced (the next sync copies them)"
+        if self.repeated_keys:
+            text += (
+                f"; {self.repeated_keys:,} key(s) on more than one source row: the primary key "
+                "is not unique in the source, and the copy holds one row of each (sync keeps "
+                "the newest; `sync -f` copies them again)"
+            )
         text += f" in {self.seconds:.1f} s"
         return f"{text}; {self.error}" if self.error else text

@@ -98,6 +98,7 @@ def verify_table(
         different=tally.different,
         not_yet_synced=tally.not_yet_synced,
         repaired=tally.repaired,
+        repeated_keys=tally.repeated_keys,
         examples=tally.examples,
         error=_refusal(table, tally) if fix and not force and tally.repaired == 0 else None,
         seconds=time.monotonic() - started,
@@ -117,6 +118,7 @@ class _Tally:
     not_yet_synced: int = 0
     repaired: int = 0
     examples: list[dict[str, Any]] = field(default_factory=list)
+    repeated_keys: int = 0
 
     @property
     def differences(self) -> int:
@@ -211,6 +213,7 @@ def _compare(
         not_yet_synced=len(found.not_yet_synced),
         repaired=repaired,
         examples=_examples(sides.shape, found),
+        repeated_keys=len(found.repeated),
     )
 
 
