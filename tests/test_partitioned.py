@@ -313,6 +313,51 @@ def test_a_partition_of_a_captured_root_cannot_be_captured_too(
     assert expected in checked.output, checked.output
 
 
+def test_a_new_partition_without_a_replica_identity_takes_its_table_out_of_the_publication(
+    cdc_project, schema, writer, source_conn, dest_conn
+):
+    """A keyless partitioned table captured under REPLICA IDENTITY FULL: a partition created
+    later has no identity, and the source refuses its UPDATEs while the table is published.
+    check warns of it; the next sync fails the table and takes it out of the publication
+    (the application's UPDATEs go through again), and reloads it once the partition has one."""
+    cdc_project.env.update(IN_PROCESS)
+    for statement in (
+        "CREATE TABLE {events} (id int NOT NULL, k int, note text) PARTITION BY RANGE (k)",
+        "CREATE TABLE {p_low} PARTITION OF {events} FOR VALUES FROM (0) TO (100)",
+        "ALTER TABLE {events} REPLICA IDENTITY FULL",
+        "ALTER TABLE {p_low} REPLICA IDENTITY FULL",
+        "INSERT INTO {events} SELECT g, g % 100, 'n' FROM generate_series(1, 50) g",
+    ):
+        _run(writer, schema, statement)
+    cdc_project.write_config(
+        {"tables": [{"name": f"{schema}.events", "mode": "cdc", "primary_key": ["id"]}]}
+    )
+    _sync(cdc_project)
+    checked = cdc_project.run("check")
+    assert "a partition created later has no replica identity" in checked.output, checked.output
+
+    _run(
+        writer, schema, "CREATE TABLE {p_new} PARTITION OF {events} FOR VALUES FROM (100) TO (200)"
+    )
+    _run(writer, schema, "INSERT INTO {events} VALUES (500, 150, 'new')")
+    with pytest.raises(psycopg.errors.ObjectNotInPrerequisiteState):  # refused, as published
+        _run(writer, schema, "UPDATE {events} SET note = 'moved' WHERE id = 500")
+    failed = cdc_project.run("sync")
+    assert failed.exit_code == 1, failed.output
+    assert f"partition {schema}.p_new: no primary key, and replica identity DEFAULT" in (
+        failed.stderr
+    ), failed.stderr
+    assert f"{schema}.events is left out of the publication" in failed.stderr
+    _run(writer, schema, "UPDATE {events} SET note = 'moved' WHERE id = 500")  # taken again
+
+    _run(writer, schema, "ALTER TABLE {p_new} REPLICA IDENTITY FULL")
+    back = _sync(cdc_project)
+    assert f"{schema}.events: full_reload" in back.stderr, back.stderr
+    _run(writer, schema, "UPDATE {events} SET note = 'again' WHERE id BETWEEN 1 AND 10")
+    _sync(cdc_project)
+    assert _same(source_conn, dest_conn, schema) == 51
+
+
 def test_a_killed_load_resumes_only_while_the_leaves_are_the_same(
     db_project, schema, writer, source_conn, dest_conn
 ):

@@ -25,7 +25,7 @@ from ..base.identifiers import TableName, display_ident
 from ..plan.table_sql import TableSql
 from ..postgres.catalog import TableInfo
 from ..postgres.database import fetch_all
-from ..postgres.partition_tree import PARTITIONED, leaves
+from ..postgres.partition_tree import PARTITIONED, Leaf, leaves
 from ..project.config import TableConfig
 from .log_filter import row_filter_problem, where_columns
 from .shaped_log import log_shaping
@@ -122,14 +122,11 @@ def _log_problem(
             f"{name}: generated column(s) {columns} are not in the log (PostgreSQL 15): "
             "mode cdc cannot copy them; use a cursor mode"
         )
-    problem = _identity_problem(name, built, built.table.name, identity, keys)
+    problem = _identity_problem(name, name, built, built.table.name, identity, keys)
     if problem is not None or not partitioned:
         return problem
     found = leaves(source, info.oid)
-    identities = {
-        oid: (identity, keys)
-        for oid, identity, keys, _, _ in fetch_all(source, _IDENTITIES, ([f.oid for f in found],))
-    }
+    identities = _leaf_identities(source, found)
     for leaf in found:
         subject = f"{name}: partition {leaf.name}"
         if leaf.foreign:
@@ -137,24 +134,55 @@ def _log_problem(
                 f"{subject} is a foreign table, whose changes are not in the log: use a "
                 "cursor mode, or full-refresh"
             )
-        problem = _identity_problem(subject, built, leaf.name, *identities[leaf.oid])
+        problem = _identity_problem(name, subject, built, leaf.name, *identities[leaf.oid])
         if problem is not None:
             return problem
     return None
 
 
+def _leaf_identities(
+    source: psycopg.Connection[Any], found: list[Leaf]
+) -> dict[int, tuple[str, list[str] | None]]:
+    rows = fetch_all(source, _IDENTITIES, ([f.oid for f in found],))
+    return {oid: (identity, keys) for oid, identity, keys, _, _ in rows}
+
+
+def _refused(identity: str, keys: list[str] | None) -> str | None:
+    """Why the source refuses the UPDATEs and DELETEs of a published table with this replica
+    identity (it has none); None when it takes them."""
+    if identity == "n":
+        return "replica identity NOTHING"
+    if identity == "d" and not keys:
+        return "no primary key, and replica identity DEFAULT"
+    if identity == "i" and not keys:
+        return "replica identity USING INDEX, whose index is gone"
+    return None
+
+
+def refuses_changes(source: psycopg.Connection[Any], info: TableInfo) -> bool:
+    """Whether the source would refuse UPDATEs and DELETEs of the table, or of one of its
+    partitions, while the table is published: the publication must then let it go."""
+    _, identity, keys, _, _ = fetch_all(source, _IDENTITIES, ([info.oid],))[0]
+    if _refused(identity, keys):
+        return True
+    if info.kind != PARTITIONED:
+        return False
+    found = [leaf for leaf in leaves(source, info.oid) if not leaf.foreign]
+    return any(_refused(*pair) for pair in _leaf_identities(source, found).values())
+
+
 def _identity_problem(
-    subject: str, built: TableSql, table: TableName, identity: str, keys: list[str] | None
+    name: str,
+    subject: str,
+    built: TableSql,
+    table: TableName,
+    identity: str,
+    keys: list[str] | None,
 ) -> str | None:
     """Why the table's (or a leaf's) replica identity does not name rows by the copy's key."""
     fix_full = f"ALTER TABLE {table} REPLICA IDENTITY FULL"
     if identity == "f":
         return None
-    if identity == "n":
-        return (
-            f"{subject}: replica identity NOTHING: the log names no row of an update or delete; "
-            f"run `{fix_full}` in the source (and set primary_key)"
-        )
     if sorted(keys or []) != sorted(built.primary_key) and built.key.origin == "unique index":
         fix_index = (
             f"ALTER TABLE {table} REPLICA IDENTITY USING INDEX "
@@ -166,6 +194,15 @@ def _identity_problem(
             f"them by ({have}), so their updates and deletes could not be applied: run "
             f"`{fix_index}` in the source (or `{fix_full}`, which logs every column of the old "
             "row)"
+        )
+    refused = _refused(identity, keys)
+    if refused is not None:
+        later = " (and on every partition created later)" if subject != name else ""
+        return (
+            f"{subject}: {refused}: the log names no row of its updates and deletes, and the "
+            f"source refuses them while {name} is published, so {name} is left out of the "
+            f"publication (its copy reloads once it is back); run `{fix_full}` in the "
+            f"source{later}"
         )
     if sorted(keys or []) != sorted(built.primary_key):
         wanted = ", ".join(map(display_ident, built.primary_key))

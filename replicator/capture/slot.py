@@ -224,7 +224,8 @@ def ensure_publication(
             ),
         )
         log.info(
-            "source: publication %s: removed %s (no longer cdc tables in the config)",
+            "source: publication %s: removed %s (no longer cdc tables in the config, or "
+            "tables whose UPDATEs the source would refuse: their errors say why)",
             names.publication,
             ", ".join(map(str, removed)),
         )

@@ -237,6 +237,18 @@ def _table(
         table.written_name,
         f"replica identity {IDENTITY_NAMES[identity]}: the log names its rows",
     )
+    if info.kind == PARTITIONED and not info.primary_key:
+        # A key on the root reaches every new partition; a replica identity does not.
+        yield Finding(
+            "warning",
+            table.written_name,
+            "a partition created later has no replica identity of its own (the table has no "
+            "primary key to give it one): the source refuses its UPDATEs and DELETEs while "
+            "the table is published, so the next sync takes the table out of the "
+            "publication until the partition has one, and reloads it then",
+            "run ALTER TABLE <partition> REPLICA IDENTITY FULL as each partition is created "
+            "(in the same transaction)",
+        )
     yield from _shaping_findings(table.written_name, built, identity)
 
 

@@ -13,7 +13,12 @@ from ..base.errors import ReplicatorError, TableProblem
 from ..base.identifiers import TableName
 from ..capture.applied import ensure_applied_table, forget_applied
 from ..capture.log_filter import PublishedAs, published_as
-from ..capture.preflight import capture_problem, captured_tables, replica_identity
+from ..capture.preflight import (
+    capture_problem,
+    captured_tables,
+    refuses_changes,
+    replica_identity,
+)
 from ..capture.slot import (
     PLUGIN,
     create_slot,
@@ -100,7 +105,10 @@ def set_up_capture(
         write_capture_state(project.state_dir, names)
     listings = {t.name: _listing(project, ends, t) for t in selected}
     ready = [name for name, listing in listings.items() if listing is not None]
-    keep = {t.name for t in every}
+    # A table the source would refuse UPDATEs of while published (a partition created
+    # without a replica identity) leaves the publication: the application must go on.
+    refused = {t.name for t in selected if listings[t.name] is None and _refused(ends, t, project)}
+    keep = {t.name for t in every} - refused
     targets = {t.name: t.target for t in selected}
 
     def forget(joining: list[TableName]) -> None:
@@ -153,6 +161,15 @@ def _listing(project: Project, ends: Endpoints, table: TableConfig) -> Published
         return published_as(identity, info, shaping.exclude, shaping.where)
     except (ReplicatorError, psycopg.Error):
         return None
+
+
+def _refused(ends: Endpoints, table: TableConfig, project: Project) -> bool:
+    """Whether the source refuses the table's (or a partition's) UPDATEs while published."""
+    try:
+        info, _ = inspect_source(ends.source, table, project.templates)
+        return refuses_changes(ends.source, info)
+    except (ReplicatorError, psycopg.Error):
+        return False
 
 
 def _ensure_slot(
