@@ -420,3 +420,30 @@ def test_the_warm_server_killed_mid_run_fails_one_table_and_the_run_goes_on_with
     again = warm.cli("sync", env={"REPLICATOR_SPARK_MIN_ROWS": str(ROWS * 10)})
     assert again.returncode == 0, again.stderr
     assert assert_same_table(source_conn, dest_conn, table, "t") == ROWS
+
+
+GRPC_CLOSE_RACE = """
+import threading
+from replicator.transfer.connect_session import _quiet_channel_thread
+
+_quiet_channel_thread()
+# gRPC's channel thread meeting its closed channel, as it fails inside grpc/_channel.py
+code = compile("def channel_spin():\\n    tag = None\\n    tag(1)\\n", "/x/grpc/_channel.py", "exec")
+names = {}
+exec(code, names)
+for target in (names["channel_spin"], lambda: 1 / 0):
+    thread = threading.Thread(target=target)
+    thread.start()
+    thread.join()
+"""
+
+
+def test_grpcs_channel_thread_dying_at_close_prints_no_traceback():
+    """The race seen once after a SIGTERM: gRPC's channel thread dies with a TypeError as its
+    channel closes. It is logged at debug level; another thread's error still prints."""
+    ran = subprocess.run(
+        [sys.executable, "-c", GRPC_CLOSE_RACE], capture_output=True, text=True, timeout=60
+    )
+    assert ran.returncode == 0, ran.stderr
+    assert "NoneType" not in ran.stderr, ran.stderr
+    assert ran.stderr.count("Traceback") == 1 and "ZeroDivisionError" in ran.stderr, ran.stderr

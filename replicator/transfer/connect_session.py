@@ -12,6 +12,8 @@ from __future__ import annotations
 import contextlib
 import logging
 import socket
+import threading
+import traceback
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +21,8 @@ from ..base.errors import ReplicatorError
 from ..project.spark_remote import Remote
 
 PROBE_SECONDS = 5.0
+
+log = logging.getLogger(__name__)
 
 
 def probe(remote: Remote, timeout: float = PROBE_SECONDS) -> None:
@@ -62,6 +66,7 @@ def attach(remote: Remote, session_id: str) -> Any | None:
 
 def _session(remote: Remote, url: str) -> Any:
     probe(remote)
+    _quiet_channel_thread()
     # pyspark logs a failed query's whole JVM stack trace as JSON on stderr; the run
     # reports the error itself, in one line.
     logging.getLogger("SQLQueryContextLogger").disabled = True
@@ -119,3 +124,29 @@ def close(session: Any, *, release: bool = True) -> None:
             session.stop()
         else:
             session.client.close()
+
+
+_previous_hook: Any = None
+
+
+def _quiet_channel_thread() -> None:
+    """gRPC's channel thread can die with `TypeError: 'NoneType' object is not callable`
+    when the channel closes while it waits for a call's last event (seen once in many runs,
+    after SIGTERM cancelled a job: the run itself had stopped cleanly). That thread's death
+    at close is logged at debug level instead of printing a traceback on stderr; any other
+    thread's error still goes to the hook that was there."""
+    global _previous_hook
+    if _previous_hook is not None:
+        return
+    _previous_hook = threading.excepthook
+
+    def hook(args: threading.ExceptHookArgs) -> None:
+        frames = traceback.extract_tb(args.exc_traceback) if args.exc_traceback else []
+        if args.exc_type is TypeError and any(
+            f.name == "channel_spin" and f.filename.endswith("_channel.py") for f in frames
+        ):
+            log.debug("gRPC's channel thread stopped as its channel closed: %s", args.exc_value)
+            return
+        _previous_hook(args)
+
+    threading.excepthook = hook
