@@ -428,7 +428,8 @@ from replicator.transfer.connect_session import _quiet_channel_thread
 
 _quiet_channel_thread()
 # gRPC's channel thread meeting its closed channel, as it fails inside grpc/_channel.py
-code = compile("def channel_spin():\\n    tag = None\\n    tag(1)\\n", "/x/grpc/_channel.py", "exec")
+spin = "def channel_spin():\\n    tag = None\\n    tag(1)\\n"
+code = compile(spin, "/x/grpc/_channel.py", "exec")
 names = {}
 exec(code, names)
 for target in (names["channel_spin"], lambda: 1 / 0):
