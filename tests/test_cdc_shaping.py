@@ -201,3 +201,63 @@ def test_a_cdc_table_leaves_out_hashes_and_filters_from_the_log(
     assert _copy(dest_conn, schema, "people") == _expected(
         source_conn, schema, "people", "status <> 'test' AND id > 10"
     )
+
+
+@pytest.mark.parametrize("identity_full", [False, True], ids=["column-list", "identity-full"])
+def test_a_cdc_table_with_include_keeps_a_column_the_source_gains_in_the_source(
+    cdc_project, schema, writer, source_conn, dest_conn, identity_full
+):
+    """`columns.include` on a `cdc` table: the publication lists the included columns, so
+    a column added later is not in the log, and the copy goes on without a reload (under
+    REPLICA IDENTITY FULL, which allows no column list, the drain drops it)."""
+    _create(writer, schema, "accounts", identity_full=identity_full)
+    included = [c for c in COLUMNS if c not in HASHED]
+    cdc_project.write_config(
+        {
+            "tables": [
+                {
+                    "name": f"{schema}.accounts",
+                    "mode": "cdc",
+                    "columns": {"include": included, "hash": list(HASHED)},
+                }
+            ]
+        }
+    )
+    env = {"REPLICATOR_HASH_SALT": SALT}
+    assert cdc_project.run("sync", env=env).exit_code == 0
+    table = sql.Identifier(schema, "accounts")
+    writer.execute(sql.SQL("ALTER TABLE {} ADD COLUMN card text").format(table))
+    writer.execute(sql.SQL("UPDATE {} SET card = 'CARD-9', name = 'x' WHERE id <= 5").format(table))
+    writer.execute(sql.SQL("DELETE FROM {} WHERE id = 6").format(table))
+    applied = cdc_project.run("sync", env=env)
+    assert applied.exit_code == 0, applied.output
+    assert f"{schema}.accounts: incremental" in applied.stderr, applied.stderr
+    (listed,) = source_conn.execute(
+        "SELECT attnames FROM pg_publication_tables WHERE schemaname = %s", (schema,)
+    ).fetchone()
+    if not identity_full:
+        assert "card" not in listed and "ssn" not in listed, listed
+    assert _copy(dest_conn, schema, "accounts") == _expected(
+        source_conn, schema, "accounts", "true"
+    )
+    columns = dest_conn.execute(
+        "SELECT array_agg(column_name::text) FROM information_schema.columns "
+        "WHERE table_schema = %s AND table_name = 'accounts'",
+        (schema,),
+    ).fetchone()[0]
+    assert "card" not in columns and "ssn" not in columns, columns
+
+
+def test_with_include_a_column_the_log_gains_mid_drain_is_dropped_not_a_drift():
+    """A column added between a run's plan and the drain's read of it (REPLICA IDENTITY
+    FULL: no column list keeps it out of the log) is dropped under `include`; under
+    `exclude` it is a drift, and the table reloads."""
+    from replicator.capture.shaped_log import LogShape, LogShaping
+
+    logged = [("id", 23), ("name", 25), ("card", 25)]
+    copied = {"columns": ("id", "name"), "types": {"id": 23, "name": 25}}
+    kept = LogShaping(**copied, excluded=frozenset(), forms={}, salt=b"", listed_only=True)
+    shape = kept.for_relation(logged)
+    assert isinstance(shape, LogShape) and shape.keep == (0, 1)
+    drifted = LogShaping(**copied, excluded=frozenset(), forms={}, salt=b"")
+    assert drifted.for_relation(logged) == "in the log: card added"

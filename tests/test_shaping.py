@@ -183,6 +183,59 @@ def test_excluded_hashed_and_filtered_columns_in_a_cursor_and_a_full_refresh_tab
     )
 
 
+def test_included_columns_are_all_that_leave_the_source_and_a_new_column_stays_there(
+    db_project, schema, source_conn, dest_conn, column_reader
+):
+    """`columns.include`: the allow-list. The columns it names (and the hashed ones) reach
+    the copy; a column the source gains later is never read (the role may not even read
+    it), and the next syncs go on without a reload, a full one included."""
+    for name in ("people", "accounts"):
+        _people(source_conn, schema, name)
+        _grant_all_but_ssn(source_conn, schema, name, column_reader)
+    shaped = {"columns": {"include": ["id", "name", "status", "updated_at"], "hash": ["email"]}}
+    db_project.write_config(
+        {
+            "tables": [
+                {"name": f"{schema}.people", "replication_key": "updated_at", **shaped},
+                {"name": f"{schema}.accounts", "mode": "full-refresh", **shaped},
+            ]
+        }
+    )
+    url = db_project.env["REPLICATOR_SOURCE_URL"].replace("postgres@", f"{column_reader}@")
+    env = {"REPLICATOR_SOURCE_URL": url, "REPLICATOR_HASH_SALT": SALT}
+    first = db_project.run("sync", env=env)
+    assert first.exit_code == 0, first.output
+    for name in ("people", "accounts"):
+        assert _columns(dest_conn, schema, name) == ["id", "name", "email", "status", "updated_at"]
+        assert _copy(dest_conn, schema, name) == _expected(
+            source_conn, schema, name, SALT, where="true"
+        )
+
+    for name in ("people", "accounts"):  # a secret column arrives in the source
+        table = sql.Identifier(schema, name)
+        source_conn.execute(
+            sql.SQL("ALTER TABLE {} ADD COLUMN card text DEFAULT 'CARD-1'").format(table)
+        )
+        source_conn.execute(
+            sql.SQL("UPDATE {} SET name = 'renamed', updated_at = now() WHERE id <= 3").format(
+                table
+            )
+        )
+    second = db_project.run("sync", env=env)
+    assert second.exit_code == 0, second.output
+    assert f"{schema}.people: incremental" in second.stderr, second.stderr
+    assert "CARD-1" not in second.output
+    forced = db_project.run("sync", "-f", env=env)
+    assert forced.exit_code == 0, forced.output
+    for name in ("people", "accounts"):
+        assert _columns(dest_conn, schema, name) == ["id", "name", "email", "status", "updated_at"]
+        assert _copy(dest_conn, schema, name) == _expected(
+            source_conn, schema, name, SALT, where="true"
+        )
+    verified = db_project.run("verify", "--json", env=env)
+    assert verified.exit_code == 0, verified.output
+
+
 def test_a_model_composes_with_the_shaping_and_no_salt_hashes_the_bare_value(
     db_project, schema, source_conn, dest_conn
 ):
@@ -226,7 +279,16 @@ def test_a_model_composes_with_the_shaping_and_no_salt_hashes_the_bare_value(
         ({"where": "status <> 'test'"}, '"where" on a cursor table needs "deletes"'),
         (
             {"columns": {"hide": ["a"]}},
-            "tables[0].columns.hide: unknown key; expected one of: exclude, hash",
+            "tables[0].columns.hide: unknown key; expected one of: exclude, hash, include",
+        ),
+        (
+            {"columns": {"include": ["id", "updated_at"], "exclude": ["ssn"]}},
+            '"include" (the columns that leave the source) and "exclude" (the ones that do '
+            "not) cannot be given together",
+        ),
+        (
+            {"primary_key": ["id"], "columns": {"include": ["name"], "hash": ["id"]}},
+            "updated_at (the replication key or primary key) must be",
         ),
     ],
 )

@@ -114,12 +114,17 @@ class LogShaping:
     excluded: frozenset[str]
     forms: dict[str, TextForm]  # hashed column -> its `::text` from the log's text
     salt: bytes
+    # `columns.include`: a column the log carries beyond the copy's is excluded (one the
+    # source gained under REPLICA IDENTITY FULL, which allows no column list), no drift
+    listed_only: bool = False
 
     def for_relation(self, logged: Sequence[tuple[str, int]]) -> LogShape | str:
         """The shape for a relation the log describes; a drift (text) when the log carries a
         column neither copied nor excluded, lacks one, or types one otherwise."""
         names = [name for name, _ in logged]
         extra = [n for n in names if n not in self.columns and n not in self.excluded]
+        if self.listed_only:
+            extra = []
         missing = [c for c in self.columns if c not in names]
         retyped = [n for n, oid in logged if n in self.types and self.types[n] != oid]
         if extra or missing or retyped:
@@ -170,4 +175,5 @@ def log_shaping(
         frozenset(shaping.exclude),
         forms,
         (salt or "").encode(),
+        listed_only=bool(shaping.include),
     )

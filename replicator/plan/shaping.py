@@ -1,6 +1,7 @@
 """Columns and rows shaped on their way out of the source, in every mode:
-`tables[].columns.exclude` (never read), `tables[].columns.hash` (the hex SHA-256 of the
-salted text form) and `tables[].where` (the rows the copy holds).
+`tables[].columns.exclude` (never read), or `columns.include` (every other column excluded,
+resolved against the source's columns at each plan), `tables[].columns.hash` (the hex
+SHA-256 of the salted text form) and `tables[].where` (the rows the copy holds).
 
 The table's model (the built-in one or the project's) is wrapped, so every path that reads
 the model (full loads, batches, delete checks, verify, lag) reads the shaped rows: the
@@ -15,7 +16,7 @@ source session holds it in the `replicator.hash_salt` setting (project/settings.
 from __future__ import annotations
 
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import psycopg
@@ -50,11 +51,25 @@ class Shaping:
     hash: tuple[str, ...]
     where: str | None
     salt_id: str | None  # which salt the hashes were made with (a fingerprint, not the salt)
+    # `columns.include`: every other column of the source is excluded (`resolved`), those
+    # it gains later too; the copy's signature names the included ones, so a new source
+    # column changes nothing.
+    include: tuple[str, ...] = ()
+
+    def resolved(self, source: TableInfo) -> Shaping:
+        """With `include`, `exclude` is every other column the source has now."""
+        if not self.include:
+            return self
+        leaving = {*self.include, *self.hash}
+        excluded = tuple(c.name for c in source.columns if c.name not in leaving)
+        return replace(self, exclude=excluded)
 
     def describe(self) -> str:
         """For signatures and messages: what is shaped, and how."""
         parts = []
-        if self.exclude:
+        if self.include:
+            parts.append(f"include {', '.join(map(display_ident, self.include))}")
+        elif self.exclude:
             parts.append(f"exclude {', '.join(map(display_ident, self.exclude))}")
         if self.hash:
             salt = f" (salt {self.salt_id})" if self.salt_id else " (no salt)"
@@ -70,9 +85,11 @@ def shaping_of(conn: psycopg.Connection[Any], table: TableConfig) -> Shaping | N
     columns = table.columns
     exclude = columns.exclude if columns else ()
     hashed = columns.hash if columns else ()
-    if not exclude and not hashed and table.where is None:
+    include = columns.include if columns else ()
+    if not exclude and not hashed and not include and table.where is None:
         return None
-    return Shaping(tuple(exclude), tuple(hashed), table.where, salt_id(conn) if hashed else None)
+    salt = salt_id(conn) if hashed else None
+    return Shaping(tuple(exclude), tuple(hashed), table.where, salt, tuple(include))
 
 
 def salt_id(conn: psycopg.Connection[Any]) -> str | None:
@@ -96,7 +113,7 @@ def readable_columns(source: TableInfo, shaping: Shaping | None, name: str) -> l
     if shaping is None:
         return [c.name for c in source.columns]
     names = {c.name for c in source.columns}
-    unknown = [c for c in (*shaping.exclude, *shaping.hash) if c not in names]
+    unknown = [c for c in (*shaping.include, *shaping.exclude, *shaping.hash) if c not in names]
     if unknown:
         raise TableProblem(
             f"{name}: columns: no column {', '.join(map(display_ident, unknown))} in the source "

@@ -75,6 +75,9 @@ class ColumnsConfig(_Frozen):
     # strict=False: a JSON list becomes the tuple (a string is still refused).
     exclude: Annotated[tuple[ColumnField, ...], Field(strict=False)] = ()
     hash: Annotated[tuple[ColumnField, ...], Field(strict=False)] = ()
+    # The only columns that leave the source (with the hashed ones): a column the source
+    # gains later stays there. Not with `exclude`.
+    include: Annotated[tuple[ColumnField, ...], Field(strict=False)] = ()
 
 
 class TableConfig(_Frozen):

@@ -197,11 +197,24 @@ def _shaped_columns(values: Mapping[str, Any]) -> str | None:
     if not isinstance(columns, Mapping):
         return None
     excluded, hashed = _column_set(columns.get("exclude")), _column_set(columns.get("hash"))
+    included = _column_set(columns.get("include"))
+    if included and columns.get("exclude"):
+        return (
+            'columns: "include" (the columns that leave the source) and "exclude" (the ones '
+            "that do not) cannot be given together: keep one"
+        )
     both = sorted(excluded & hashed)
     if both:
         return f"columns: {', '.join(both)} both excluded and hashed: choose one"
     shaped = excluded | hashed
     cursor = _column_set([values.get("replication_key")])
+    if included:  # a hashed column leaves the source too, hashed
+        left_out = sorted((cursor | _column_set(values.get("primary_key"))) - included - hashed)
+        if left_out:
+            return (
+                f"columns: {', '.join(left_out)} (the replication key or primary key) must be "
+                '"include"d: the copy reads its rows by them'
+            )
     if cursor & shaped:
         return (
             f"columns: the replication key {', '.join(sorted(cursor))} cannot be excluded or "
