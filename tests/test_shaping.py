@@ -290,6 +290,7 @@ def test_a_model_composes_with_the_shaping_and_no_salt_hashes_the_bare_value(
             {"primary_key": ["id"], "columns": {"include": ["name"], "hash": ["id"]}},
             "updated_at (the replication key or primary key) must be",
         ),
+        ({"columns": {"include": []}}, "tables[0].columns.include: expected at least one"),
     ],
 )
 def test_shaping_that_cannot_work_is_refused_before_anything_runs(project, table, message):

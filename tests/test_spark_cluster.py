@@ -195,6 +195,6 @@ def test_check_against_the_live_master(db_project, cluster, table):
     assert "executors get replicator's Python environment with each run" in checked.stdout
     # The test servers listen on 127.0.0.1, which works here only because all runs on one host.
     assert (
-        "warning spark: REPLICATOR_SOURCE_URL names 127.0.0.1: on a cluster each executor "
+        "warn  spark: REPLICATOR_SOURCE_URL names 127.0.0.1: on a cluster each executor "
         "connects from its own host" in checked.stdout
     )

@@ -504,7 +504,16 @@ def test_a_configured_key_on_two_source_rows_is_said_and_left_to_the_sync(
         assert checked.exit_code == 0, checked.output
         (verdict,) = json.loads(checked.stdout)
         assert verdict["status"] == "equal" and verdict["repeated_keys"] == 2, verdict
+        assert verdict["examples"] == [
+            {"key": {"id": 2}, "kind": "repeated_key"},
+            {"key": {"id": 3}, "kind": "repeated_key"},
+        ] or verdict["examples"] == [
+            {"key": {"id": 3}, "kind": "repeated_key"},
+            {"key": {"id": 2}, "kind": "repeated_key"},
+        ], verdict
     assert "2 key(s) on more than one source row" in checked.stderr, checked.stderr
+    said = db_project.run("verify", env=IN_PROCESS)
+    assert 'repeated key {"id": 2}' in said.output and "--repair leaves them" in said.output
 
     dest_conn.execute(sql.SQL("UPDATE {} SET note = 'by hand' WHERE id = 3").format(table))
     repaired = db_project.run("verify", "--repair", "--json", env=IN_PROCESS)

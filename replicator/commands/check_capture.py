@@ -240,7 +240,7 @@ def _table(
     if info.kind == PARTITIONED and not info.primary_key:
         # A key on the root reaches every new partition; a replica identity does not.
         yield Finding(
-            "warning",
+            "warn",
             table.written_name,
             "a partition created later has no replica identity of its own (the table has no "
             "primary key to give it one): the source refuses its UPDATEs and DELETEs while "

@@ -167,7 +167,7 @@ def _executor_reach(project: Project) -> Iterator[Finding]:
         local = [h for h in hosts.split(",") if h in _LOOPBACK or h.startswith(("/", "127."))]
         if local or not hosts:
             yield Finding(
-                "warning",
+                "warn",
                 "spark",
                 f"{variable} names {', '.join(local) or 'no host (a local socket)'}: on a "
                 "cluster each executor connects from its own host, where that is not the "

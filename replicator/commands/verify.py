@@ -19,7 +19,7 @@ from ..base.redact import redact
 from ..capture.applied import applied_positions
 from ..capture.pending import Key, pending_keys
 from ..capture.preflight import capture_problem, captured_tables
-from ..compare.verdict import Verdict
+from ..compare.verdict import REPEATED_KEY, Verdict
 from ..compare.verify_table import PendingLookup, verify_table
 from ..plan.inspect_table import inspect_source
 from ..postgres.database import connect
@@ -189,7 +189,10 @@ def _print(verdicts: list[Verdict], as_json: bool, repair: bool) -> None:
             key = json.dumps(example["key"], ensure_ascii=False)
             copies = example.get("count", 1)  # a table without a key: a row and its copies
             times = f" ({copies:,} copies)" if copies > 1 else ""
-            console.print(f"{v.name}: {example['kind']} {key}{times}", markup=False, soft_wrap=True)
-        more = v.differences - sum(e.get("count", 1) for e in v.examples)
+            kind = example["kind"].replace("_", " ")
+            console.print(f"{v.name}: {kind} {key}{times}", markup=False, soft_wrap=True)
+        more = v.differences - sum(
+            e.get("count", 1) for e in v.examples if e["kind"] != REPEATED_KEY
+        )
         if v.examples and more > 0:
             console.print(f"{v.name}: ... and {more:,} more (all of them with --repair)")

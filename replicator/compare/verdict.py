@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 MAX_EXAMPLES = 10
+REPEATED_KEY = "repeated_key"  # an example's kind: a key on more than one source row
 
 VerdictStatus = Literal["equal", "different", "failed"]
 
@@ -68,11 +69,12 @@ class Verdict:
                 text += f", {self.repaired:,} repaired"
         if self.not_yet_synced:
             text += f"; {self.not_yet_synced:,} not yet synced (the next sync copies them)"
+        text += f" in {self.seconds:.1f} s"
         if self.repeated_keys:
             text += (
-                f"; {self.repeated_keys:,} key(s) on more than one source row: the primary key "
-                "is not unique in the source, and the copy holds one row of each (sync keeps "
-                "the newest; `sync -f` copies them again)"
+                f"; {self.repeated_keys:,} key(s) on more than one source row (the primary key "
+                "is not unique in the source): the copy holds one row of each, the newest when "
+                "sync copied them, which counts as equal; --repair leaves them, `sync -f` "
+                "copies them again"
             )
-        text += f" in {self.seconds:.1f} s"
         return f"{text}; {self.error}" if self.error else text

@@ -41,7 +41,7 @@ from .multiset import diff_multisets, examples, repair_multiset
 from .reader import RangeReader
 from .repair import MARK_COLUMN, repair
 from .thresholds import INTEGER_TYPES, estimated_rows
-from .verdict import MAX_EXAMPLES, Verdict
+from .verdict import MAX_EXAMPLES, REPEATED_KEY, Verdict
 
 # A `cdc` table's keys that changes in the slot, not yet applied, touch (capture/pending.py;
 # commands/verify.py binds it): given the key's columns and the differing keys, those with
@@ -310,6 +310,8 @@ def _examples(shape: q.Shape, found: Found) -> list[dict[str, Any]]:
     for kind, keys in kinds:
         for key in keys[: MAX_EXAMPLES - len(out)]:
             out.append({"key": _key_values(shape, key), "kind": kind})
+    for key in found.repeated[:MAX_EXAMPLES]:  # not differences: named apart
+        out.append({"key": _key_values(shape, key), "kind": REPEATED_KEY})
     return out
 
 

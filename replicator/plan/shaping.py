@@ -85,7 +85,7 @@ def shaping_of(conn: psycopg.Connection[Any], table: TableConfig) -> Shaping | N
     columns = table.columns
     exclude = columns.exclude if columns else ()
     hashed = columns.hash if columns else ()
-    include = columns.include if columns else ()
+    include = (columns.include or ()) if columns else ()
     if not exclude and not hashed and not include and table.where is None:
         return None
     salt = salt_id(conn) if hashed else None
@@ -151,6 +151,11 @@ def shape_model(
         )
     key = preferred_key(table, source)
     keyed = [c for c in shaping.hash if c in key] + [c for c in shaping.exclude if c in key]
+    if keyed and shaping.include:
+        raise TableProblem(
+            f"{name}: primary key column(s) {', '.join(map(display_ident, keyed))} must be in "
+            '"columns": {"include": [...]} (the copy finds its rows by them): add them there'
+        )
     if keyed:
         raise TableProblem(
             f"{name}: primary key column(s) {', '.join(map(display_ident, keyed))} cannot be "

@@ -29,9 +29,10 @@ BOUNDED_LOCK_WAIT = f"SET LOCAL lock_timeout = '{IMPORTER_LOCK_TIMEOUT}'"
 LOCK_TIMEOUT_SQLSTATE = "55P03"
 GAVE_WAY = (
     "another session asks for an exclusive lock on a table read here (an ALTER TABLE, an "
-    "ATTACH PARTITION...) while this run's snapshot holds it: the read gave way after "
-    f"{IMPORTER_LOCK_TIMEOUT.removesuffix('s')} s so that session can go on; the next run "
-    "reads the table again"
+    "ATTACH PARTITION...), which waits for this run's snapshot; the copy, queued behind it, "
+    f"gave way after {IMPORTER_LOCK_TIMEOUT.removesuffix('s')} s and ended the snapshot, so "
+    "that session went on then (it waited from its start, as it waits for any long read "
+    "of the table); the next run reads the table again"
 )
 
 

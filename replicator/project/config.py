@@ -77,7 +77,7 @@ class ColumnsConfig(_Frozen):
     hash: Annotated[tuple[ColumnField, ...], Field(strict=False)] = ()
     # The only columns that leave the source (with the hashed ones): a column the source
     # gains later stays there. Not with `exclude`.
-    include: Annotated[tuple[ColumnField, ...], Field(strict=False)] = ()
+    include: ColumnList | None = None  # given, never empty: [] would let every column out
 
 
 class TableConfig(_Frozen):
