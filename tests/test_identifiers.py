@@ -104,3 +104,30 @@ def test_quoted_names_work_in_real_sql(source_conn, schema):
         sql.SQL("SELECT count(*) FROM {}").format(sql.Identifier(schema, name.name))
     ).fetchone()
     assert found == (0,)
+
+
+@pytest.mark.parametrize(
+    ("text", "schema", "name", "pattern"),
+    [
+        ("sales.*", "sales", "*", True),
+        ('"Sales".*', "Sales", "*", True),
+        ('sales."a*b"', "sales", "a[*]b", False),  # quoted: literal, not a pattern
+        ('sales."Orders"*', "sales", "Orders*", True),
+        ('Sales."Or""d"2024_*', "sales", 'Or"d2024_*', True),
+        (" sales . t_? ", "sales", "t_?", True),
+    ],
+)
+def test_pattern_parts_join_quoted_and_unquoted_pieces(text, schema, name, pattern):
+    from replicator.base.name_patterns import NamePattern, is_pattern
+
+    assert is_pattern(text) is pattern
+    parsed = NamePattern.parse(text)
+    assert (parsed.schema, parsed.name) == (schema, name)
+
+
+@pytest.mark.parametrize("text", ['sales.""*', 'sales."Orders*', "sales.Or ders*", "sales.*.x"])
+def test_broken_patterns_are_refused(text):
+    from replicator.base.name_patterns import NamePattern
+
+    with pytest.raises(ValueError):
+        NamePattern.parse(text)

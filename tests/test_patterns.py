@@ -320,3 +320,37 @@ def test_a_table_named_by_hand_that_never_existed_is_not_reported_gone(
     synced = db_project.run("sync")
     assert synced.exit_code == 0, synced.output
     assert "gone" not in synced.stderr, synced.stderr
+
+
+def test_a_pattern_with_capitals_joins_a_quoted_piece_and_a_glob(
+    db_project, schema, source_conn, dest_conn
+):
+    """`"Orders"*`: a quoted piece keeps its capitals, the glob after it matches on; an
+    unquoted `Orders*` folds to lower case, as SQL reads it."""
+    for name in ("Orders2024", "Orders_EU", "orders_lower", "Other"):
+        _table(source_conn, schema, name, rows=20)
+    db_project.write_config(
+        {"tables": [{"name": f'{schema}."Orders"*', "replication_key": "updated_at"}]}
+    )
+    listed = db_project.run("ls", "--json")
+    assert listed.exit_code == 0, listed.output
+    assert sorted(t["name"] for t in json.loads(listed.stdout)) == [
+        f'{schema}."Orders2024"',
+        f'{schema}."Orders_EU"',
+    ]
+    synced = db_project.run("sync")
+    assert synced.exit_code == 0, synced.output
+    for name in ("Orders2024", "Orders_EU"):
+        assert assert_same_table(source_conn, dest_conn, schema, name) == 20
+    db_project.write_config(
+        {"tables": [{"name": f"{schema}.Orders*", "replication_key": "updated_at"}]}
+    )
+    folded = db_project.run("ls", "--json")
+    assert [t["name"] for t in json.loads(folded.stdout)] == [f"{schema}.orders_lower"]
+    db_project.write_config(
+        {"tables": [{"name": f"{schema}.Other*", "replication_key": "updated_at"}]}
+    )
+    nothing = db_project.run("ls")
+    assert "matches no table in the source (capitals outside double quotes fold" in (
+        nothing.output
+    ), nothing.output

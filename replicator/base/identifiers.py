@@ -25,7 +25,6 @@ INTERNAL_SCHEMA = "_replicator"
 # from \200 up: any character beyond ASCII, `[^\x00-\x7f]`, which compiles in a fraction of
 # a millisecond where the range up to U+10FFFF took 9 ms of every start).
 _UNQUOTED = re.compile(r"(?:[A-Za-z_]|[^\x00-\x7f])(?:[A-Za-z0-9_$]|[^\x00-\x7f])*")
-_UNQUOTED_GLOB = re.compile(r"(?:[A-Za-z_*?]|[^\x00-\x7f])(?:[A-Za-z0-9_$*?]|[^\x00-\x7f])*")
 _SIMPLE = re.compile(r"[a-z_][a-z0-9_$]*")
 
 
@@ -46,10 +45,9 @@ def split_name(text: str) -> list[str]:
     return [part for part, _quoted in split_parts(text)]
 
 
-def split_parts(text: str, globs: bool = False) -> list[tuple[str, bool]]:
-    """Each part of a dotted name with whether it was quoted. With `globs`, an unquoted part
-    may also hold `*` and `?` (a table pattern: project/selection.py)."""
-    unquoted = _UNQUOTED_GLOB if globs else _UNQUOTED
+def split_parts(text: str) -> list[tuple[str, bool]]:
+    """Each part of a dotted name with whether it was quoted (a pattern's parts:
+    name_patterns.py)."""
     parts: list[tuple[str, bool]] = []
     i, n = 0, len(text)
     while True:
@@ -72,10 +70,10 @@ def split_parts(text: str, globs: bool = False) -> list[tuple[str, bool]]:
             if not part:
                 raise ValueError(f"empty quoted identifier in {text!r}")
         else:
-            m = unquoted.match(text, i)
+            m = _UNQUOTED.match(text, i)
             if not m:
                 raise ValueError(f"expected an identifier at position {i + 1} of {text!r}")
-            part = m.group(0).translate(_ASCII_LOWER)
+            part = m.group(0).translate(ASCII_LOWER)
             i = m.end()
         parts.append((part, quoted))
         i = _skip_space(text, i)
@@ -98,7 +96,7 @@ def _skip_space(text: str, i: int) -> int:
     return i
 
 
-_ASCII_LOWER = str.maketrans("ABCDEFGHIJKLMNOPQRSTUVWXYZ", "abcdefghijklmnopqrstuvwxyz")
+ASCII_LOWER = str.maketrans("ABCDEFGHIJKLMNOPQRSTUVWXYZ", "abcdefghijklmnopqrstuvwxyz")
 
 
 def _check_length(part: str, text: str) -> None:

@@ -3,15 +3,18 @@
 A pattern is a `schema.table` name whose unquoted parts may hold `*` (any run of
 characters) and `?` (one character), matched case-sensitively against the names PostgreSQL
 stores. Unquoted letters fold to lower case as in SQL, and a quoted part is literal, `*`
-included: `"Sales".*` matches every table of schema `Sales`, `sales."a*b"` only `a*b`.
+included: `"Sales".*` matches every table of schema `Sales`, `sales."a*b"` only `a*b`. A
+part may join quoted and unquoted pieces, for names with capitals: `sales."Orders"*`
+matches `Orders2024` and `Orders_eu` (not `orders_x`).
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
 
-from .identifiers import TableName, split_parts
+from .identifiers import ASCII_LOWER, TableName
 
 GLOB_CHARACTERS = "*?"
 
@@ -19,10 +22,73 @@ GLOB_CHARACTERS = "*?"
 def is_pattern(text: str) -> bool:
     """Whether a configured name is a pattern: a glob character outside double quotes."""
     try:
-        parts = split_parts(text.strip(), globs=True)
+        parts = _pattern_parts(text.strip())
     except ValueError:
         return False
-    return any(not quoted and _has_glob(part) for part, quoted in parts)
+    return any(globbed for _, globbed in parts)
+
+
+_SPACE = " \t\n\r\f"  # PostgreSQL's scanner_isspace
+# A part's first unquoted piece: an identifier's start (PostgreSQL's lexer) or a glob.
+_UNQUOTED_GLOB = re.compile(r"(?:[A-Za-z_*?]|[^\x00-\x7f])(?:[A-Za-z0-9_$*?]|[^\x00-\x7f])*")
+# A piece that follows another in one part (`"Orders"2024_*`): identifier characters or globs.
+_PIECE = re.compile(r"(?:[A-Za-z0-9_$*?]|[^\x00-\x7f])+")
+
+
+def _pattern_parts(text: str) -> list[tuple[str, bool]]:
+    """Each dotted part as fnmatch reads it, and whether it holds a glob. A part is a run of
+    pieces: quoted ones literal (`*` included, case kept, `""` a quote), unquoted ones
+    folded to lower case with their globs; ValueError says where the text is wrong."""
+    parts: list[tuple[str, bool]] = []
+    i, n = _skip(text, 0), len(text)
+    while True:
+        pieces: list[str] = []
+        globbed = False
+        while i < n and text[i] not in _SPACE + ".":
+            if text[i] == '"':
+                literal, i = _quoted(text, i)
+                pieces.append(_escape(literal))
+                continue
+            m = (_PIECE if pieces else _UNQUOTED_GLOB).match(text, i)
+            if not m:
+                raise ValueError(f"expected an identifier at position {i + 1} of {text!r}")
+            piece = m.group(0).translate(ASCII_LOWER)
+            globbed = globbed or _has_glob(piece)
+            pieces.append(piece)
+            i = m.end()
+        if not pieces:
+            raise ValueError(f"expected an identifier at position {i + 1} of {text!r}")
+        parts.append(("".join(pieces), globbed))
+        i = _skip(text, i)
+        if i == n:
+            return parts
+        if text[i] != ".":
+            raise ValueError(f"unexpected {text[i]!r} at position {i + 1} of {text!r}")
+        i = _skip(text, i + 1)
+
+
+def _quoted(text: str, i: int) -> tuple[str, int]:
+    """The quoted piece starting at `i` (a `"`), and where the text goes on after it."""
+    buf, j = [], i + 1
+    while True:
+        k = text.find('"', j)
+        if k < 0:
+            raise ValueError(f"unterminated quoted identifier in {text!r}")
+        buf.append(text[j:k])
+        if text[k + 1 : k + 2] == '"':
+            buf.append('"')
+            j = k + 2
+            continue
+        literal = "".join(buf)
+        if not literal:
+            raise ValueError(f"empty quoted identifier in {text!r}")
+        return literal, k + 1
+
+
+def _skip(text: str, i: int) -> int:
+    while i < len(text) and text[i] in _SPACE:
+        i += 1
+    return i
 
 
 @dataclass(frozen=True)
@@ -36,15 +102,11 @@ class NamePattern:
     @classmethod
     def parse(cls, text: str) -> NamePattern:
         """Parse `schema.table` with globs; ValueError names what is wrong."""
-        parts = split_parts(text.strip(), globs=True)
+        parts = _pattern_parts(text.strip())
         if len(parts) != 2:
             raise ValueError(f'expected a pattern like "schema.*" or "schema.t_*", got {text!r}')
-        (schema, schema_quoted), (name, name_quoted) = parts
-        return cls(
-            schema if not schema_quoted else _escape(schema),
-            name if not name_quoted else _escape(name),
-            text.strip(),
-        )
+        (schema, _), (name, _) = parts
+        return cls(schema, name, text.strip())
 
     def matches(self, table: TableName) -> bool:
         return fnmatchcase(table.schema, self.schema) and fnmatchcase(table.name, self.name)

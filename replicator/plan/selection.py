@@ -59,6 +59,7 @@ def expand_project(
     chosen = {t.entry for t in tables}
     unmatched = tuple(
         f"tables[{e.entry}] ({e.written_name}) matches no table in the source"
+        + _capitals_hint(e.written_name)
         for e in entries
         if e.is_pattern and e.entry not in chosen
     )
@@ -192,3 +193,14 @@ def vanished_tables(
         if entry is not None and not explicit:
             found.append(Vanished(name, entry.entry, entry.written_name, path))
     return tuple(found)
+
+
+def _capitals_hint(written: str) -> str:
+    """A pattern with capitals outside quotes: they fold to lower case, as in SQL."""
+    outside = "".join(written.split('"')[::2])  # the text outside double quotes
+    if not any("A" <= ch <= "Z" for ch in outside):
+        return ""
+    return (
+        " (capitals outside double quotes fold to lower case, as in SQL: quote the part "
+        'that has them, the glob outside, as in sales."Orders"*)'
+    )
