@@ -261,3 +261,29 @@ def test_with_include_a_column_the_log_gains_mid_drain_is_dropped_not_a_drift():
     assert isinstance(shape, LogShape) and shape.keep == (0, 1)
     drifted = LogShaping(**copied, excluded=frozenset(), forms={}, salt=b"")
     assert drifted.for_relation(logged) == "in the log: card added"
+
+
+def test_an_include_of_every_column_still_lists_them_so_a_new_one_stays_out(
+    cdc_project, schema, writer, source_conn, dest_conn
+):
+    """`include` naming every column the table has today: the publication still gets a
+    column list, so the column added later is not in the log either."""
+    table = sql.Identifier(schema, "plain")
+    writer.execute(sql.SQL("CREATE TABLE {} (id int PRIMARY KEY, name text)").format(table))
+    writer.execute(
+        sql.SQL("INSERT INTO {} SELECT g, 'n' FROM generate_series(1, 20) g").format(table)
+    )
+    entry = {"name": f"{schema}.plain", "mode": "cdc", "columns": {"include": ["id", "name"]}}
+    cdc_project.write_config({"tables": [entry]})
+    assert cdc_project.run("sync").exit_code == 0
+    writer.execute(sql.SQL("ALTER TABLE {} ADD COLUMN card text").format(table))
+    writer.execute(sql.SQL("UPDATE {} SET card = 'CARD-9', name = 'x' WHERE id <= 5").format(table))
+    (listed,) = source_conn.execute(
+        "SELECT attnames FROM pg_publication_tables WHERE schemaname = %s", (schema,)
+    ).fetchone()
+    assert listed == ["id", "name"], listed
+    applied = cdc_project.run("sync")
+    assert applied.exit_code == 0, applied.output
+    assert f"{schema}.plain: incremental" in applied.stderr, applied.stderr
+    copied = dest_conn.execute(sql.SQL("SELECT * FROM {} ORDER BY id").format(table)).fetchall()
+    assert copied[:6] == [(1, "x"), (2, "x"), (3, "x"), (4, "x"), (5, "x"), (6, "n")], copied

@@ -348,7 +348,7 @@ def test_a_new_partition_without_a_replica_identity_takes_its_table_out_of_the_p
     assert f"partition {schema}.p_new: no primary key, and replica identity DEFAULT" in (
         failed.stderr
     ), failed.stderr
-    assert f"{schema}.events is left out of the publication" in failed.stderr
+    assert f"{schema}.events is left out of the tool's publication" in failed.stderr
     _run(writer, schema, "UPDATE {events} SET note = 'moved' WHERE id = 500")  # taken again
 
     _run(writer, schema, "ALTER TABLE {p_new} REPLICA IDENTITY FULL")

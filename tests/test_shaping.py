@@ -309,6 +309,8 @@ def test_a_source_key_column_or_an_unknown_column_fails_the_table_with_the_fix(
     for columns, message in (
         ({"hash": ["id"]}, "primary key column(s) id cannot be excluded or hashed"),
         ({"exclude": ["sssn"]}, "columns: no column sssn in the source table"),
+        ({"include": ["name"]}, 'primary key column(s) id must be in "columns": {"include"'),
+        ({"include": ["id", "name"], "hash": ["id"]}, "id cannot be excluded or hashed"),
     ):
         db_project.write_config(
             {"tables": [{"name": f"{schema}.people", "mode": "full-refresh", "columns": columns}]}

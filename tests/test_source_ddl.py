@@ -92,7 +92,7 @@ def test_an_alter_table_during_a_copy_makes_the_copy_give_way(
             run.kill()
             run.communicate()
     assert run.returncode == 1, stderr
-    assert f"{schema}.orders: " in stderr and "asks for an exclusive lock" in stderr, stderr
+    assert f"{schema}.orders: " in stderr and "exclusive lock request" in stderr, stderr
     assert "the next run reads the table again" in stderr, stderr
     wait_for(altered.is_set, 60, "the ALTER to go through")
 

@@ -63,12 +63,18 @@ class PublishedAs:
 
 
 def published_as(
-    identity: str, info: TableInfo, exclude: tuple[str, ...], where: str | None
+    identity: str,
+    info: TableInfo,
+    exclude: tuple[str, ...],
+    where: str | None,
+    allow_list: bool = False,
 ) -> PublishedAs:
     """The listing a table with these `columns.exclude` and `where` gets (identity: the
-    table's relreplident; under FULL no column list is possible)."""
+    table's relreplident; under FULL no column list is possible). `allow_list`
+    (`columns.include`): a column list even when it names every column, so that a column
+    the source gains later stays out of the log."""
     columns = None
-    if exclude and identity != "f":
+    if (exclude or allow_list) and identity != "f":
         columns = tuple(c.name for c in info.columns if c.name not in exclude)
     return PublishedAs(columns, where)
 

@@ -40,14 +40,14 @@ SELECT c.oid, c.relreplident::text,
        (SELECT array_agg(a.attname::text ORDER BY a.attnum) FROM pg_catalog.pg_attribute a
          WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped
            AND a.attgenerated <> ''),
-       (WITH RECURSIVE up(oid) AS (
-          SELECT i.inhparent FROM pg_catalog.pg_inherits i
+       (WITH RECURSIVE up(oid, depth) AS (
+          SELECT i.inhparent, 1 FROM pg_catalog.pg_inherits i
            WHERE i.inhrelid = c.oid AND c.relispartition
           UNION ALL
-          SELECT i.inhparent FROM up
+          SELECT i.inhparent, up.depth + 1 FROM up
             JOIN pg_catalog.pg_class u ON u.oid = up.oid AND u.relispartition
             JOIN pg_catalog.pg_inherits i ON i.inhrelid = up.oid)
-        SELECT array_agg(ARRAY[n.nspname::text, p.relname::text])
+        SELECT array_agg(ARRAY[n.nspname::text, p.relname::text] ORDER BY up.depth DESC)
           FROM up JOIN pg_catalog.pg_class p ON p.oid = up.oid
           JOIN pg_catalog.pg_namespace n ON n.oid = p.relnamespace)
 FROM pg_catalog.pg_class c WHERE c.oid = ANY(%s)
@@ -106,6 +106,7 @@ def _log_problem(
             "mode, or full-refresh"
         )
     _, identity, keys, generated, ancestors = fetch_all(source, _IDENTITIES, ([info.oid],))[0]
+    # the topmost captured ancestor: the name the publication gives this partition's changes
     above = next((TableName(*a) for a in ancestors or [] if TableName(*a) in captured), None)
     if above is not None:
         # The publication sends a partition's changes under the name of its topmost
@@ -201,8 +202,8 @@ def _identity_problem(
         return (
             f"{subject}: {refused}: the log names no row of its updates and deletes, and the "
             f"source refuses them while {name} is published, so {name} is left out of the "
-            f"publication (its copy reloads once it is back); run `{fix_full}` in the "
-            f"source{later}"
+            "tool's publication (its copy reloads once it is back; a DBA's publication, "
+            f'"create": false, must drop it itself); run `{fix_full}` in the source{later}'
         )
     if sorted(keys or []) != sorted(built.primary_key):
         wanted = ", ".join(map(display_ident, built.primary_key))

@@ -149,7 +149,7 @@ def log_shaping(
     """The drain's shaping of a table (None: it has no `columns`); TableProblem when a
     hashed column's text form cannot be told from the log."""
     shaping = built.shaping
-    if shaping is None or not (shaping.exclude or shaping.hash):
+    if shaping is None or not (shaping.exclude or shaping.hash or shaping.include):
         return None
     types = {c.name: c.type_oid for c in info.columns}
     hashed = {c: types[c] for c in shaping.hash}

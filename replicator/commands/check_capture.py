@@ -244,8 +244,9 @@ def _table(
             table.written_name,
             "a partition created later has no replica identity of its own (the table has no "
             "primary key to give it one): the source refuses its UPDATEs and DELETEs while "
-            "the table is published, so the next sync takes the table out of the "
-            "publication until the partition has one, and reloads it then",
+            "the table is published, so the next sync takes the table out of the tool's "
+            "publication until the partition has one, and reloads it then (a DBA's "
+            "publication must drop it itself)",
             "run ALTER TABLE <partition> REPLICA IDENTITY FULL as each partition is created "
             "(in the same transaction)",
         )
@@ -259,6 +260,16 @@ def _shaping_findings(name: str, built: Any, identity: str) -> Iterator[Finding]
     if shaping is None:
         return
     excluded = ", ".join(map(display_ident, shaping.exclude))
+    if shaping.include and not shaping.exclude and identity == "f":
+        yield Finding(
+            "warn",
+            name,
+            "REPLICA IDENTITY FULL: a column the source gains later is carried by the log to "
+            "replicator (no column list is possible), which drops it before anything is "
+            "staged; it never reaches the destination",
+            "to keep such columns in the source, key the table's identity on its primary key "
+            f"(ALTER TABLE {built.table.name} REPLICA IDENTITY DEFAULT)",
+        )
     if shaping.exclude and identity == "f":
         yield Finding(
             "warn",

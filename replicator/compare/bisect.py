@@ -44,7 +44,7 @@ class Found:
     not_yet_synced: list[Key] = field(default_factory=list)
     # Keys on more than one source row (a configured primary_key the source does not keep
     # unique): the copy holds one row per key, so one that matches any of them is no
-    # difference; a repair leaves them (which row sync keeps, `repeated_keys_note` says).
+    # difference; a repair leaves them (sync keeps the newest: verdict.py says so).
     repeated: list[Key] = field(default_factory=list)
 
     @property
@@ -201,9 +201,11 @@ def _compare_rows(
     repeated: dict[Key, set[Any]] = {}
     for row in ours:
         key = tuple(row[:width])
+        fresh = row[width + 1]
         if key in mine:
             repeated.setdefault(key, {mine[key][0]}).add(row[width])
-        mine[key] = (row[width], row[width + 1])
+            fresh = fresh or mine[key][1]  # any of its rows not yet synced: the key is
+        mine[key] = (row[width], fresh)
     found.repeated.extend(repeated)
     other = {tuple(row[:width]): row[width] for row in theirs}
     for key, (digest, is_fresh) in mine.items():

@@ -46,8 +46,9 @@ def run_query_task(task: QueryTask) -> list[tuple[Any, ...]]:
                 execute(conn, setting)
             rows = execute(conn, task.query, task.params).fetchall()
     except DatabaseError as exc:
-        if exc.sqlstate == LOCK_TIMEOUT_SQLSTATE:
-            raise TaskError(f"{task.side}: {GAVE_WAY}", exc.sqlstate) from None
+        if exc.sqlstate == LOCK_TIMEOUT_SQLSTATE:  # the FIXES text replaced by what it was
+            first = str(exc).split(" (", 1)[0]
+            raise TaskError(f"{first}: {GAVE_WAY}", exc.sqlstate) from None
         raise TaskError(str(exc), exc.sqlstate) from None
     return [exact(row) for row in rows]
 

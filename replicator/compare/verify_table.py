@@ -310,7 +310,7 @@ def _examples(shape: q.Shape, found: Found) -> list[dict[str, Any]]:
     for kind, keys in kinds:
         for key in keys[: MAX_EXAMPLES - len(out)]:
             out.append({"key": _key_values(shape, key), "kind": kind})
-    for key in found.repeated[:MAX_EXAMPLES]:  # not differences: named apart
+    for key in found.repeated[: MAX_EXAMPLES - len(out)]:  # not differences: named apart
         out.append({"key": _key_values(shape, key), "kind": REPEATED_KEY})
     return out
 

@@ -150,12 +150,13 @@ def shape_model(
             f"{', '.join(map(display_ident, absent))}"
         )
     key = preferred_key(table, source)
-    keyed = [c for c in shaping.hash if c in key] + [c for c in shaping.exclude if c in key]
-    if keyed and shaping.include:
+    left_out = [c for c in shaping.exclude if c in key]
+    if left_out and shaping.include:
         raise TableProblem(
-            f"{name}: primary key column(s) {', '.join(map(display_ident, keyed))} must be in "
-            '"columns": {"include": [...]} (the copy finds its rows by them): add them there'
+            f"{name}: primary key column(s) {', '.join(map(display_ident, left_out))} must be "
+            'in "columns": {"include": [...]} (the copy finds its rows by them): add them there'
         )
+    keyed = [c for c in shaping.hash if c in key] + left_out
     if keyed:
         raise TableProblem(
             f"{name}: primary key column(s) {', '.join(map(display_ident, keyed))} cannot be "

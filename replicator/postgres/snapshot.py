@@ -28,11 +28,11 @@ IMPORTER_LOCK_TIMEOUT = "5s"
 BOUNDED_LOCK_WAIT = f"SET LOCAL lock_timeout = '{IMPORTER_LOCK_TIMEOUT}'"
 LOCK_TIMEOUT_SQLSTATE = "55P03"
 GAVE_WAY = (
-    "another session asks for an exclusive lock on a table read here (an ALTER TABLE, an "
-    "ATTACH PARTITION...), which waits for this run's snapshot; the copy, queued behind it, "
-    f"gave way after {IMPORTER_LOCK_TIMEOUT.removesuffix('s')} s and ended the snapshot, so "
-    "that session went on then (it waited from its start, as it waits for any long read "
-    "of the table); the next run reads the table again"
+    f"waited {IMPORTER_LOCK_TIMEOUT.removesuffix('s')} s for a table lock, most likely "
+    "queued behind another session's exclusive lock request (an ALTER TABLE, an ATTACH "
+    "PARTITION, a TRUNCATE...) that itself waits for this run's snapshot: the read gave "
+    "way and ended the snapshot so that neither waits for the other forever (such a "
+    "session waits for any long read of the table); the next run reads the table again"
 )
 
 

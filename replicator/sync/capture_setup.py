@@ -158,7 +158,8 @@ def _listing(project: Project, ends: Endpoints, table: TableConfig) -> Published
         if shaping is None:
             return PublishedAs()
         identity, _ = replica_identity(ends.source, info)
-        return published_as(identity, info, shaping.exclude, shaping.where)
+        listed = bool(shaping.include)
+        return published_as(identity, info, shaping.exclude, shaping.where, listed)
     except (ReplicatorError, psycopg.Error):
         return None
 
