@@ -51,24 +51,10 @@ def split_parts(text: str) -> list[tuple[str, bool]]:
     parts: list[tuple[str, bool]] = []
     i, n = 0, len(text)
     while True:
-        i = _skip_space(text, i)
+        i = skip_space(text, i)
         quoted = i < n and text[i] == '"'
         if quoted:
-            j, buf = i + 1, []
-            while True:
-                k = text.find('"', j)
-                if k < 0:
-                    raise ValueError(f"unterminated quoted identifier in {text!r}")
-                buf.append(text[j:k])
-                if k + 1 < n and text[k + 1] == '"':
-                    buf.append('"')
-                    j = k + 2
-                    continue
-                i = k + 1
-                break
-            part = "".join(buf)
-            if not part:
-                raise ValueError(f"empty quoted identifier in {text!r}")
+            part, i = read_quoted(text, i)
         else:
             m = _UNQUOTED.match(text, i)
             if not m:
@@ -76,22 +62,44 @@ def split_parts(text: str) -> list[tuple[str, bool]]:
             part = m.group(0).translate(ASCII_LOWER)
             i = m.end()
         parts.append((part, quoted))
-        i = _skip_space(text, i)
+        i = skip_space(text, i)
         if i == n:
             return parts
         if text[i] != ".":
             hint = (  # a space inside an unquoted name: `Big Customers`
                 " (a name with spaces, capitals or symbols is written in double quotes, as in "
                 "SQL: 'shop.\"Big Customers\"')"
-                if not quoted and text[i - 1] in " \t\n\r\f"
+                if not quoted and text[i - 1] in SPACE
                 else ""
             )
             raise ValueError(f"unexpected {text[i]!r} at position {i + 1} of {text!r}{hint}")
         i += 1
 
 
-def _skip_space(text: str, i: int) -> int:
-    while i < len(text) and text[i] in " \t\n\r\f":  # PostgreSQL's scanner_isspace
+def read_quoted(text: str, i: int) -> tuple[str, int]:
+    """The quoted identifier starting at `i` (a `"`; `""` stands for one quote), and where
+    the text goes on after it."""
+    buf, j = [], i + 1
+    while True:
+        k = text.find('"', j)
+        if k < 0:
+            raise ValueError(f"unterminated quoted identifier in {text!r}")
+        buf.append(text[j:k])
+        if text[k + 1 : k + 2] == '"':
+            buf.append('"')
+            j = k + 2
+            continue
+        part = "".join(buf)
+        if not part:
+            raise ValueError(f"empty quoted identifier in {text!r}")
+        return part, k + 1
+
+
+SPACE = " \t\n\r\f"  # PostgreSQL's scanner_isspace
+
+
+def skip_space(text: str, i: int) -> int:
+    while i < len(text) and text[i] in SPACE:
         i += 1
     return i
 

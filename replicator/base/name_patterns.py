@@ -14,7 +14,7 @@ import re
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
 
-from .identifiers import ASCII_LOWER, TableName
+from .identifiers import ASCII_LOWER, SPACE, TableName, read_quoted, skip_space
 
 GLOB_CHARACTERS = "*?"
 
@@ -28,7 +28,6 @@ def is_pattern(text: str) -> bool:
     return any(globbed for _, globbed in parts)
 
 
-_SPACE = " \t\n\r\f"  # PostgreSQL's scanner_isspace
 # A part's first unquoted piece: an identifier's start (PostgreSQL's lexer) or a glob.
 _UNQUOTED_GLOB = re.compile(r"(?:[A-Za-z_*?]|[^\x00-\x7f])(?:[A-Za-z0-9_$*?]|[^\x00-\x7f])*")
 # A piece that follows another in one part (`"Orders"2024_*`): identifier characters or globs.
@@ -40,13 +39,13 @@ def _pattern_parts(text: str) -> list[tuple[str, bool]]:
     pieces: quoted ones literal (`*` included, case kept, `""` a quote), unquoted ones
     folded to lower case with their globs; ValueError says where the text is wrong."""
     parts: list[tuple[str, bool]] = []
-    i, n = _skip(text, 0), len(text)
+    i, n = skip_space(text, 0), len(text)
     while True:
         pieces: list[str] = []
         globbed = False
-        while i < n and text[i] not in _SPACE + ".":
+        while i < n and text[i] not in SPACE + ".":
             if text[i] == '"':
-                literal, i = _quoted(text, i)
+                literal, i = read_quoted(text, i)
                 pieces.append(_escape(literal))
                 continue
             m = (_PIECE if pieces else _UNQUOTED_GLOB).match(text, i)
@@ -59,36 +58,12 @@ def _pattern_parts(text: str) -> list[tuple[str, bool]]:
         if not pieces:
             raise ValueError(f"expected an identifier at position {i + 1} of {text!r}")
         parts.append(("".join(pieces), globbed))
-        i = _skip(text, i)
+        i = skip_space(text, i)
         if i == n:
             return parts
         if text[i] != ".":
             raise ValueError(f"unexpected {text[i]!r} at position {i + 1} of {text!r}")
-        i = _skip(text, i + 1)
-
-
-def _quoted(text: str, i: int) -> tuple[str, int]:
-    """The quoted piece starting at `i` (a `"`), and where the text goes on after it."""
-    buf, j = [], i + 1
-    while True:
-        k = text.find('"', j)
-        if k < 0:
-            raise ValueError(f"unterminated quoted identifier in {text!r}")
-        buf.append(text[j:k])
-        if text[k + 1 : k + 2] == '"':
-            buf.append('"')
-            j = k + 2
-            continue
-        literal = "".join(buf)
-        if not literal:
-            raise ValueError(f"empty quoted identifier in {text!r}")
-        return literal, k + 1
-
-
-def _skip(text: str, i: int) -> int:
-    while i < len(text) and text[i] in _SPACE:
-        i += 1
-    return i
+        i = skip_space(text, i + 1)
 
 
 @dataclass(frozen=True)

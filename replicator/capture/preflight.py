@@ -15,7 +15,7 @@ and DELETEs: that must never be the tool's doing).
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable
+from collections.abc import Collection
 from typing import Any
 
 import psycopg
@@ -26,7 +26,6 @@ from ..plan.table_sql import TableSql
 from ..postgres.catalog import TableInfo
 from ..postgres.database import fetch_all
 from ..postgres.partition_tree import PARTITIONED, Leaf, leaves
-from ..project.config import TableConfig
 from .log_filter import row_filter_problem, where_columns
 from .shaped_log import log_shaping
 
@@ -63,11 +62,6 @@ def replica_identity(source: psycopg.Connection[Any], info: TableInfo) -> tuple[
     return identity, keys or []
 
 
-def captured_tables(tables: Iterable[TableConfig]) -> frozenset[TableName]:
-    """The source tables of the config's `cdc` tables (what `capture_problem` is given)."""
-    return frozenset(t.name for t in tables if t.mode == "cdc")
-
-
 def capture_problem(
     source: psycopg.Connection[Any],
     info: TableInfo,
@@ -75,7 +69,8 @@ def capture_problem(
     captured: Collection[TableName],
 ) -> str | None:
     """Why the table cannot be captured from the log, with the fix; None when it can.
-    `captured`: every `cdc` table of the config (a partition of one of them cannot be)."""
+    `captured`: every `cdc` table of the config (Project.cdc_tables: a partition of one
+    of them cannot be)."""
     return _log_problem(source, info, built, captured) or shaping_problem(source, info, built)
 
 

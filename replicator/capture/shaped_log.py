@@ -122,9 +122,11 @@ class LogShaping:
         """The shape for a relation the log describes; a drift (text) when the log carries a
         column neither copied nor excluded, lacks one, or types one otherwise."""
         names = [name for name, _ in logged]
-        extra = [n for n in names if n not in self.columns and n not in self.excluded]
-        if self.listed_only:
-            extra = []
+        extra = (
+            []
+            if self.listed_only
+            else [n for n in names if n not in self.columns and n not in self.excluded]
+        )
         missing = [c for c in self.columns if c not in names]
         retyped = [n for n, oid in logged if n in self.types and self.types[n] != oid]
         if extra or missing or retyped:

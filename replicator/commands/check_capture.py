@@ -12,7 +12,7 @@ import psycopg
 from ..base.errors import ReplicatorError
 from ..base.identifiers import TableName, display_ident
 from ..capture.dba_publication import publication_problem, via_root_problem
-from ..capture.preflight import IDENTITY_NAMES, capture_problem, captured_tables, replica_identity
+from ..capture.preflight import IDENTITY_NAMES, capture_problem, replica_identity
 from ..capture.slot import (
     PLUGIN,
     WAL_LEVEL_FIX,
@@ -195,7 +195,7 @@ def _table(
         info, built = inspect_source(source, table, project.templates)
     except ReplicatorError:
         return  # the table's own checks said why
-    problem = capture_problem(source, info, built, captured_tables(project.config.tables))
+    problem = capture_problem(source, info, built, project.cdc_tables)
     if problem is not None:
         yield Finding("error", table.written_name, problem.removeprefix(f"{table.written_name}: "))
         return

@@ -22,7 +22,7 @@ from ..base.errors import ReplicatorError, TableProblem
 from ..base.identifiers import display_ident
 from ..base.redact import redact
 from ..capture.apply_sql import apply_steps
-from ..capture.preflight import capture_problem, captured_tables
+from ..capture.preflight import capture_problem
 from ..plan.drift import Planned, plan_now
 from ..plan.read_ahead import read_ahead
 from ..postgres.database import Step, connect, display, render
@@ -309,7 +309,7 @@ def _compile_table(
             inputs.source,
             planned.source,
             planned.built,
-            captured_tables(project.config.tables),
+            project.cdc_tables,
         )
         if problem is not None:
             raise TableProblem(problem)

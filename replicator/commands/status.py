@@ -25,7 +25,7 @@ from rich.table import Table
 
 from ..base.errors import DatabaseError, ReplicatorError, StateError, TableProblem
 from ..base.redact import redact
-from ..capture.preflight import capture_problem, captured_tables
+from ..capture.preflight import capture_problem
 from ..plan import selection
 from ..plan.decide import Plan, plan_table
 from ..plan.drift import Planned, plan_now
@@ -205,14 +205,15 @@ def _observe_live(
                 sql.Literal(f"{POSITION_TIMEOUT_SECONDS}s")
             ),
         )
-        captured = captured_tables(project.config.tables)
         for table, (row, state) in zip(tables, read, strict=True):
             if row["last_status"] == "error":
                 continue
             try:
                 planned = plan_now(source, dest, table, project.templates, state)
                 if table.mode == "cdc":  # what the sync fails such a table for, first
-                    problem = capture_problem(source, planned.source, planned.built, captured)
+                    problem = capture_problem(
+                        source, planned.source, planned.built, project.cdc_tables
+                    )
                     if problem is not None:
                         raise TableProblem(problem)
                 _set_plan(row, planned.plan)

@@ -18,7 +18,7 @@ from ..base.errors import ReplicatorError, StateError
 from ..base.redact import redact
 from ..capture.applied import applied_positions
 from ..capture.pending import Key, pending_keys
-from ..capture.preflight import capture_problem, captured_tables
+from ..capture.preflight import capture_problem
 from ..compare.verdict import REPEATED_KEY, Verdict
 from ..compare.verify_table import PendingLookup, verify_table
 from ..plan.inspect_table import inspect_source
@@ -120,7 +120,7 @@ def _uncapturable(project: Project, ends: Endpoints, table: TableConfig) -> str 
         return None
     try:
         info, built = inspect_source(ends.source, table, project.templates)
-        problem = capture_problem(ends.source, info, built, captured_tables(project.config.tables))
+        problem = capture_problem(ends.source, info, built, project.cdc_tables)
     except ReplicatorError:
         return None  # the comparison says why
     return None if problem is None else problem.removeprefix(f"{table.written_name}: ")

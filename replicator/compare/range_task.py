@@ -10,7 +10,7 @@ from typing import Any
 from psycopg import sql
 
 from ..base.errors import DatabaseError, TaskError
-from ..postgres.database import connect, execute, transaction
+from ..postgres.database import FIXES, connect, execute, transaction
 from ..postgres.snapshot import BOUNDED_LOCK_WAIT, GAVE_WAY, LOCK_TIMEOUT_SQLSTATE
 
 BEGIN = "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"
@@ -46,9 +46,9 @@ def run_query_task(task: QueryTask) -> list[tuple[Any, ...]]:
                 execute(conn, setting)
             rows = execute(conn, task.query, task.params).fetchall()
     except DatabaseError as exc:
-        if exc.sqlstate == LOCK_TIMEOUT_SQLSTATE:  # the FIXES text replaced by what it was
-            first = str(exc).split(" (", 1)[0]
-            raise TaskError(f"{first}: {GAVE_WAY}", exc.sqlstate) from None
+        if exc.sqlstate == LOCK_TIMEOUT_SQLSTATE:  # the general fix replaced by what it was
+            error = str(exc).removesuffix(f" ({FIXES[LOCK_TIMEOUT_SQLSTATE]})")
+            raise TaskError(f"{error}: {GAVE_WAY}", exc.sqlstate) from None
         raise TaskError(str(exc), exc.sqlstate) from None
     return [exact(row) for row in rows]
 

@@ -56,6 +56,12 @@ class Project:
         return self.root / STATE_DIR
 
     @cached_property
+    def cdc_tables(self) -> frozenset[TableName]:
+        """The source tables of the config's `cdc` tables, once per (expanded) project: a
+        partition of one of them cannot be captured too (capture/preflight.py)."""
+        return frozenset(t.name for t in self.config.tables if t.mode == "cdc")
+
+    @cached_property
     def store(self) -> StateStore:
         return StateStore(self.state_dir)
 

@@ -26,7 +26,7 @@ from ..capture.capture_table import CaptureTable
 from ..capture.dba_publication import publication_problem, via_root_problem
 from ..capture.drain import drain
 from ..capture.lsn import lsn_text, parse_lsn
-from ..capture.preflight import capture_problem, captured_tables
+from ..capture.preflight import capture_problem
 from ..capture.shaped_log import log_shaping
 from ..capture.slot import (
     add_table_statement,
@@ -94,7 +94,7 @@ class CaptureRun:
         reload whose reason the log gives (`slot lost`, a shape change it showed), a copy
         whose position is not in the destination."""
         table = planned.built.table
-        captured = captured_tables(self.run.project.config.tables)
+        captured = self.run.project.cdc_tables  # a partition of one cannot be captured too
         problem = capture_problem(ends.source, planned.source, planned.built, captured)
         if problem is not None:  # the table's own reason first: the set-up may fail for it
             raise TableProblem(problem)

@@ -15,7 +15,6 @@ from ..capture.applied import ensure_applied_table, forget_applied
 from ..capture.log_filter import PublishedAs, published_as
 from ..capture.preflight import (
     capture_problem,
-    captured_tables,
     refuses_changes,
     replica_identity,
 )
@@ -103,11 +102,12 @@ def set_up_capture(
         _warn_abandoned(stored, names)
         names = names.model_copy(update={"tables": followed})
         write_capture_state(project.state_dir, names)
-    listings = {t.name: _listing(project, ends, t) for t in selected}
+    listed = {t.name: _listing(project, ends, t) for t in selected}
+    listings = {name: listing for name, (listing, _) in listed.items()}
     ready = [name for name, listing in listings.items() if listing is not None]
     # A table the source would refuse UPDATEs of while published (a partition created
     # without a replica identity) leaves the publication: the application must go on.
-    refused = {t.name for t in selected if listings[t.name] is None and _refused(ends, t, project)}
+    refused = {name for name, (_, refuses) in listed.items() if refuses}
     keep = {t.name for t in every} - refused
     targets = {t.name: t.target for t in selected}
 
@@ -146,31 +146,24 @@ def _rejoined(
             forget_applied(ends.dest, table.target)
 
 
-def _listing(project: Project, ends: Endpoints, table: TableConfig) -> PublishedAs | None:
+def _listing(
+    project: Project, ends: Endpoints, table: TableConfig
+) -> tuple[PublishedAs | None, bool]:
     """How the table joins the publication (its column list and row filter); None when it
-    may not (run.py reports why, later)."""
+    may not (run.py reports why, later), with whether the source would then refuse its (or
+    a partition's) UPDATEs while it is published."""
     try:
         info, built = inspect_source(ends.source, table, project.templates)
-        captured = captured_tables(project.config.tables)
-        if capture_problem(ends.source, info, built, captured) is not None:
-            return None
+        if capture_problem(ends.source, info, built, project.cdc_tables) is not None:
+            return None, refuses_changes(ends.source, info)
         shaping = built.shaping
         if shaping is None:
-            return PublishedAs()
+            return PublishedAs(), False
         identity, _ = replica_identity(ends.source, info)
         listed = bool(shaping.include)
-        return published_as(identity, info, shaping.exclude, shaping.where, listed)
+        return published_as(identity, info, shaping.exclude, shaping.where, listed), False
     except (ReplicatorError, psycopg.Error):
-        return None
-
-
-def _refused(ends: Endpoints, table: TableConfig, project: Project) -> bool:
-    """Whether the source refuses the table's (or a partition's) UPDATEs while published."""
-    try:
-        info, _ = inspect_source(ends.source, table, project.templates)
-        return refuses_changes(ends.source, info)
-    except (ReplicatorError, psycopg.Error):
-        return False
+        return None, False
 
 
 def _ensure_slot(
