@@ -359,6 +359,54 @@ def test_a_new_partition_without_a_replica_identity_takes_its_table_out_of_the_p
     assert _same(source_conn, dest_conn, schema) == 51
 
 
+def test_a_run_of_other_tables_lets_a_refused_table_out_of_the_publication_too(
+    cdc_project, schema, writer, source_conn, dest_conn
+):
+    """The same refusal found on a run that does not select the table (`sync -s loose`):
+    the table leaves the publication then, with a warning, not at its own next run, so
+    the application's UPDATEs go through at once; it reloads when it is back."""
+    cdc_project.env.update(IN_PROCESS)
+    for statement in (
+        "CREATE TABLE {events} (id int NOT NULL, k int, note text) PARTITION BY RANGE (k)",
+        "CREATE TABLE {p_low} PARTITION OF {events} FOR VALUES FROM (0) TO (100)",
+        "ALTER TABLE {events} REPLICA IDENTITY FULL",
+        "ALTER TABLE {p_low} REPLICA IDENTITY FULL",
+        "INSERT INTO {events} SELECT g, g % 100, 'n' FROM generate_series(1, 50) g",
+        "CREATE TABLE {loose} (id int PRIMARY KEY, note text)",
+        "INSERT INTO {loose} VALUES (1, 'a')",
+    ):
+        _run(writer, schema, statement)
+    cdc_project.write_config(
+        {
+            "tables": [
+                {"name": f"{schema}.events", "mode": "cdc", "primary_key": ["id"]},
+                {"name": f"{schema}.loose", "mode": "cdc"},
+            ]
+        }
+    )
+    _sync(cdc_project)
+    _run(
+        writer, schema, "CREATE TABLE {p_new} PARTITION OF {events} FOR VALUES FROM (100) TO (200)"
+    )
+    _run(writer, schema, "INSERT INTO {events} VALUES (500, 150, 'new')")
+    with pytest.raises(psycopg.errors.ObjectNotInPrerequisiteState):  # refused, as published
+        _run(writer, schema, "UPDATE {events} SET note = 'moved' WHERE id = 500")
+
+    other = _sync(cdc_project, "-s", f"{schema}.loose")
+    assert (
+        f"{schema}.events: partition {schema}.p_new: no primary key, and replica identity "
+        "DEFAULT: the source refuses its UPDATEs and DELETEs while it is published, so it "
+        "leaves the tool's publication"
+    ) in other.stderr, other.stderr
+    _run(writer, schema, "UPDATE {events} SET note = 'moved' WHERE id = 500")  # taken at once
+    assert f"{schema}.events" not in _sync(cdc_project, "-s", f"{schema}.loose").stderr
+
+    _run(writer, schema, "ALTER TABLE {p_new} REPLICA IDENTITY FULL")
+    back = _sync(cdc_project)
+    assert f"{schema}.events: full_reload" in back.stderr, back.stderr
+    assert _same(source_conn, dest_conn, schema) == 51
+
+
 def test_a_killed_load_resumes_only_while_the_leaves_are_the_same(
     db_project, schema, writer, source_conn, dest_conn
 ):

@@ -167,6 +167,47 @@ def refuses_changes(source: psycopg.Connection[Any], info: TableInfo) -> bool:
     return any(_refused(*pair) for pair in _leaf_identities(source, found).values())
 
 
+_PUBLISHED_MEMBERS = """
+WITH RECURSIVE member(root, oid) AS (
+    SELECT r.prrelid, r.prrelid
+    FROM pg_catalog.pg_publication_rel r
+    JOIN pg_catalog.pg_publication p ON p.oid = r.prpubid
+    WHERE p.pubname = %s
+    UNION ALL
+    SELECT m.root, i.inhrelid FROM member m JOIN pg_catalog.pg_inherits i ON i.inhparent = m.oid
+)
+SELECT n.nspname::text, t.relname::text, m.oid, cn.nspname::text, c.relname::text,
+       m.oid = m.root
+FROM member m
+JOIN pg_catalog.pg_class t ON t.oid = m.root
+JOIN pg_catalog.pg_namespace n ON n.oid = t.relnamespace
+JOIN pg_catalog.pg_class c ON c.oid = m.oid
+JOIN pg_catalog.pg_namespace cn ON cn.oid = c.relnamespace
+WHERE c.relkind <> 'f'
+"""
+
+
+def refused_in_publication(
+    source: psycopg.Connection[Any], publication: str
+) -> dict[TableName, str]:
+    """The tables listed in the publication whose UPDATEs and DELETEs the source refuses
+    (theirs, or a partition's), each with why: two catalog reads for the whole publication,
+    so a run of some tables (`sync -s`) lets the others go too, as `refuses_changes` does
+    for the tables it selects."""
+    rows = fetch_all(source, _PUBLISHED_MEMBERS, (publication,))
+    identities = {
+        oid: (identity, keys)
+        for oid, identity, keys, _, _ in fetch_all(source, _IDENTITIES, ([r[2] for r in rows],))
+    }
+    refused: dict[TableName, str] = {}
+    for schema, name, oid, *member, is_root in sorted(rows, key=lambda r: (r[0], r[1], not r[5])):
+        table = TableName(schema, name)
+        why = _refused(*identities[oid]) if oid in identities else None
+        if why is not None and table not in refused:
+            refused[table] = why if is_root else f"partition {TableName(*member)}: {why}"
+    return refused
+
+
 def _identity_problem(
     name: str,
     subject: str,

@@ -6,6 +6,7 @@ listing the `cdc` tables, and the slot (created when missing)."""
 from __future__ import annotations
 
 import logging
+from collections.abc import Collection
 
 import psycopg
 
@@ -15,6 +16,7 @@ from ..capture.applied import ensure_applied_table, forget_applied
 from ..capture.log_filter import PublishedAs, published_as
 from ..capture.preflight import (
     capture_problem,
+    refused_in_publication,
     refuses_changes,
     replica_identity,
 )
@@ -108,6 +110,7 @@ def set_up_capture(
     # A table the source would refuse UPDATEs of while published (a partition created
     # without a replica identity) leaves the publication: the application must go on.
     refused = {name for name, (_, refuses) in listed.items() if refuses}
+    refused |= _refused_unselected(ends, names, every, listed)
     keep = {t.name for t in every} - refused
     targets = {t.name: t.target for t in selected}
 
@@ -128,6 +131,28 @@ def set_up_capture(
             drop_publication(ends.source, names.publication)
         raise
     return names, lost
+
+
+def _refused_unselected(
+    ends: Endpoints, names: CaptureState, every: list[TableConfig], selected: Collection[TableName]
+) -> set[TableName]:
+    """The config's other `cdc` tables in the tool's publication whose UPDATEs the source
+    now refuses (a partition created without a replica identity): they leave it on a run
+    that does not select them too, said as a warning; each reloads when it is back."""
+    if not names.created:
+        return set()  # a DBA's publication is theirs to change
+    config = {t.name for t in every} - set(selected)
+    found = refused_in_publication(ends.source, names.publication)
+    for name, why in found.items():
+        if name in config:
+            log.warning(
+                "%s: %s: the source refuses its UPDATEs and DELETEs while it is published, "
+                "so it leaves the tool's publication (its copy reloads once it is back: %s)",
+                name,
+                why,
+                f"give it a replica identity, then `replicator sync -s {name}`",
+            )
+    return {name for name in found if name in config}
 
 
 def _rejoined(
