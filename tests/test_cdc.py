@@ -1079,7 +1079,7 @@ def test_rows_sharing_a_configured_primary_key_are_said_as_a_full_load_says_them
     said = _sync(cdc_project)
     assert (
         f"{schema}.codes: the log brought 4 row(s) whose primary key another row also has; "
-        "kept the newest version of each key" in said.stderr
+        "kept the newest version of each key (`replicator verify` names the keys)" in said.stderr
     ), said.stderr
     copied = dest_conn.execute(
         sql.SQL("SELECT code, note FROM {} ORDER BY code").format(target)
@@ -1087,6 +1087,10 @@ def test_rows_sharing_a_configured_primary_key_are_said_as_a_full_load_says_them
     # One row per key; the move's delete took key 1, which (1, 'again') also had: why the
     # warning matters.
     assert copied == [(2, "b2"), (3, "c2"), (4, "a"), (5, "e2")]
+    named = cdc_project.run("verify", "--json")
+    (verdict,) = json.loads(named.stdout)
+    repeated = sorted(e["key"]["code"] for e in verdict["examples"] if e["kind"] == "repeated_key")
+    assert repeated == [2, 3, 4, 5], verdict  # what the source holds twice now
 
 
 def test_compile_shows_the_apply_a_sync_runs(cdc_project, schema, writer):

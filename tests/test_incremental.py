@@ -616,6 +616,9 @@ def test_a_batch_with_a_configured_key_twice_says_it_kept_the_newest(
     )
     synced = db_project.run("sync", env=IN_PROCESS)
     assert synced.exit_code == 0, synced.output
-    assert "returned 1 row(s) whose primary key another row also has" in synced.stderr
+    assert (
+        "returned 1 row(s) whose primary key another row also has; kept the newest version of "
+        "each key (`replicator verify` names the keys)" in synced.stderr
+    )
     copied = dest_conn.execute(sql.SQL("SELECT id, note FROM {} ORDER BY id").format(table))
     assert copied.fetchall() == [(1, "a"), (2, "newer")]

@@ -100,7 +100,7 @@ def _say_repeated_keys(
     if repeated:
         log.warning(
             "%s: the log brought %d row(s) whose primary key another row also has; kept the "
-            "newest version of each key",
+            "newest version of each key (`replicator verify` names the keys)",
             name,
             repeated,
         )

@@ -273,7 +273,7 @@ def say_repeated_keys(built: TableSql, count: int) -> None:
     """What a load or a batch that kept one row of each key says (full_load.py's too)."""
     log.warning(
         "%s: the model returned %d row(s) whose primary key another row also has; kept the "
-        "newest version of each key",
+        "newest version of each key (`replicator verify` names the keys)",
         built.table.written_name,
         count,
     )
