@@ -362,6 +362,28 @@ def test_malformed_connection_setting_is_exit_2_and_redacted(project):
 
 
 @pytest.mark.parametrize(
+    "url",
+    [
+        "postgresql://postgres:pa ssXYZ@127.0.0.1:6501/postgres",  # "unexpected spaces in"
+        "host=127.0.0.1 password=S3cret QuoteXYZ port=6501",  # 'missing "=" after'
+        "host=h password=abc defXYZ=ghi",  # "invalid connection option"
+    ],
+)
+@pytest.mark.parametrize("log_format", ["text", "json"])
+def test_no_part_of_an_unparsable_connection_string_is_printed(project, url, log_format):
+    """libpq's reason quotes the part it could not parse, which may be a password's; the
+    reason is said with that part masked, with how to write spaces in a value."""
+    project.write_config(VALID)
+    project.write(".env", f"REPLICATOR_DEST_URL={url}\n")
+    result = project.run("check", "--log-format", log_format, env={"REPLICATOR_SOURCE_URL": url})
+    assert result.exit_code == 2, result.output
+    for name in ("REPLICATOR_SOURCE_URL", "REPLICATOR_DEST_URL"):
+        assert f"{name} is not a valid libpq connection string: " in result.stderr
+    assert "XYZ" not in result.output and "S3cret" not in result.output
+    assert "single-quote a value that holds spaces" in result.stderr
+
+
+@pytest.mark.parametrize(
     ("url", "problem"),
     [
         ("postgresql://u@h:99999/db", "port '99999' is not a port number (1-65535)"),

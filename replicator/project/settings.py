@@ -20,7 +20,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from ..base.errors import ConfigError
 from ..base.libpq_options import option_setting
-from ..base.redact import redact, register_connection_string, register_secret
+from ..base.redact import MASK, redact, register_connection_string, register_secret
 from .config import ProjectConfig
 from .metrics_config import textfile_path
 from .spark_remote import Remote
@@ -145,13 +145,32 @@ class Environment:
         try:
             options = conninfo_to_dict(value)
         except Exception as exc:
-            raise ConfigError(
-                [f"{name} is not a valid libpq connection string: {redact(str(exc).strip())}"]
-            ) from None
+            problem = f"{name} is not a valid libpq connection string: {unparsed(exc)}"
+            raise ConfigError([problem]) from None
         problems = [f"{name}: {p}" for p in option_problems(options)]
         if problems:
             raise ConfigError(problems)
         return value
+
+
+# What libpq quotes of the string it could not parse: any part of it, a password's too
+# (`password=pa ss` is `missing "=" after "ss"`): never shown; a one-character quote (the
+# "=" it missed) is its own text.
+_QUOTED = re.compile(r'"([^"]*)"')
+
+
+def unparsed(exc: Exception) -> str:
+    """libpq's reason for refusing a connection string, with what it quotes of the string
+    masked, and how to write spaces and quotes in a value."""
+    lines = str(exc).strip().splitlines()
+    reason = _QUOTED.sub(
+        lambda m: m[0] if len(m[1]) <= 1 else f'"{MASK}"', lines[0] if lines else ""
+    )
+    return (
+        f"{redact(reason)} (in key=value pairs, single-quote a value that holds spaces or "
+        "quotes, and write a quote inside it as \\'; in a URI, percent-encode them: %20 for "
+        "a space, %27 for a quote)"
+    )
 
 
 _URI_SCHEMES = ("postgresql://", "postgres://")
