@@ -4,7 +4,9 @@ copy, in cursor and full-refresh modes (cdc: test_cdc_shaping.py)."""
 
 from __future__ import annotations
 
+import hashlib
 import json
+import re
 
 import pytest
 from engines import IN_PROCESS
@@ -177,7 +179,10 @@ def test_excluded_hashed_and_filtered_columns_in_a_cursor_and_a_full_refresh_tab
     env["REPLICATOR_HASH_SALT"] = "another salt"
     third = db_project.run("sync", "-s", f"{schema}.people", env=env)
     assert third.exit_code == 0, third.output
-    assert "reason: columns or where changed: exclude ssn; hash email (salt " in third.stderr
+    assert (
+        "reason: columns or where changed: exclude ssn; hash email (salted); where status <> "
+        "'test' -> exclude ssn; hash email, name (salted); where status <> 'test'" in third.stderr
+    ), third.stderr
     assert _copy(dest_conn, schema, "people") == _expected(
         source_conn, schema, "people", "another salt", hashed=("email", "name")
     )
@@ -405,3 +410,50 @@ def test_a_failing_filter_does_not_tell_the_value_it_failed_on(
         *(request.get_data(as_text=True) for request, _ in httpserver.log),
     ]
     assert len(told) >= 4 and not [t for t in told if "ssn-" in t], told
+
+
+def test_what_is_written_of_the_salt_says_which_without_a_fast_way_back_to_it(
+    db_project, schema, source_conn, dest_conn
+):
+    """A table's state holds a slow fingerprint of the salt (a change of salt reloads the
+    copy); the fast one states held before (SHA-256 of a fixed text and the salt: a weak
+    salt falls to a dictionary) is still recognized, without a reload; no output, status
+    or state shows either, and a new salt is said as such."""
+    _people(source_conn, schema)
+    db_project.write_config(
+        {
+            "tables": [
+                {
+                    "name": f"{schema}.people",
+                    "replication_key": "updated_at",
+                    "columns": {"hash": ["email"]},
+                }
+            ]
+        }
+    )
+    env = {**IN_PROCESS, "REPLICATOR_HASH_SALT": SALT}
+    first = db_project.run("sync", env=env)
+    assert first.exit_code == 0, first.output
+    (state_file,) = (db_project.path / "sync-state").glob("*people*.json")
+    older = hashlib.sha256(f"replicator hash salt {SALT}".encode()).hexdigest()[:12]
+    state = state_file.read_text()
+    assert older not in state
+    (written,) = re.findall(r"\(salt ([0-9a-f]+)\)", state)
+
+    state_file.write_text(state.replace(written, older))  # a state of an earlier version
+    again = db_project.run("sync", env=env)
+    assert again.exit_code == 0, again.output
+    assert f"{schema}.people: noop" in again.stderr, again.stderr
+
+    changed = db_project.run("sync", env={**env, "REPLICATOR_HASH_SALT": "another salt"})
+    assert changed.exit_code == 0, changed.output
+    assert (
+        f"{schema}.people: full_reload" in changed.stderr
+        and "hash email (salted): the hash salt (REPLICATOR_HASH_SALT) changed" in changed.stderr
+    ), changed.stderr
+    assert _copy(dest_conn, schema, "people") == _expected(
+        source_conn, schema, "people", "another salt", where="true"
+    )
+    status = db_project.run("status", "--json", env=env)
+    told = first.output + again.output + changed.output + status.stdout
+    assert written not in told and older not in told and not re.search(r"\(salt [0-9a-f]", told)

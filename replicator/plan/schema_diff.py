@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from ..base.identifiers import TableName, display_ident
 from ..postgres.naming import MARK_COLUMN, MARK_TYPE, default_key_name
+from .salt import older_form, shown
 from .signature import Signature, SignedColumn
 
 if TYPE_CHECKING:  # sqlglot is loaded when a change is rendered: most runs have none
@@ -293,13 +294,16 @@ class ShapingChanged(Change):
     new: str | None
 
     def detail(self) -> str:
-        return f"{self.old or 'nothing shaped'} -> {self.new or 'nothing shaped'}"
+        old, new = shown(self.old), shown(self.new)
+        if old == new:  # only the fingerprint differs, which messages do not show
+            return f"{old}: the hash salt (REPLICATOR_HASH_SALT) changed"
+        return f"{old or 'nothing shaped'} -> {new or 'nothing shaped'}"
 
 
 def model_change(old: Signature, new: Signature) -> ModelChanged | ShapingChanged | None:
     """The model's change since the copy was loaded (its shaping first); None when it is the
     same in canonical form, or when the old signature predates model fingerprints."""
-    if old.shaping != new.shaping:
+    if old.shaping != new.shaping and old.shaping != older_form(new.shaping):
         return ShapingChanged(old.shaping, new.shaping)
     if old.model is None or new.model is None or old.model == new.model:
         return None

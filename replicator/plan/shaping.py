@@ -15,7 +15,6 @@ source session holds it in the `replicator.hash_salt` setting (project/settings.
 
 from __future__ import annotations
 
-import weakref
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -24,23 +23,15 @@ import psycopg
 from ..base.errors import DatabaseError, TableProblem
 from ..base.identifiers import display_ident, quote_ident
 from ..postgres.catalog import Column, TableInfo, describe_query
-from ..postgres.database import fetch_all
 from ..project.config import TableConfig
 from ..project.settings import SALT_SETTING
 from ..project.templates import Model
 from .model_reads import check_model_reads
+from .salt import salt_id
 from .table_key import preferred_key
 
 MODEL_ALIAS = "_replicator_model"
 TEXT_OID = 25
-# Which salt a session hashes with, as a fingerprint: a copy hashed with another salt is
-# reloaded (the salt itself never leaves the session's setting).
-_SALT_ID = f"""
-SELECT CASE WHEN coalesce(current_setting('{SALT_SETTING}', true), '') = '' THEN NULL
-  ELSE left(encode(sha256(convert_to('replicator hash salt ' ||
-    current_setting('{SALT_SETTING}', true), 'UTF8')), 'hex'), 12) END
-"""
-_salt_ids: weakref.WeakKeyDictionary[Any, str | None] = weakref.WeakKeyDictionary()
 
 
 @dataclass(frozen=True)
@@ -90,13 +81,6 @@ def shaping_of(conn: psycopg.Connection[Any], table: TableConfig) -> Shaping | N
         return None
     salt = salt_id(conn) if hashed else None
     return Shaping(tuple(exclude), tuple(hashed), table.where, salt, tuple(include))
-
-
-def salt_id(conn: psycopg.Connection[Any]) -> str | None:
-    """The fingerprint of the session's hash salt (read once per session); None: no salt."""
-    if conn not in _salt_ids:
-        _salt_ids[conn] = fetch_all(conn, _SALT_ID)[0][0]
-    return _salt_ids[conn]
 
 
 def hash_sql(column: str) -> str:

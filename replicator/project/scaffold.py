@@ -64,7 +64,8 @@ REPLICATOR_DEST_URL=postgresql://replicator@warehouse-host:5432/warehouse
 # REPLICATOR_WEBHOOK_URL=https://hooks.example.com/replicator
 # REPLICATOR_WEBHOOK_SECRET=change-me
 # REPLICATOR_SPARK_MASTER=spark://spark-master:7077
-# The salt of `columns.hash` (a secret; changing it reloads the tables that hash a column):
+# The salt of `columns.hash` (a secret; long and random, `openssl rand -hex 32`; changing
+# it reloads the tables that hash a column):
 # REPLICATOR_HASH_SALT=change-me
 """
 
