@@ -131,6 +131,31 @@ def test_unreachable_webhook_never_changes_the_exit_code(db_project, table):
     assert "secret-token-path" not in result.stderr
 
 
+@pytest.mark.parametrize(
+    ("url", "problem"),
+    [
+        ("http://127.0.0.1:99999/secret-token-path", "is not a valid URL: Port out of range"),
+        ("http://[bad/secret-token-path", "is not a valid URL: Invalid IPv6 URL"),
+        ("https:///secret-token-path", "must be an http:// or https:// URL with a host"),
+    ],
+)
+def test_a_webhook_url_that_could_never_be_sent_to_is_exit_2_before_anything(
+    db_project, table, url, problem
+):
+    """Found when the settings are read, not after the tables synced (it was an internal
+    error then, exit 1), from the config or the environment; the path stays unsaid."""
+    _configure(db_project, url, [table])
+    before = db_project.files()
+    from_config = db_project.run("sync")
+    assert from_config.exit_code == 2, from_config.output
+    assert f"tables-config.json webhook.url {problem}" in from_config.stderr
+    from_env = db_project.run("sync", env={"REPLICATOR_WEBHOOK_URL": url})
+    assert from_env.exit_code == 2, from_env.output
+    assert f"REPLICATOR_WEBHOOK_URL {problem}" in from_env.stderr
+    assert "secret-token-path" not in from_config.output + from_env.output
+    assert db_project.files() == before
+
+
 def test_lock_held_run_reports_skipped(db_project, table, httpserver):
     httpserver.expect_request("/hook").respond_with_data("ok")
     _configure(db_project, httpserver.url_for("/hook"), [table])

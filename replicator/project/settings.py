@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from dotenv import dotenv_values
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
@@ -302,11 +303,25 @@ def _webhook(config: ProjectConfig, env: Environment) -> WebhookTarget | None:
     url = env.get(WEBHOOK_URL) or (configured.url if configured else None)
     if not url:
         return None
-    if not url.startswith(("http://", "https://")):
-        raise ConfigError([f"{WEBHOOK_URL} must be an http:// or https:// URL"])
+    where = WEBHOOK_URL if env.get(WEBHOOK_URL) else "tables-config.json webhook.url"
+    problem = _url_problem(url)
+    if problem is not None:
+        raise ConfigError([f"{where} {problem}"])
     secret = env.get(WEBHOOK_SECRET) or (configured.secret if configured else None)
     register_secret(secret)
     return WebhookTarget(url, secret)
+
+
+def _url_problem(url: str) -> str | None:
+    """Why the webhook could never be sent to `url`, found before anything runs."""
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 (it checks the port: out of range, not a number)
+    except ValueError as exc:  # says what is wrong, without the URL's path or query
+        return f"is not a valid URL: {exc}"
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        return "must be an http:// or https:// URL with a host (https://hooks.example.com/x)"
+    return None
 
 
 def _progress_interval(env: Environment) -> float:
