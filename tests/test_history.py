@@ -302,6 +302,34 @@ def test_the_metrics_file_has_the_slots_retained_wal(cdc_project, source_conn, s
     found = _metrics(cdc_project.path / "m.prom")  # relative: in the project folder
     assert found[_key("replicator_slot_retained_wal_bytes", slot=slot)] >= 0
 
+    # The table leaves the config: no run reads the slot any more, which keeps WAL. Each
+    # sync and check says so with the fix, and the metrics keep its figure.
+    cdc_project.write_config(
+        {
+            "tables": [{"name": f"{schema}.c", "mode": "full-refresh"}],
+            "metrics": {"textfile": "m.prom"},
+        }
+    )
+    source_conn.execute(
+        sql.SQL("INSERT INTO {} SELECT generate_series(1, 20000)").format(
+            sql.Identifier(schema, "c")
+        )
+    )
+    said = f"replication slot {slot} serves no table (none in tables-config.json has mode cdc)"
+    for _ in range(2):
+        alone = cdc_project.run("sync")
+        assert alone.exit_code == 0, alone.output
+        assert said in alone.stderr and "`replicator cdc drop` drops it" in alone.stderr
+    kept = _metrics(cdc_project.path / "m.prom")[
+        _key("replicator_slot_retained_wal_bytes", slot=slot)
+    ]
+    assert kept > 20000 * 8  # the rows' WAL at least
+    checked = cdc_project.run("check")
+    assert f"warn  cdc: {said} and keeps " in checked.stdout, checked.stdout
+    assert said in cdc_project.run("status").output
+    assert cdc_project.run("cdc", "drop").exit_code == 0
+    assert said not in cdc_project.run("sync").stderr
+
 
 def test_each_follow_tick_is_a_run(db_project, tables, dest_conn, tmp_path):
     _config(db_project, tables, metrics={"textfile": "replicator.prom"})

@@ -25,6 +25,7 @@ from ..capture.slot import (
     slot_info,
     wrong_plugin,
 )
+from ..capture.unused_slot import unused_slot
 from ..plan.inspect_table import inspect_source
 from ..postgres.database import fetch_all
 from ..postgres.partition_tree import PARTITIONED
@@ -44,6 +45,10 @@ SELECT current_setting('wal_level'), current_setting('max_replication_slots')::i
 def capture_findings(source: psycopg.Connection[Any], project: Project) -> Iterator[Finding]:
     tables = [t for t in project.config.tables if t.mode == "cdc"]
     if not tables:
+        unused = unused_slot(source, project)
+        if unused is not None:
+            problem, _, fix = unused.partition(": ")
+            yield Finding("warn", "cdc", problem, fix)
         return
     level, slots, used, keep, replication, user = fetch_all(source, _SETTINGS)[0]
     if level == "logical":

@@ -26,6 +26,7 @@ from rich.table import Table
 from ..base.errors import DatabaseError, ReplicatorError, StateError, TableProblem
 from ..base.redact import redact
 from ..capture.preflight import capture_problem
+from ..capture.unused_slot import unused_slot
 from ..plan import selection
 from ..plan.decide import Plan, plan_table
 from ..plan.drift import Planned, plan_now
@@ -232,6 +233,8 @@ def _observe_live(
                 )
         if any(t.mode == "cdc" for t in tables):
             notes.extend(capture_notes(project, source, tables, [row for row, _ in read]))
+        elif (unused := unused_slot(source, project)) is not None:
+            notes.append(f"cdc: {unused}")
     if dest is None:
         notes.append("rows (in the destination) not shown; the plan did not look at it")
     return notes

@@ -25,6 +25,7 @@ from ..base.errors import (
 )
 from ..base.interrupts import raise_if_requested, stop_requested
 from ..base.redact import redact
+from ..capture.unused_slot import unused_slot
 from ..plan.decide import Plan
 from ..plan.drift import plan_now
 from ..plan.read_ahead import read_ahead
@@ -165,6 +166,8 @@ def _sync_all(
             read_ahead(source, dest, tables)
             cdc = any(t.mode == "cdc" for t in run.project.config.tables)
             capture = CaptureRun(run) if cdc else None
+            if not cdc and (unused := unused_slot(source, run.project)) is not None:
+                log.warning("source: %s", unused)
             if capture is not None:
                 capture.set_up(ends, tables)
             untouched = screen_noops(run, ends, tables, output)

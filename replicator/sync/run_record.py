@@ -92,9 +92,8 @@ def _figures(
 
 
 def _slots(project: Project) -> dict[str, int]:
-    """The retained WAL of the project's slot, when it has `cdc` tables (else none)."""
-    if not any(t.mode == "cdc" for t in project.config.tables):
-        return {}
+    """The retained WAL of the project's slot (none before it has one), kept when no
+    table uses it any more: that is when it grows."""
     try:
         names = project.capture_names()
         if names is None:
