@@ -488,6 +488,40 @@ def test_a_changed_domain_is_redefined_in_the_destination(
     assert sync_events(db_project)[1][f"{schema}.stock"]["action"] == "noop"
 
 
+def test_a_domain_made_not_null_over_a_copy_holding_nulls_reloads_and_says_the_rest(
+    db_project, source_conn, dest_conn, schema
+):
+    """The copy holds a NULL of a domain the source then makes NOT NULL (after filling it):
+    SET NOT NULL in the destination would check the old copy's rows and fail every run (a
+    newcomer trial: stuck until the table was dropped by hand). The reload goes on with the
+    domain left NULL-able there, says how to finish, and the run after is a noop."""
+    for statement in [
+        "CREATE DOMAIN {s}.d2 AS int",
+        "CREATE TABLE {s}.dt (id int PRIMARY KEY, x {s}.d2, "
+        "updated_at timestamptz NOT NULL DEFAULT clock_timestamp())",
+        "INSERT INTO {s}.dt (id, x) VALUES (1, NULL), (2, 5)",
+    ]:
+        source_conn.execute(_q(schema, statement))
+    db_project.write_config({"tables": [{"name": f"{schema}.dt", "replication_key": "updated_at"}]})
+    assert sync_events(db_project)[0] == 0
+    for statement in [
+        "UPDATE {s}.dt SET x = 0, updated_at = clock_timestamp() WHERE x IS NULL",
+        "ALTER DOMAIN {s}.d2 SET NOT NULL",
+    ]:
+        source_conn.execute(_q(schema, statement))
+    result = db_project.run("sync")
+    assert result.exit_code == 0, result.output
+    domain = f'"{schema}"."d2"'
+    assert (
+        f"domain {domain} is NOT NULL in the source, and stays NULL-able in the destination "
+        f"for now: {schema}.dt.x hold(s) NULL there" in result.stderr
+    ), result.stderr
+    assert f"run ALTER DOMAIN {domain} SET NOT NULL in the destination" in result.stderr
+    assert assert_same_table(source_conn, dest_conn, schema, "dt") == 2
+    dest_conn.execute(_q(schema, "ALTER DOMAIN {s}.d2 SET NOT NULL"))  # as told: it holds
+    assert sync_events(db_project)[1][f"{schema}.dt"]["action"] == "noop"
+
+
 def test_a_domain_check_added_not_valid_over_old_rows_waits_for_its_validation(
     db_project, source_conn, dest_conn, schema
 ):

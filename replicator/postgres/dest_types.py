@@ -7,7 +7,9 @@ in the source's order, and take its renames; one whose labels end up in another 
 the table with the fix (labels compare by place; PostgreSQL cannot move one). Existing
 domains take the source's default, NOT NULL and validated checks (a changed domain reloads
 the table through schema drift, and its new rows must fit; a check the source added NOT
-VALID may be broken by rows it already has); a domain whose base type or collation changed
+VALID may be broken by rows it already has; NOT NULL is left to the user, with a warning
+that says how, while a destination table holds a NULL of it: the live copy's rows, which
+the reload replaces, would fail it); a domain whose base type or collation changed
 fails the table with the fix (PostgreSQL cannot change it in place). Existing composites
 gain attributes added at the end; any other difference fails the table with the fix. An
 existing range type must have the source's subtype (else the same fix).
@@ -15,6 +17,7 @@ existing range type must have the source's subtype (else the same fix).
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -23,6 +26,7 @@ import psycopg
 from psycopg import sql
 
 from ..base.errors import TableProblem
+from ..base.identifiers import display_ident
 from .catalog import Column
 from .database import Step, execute, fetch_all, transaction
 from .dest_collations import collation_work
@@ -31,6 +35,8 @@ from .dest_ranges import range_definition, range_statements
 from .domain_needs import check_domain_needs
 from .type_alignment import drop_by_hand, qualified_rows
 from .type_closure import read_closure
+
+log = logging.getLogger(__name__)
 
 _ENUM_LABELS = (
     "SELECT enumlabel FROM pg_catalog.pg_enum WHERE enumtypid = %s ORDER BY enumsortorder"
@@ -240,7 +246,19 @@ def _align_domain(
         action = sql.SQL("DROP DEFAULT" if default is None else "SET DEFAULT {}")
         statements.append(alter + action.format(sql.SQL(default or "")))
     if not_null != have_not_null:
-        statements.append(alter + sql.SQL("SET NOT NULL" if not_null else "DROP NOT NULL"))
+        held = _nulls_in(dest, dest_oid) if not_null else []
+        if not held:
+            statements.append(alter + sql.SQL("SET NOT NULL" if not_null else "DROP NOT NULL"))
+        else:  # the live copy's rows, which this load replaces: NOT NULL would check them
+            name = qualified.as_string(dest)
+            log.warning(
+                "domain %s is NOT NULL in the source, and stays NULL-able in the destination "
+                "for now: %s hold(s) NULL there (rows this load replaces with the source's); "
+                "once the sync is done, run ALTER DOMAIN %s SET NOT NULL in the destination",
+                name,
+                ", ".join(held),
+                name,
+            )
     wanted = {_check_text(d) for _, d in fetch_all(source, _VALID_DOMAIN_CHECKS, (oid,))}
     have = {}
     for name, definition in qualified_rows(dest, _DOMAIN_CHECKS, dest_oid):
@@ -251,6 +269,28 @@ def _align_domain(
     for definition in sorted(wanted - have.keys()):
         statements.append(alter + sql.SQL("ADD {} NOT VALID").format(sql.SQL(definition)))
     return statements
+
+
+_DOMAIN_COLUMNS = """
+SELECT n.nspname, c.relname, a.attname FROM pg_catalog.pg_attribute a
+JOIN pg_catalog.pg_class c ON c.oid = a.attrelid
+JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+WHERE a.atttypid = %s AND a.attnum > 0 AND NOT a.attisdropped AND c.relkind IN ('r', 'p')
+ORDER BY 1, 2, 3
+"""
+
+
+def _nulls_in(dest: psycopg.Connection[Any], domain: int) -> list[str]:
+    """The destination's table columns of this domain that hold a NULL (schema.table.column):
+    ALTER DOMAIN ... SET NOT NULL would fail on them."""
+    held = []
+    for schema, table, column in fetch_all(dest, _DOMAIN_COLUMNS, (domain,)):
+        found = sql.SQL("SELECT EXISTS (SELECT FROM {} WHERE {} IS NULL)").format(
+            sql.Identifier(schema, table), sql.Identifier(column)
+        )
+        if fetch_all(dest, found)[0][0]:
+            held.append(".".join(map(display_ident, (schema, table, column))))
+    return held
 
 
 def _check_text(definition: str) -> str:
