@@ -188,6 +188,12 @@ def _errors(project, document) -> tuple[int, str]:
             "invalid JSON: Expecting value (a comma before a closing } or ] is not JSON)",
             id="trailing-comma",
         ),
+        pytest.param(
+            '{"tables": [\n  {"name": "a.b", "mode": "full-refresh",\n  {"name": "a.c"}\n]}',
+            "tables-config.json:3:3: invalid JSON: Expecting property name enclosed in double "
+            "quotes (is a } or ] missing before it?)",
+            id="missing-brace",
+        ),
         pytest.param({"tables": []}, "tables: expected at least one table", id="empty"),
         pytest.param({}, "tables: required key is missing", id="missing-tables"),
         pytest.param(

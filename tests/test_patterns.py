@@ -354,3 +354,18 @@ def test_a_pattern_with_capitals_joins_a_quoted_piece_and_a_glob(
     assert "matches no table in the source (capitals outside double quotes fold" in (
         nothing.output
     ), nothing.output
+
+
+def test_the_fix_for_a_quoted_name_a_pattern_chose_is_written_as_json_takes_it(
+    db_project, schema, source_conn
+):
+    """A table the pattern chose fails (no replication key): the fix names it as the
+    "exclude" list must hold it, a JSON string with its quotes escaped, not a name wrapped
+    in a second pair of quotes."""
+    _table(source_conn, schema, "Fine", rows=5)
+    _table(source_conn, schema, "No Key", rows=5, key=False)
+    db_project.write_config({"tables": [{"name": f"{schema}.*", "replication_key": "updated_at"}]})
+    synced = db_project.run("sync")
+    assert synced.exit_code == 1, synced.output
+    written = json.dumps(f'{schema}."No Key"')
+    assert f'add {written} to its "exclude" (as JSON writes it)' in synced.stderr, synced.stderr

@@ -313,7 +313,8 @@ def test_a_source_key_column_or_an_unknown_column_fails_the_table_with_the_fix(
     _people(source_conn, schema)
     for columns, message in (
         ({"hash": ["id"]}, "primary key column(s) id cannot be excluded or hashed"),
-        ({"exclude": ["sssn"]}, "columns: no column sssn in the source table"),
+        ({"exclude": ["sssn"]}, "columns: no column sssn in the source table (it has "),
+        ({"hash": ["emial"]}, "id, name, ssn, email, status, updated_at); did you mean email"),
         ({"include": ["name"]}, 'primary key column(s) id must be in "columns": {"include"'),
         ({"include": ["id", "name"], "hash": ["id"]}, "id cannot be excluded or hashed"),
     ):

@@ -26,6 +26,7 @@ from ..postgres.catalog import Column, TableInfo, describe_query
 from ..project.config import TableConfig
 from ..project.settings import SALT_SETTING
 from ..project.templates import Model
+from .column_hint import columns_hint
 from .model_reads import check_model_reads
 from .salt import salt_id
 from .table_key import preferred_key
@@ -101,7 +102,7 @@ def readable_columns(source: TableInfo, shaping: Shaping | None, name: str) -> l
     if unknown:
         raise TableProblem(
             f"{name}: columns: no column {', '.join(map(display_ident, unknown))} in the source "
-            f"table (it has {', '.join(map(display_ident, sorted(names)))})"
+            f"table{columns_hint(unknown, source)}"
         )
     return [c.name for c in source.columns if c.name not in shaping.exclude]
 

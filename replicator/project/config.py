@@ -124,7 +124,8 @@ class TableConfig(_Frozen):
             return ""
         return (
             f"; or leave the table out of tables[{self.entry}] ({self.pattern}): add "
-            f'"{self.written_name}" to its "exclude", or give it an entry of its own'
+            f'{json.dumps(self.written_name)} to its "exclude" (as JSON writes it), or give it '
+            "an entry of its own"
         )
 
     @property
@@ -219,8 +220,12 @@ def parse_config(text: str, filename: str = CONFIG_FILE) -> ProjectConfig:
     try:
         document = json.loads(text, object_pairs_hook=_no_duplicate_keys)
     except json.JSONDecodeError as exc:
-        before = text[: exc.pos].rstrip()
-        hint = " (a comma before a closing } or ] is not JSON)" if before.endswith(",") else ""
+        before, after = text[: exc.pos].rstrip(), text[exc.pos :].lstrip()[:1]
+        hint = ""
+        if before.endswith(",") and after in ("}", "]"):
+            hint = " (a comma before a closing } or ] is not JSON)"
+        elif after in ("{", "[") and exc.msg.startswith("Expecting property name"):
+            hint = " (is a } or ] missing before it?)"
         raise ConfigError(
             [f"{filename}:{exc.lineno}:{exc.colno}: invalid JSON: {exc.msg}{hint}"]
         ) from None
