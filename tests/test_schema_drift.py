@@ -888,6 +888,14 @@ def test_a_misnamed_model_file_is_an_error_in_check_and_a_warning_in_sync(synced
     warned = synced.run("sync")
     assert f"models/{schema}/ordrs.sql is the model of no table" in warned.stderr
     assert f"(did you mean models/{schema}/orders.sql?)" in warned.stderr
+    # a file for another table altogether: no rename to an unrelated name is offered
+    (synced.path / "models" / schema / "ordrs.sql").unlink()
+    synced.write(f"models/{schema}/slow.sql", "SELECT 1")
+    other = synced.run("check")
+    assert (
+        f"error models: models/{schema}/slow.sql is the model of no table in tables-config.json:"
+        " it is never read; fix: remove it, or add its table to the config"
+    ) in other.stdout, other.stdout
 
 
 def test_a_reload_names_the_indexes_made_on_the_copy_that_it_leaves_out(

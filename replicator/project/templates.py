@@ -13,7 +13,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import resources
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
 
 import jinja2
@@ -145,11 +145,25 @@ def stray_models(templates: Templates, tables: list[TableName]) -> list[tuple[st
         return []
     wanted = {str(templates.model_path(t).relative_to(templates.project_dir)) for t in tables}
     found = sorted(str(p.relative_to(templates.project_dir)) for p in folder.rglob("*.sql"))
-    return [
-        (path, next(iter(difflib.get_close_matches(path, sorted(wanted), n=1)), None))
-        for path in found
-        if path not in wanted
-    ]
+    return [(path, _nearest(path, sorted(wanted))) for path in found if path not in wanted]
+
+
+def _nearest(path: str, wanted: list[str]) -> str | None:
+    """The model file a misspelt one was meant to be: its schema folder and its table's
+    name each close to those of a file a table reads (compared apart: a long schema name
+    shared by every file of a folder would make any two of them look close)."""
+
+    def close(a: str, b: str) -> float:
+        return difflib.SequenceMatcher(None, a, b).ratio()
+
+    here = PurePosixPath(path)
+    scored = []
+    for model in wanted:
+        there = PurePosixPath(model)
+        score = close(here.parent.name, there.parent.name) * close(here.stem, there.stem)
+        scored.append((score, model))
+    best = max(scored, default=(0.0, None))
+    return best[1] if best[0] >= 0.75 else None
 
 
 def _builtin_sources() -> list[tuple[str, str]]:
