@@ -12,6 +12,7 @@ import sys
 import time
 from pathlib import Path
 
+import psycopg
 import pytest
 from dbcompare import leftovers
 from engines import IN_PROCESS
@@ -226,3 +227,50 @@ def test_sigterm_during_verify_cancels_and_stops_the_run(db_project, table, sour
     assert "interrupted by SIGTERM" in stderr
     assert f"{table}.u: verifying" not in stderr, "the run stopped at the signal"
     wait_for(lambda: not _sleeping(source_conn, table), 10, "the query to be cancelled")
+
+
+def test_a_signal_in_the_logs_drain_says_the_table_stopped_and_keeps_what_was_applied(
+    cdc_project, table, source_conn, dest_conn, tmp_path
+):
+    """The drain applied a first batch (one transaction past a first batch's size), and
+    the second waits on a row the test holds in the copy: SIGINT then stops a table that
+    had started (not "not started"), the first batch stays, and the next run applies the
+    rest."""
+    target = sql.Identifier(table, "t")
+    cdc_project.write_config({"tables": [{"name": f"{table}.t", "mode": "cdc"}]})
+    assert cdc_project.run("sync", env=IN_PROCESS).exit_code == 0
+    source_conn.execute(
+        sql.SQL("INSERT INTO {} SELECT g, 'new' FROM generate_series(1001, 14000) g").format(target)
+    )
+    source_conn.execute(sql.SQL("UPDATE {} SET v = 'late' WHERE id = 7").format(target))
+    with psycopg.connect(dest_conn.info.dsn) as holder:
+        holder.execute(sql.SQL("SELECT FROM {} WHERE id = 7 FOR UPDATE").format(target))
+        run = _Run(cdc_project, tmp_path, "sync", env=IN_PROCESS)
+        try:
+            wait_for(
+                lambda: dest_conn.execute(
+                    "SELECT EXISTS (SELECT FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                    "AND query LIKE %s)",
+                    (f"INSERT INTO %{table}%",),
+                ).fetchone()[0],
+                120,
+                "the second batch's apply waiting on the held row",
+            )
+            os.kill(run.process.pid, signal.SIGINT)
+        finally:
+            returncode, _, stderr = run.wait(60)
+        holder.rollback()
+    assert returncode == 130, stderr
+    assert f"run interrupted by SIGINT: 0 of 1 table(s) finished, {table}.t stopped;" in stderr
+    assert "not started" not in stderr, stderr
+    (status, reason) = dest_conn.execute(
+        "SELECT status, reason FROM _replicator.runs WHERE table_name = %s "
+        "ORDER BY finished_at DESC LIMIT 1",
+        (f"{table}.t",),
+    ).fetchone()
+    assert status == "interrupted", (status, reason)
+    assert reason.startswith("stopped in the log's drain: the run was interrupted by SIGINT")
+    counted = sql.SQL("SELECT count(*), count(*) FILTER (WHERE v = 'late') FROM {}")
+    assert dest_conn.execute(counted.format(target)).fetchone() == (13500, 0)
+    assert cdc_project.run("sync", env=IN_PROCESS).exit_code == 0
+    assert dest_conn.execute(counted.format(target)).fetchone() == (13500, 1)

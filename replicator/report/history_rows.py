@@ -71,6 +71,7 @@ class RunFacts:
     locked: frozenset[str] = frozenset()  # tables another host was syncing: skipped
     interrupted: str | None = None  # "interrupted by SIGTERM" when a signal stopped the run
     not_started: str = "not started: the run stopped before it"
+    draining: frozenset[str] = frozenset()  # `cdc` tables whose drain began
 
 
 def run_rows(
@@ -101,7 +102,7 @@ def _row(
         started_at=started,
         finished_at=finished,
         action=result.action if result else None,
-        reason=_reason(facts, result),
+        reason=_reason(facts, table.written_name, result),
         status=status,
         rows=result.rows if result else None,
         bytes=result.bytes if result else None,
@@ -114,6 +115,8 @@ def _row(
 
 
 def _status(facts: RunFacts, name: str, result: TableResult | None) -> RunStatus:
+    if result is None and facts.interrupted and name in facts.draining:
+        return "interrupted"
     if result is None or name in facts.locked:
         return "skipped"
     if result.status == "success":
@@ -123,9 +126,14 @@ def _status(facts: RunFacts, name: str, result: TableResult | None) -> RunStatus
     return "failed"
 
 
-def _reason(facts: RunFacts, result: TableResult | None) -> str | None:
+def _reason(facts: RunFacts, name: str, result: TableResult | None) -> str | None:
     if result is not None:
         return result.reason
+    if facts.interrupted and name in facts.draining:
+        return (
+            f"stopped in the log's drain: the run was {facts.interrupted} (its batches "
+            "applied so far stay)"
+        )
     if facts.interrupted:
         return f"not started: the run was {facts.interrupted}"
     return facts.not_started

@@ -167,6 +167,7 @@ class CaptureRun:
                 except TableLocked as exc:
                     self.run.locked.add(job.name)
                     results.append(failure(job.table, str(exc), 0.0))
+            self.run.draining.update(job.name for job in jobs)
             drifted = self._drain(ends, jobs, results)
         self._check_slot(ends)
         return results, drifted

@@ -57,6 +57,9 @@ class RunContext:
         self.force_deletes = force_deletes  # `--force`: past the more-than-half guard
         self.locked: set[str] = set()  # tables another replicator was syncing
         self.results: list[TableResult] = []  # in config order, as the tables finish
+        # `cdc` tables whose drain began: stopped there, not "not started" (what a batch
+        # applied before an interrupt stays)
+        self.draining: set[str] = set()
         self.verbose = verbose
         self.run_id = uuid.uuid4().hex
         self.started_at = utc_now()

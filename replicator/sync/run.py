@@ -259,11 +259,14 @@ def _report_interrupted(
     done = {r.name for r in results}
     waiting = [t.written_name for t in tables if t.written_name not in done]
     stopped = [r.name for r in results if r.error and r.error.startswith(exc.describe())]
+    finished = len(results) - len(stopped)
+    stopped += [name for name in waiting if name in run.draining]  # the log's batches so far
+    waiting = [name for name in waiting if name not in run.draining]
     log.error(
         "run interrupted by %s: %d of %d table(s) finished%s%s; the next run continues from "
         "what was committed",
         exc.signal_name,
-        len(results) - len(stopped),
+        finished,
         len(tables),
         f", {', '.join(stopped)} stopped" if stopped else "",
         f", not started: {', '.join(waiting)}" if waiting else "",

@@ -46,6 +46,7 @@ def _record(run: RunContext, tables: Sequence[TableConfig], interrupted: str | N
         frozenset(run.locked),
         interrupted,
         "not started: `sync --follow` was stopping",
+        frozenset(run.draining),
     )
     rows = run_rows(facts, tables, run.results, states)
     if any((r.error or "").startswith(UNREACHABLE) for r in run.results):  # said once already
