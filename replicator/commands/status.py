@@ -345,7 +345,9 @@ def _position(
         raise _CursorAhead(
             newest,
             f"{built.table.written_name}: the cursor ({copied['cursor']}) is past the source's "
-            f"newest key ({newest}): no sync reads a row until the source passes it; "
+            f"newest key ({newest}): no sync reads a row until the source passes it. Nothing "
+            "to do when the newest rows were deleted; when the source went back (a restore, "
+            "a cursor set by hand) and rows behind the cursor are to be read, "
             f"`replicator state set-cursor {shlex.quote(built.table.written_name)} "
             f"{shlex.quote(newest)}` moves it back",
         )
