@@ -369,3 +369,66 @@ def test_the_fix_for_a_quoted_name_a_pattern_chose_is_written_as_json_takes_it(
     assert synced.exit_code == 1, synced.output
     written = json.dumps(f'{schema}."No Key"')
     assert f'add {written} to its "exclude" (as JSON writes it)' in synced.stderr, synced.stderr
+
+
+def test_a_patterns_excluded_column_stays_in_the_source_wherever_a_table_has_it(
+    db_project, schema, source_conn, dest_conn
+):
+    """One entry keeps `password_hash` out of every table it matches: a table without the
+    column is copied whole, one with it without it; a table with a column close to the
+    name (a typo in the config, or in the table) fails with the hint, never copied."""
+    for name, extra in (
+        ("users", ", password_hash text"),
+        ("orders", ""),
+        ("admins", ", password_hsh text"),
+    ):
+        source_conn.execute(
+            sql.SQL(
+                "CREATE TABLE {} (id int PRIMARY KEY, note text{}, "
+                "updated_at timestamptz NOT NULL DEFAULT now())"
+            ).format(sql.Identifier(schema, name), sql.SQL(extra))
+        )
+        source_conn.execute(
+            sql.SQL("INSERT INTO {} (id, note) SELECT g, 'n' FROM generate_series(1, 5) g").format(
+                sql.Identifier(schema, name)
+            )
+        )
+    db_project.write_config(
+        {
+            "tables": [
+                {
+                    "name": f"{schema}.*",
+                    "replication_key": "updated_at",
+                    "columns": {"exclude": ["password_hash"]},
+                }
+            ]
+        }
+    )
+    synced = db_project.run("sync")
+    assert synced.exit_code == 1, synced.output  # admins alone
+    assert (
+        f"{schema}.admins: failed after" in synced.stderr
+        and "columns: no column password_hash in the source table (it has id, note, "
+        "password_hsh, updated_at)"
+        in synced.stderr
+    ), synced.stderr
+    assert "did you mean password_hsh for password_hash?" in synced.stderr
+
+    def columns(name):
+        return [
+            r[0]
+            for r in dest_conn.execute(
+                "SELECT attname FROM pg_attribute WHERE attrelid = %s::regclass AND attnum > 0 "
+                "AND NOT attisdropped ORDER BY attnum",
+                (sql.Identifier(schema, name).as_string(dest_conn),),
+            )
+        ]
+
+    assert columns("users") == ["id", "note", "updated_at"]
+    assert columns("orders") == ["id", "note", "updated_at"]
+    assert dest_conn.execute(
+        "SELECT to_regclass(%s)", (sql.Identifier(schema, "admins").as_string(dest_conn),)
+    ).fetchone() == (None,)
+    again = db_project.run("sync", "-s", f"{schema}.users", "-s", f"{schema}.orders")
+    assert again.exit_code == 0, again.output
+    assert f"{schema}.users: noop" in again.stderr and f"{schema}.orders: noop" in again.stderr

@@ -35,6 +35,8 @@ def inspect_source(
             f"(tables[{table.entry}] in tables-config.json)"
         )
     shaping = shaping_of(conn, table)
+    if shaping is not None and table.pattern is not None:
+        shaping = shaping.where_present(source)  # what the matched table has
     if shaping is not None:
         shaping = shaping.resolved(source)  # `include`: the others are excluded
     readable = readable_columns(source, shaping, table.written_name)

@@ -15,6 +15,7 @@ source session holds it in the `replicator.hash_salt` setting (project/settings.
 
 from __future__ import annotations
 
+import difflib
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -55,6 +56,26 @@ class Shaping:
         leaving = {*self.include, *self.hash}
         excluded = tuple(c.name for c in source.columns if c.name not in leaving)
         return replace(self, exclude=excluded)
+
+    def where_present(self, source: TableInfo) -> Shaping | None:
+        """A pattern's `exclude` and `hash` on one table it matched: a column the table does
+        not have is left out (one entry can keep `password_hash` in the source wherever it
+        is), unless the table has one close to it (a typo: kept, so the table fails with
+        the hint). None when nothing is left to shape."""
+        names = [c.name for c in source.columns]
+
+        def kept(column: str) -> bool:
+            near = difflib.get_close_matches(column.lower(), [n.lower() for n in names], 1, 0.8)
+            return column in names or bool(near)
+
+        pruned = replace(
+            self,
+            exclude=tuple(c for c in self.exclude if kept(c)),
+            hash=tuple(c for c in self.hash if kept(c)),
+        )
+        if not (pruned.exclude or pruned.hash or pruned.include or pruned.where is not None):
+            return None
+        return pruned
 
     def describe(self) -> str:
         """For signatures and messages: what is shaped, and how."""
