@@ -137,6 +137,11 @@ def test_a_pattern_syncs_its_matches_and_a_table_created_between_two_runs(
     assert dest_conn.execute(
         sql.SQL("SELECT count(*) FROM {}").format(sql.Identifier(schema, "alpha"))
     ).fetchone() == (200,), "the copy of a table gone from the source is kept"
+    assert f"until `replicator state reset {schema}.alpha` removes it" in second.stderr
+    forgotten = db_project.run("state", "reset", f"{schema}.alpha")
+    assert forgotten.exit_code == 0, forgotten.output
+    assert f"{schema}.alpha: gone from the source; its state removed" in forgotten.output
+    assert "is gone" not in db_project.run("ls").output
 
     db_project.write_config(
         {

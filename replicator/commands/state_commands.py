@@ -67,9 +67,22 @@ def show_state(project: Project, names: tuple[str, ...]) -> int:
 
 
 def reset_state(project: Project, names: tuple[str, ...]) -> int:
-    """Delete tables' state files: their next sync reloads them in full."""
-    tables = project.select(names)
+    """Delete tables' state files: their next sync reloads them in full. A table a pattern
+    matched before and the source no longer has (the runs say it is gone) is named as the
+    runs name it: its state goes, and the runs stop saying so."""
+    gone = {str(v.name): v for v in project.vanished}
+    tables = (
+        project.select(tuple(n for n in names if n not in gone)) if set(names) - gone.keys() else []
+    )
     with run_lock(project.state_dir):
+        for name in (n for n in names if n in gone):
+            gone[name].state_file.unlink(missing_ok=True)
+            say(
+                f"{name}: gone from the source; its state removed (its copy in the "
+                "destination is kept: drop it there if it is not wanted)",
+                "state.reset",
+                name=name,
+            )
         for table in tables:
             existed = project.store.delete(table.name)
             verb = "state removed" if existed else "had no state"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import difflib
+import shlex
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -29,7 +30,8 @@ class Vanished:
         return (
             f"{self.name} matched tables[{self.entry}] ({self.pattern}) at an earlier run and "
             "is gone from the source: its copy is kept, and so is its sync-state "
-            f"({self.state_file}) until you delete it"
+            f"({self.state_file}) until `replicator state reset {shlex.quote(str(self.name))}` "
+            "removes it"
         )
 
 
