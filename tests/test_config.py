@@ -373,6 +373,8 @@ def test_malformed_connection_setting_is_exit_2_and_redacted(project):
         "postgresql://postgres:pa ssXYZ@127.0.0.1:6501/postgres",  # "unexpected spaces in"
         "host=127.0.0.1 password=S3cret QuoteXYZ port=6501",  # 'missing "=" after'
         "host=h password=abc defXYZ=ghi",  # "invalid connection option"
+        'host=h password=ab"cd efXYZ"gh x',  # a quote inside what libpq quotes
+        'postgresql://u@h/db?password=se"cXYZ%zzret',  # "invalid percent-encoded token"
     ],
 )
 @pytest.mark.parametrize("log_format", ["text", "json"])

@@ -315,7 +315,9 @@ def test_the_metrics_file_has_the_slots_retained_wal(cdc_project, source_conn, s
             sql.Identifier(schema, "c")
         )
     )
-    said = f"replication slot {slot} serves no table (none in tables-config.json has mode cdc)"
+    said = (
+        f"replication slot {slot} serves no table (no table of tables-config.json has mode cdc now)"
+    )
     for _ in range(2):
         alone = cdc_project.run("sync")
         assert alone.exit_code == 0, alone.output

@@ -437,3 +437,13 @@ def test_a_patterns_excluded_column_stays_in_the_source_wherever_a_table_has_it(
     again = db_project.run("sync", "-s", f"{schema}.users", "-s", f"{schema}.orders")
     assert again.exit_code == 0, again.output
     assert f"{schema}.users: noop" in again.stderr and f"{schema}.orders: noop" in again.stderr
+    # A model of a table without the column that returns one of that name (from a join,
+    # say) is shaped as the entry says: here it reads an excluded column, and fails.
+    db_project.write(
+        f"models/{schema}/orders.sql",
+        "SELECT id, note, 'secret' AS password_hash, updated_at FROM {{ source }}",
+    )
+    modelled = db_project.run("sync", "-s", f"{schema}.orders")
+    assert modelled.exit_code == 1, modelled.output
+    assert "reads excluded column(s) password_hash" in modelled.stderr, modelled.stderr
+    assert "password_hash" not in columns("orders")

@@ -135,8 +135,12 @@ def test_unreachable_webhook_never_changes_the_exit_code(db_project, table):
     ("url", "problem"),
     [
         ("http://127.0.0.1:99999/secret-token-path", "is not a valid URL: Port out of range"),
-        ("http://[bad/secret-token-path", "is not a valid URL: Invalid IPv6 URL"),
+        ("http://[bad/secret-token-path", "is not a valid URL: its host part cannot be read"),
         ("https:///secret-token-path", "must be an http:// or https:// URL with a host"),
+        (
+            "http://user:pa\uff03ss@h/secret-token-path",
+            "is not a valid URL: its host part cannot be read",
+        ),
     ],
 )
 def test_a_webhook_url_that_could_never_be_sent_to_is_exit_2_before_anything(
@@ -153,6 +157,7 @@ def test_a_webhook_url_that_could_never_be_sent_to_is_exit_2_before_anything(
     assert from_env.exit_code == 2, from_env.output
     assert f"REPLICATOR_WEBHOOK_URL {problem}" in from_env.stderr
     assert "secret-token-path" not in from_config.output + from_env.output
+    assert "pa\uff03ss" not in from_config.output + from_env.output
     assert db_project.files() == before
 
 

@@ -183,7 +183,7 @@ JOIN pg_catalog.pg_class t ON t.oid = m.root
 JOIN pg_catalog.pg_namespace n ON n.oid = t.relnamespace
 JOIN pg_catalog.pg_class c ON c.oid = m.oid
 JOIN pg_catalog.pg_namespace cn ON cn.oid = c.relnamespace
-WHERE c.relkind <> 'f'
+WHERE m.oid = m.root OR c.relkind = 'r'  -- the table and its leaves, as refuses_changes
 """
 
 

@@ -1,6 +1,7 @@
-"""A slot no table uses: every `cdc` table left the config, so no run reads the slot, and
-it keeps the source's WAL until it is dropped. `sync` and `check` say so on every run,
-with the fix; the metrics keep its retained WAL."""
+"""A slot no table uses: every `cdc` table left the config (or a `cdc` pattern matches no
+table now), so no run reads the slot, and it keeps the source's WAL until it is dropped.
+`sync` (in the log and the webhook), `check` and `status` say so on every run, with the
+fix; the metrics keep its retained WAL."""
 
 from __future__ import annotations
 
@@ -14,9 +15,9 @@ from .slot import drop_slot_statement, slot_info
 from .slot_health import size_text
 
 
-def unused_slot(source: psycopg.Connection[Any], project: Project) -> str | None:
-    """What to say of the project's slot when no table of the config has mode cdc (None:
-    some table does, or the project has no slot)."""
+def unused_slot(source: psycopg.Connection[Any], project: Project) -> tuple[str, str] | None:
+    """What to say of the project's slot when no table of the config has mode cdc, and the
+    fix (None: some table does, or the project has no slot)."""
     if project.cdc_tables:
         return None
     try:
@@ -33,8 +34,9 @@ def unused_slot(source: psycopg.Connection[Any], project: Project) -> str | None
         if names.created
         else f"its DBA drops it ({drop_slot_statement(names.slot)})"
     )
-    return (
-        f"replication slot {names.slot} serves no table (none in tables-config.json has mode "
-        f"cdc) and keeps {size_text(info.retained_bytes)} of WAL in the source until dropped: "
-        f"{fix}; a cdc table added back reloads"
+    problem = (
+        f"replication slot {names.slot} serves no table (no table of tables-config.json has "
+        f"mode cdc now) and keeps {size_text(info.retained_bytes)} of WAL in the source until "
+        "dropped"
     )
+    return problem, f"{fix}; a cdc table added back reloads"

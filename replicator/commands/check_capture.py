@@ -47,8 +47,7 @@ def capture_findings(source: psycopg.Connection[Any], project: Project) -> Itera
     if not tables:
         unused = unused_slot(source, project)
         if unused is not None:
-            problem, _, fix = unused.partition(": ")
-            yield Finding("warn", "cdc", problem, fix)
+            yield Finding("warn", "cdc", *unused)
         return
     level, slots, used, keep, replication, user = fetch_all(source, _SETTINGS)[0]
     if level == "logical":

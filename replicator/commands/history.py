@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import sys
@@ -12,6 +13,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from ..plan.salt import shown
 from ..postgres.database import connect
 from ..project.config import TableConfig
 from ..project.project import Project
@@ -41,6 +43,8 @@ def selected_runs(
 
 def print_history(project: Project, names: tuple[str, ...], per_table: int, as_json: bool) -> int:
     tables, rows, notes = selected_runs(project, names, per_table)
+    # a reason recorded before the salt's fingerprint left the messages may still hold one
+    rows = [dataclasses.replace(r, reason=shown(r.reason)) for r in rows]
     if as_json:
         found = [row.as_json() for row in rows]
         print(json.dumps(found, indent=None if json_output() else 2, ensure_ascii=False))

@@ -76,7 +76,7 @@ def reset_state(project: Project, names: tuple[str, ...]) -> int:
     )
     with run_lock(project.state_dir):
         for name in (n for n in names if n in gone):
-            gone[name].state_file.unlink(missing_ok=True)
+            project.store.delete(gone[name].name)
             say(
                 f"{name}: gone from the source; its state removed (its copy in the "
                 "destination is kept: drop it there if it is not wanted)",

@@ -234,7 +234,7 @@ def _observe_live(
         if any(t.mode == "cdc" for t in tables):
             notes.extend(capture_notes(project, source, tables, [row for row, _ in read]))
         elif (unused := unused_slot(source, project)) is not None:
-            notes.append(f"cdc: {unused}")
+            notes.append(f"cdc: {': '.join(unused)}")
     if dest is None:
         notes.append("rows (in the destination) not shown; the plan did not look at it")
     return notes

@@ -34,9 +34,9 @@ def inspect_source(
             f"{table.written_name}: source table does not exist: create it, or fix its name "
             f"(tables[{table.entry}] in tables-config.json)"
         )
-    shaping = shaping_of(conn, table)
-    if shaping is not None and table.pattern is not None:
-        shaping = shaping.where_present(source)  # what the matched table has
+    configured = shaping = shaping_of(conn, table)
+    if shaping is not None and table.pattern is not None:  # what the matched table has
+        shaping = shaping.where_present({c.name for c in source.columns})
     if shaping is not None:
         shaping = shaping.resolved(source)  # `include`: the others are excluded
     readable = readable_columns(source, shaping, table.written_name)
@@ -48,6 +48,10 @@ def inspect_source(
             output = describe_query(conn, model.sql)
         except DatabaseError as exc:
             raise TableProblem(f"{table.written_name}: model {model.origin}: {exc}") from None
+    if configured is not None and table.pattern is not None and not model.is_default:
+        # a model file may return a column its table lacks (a join): shaped there too
+        shaping = configured.where_present({c.name for c in (*source.columns, *output)})
+        shaping = shaping.resolved(source) if shaping is not None else None
     if shaping is not None:
         model, output = shape_model(conn, table, source, model, output, shaping)
     as_text = holds_text_copied(conn, (c.type_oid for c in output))

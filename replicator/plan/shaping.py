@@ -15,7 +15,7 @@ source session holds it in the `replicator.hash_salt` setting (project/settings.
 
 from __future__ import annotations
 
-import difflib
+from collections.abc import Collection
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -27,7 +27,7 @@ from ..postgres.catalog import Column, TableInfo, describe_query
 from ..project.config import TableConfig
 from ..project.settings import SALT_SETTING
 from ..project.templates import Model
-from .column_hint import columns_hint
+from .column_hint import columns_hint, near_column
 from .model_reads import check_model_reads
 from .salt import salt_id
 from .table_key import preferred_key
@@ -57,16 +57,15 @@ class Shaping:
         excluded = tuple(c.name for c in source.columns if c.name not in leaving)
         return replace(self, exclude=excluded)
 
-    def where_present(self, source: TableInfo) -> Shaping | None:
-        """A pattern's `exclude` and `hash` on one table it matched: a column the table does
-        not have is left out (one entry can keep `password_hash` in the source wherever it
-        is), unless the table has one close to it (a typo: kept, so the table fails with
-        the hint). None when nothing is left to shape."""
-        names = [c.name for c in source.columns]
+    def where_present(self, names: Collection[str]) -> Shaping | None:
+        """A pattern's `exclude` and `hash` on one table it matched, whose source table and
+        model have the columns `names`: a column neither has is left out (one entry keeps
+        `password_hash` in the source wherever it is), unless one close to it is there (a
+        typo: kept, so the table fails with the hint). None when nothing is left to shape."""
+        present = sorted(names)
 
         def kept(column: str) -> bool:
-            near = difflib.get_close_matches(column.lower(), [n.lower() for n in names], 1, 0.8)
-            return column in names or bool(near)
+            return column in names or near_column(column, present) is not None
 
         pruned = replace(
             self,

@@ -271,25 +271,42 @@ def _align_domain(
     return statements
 
 
+# The columns ALTER DOMAIN ... SET NOT NULL checks: of the domain or of a domain over it,
+# in tables (each partition is one) and materialized views.
 _DOMAIN_COLUMNS = """
-SELECT n.nspname, c.relname, a.attname FROM pg_catalog.pg_attribute a
+WITH RECURSIVE d(oid) AS (
+    SELECT %s::oid
+    UNION
+    SELECT t.oid FROM pg_catalog.pg_type t JOIN d ON t.typbasetype = d.oid WHERE t.typtype = 'd'
+)
+SELECT n.nspname, c.relname, array_agg(a.attname::text ORDER BY a.attnum)
+FROM pg_catalog.pg_attribute a
 JOIN pg_catalog.pg_class c ON c.oid = a.attrelid
 JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
-WHERE a.atttypid = %s AND a.attnum > 0 AND NOT a.attisdropped AND c.relkind IN ('r', 'p')
-ORDER BY 1, 2, 3
+WHERE a.atttypid IN (SELECT oid FROM d) AND a.attnum > 0 AND NOT a.attisdropped
+  AND c.relkind IN ('r', 'm')
+GROUP BY n.nspname, c.relname ORDER BY 1, 2
 """
 
 
 def _nulls_in(dest: psycopg.Connection[Any], domain: int) -> list[str]:
-    """The destination's table columns of this domain that hold a NULL (schema.table.column):
-    ALTER DOMAIN ... SET NOT NULL would fail on them."""
+    """The destination's columns of this domain (or one over it) that hold a NULL, as
+    schema.table.column: ALTER DOMAIN ... SET NOT NULL would fail on them. One read of each
+    such table (SET NOT NULL reads them all anyway); asked only when the source's domain
+    became NOT NULL."""
     held = []
-    for schema, table, column in fetch_all(dest, _DOMAIN_COLUMNS, (domain,)):
-        found = sql.SQL("SELECT EXISTS (SELECT FROM {} WHERE {} IS NULL)").format(
-            sql.Identifier(schema, table), sql.Identifier(column)
+    for schema, table, columns in fetch_all(dest, _DOMAIN_COLUMNS, (domain,)):
+        nulls = sql.SQL(", ").join(
+            sql.SQL("bool_or({} IS NULL)").format(sql.Identifier(c)) for c in columns
         )
-        if fetch_all(dest, found)[0][0]:
-            held.append(".".join(map(display_ident, (schema, table, column))))
+        found = fetch_all(
+            dest, sql.SQL("SELECT {} FROM {}").format(nulls, sql.Identifier(schema, table))
+        )[0]
+        held += [
+            ".".join(map(display_ident, (schema, table, column)))
+            for column, null in zip(columns, found, strict=True)
+            if null
+        ]
     return held
 
 

@@ -124,8 +124,8 @@ class TableConfig(_Frozen):
             return ""
         return (
             f"; or leave the table out of tables[{self.entry}] ({self.pattern}): add "
-            f'{json.dumps(self.written_name)} to its "exclude" (as JSON writes it), or give it '
-            "an entry of its own"
+            f"{json.dumps(self.written_name, ensure_ascii=False)} to its "
+            '"exclude" (as JSON writes it), or give it an entry of its own'
         )
 
     @property

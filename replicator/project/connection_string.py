@@ -8,19 +8,31 @@ from collections.abc import Mapping
 
 from ..base.redact import MASK, redact
 
-# What libpq quotes of the string it could not parse: any part of it, a password's too
-# (`password=pa ss` is `missing "=" after "ss"`): never shown; a one-character quote (the
-# "=" it missed) is its own text.
-_QUOTED = re.compile(r'"([^"]*)"')
+# libpq's own text that quotes a character of its grammar, not of the string.
+_MISSED = 'missing "=" after '
+
+
+def _masked(line: str) -> str:
+    """`line` with everything from the first quote of the string's text to the last quote
+    on the line masked: libpq quotes any part of the string (a password's too, `password=pa
+    ss` is `missing "=" after "ss"`), and a quote inside that part would end a pairing
+    early."""
+    kept = ""
+    if line.startswith(_MISSED):
+        kept, line = _MISSED, line[len(_MISSED) :]
+    first, last = line.find('"'), line.rfind('"')
+    if first == -1:
+        return kept + line
+    if first == last:  # an opening quote alone: everything after it may be the string's
+        return f'{kept}{line[:first]}"{MASK}"'
+    return f'{kept}{line[:first]}"{MASK}"{line[last + 1 :]}'
 
 
 def unparsed(exc: Exception) -> str:
     """libpq's reason for refusing a connection string, with what it quotes of the string
     masked, and how to write spaces and quotes in a value."""
     lines = str(exc).strip().splitlines()
-    reason = _QUOTED.sub(
-        lambda m: m[0] if len(m[1]) <= 1 else f'"{MASK}"', lines[0] if lines else ""
-    )
+    reason = _masked(lines[0] if lines else "")
     return (
         f"{redact(reason)} (in key=value pairs, single-quote a value that holds spaces or "
         "quotes, and write a quote inside it as \\'; in a URI, percent-encode them: %20 for "

@@ -317,8 +317,9 @@ def _url_problem(url: str) -> str | None:
     try:
         parts = urlsplit(url)
         parts.port  # noqa: B018 (it checks the port: out of range, not a number)
-    except ValueError as exc:  # says what is wrong, without the URL's path or query
-        return f"is not a valid URL: {exc}"
+    except ValueError as exc:  # its text may quote the host part, a password's too
+        port = "Port" in str(exc) and "'" not in str(exc)  # "Port out of range 0-65535"
+        return f"is not a valid URL: {exc if port else 'its host part cannot be read'}"
     if parts.scheme not in ("http", "https") or not parts.hostname:
         return "must be an http:// or https:// URL with a host (https://hooks.example.com/x)"
     return None

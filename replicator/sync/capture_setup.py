@@ -6,6 +6,7 @@ listing the `cdc` tables, and the slot (created when missing)."""
 from __future__ import annotations
 
 import logging
+import shlex
 from collections.abc import Collection
 
 import psycopg
@@ -150,7 +151,7 @@ def _refused_unselected(
                 "so it leaves the tool's publication (its copy reloads once it is back: %s)",
                 name,
                 why,
-                f"give it a replica identity, then `replicator sync -s {name}`",
+                f"give it a replica identity, then `replicator sync -s {shlex.quote(str(name))}`",
             )
     return {name for name in found if name in config}
 

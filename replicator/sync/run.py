@@ -167,7 +167,9 @@ def _sync_all(
             cdc = any(t.mode == "cdc" for t in run.project.config.tables)
             capture = CaptureRun(run) if cdc else None
             if not cdc and (unused := unused_slot(source, run.project)) is not None:
-                log.warning("source: %s", unused)
+                said = ": ".join(unused)
+                log.warning("source: %s", said)
+                run.warnings.append(said)  # the webhook's too: this slot only grows
             if capture is not None:
                 capture.set_up(ends, tables)
             untouched = screen_noops(run, ends, tables, output)
