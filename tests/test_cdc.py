@@ -1341,3 +1341,45 @@ def test_a_batch_applied_in_parts_closes_at_its_transaction_s_commit(
     assert "cdc: part of a batch" in synced.stderr
     assert "cdc: batch of 20000 change(s)" in synced.stderr, synced.stderr[-3000:]
     assert assert_same_table(source_conn, dest_conn, schema, "orders") == 20_010
+
+
+def test_changes_logged_while_the_replica_identity_named_other_columns_reload_the_copy(
+    cdc_project, schema, writer, source_conn, dest_conn
+):
+    """A copy keyed by `code` (REPLICA IDENTITY FULL, the source's key is `id`): the
+    identity switched to DEFAULT for a while, changes made then name their rows by `id`
+    only, and the identity back to FULL. Those changes cannot be applied by `code` (the
+    old rows would stay): the log's own description of the table says so, and the copy
+    reloads instead (a newcomer trial found the stale rows)."""
+    target = sql.Identifier(schema, "ck")
+    writer.execute(
+        sql.SQL("CREATE TABLE {} (id int PRIMARY KEY, code text NOT NULL, v int)").format(target)
+    )
+    writer.execute(
+        sql.SQL("INSERT INTO {} SELECT g, 'c' || g, g FROM generate_series(1, 100) g").format(
+            target
+        )
+    )
+    writer.execute(sql.SQL("ALTER TABLE {} REPLICA IDENTITY FULL").format(target))
+    cdc_project.write_config(
+        {"tables": [{"name": f"{schema}.ck", "mode": "cdc", "primary_key": ["code"]}]}
+    )
+    _sync(cdc_project)
+    writer.execute(sql.SQL("ALTER TABLE {} REPLICA IDENTITY DEFAULT").format(target))
+    writer.execute(
+        sql.SQL("UPDATE {} SET code = code || 'w' WHERE id BETWEEN 21 AND 23").format(target)
+    )
+    writer.execute(sql.SQL("DELETE FROM {} WHERE id = 24").format(target))
+    refused = cdc_project.run("sync")
+    assert refused.exit_code == 1, refused.output  # said at the set-up, as before
+    writer.execute(sql.SQL("ALTER TABLE {} REPLICA IDENTITY FULL").format(target))
+    back = _sync(cdc_project)
+    assert (
+        f"{schema}.ck: full_reload" in back.stderr
+        and "replica identity DEFAULT names rows by (id), not by the copy's key (code)"
+        in back.stderr
+    ), back.stderr
+    assert assert_same_table(source_conn, dest_conn, schema, "ck", key="id") == 99
+    writer.execute(sql.SQL("UPDATE {} SET v = -v WHERE id < 10").format(target))
+    _sync(cdc_project)
+    assert assert_same_table(source_conn, dest_conn, schema, "ck", key="id") == 99

@@ -25,6 +25,7 @@ from .applier import Applier, Batch
 from .capture_table import CaptureTable
 from .copy_rows import DELETE, INSERT, UPDATE, Field, change, plain_line
 from .pgoutput import UNCHANGED, Begin, Commit, Relation, Truncate, Update, decode
+from .preflight import IDENTITY_NAMES
 from .stage import Stager, TableStage
 
 _ROW_CHANGES = frozenset((INSERT, UPDATE, DELETE))
@@ -193,6 +194,9 @@ def _drift(table: CaptureTable, message: Relation) -> str | None:
     logged = [(c.name, c.type_oid) for c in message.columns]
     if table.built is None:  # only watched: its shape is checked when it is synced
         return None
+    named = _named_by(table, message)
+    if named is not None:
+        return named
     if table.shaping is not None:  # excluded columns dropped, hashed ones hashed
         shape = table.shaping.for_relation(logged)
         if isinstance(shape, str):
@@ -201,6 +205,23 @@ def _drift(table: CaptureTable, message: Relation) -> str | None:
         return None
     copied = [(c.name, c.type_oid) for c in table.built.columns]
     return None if logged == copied else _describe_drift(logged, copied)
+
+
+def _named_by(table: CaptureTable, message: Relation) -> str | None:
+    """Why the log's updates and deletes of the table cannot be applied by the copy's key:
+    its replica identity when they were written (which the Relation message says) named the
+    rows by other columns, say while the identity was switched from FULL and back. None
+    when they can: FULL, or an identity whose key is the copy's."""
+    if message.replica_identity == "f":
+        return None
+    logged = sorted(c.name for c in message.columns if c.in_key)
+    if logged == sorted(table.key):
+        return None
+    identity = IDENTITY_NAMES.get(message.replica_identity, message.replica_identity).upper()
+    return (
+        f"in the log: replica identity {identity} names rows by ({', '.join(logged)}), not by "
+        f"the copy's key ({', '.join(table.key)})"
+    )
 
 
 def _describe_drift(logged: list[tuple[str, int]], copied: list[tuple[str, int]]) -> str:
