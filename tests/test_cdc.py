@@ -124,6 +124,32 @@ def test_unchanged_toasted_values_keep_the_destinations(
     assert assert_same_table(source_conn, dest_conn, schema, "orders") == 6
 
 
+def test_a_column_named_like_the_applys_own_aliases_takes_unchanged_toasted_values(
+    cdc_project, schema, writer, source_conn, dest_conn
+):
+    """The apply's statements for unchanged TOASTed values unnest column positions under an
+    alias; a table's own column of that name (`p`) made them ambiguous, and the table
+    failed, then reloaded, at every such batch (a newcomer trial)."""
+    target = sql.Identifier(schema, "pt")
+    writer.execute(
+        sql.SQL("CREATE TABLE {} (id int PRIMARY KEY, p int, n text, s text)").format(target)
+    )
+    big = "".join(uuid.uuid4().hex for _ in range(600))  # incompressible: stored out of line
+    writer.execute(
+        sql.SQL("INSERT INTO {} SELECT g, g, %s || g, 's' FROM generate_series(1, 5) g").format(
+            target
+        ),
+        (big,),
+    )
+    cdc_project.write_config({"tables": [{"name": f"{schema}.pt", "mode": "cdc"}]})
+    _sync(cdc_project)
+    writer.execute(sql.SQL("UPDATE {} SET p = -p WHERE id IN (1, 2)").format(target))
+    writer.execute(sql.SQL("UPDATE {} SET id = 30 WHERE id = 3").format(target))  # moved
+    synced = _sync(cdc_project)
+    assert f"{schema}.pt: incremental" in synced.stderr, synced.stderr
+    assert assert_same_table(source_conn, dest_conn, schema, "pt") == 5
+
+
 def test_a_big_batch_with_values_copy_must_escape_arrives_whole(
     cdc_project, schema, writer, source_conn, dest_conn
 ):

@@ -37,6 +37,10 @@ from .stage import OP, SEQ, UNCHANGED_COLUMNS, TableStage
 
 log = logging.getLogger("replicator.capture")
 
+# The alias of an unnested list of column positions: a name no table column can clash with
+# (a column `p` made `p` ambiguous).
+_POSITION = sql.Identifier("_replicator_position")
+
 
 @dataclass(frozen=True)
 class Applied:
@@ -120,9 +124,9 @@ def _fill_unchanged(
     (positions,) = execute(
         dest,
         sql.SQL(
-            "SELECT coalesce(array_agg(DISTINCT p), '{{}}') FROM {last}, unnest({u}) AS p "
-            "WHERE {op} <> 'D'"
-        ).format(last=LAST, u=unchanged, op=sql.Identifier(OP)),
+            "SELECT coalesce(array_agg(DISTINCT {p}.n), '{{}}') FROM {last}, unnest({last}.{u}) "
+            "AS {p}(n) WHERE {last}.{op} <> 'D'"
+        ).format(last=LAST, u=unchanged, op=sql.Identifier(OP), p=_POSITION),
     ).fetchone()
     for position in positions:
         column = sql.Identifier(stage.columns[position - 1])
@@ -221,12 +225,14 @@ def _resolve_move(
         )
     (missing,) = execute(
         dest,
-        sql.SQL("SELECT count(*) FROM {stage}, unnest(%s::int2[]) AS p WHERE {seq} = %s").format(
-            stage=stage.name, seq=seq
-        )
+        sql.SQL(
+            "SELECT count(*) FROM {stage} AS s, unnest(%s::int2[]) AS {p}(n) WHERE s.{seq} = %s"
+        ).format(stage=stage.name, seq=seq, p=_POSITION)
         + sql.SQL(" AND ({})").format(
             sql.SQL(" OR ").join(
-                sql.SQL("(p = {} AND {} IS NULL)").format(sql.Literal(i), sql.Identifier(c))
+                sql.SQL("({}.n = {} AND s.{} IS NULL)").format(
+                    _POSITION, sql.Literal(i), sql.Identifier(c)
+                )
                 for i, c in enumerate(stage.columns, start=1)
             )
         ),
