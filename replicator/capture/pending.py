@@ -49,11 +49,14 @@ def pending_keys(
 
 def _peeked(source_url: str, slot: str, publication: str) -> Iterator[Message]:
     """Every message the slot holds, oldest first; while a sync reads the slot (it is
-    "active" then), its read is waited for."""
+    "active" then), its read is waited for. The log is read up to where it is flushed: a
+    commit verify's snapshot saw may not be yet, on a source with `synchronous_commit` off
+    (the WAL writer flushes it within wal_writer_delay), so that position is waited for."""
     deadline = time.monotonic() + BUSY_SECONDS
     while True:
         try:
             with connect(source_url, "source") as source:
+                _flushed(source, deadline)
                 note(source, _PEEK)
                 with source.cursor(name="replicator_pending", binary=True, withhold=True) as rows:
                     rows.itersize = 5_000
@@ -69,6 +72,17 @@ def _peeked(source_url: str, slot: str, publication: str) -> Iterator[Message]:
         except DatabaseError as exc:  # connecting
             raise TableProblem(f"cannot read replication slot {slot}: {exc}") from None
         time.sleep(0.2)
+
+
+def _flushed(source: psycopg.Connection[Any], deadline: float) -> None:
+    """Wait until the log is flushed up to where it was written now (every commit before
+    this moment is then where a peek reads)."""
+    (written,) = source.execute("SELECT pg_catalog.pg_current_wal_insert_lsn()").fetchone()
+    flushed = "SELECT pg_catalog.pg_current_wal_flush_lsn() >= %s::pg_lsn"
+    while not source.execute(flushed, (written,)).fetchone()[0]:
+        if time.monotonic() > deadline:
+            return  # the peek says what it can; a difference left is said as one
+        time.sleep(0.02)
 
 
 class _Touched:

@@ -36,6 +36,7 @@ from ..project.templates import Templates
 from ..transfer.spark_runner import SparkRunner
 from . import range_sql as q
 from .bisect import Found, Key
+from .caught_up import caught_up
 from .comparison import Fresh, compared, sides_of
 from .multiset import diff_multisets, examples, repair_multiset
 from .reader import RangeReader
@@ -201,6 +202,10 @@ def _compare(
         ),
     ):
         _set_aside_pending(table, state, planned.built.primary_key, found, pending)
+        if table.mode == "cdc" and pending is not None and found.differences:
+            differing = [*found.missing, *found.extra, *found.different]
+            settled = caught_up(ends, sides, [c.name for c in built.columns], differing)
+            found.set_aside(lambda k: k in settled, _DIFFERENCES)
         repaired = 0
         if fix and found.differences and (force or not _found_too_many(found)):
             repaired = repair(ends.dest, reader, sides.shape, sides.source, sides.target, found)
