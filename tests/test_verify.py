@@ -16,6 +16,7 @@ import pytest
 from dbcompare import assert_same_table
 from engines import IN_PROCESS
 from psycopg import sql
+from waiting import wait_for
 
 from replicator.base.identifiers import TableName, quote_ident
 from replicator.project.templates import Templates
@@ -601,3 +602,60 @@ def test_verify_beside_a_following_sync_and_a_writer_raises_no_false_alarm(
         follow.send_signal(signal.SIGTERM)
         _, errors = follow.communicate(timeout=60)
     assert follow.returncode == 0, errors
+
+
+def test_rows_a_sync_applies_while_verify_waits_for_the_slot_are_not_differences(
+    cdc_project, schema, source_conn, dest_conn, writer, tmp_path
+):
+    """verify finds differences, and the slot is busy: a sync is applying them (held here
+    on a row of the copy the test locks). verify waits for the slot; the sync finishes and
+    moves the slot past the changes, so the slot no longer tells them from differences:
+    the rows are read again as they are now, equal, and not yet synced (they were
+    differences, exit 1, a newcomer trial)."""
+    _orders(writer, schema, rows=2_000, table="moved")
+    moved = sql.Identifier(schema, "moved")
+    cdc_project.write_config({"tables": [{"name": f"{schema}.moved", "mode": "cdc"}]})
+    assert cdc_project.run("sync").exit_code == 0
+    writer.execute(sql.SQL("UPDATE {} SET amount = amount + 1 WHERE id <= 500").format(moved))
+    env = {**os.environ, **cdc_project.env}
+    project = ["--project-dir", str(cdc_project.path)]
+    with psycopg.connect(dest_conn.info.dsn) as holder:
+        holder.execute(sql.SQL("SELECT FROM {} WHERE id = 250 FOR UPDATE").format(moved))
+        syncing = subprocess.Popen(
+            [*_CLI, "sync", "-q", *project],
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        wait_for(
+            lambda: dest_conn.execute(
+                "SELECT EXISTS (SELECT FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                "AND query LIKE %s)",
+                (f"INSERT INTO %{schema}%",),
+            ).fetchone()[0],
+            120,
+            "the sync's apply waiting on the held row",
+        )
+        log = tmp_path / "verify.log"
+        with log.open("w") as err:
+            verifying = subprocess.Popen(
+                [*_CLI, "verify", "--json", "-v", "-s", f"{schema}.moved", *project],
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=err,
+                text=True,
+            )
+            wait_for(
+                lambda: "pg_logical_slot_peek_binary_changes" in log.read_text(),
+                120,
+                "verify looking at the slot the sync holds",
+            )
+            holder.rollback()  # the sync applies, confirms and lets the slot go
+            out, _ = verifying.communicate(timeout=120)
+    assert syncing.wait(timeout=120) == 0
+    (verdict,) = json.loads(out)
+    assert verifying.returncode == 0, verdict
+    assert (verdict["missing"], verdict["extra"], verdict["different"]) == (0, 0, 0), verdict
+    assert verdict["not_yet_synced"] == 500, verdict
