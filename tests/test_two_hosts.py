@@ -59,8 +59,8 @@ def test_a_table_held_by_another_host_is_refused_and_the_others_sync(
     }
     assert events[f"{schema}.a"]["status"] == "failure"
     assert (
-        "another replicator (another host or a copy of this project) is syncing"
-        in (events[f"{schema}.a"]["error"])
+        "another replicator run (a sync, `sync --follow` or `verify --repair` of this project, "
+        "a copy of it or another host) is syncing" in (events[f"{schema}.a"]["error"])
     )
     assert events[f"{schema}.b"]["status"] == "success"
     assert json.loads(db_project.run("state", "show", f"{schema}.a").stdout)[f"{schema}.a"] is None

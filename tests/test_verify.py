@@ -659,3 +659,27 @@ def test_rows_a_sync_applies_while_verify_waits_for_the_slot_are_not_differences
     assert verifying.returncode == 0, verdict
     assert (verdict["missing"], verdict["extra"], verdict["different"]) == (0, 0, 0), verdict
     assert verdict["not_yet_synced"] == 500, verdict
+
+
+def test_a_repair_beside_a_sync_of_the_table_says_to_run_it_again(
+    db_project, schema, source_conn, dest_conn
+):
+    """The table's destination lock is held (as a sync of it holds it): the repair fails
+    the table and says so, naming what may hold it, not "the next run retries"."""
+    from replicator.postgres.table_lock import lock_key
+
+    _orders(source_conn, schema, rows=100)
+    db_project.write_config({"tables": [{"name": f"{schema}.orders", "mode": "full-refresh"}]})
+    assert db_project.run("sync", env=IN_PROCESS).exit_code == 0
+    with psycopg.connect(dest_conn.info.dsn) as holder:
+        holder.execute(
+            "SELECT pg_advisory_xact_lock(%s::bigint)", (lock_key(TableName(schema, "orders")),)
+        )
+        result = db_project.run("verify", "--repair", env=IN_PROCESS)
+    assert result.exit_code == 1, result.output
+    assert (
+        "another replicator run (a sync, `sync --follow` or `verify --repair` of this project"
+        in result.output
+    ), result.output
+    assert "not repaired: run `verify --repair` again once it is done" in result.output
+    assert "the next run retries" not in result.output

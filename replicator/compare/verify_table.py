@@ -73,7 +73,12 @@ def verify_table(
         planned = plan_now(ends.source, ends.dest, table, templates, state)
         _comparable(table, planned)
         lock = (
-            table_lock(ends.dest_url, table.target, table.written_name)
+            table_lock(
+                ends.dest_url,
+                table.target,
+                table.written_name,
+                "not repaired: run `verify --repair` again once it is done",
+            )
             if fix
             else contextlib.nullcontext()
         )

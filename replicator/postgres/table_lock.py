@@ -76,15 +76,22 @@ def _new_lock_connection(dest_url: str) -> psycopg.Connection[Any]:
 
 
 @contextlib.contextmanager
-def table_lock(dest_url: str, target: TableName, subject: str) -> Iterator[None]:
-    """Hold the table's destination lock for the block; TableLocked when another has it."""
+def table_lock(
+    dest_url: str,
+    target: TableName,
+    subject: str,
+    then: str = "skipped, the next run retries",
+) -> Iterator[None]:
+    """Hold the table's destination lock for the block; TableLocked when another has it,
+    saying `then` (what becomes of this run's work on the table)."""
     with _lock_connection(dest_url) as conn, transaction(conn, rollback=True):
         (held,) = execute(
             conn, "SELECT pg_try_advisory_xact_lock(%s::bigint)", (lock_key(target),)
         ).fetchone()
         if not held:
             raise TableLocked(
-                f"{subject}: another replicator (another host or a copy of this project) "
-                f"is syncing destination table {target}; skipped, the next run retries"
+                f"{subject}: another replicator run (a sync, `sync --follow` or `verify "
+                "--repair` of this project, a copy of it or another host) is syncing "
+                f"destination table {target}; {then}"
             )
         yield
