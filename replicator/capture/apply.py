@@ -175,8 +175,7 @@ def _fill_unchanged(
         if missing:
             raise TableProblem(
                 f"{missing} updated row(s) kept a TOASTed value the destination does not have "
-                "(the copy is not what the source was): reload the table with "
-                f"`replicator sync -f -s {name}`"
+                "(the copy is not what the source was): its next sync reloads it"
             )
 
 
@@ -242,5 +241,5 @@ def _resolve_move(
         raise TableProblem(
             f"{stage.target}: an update moved a row to a new key, keeping a TOASTed value that "
             "neither the batch nor the destination has (the copy is not what the source was): "
-            "reload the table with `replicator sync -f`"
+            "its next sync reloads it"
         )
