@@ -149,6 +149,8 @@ def _load_and_swap(
     lsn: int | None = None
     if capture:
         ensure_applied_table(ends.dest)
+        # a slot's snapshot waits for every transaction open in the source to end
+        progress.phase("waiting for the source's open transactions (a log snapshot waits)")
     with SlotSnapshot(ends.source_url) if capture else ExportedSnapshot(ends.source_url) as snap:
         assert snap.conn is not None
         if found is None:
