@@ -234,6 +234,11 @@ def ensure_publication(
 
 def create_slot(source: psycopg.Connection[Any], slot: str) -> int:
     """A new logical slot; its position (changes committed after it are kept for us)."""
+    log.info(
+        "source: creating replication slot %s (it waits for the transactions open in the "
+        "source to end)",
+        slot,
+    )
     (lsn,) = execute(
         source,
         "SELECT lsn - '0/0'::pg_lsn FROM pg_catalog.pg_create_logical_replication_slot(%s, %s)",
