@@ -282,44 +282,38 @@ def test_no_password_or_secret_appears_in_any_output_file_or_payload(
 def test_a_cdc_load_waiting_for_an_open_source_transaction_says_so(
     cdc_project, source_conn, schema, tmp_path
 ):
-    """A log snapshot waits for every transaction open in the source: a reload of a `cdc`
-    table behind a forgotten session says what it waits for (it said "preparing the
-    destination", a newcomer trial), and goes on once the transaction ends."""
+    """A new slot and a log snapshot wait for every transaction open in the source: the
+    first sync (the project's slot) and a reload of a `cdc` table behind a forgotten session
+    say what they wait for (the reload said "preparing the destination", a newcomer trial),
+    and go on once the transaction ends."""
     for name in ("logged", "other"):
         source_conn.execute(
             sql.SQL("CREATE TABLE {} (id int PRIMARY KEY)").format(sql.Identifier(schema, name))
         )
     cdc_project.env.update(IN_PROCESS)
     cdc_project.write_config({"tables": [{"name": f"{schema}.logged", "mode": "cdc"}]})
-    assert cdc_project.run("sync").exit_code == 0
-    log = tmp_path / "stderr"
-    with psycopg.connect(source_conn.info.dsn) as open_one, log.open("w") as err:
-        open_one.execute(
-            sql.SQL("INSERT INTO {} VALUES (1)").format(sql.Identifier(schema, "other"))
-        )
-        reload = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "replicator",
-                "sync",
-                "-f",
-                "--project-dir",
-                str(cdc_project.path),
-            ],
-            env={**os.environ, **cdc_project.env, "REPLICATOR_PROGRESS_INTERVAL": "0.2"},
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=err,
-        )
-        wait_for(
-            lambda: (
-                "waiting for the source's open transactions (a log snapshot waits)"
-                in log.read_text()
-            ),
-            120,
-            "the reload saying what it waits for",
-        )
-        open_one.commit()
-        assert reload.wait(timeout=120) == 0, log.read_text()
+    said = (
+        "creating replication slot",  # the project's slot, at the first sync
+        "waiting for the source's open transactions (a log snapshot waits)",  # the reload
+    )
+    cli = [sys.executable, "-m", "replicator"]
+    for n, (args, waits_for) in enumerate(zip((["sync"], ["sync", "-f"]), said, strict=True)):
+        log = tmp_path / f"stderr{n}"
+        with psycopg.connect(source_conn.info.dsn) as open_one, log.open("w") as err:
+            open_one.execute(
+                sql.SQL("INSERT INTO {} VALUES (%s)").format(sql.Identifier(schema, "other")),
+                (n,),
+            )
+            run = subprocess.Popen(
+                [*cli, *args, "--project-dir", str(cdc_project.path)],
+                env={**os.environ, **cdc_project.env, "REPLICATOR_PROGRESS_INTERVAL": "0.2"},
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=err,
+            )
+            wait_for(
+                lambda w=waits_for, f=log: w in f.read_text(), 120, f"the run saying {waits_for}"
+            )
+            open_one.commit()
+            assert run.wait(timeout=120) == 0, log.read_text()
     assert f"{schema}.logged: full_reload" in log.read_text()
