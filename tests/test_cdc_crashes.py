@@ -95,6 +95,31 @@ def test_a_first_load_killed_anywhere_converges(
     assert "/" in state["cursor"]["value"] and state["cursor"]["type"] == "pg_lsn"
 
 
+def test_a_reload_killed_before_its_swap_leaves_no_side_table_after_the_next_drain(
+    cdc_project, schema, writer, source_conn, dest_conn
+):
+    """`sync -f` of a `cdc` table killed between its load and its swap: the copy and its
+    position are as before, so the next run drains the log, and no cdc load resumes: the
+    side table the load filled is dropped then, not kept until some later reload (a
+    newcomer trial found 13 MB left)."""
+    _create(writer, schema)
+    _config(cdc_project, schema)
+    assert cdc_project.run("sync", env=IN_PROCESS).exit_code == 0
+    killed = cdc_project.run_process(
+        "sync", "-f", env={**IN_PROCESS, "REPLICATOR_FAILPOINT": "after-load-before-swap"}
+    )
+    assert killed.returncode == -9, killed.stderr[-2000:]
+    sides = "SELECT count(*) FROM pg_tables WHERE schemaname = '_replicator' AND tablename LIKE %s"
+    pattern = f"new_%{schema}.t"
+    assert dest_conn.execute(sides, (pattern,)).fetchone() == (1,)
+    _change(writer, schema, 1)
+    done = cdc_project.run("sync", env=IN_PROCESS)
+    assert done.exit_code == 0, done.output[-3000:]
+    assert "dropped the side table a reload killed before its swap left" in done.stderr
+    assert dest_conn.execute(sides, (pattern,)).fetchone() == (0,)
+    assert_same_table(source_conn, dest_conn, schema, "t")
+
+
 def test_a_drain_killed_between_the_parts_of_a_big_transaction_converges(
     cdc_project, schema, writer, source_conn, dest_conn
 ):

@@ -49,6 +49,7 @@ from ..project.state import LSN_CURSOR_TYPE, Cursor, TableState
 from ..report.results import TableResult, utc_now
 from .capture_setup import set_up_capture
 from .context import RunContext, TableJob, failure, record_failure
+from .leftover_side import drop_leftover_sides
 
 log = logging.getLogger("replicator.sync")
 
@@ -169,6 +170,7 @@ class CaptureRun:
                     results.append(failure(job.table, str(exc), 0.0))
             self.run.draining.update(job.name for job in jobs)
             drifted = self._drain(ends, jobs, results)
+            drop_leftover_sides(ends.dest, jobs)
         self._check_slot(ends)
         return results, drifted
 
