@@ -17,7 +17,7 @@ import psycopg
 
 from ..base.errors import DatabaseError, TableProblem
 from ..base.identifiers import TableName, quote_ident
-from ..postgres.database import connect, note
+from ..postgres.database import connect, fetch_all, note
 from .pgoutput import Begin, Delete, Insert, Message, Relation, Row, Truncate, Update, decode
 
 Key = tuple[Any, ...]
@@ -77,9 +77,9 @@ def _peeked(source_url: str, slot: str, publication: str) -> Iterator[Message]:
 def _flushed(source: psycopg.Connection[Any], deadline: float) -> None:
     """Wait until the log is flushed up to where it was written now (every commit before
     this moment is then where a peek reads)."""
-    (written,) = source.execute("SELECT pg_catalog.pg_current_wal_insert_lsn()").fetchone()
+    ((written,),) = fetch_all(source, "SELECT pg_catalog.pg_current_wal_insert_lsn()")
     flushed = "SELECT pg_catalog.pg_current_wal_flush_lsn() >= %s::pg_lsn"
-    while not source.execute(flushed, (written,)).fetchone()[0]:
+    while not fetch_all(source, flushed, (written,))[0][0]:
         if time.monotonic() > deadline:
             return  # the peek says what it can; a difference left is said as one
         time.sleep(0.02)

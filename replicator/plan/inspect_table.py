@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import psycopg
 
 from ..base.errors import DatabaseError
-from ..postgres.catalog import TableInfo, describe_query, describe_table
+from ..postgres.catalog import Column, TableInfo, describe_query, describe_table
 from ..postgres.type_closure import holds_text_copied
 from ..project.config import TableConfig
 from ..project.templates import Templates
-from .shaping import readable_columns, shape_model, shaping_of
+from .shaping import Shaping, readable_columns, shape_model, shaping_of
 from .table_sql import TableProblem, TableSql, build_table_sql
 
 
@@ -34,11 +35,8 @@ def inspect_source(
             f"{table.written_name}: source table does not exist: create it, or fix its name "
             f"(tables[{table.entry}] in tables-config.json)"
         )
-    configured = shaping = shaping_of(conn, table)
-    if shaping is not None and table.pattern is not None:  # what the matched table has
-        shaping = shaping.where_present({c.name for c in source.columns})
-    if shaping is not None:
-        shaping = shaping.resolved(source)  # `include`: the others are excluded
+    configured = shaping_of(conn, table)
+    shaping = _fitted(configured, table, source, source.columns)
     readable = readable_columns(source, shaping, table.written_name)
     model = templates.model(table.source, readable)
     if model.is_default:
@@ -48,10 +46,9 @@ def inspect_source(
             output = describe_query(conn, model.sql)
         except DatabaseError as exc:
             raise TableProblem(f"{table.written_name}: model {model.origin}: {exc}") from None
-    if configured is not None and table.pattern is not None and not model.is_default:
+    if table.pattern is not None and not model.is_default:
         # a model file may return a column its table lacks (a join): shaped there too
-        shaping = configured.where_present({c.name for c in (*source.columns, *output)})
-        shaping = shaping.resolved(source) if shaping is not None else None
+        shaping = _fitted(configured, table, source, (*source.columns, *output))
     if shaping is not None:
         model, output = shape_model(conn, table, source, model, output, shaping)
     as_text = holds_text_copied(conn, (c.type_oid for c in output))
@@ -59,3 +56,13 @@ def inspect_source(
         table, source, model, output, templates, shaping, copies_as_text=as_text
     )
     return source, built
+
+
+def _fitted(
+    shaping: Shaping | None, table: TableConfig, source: TableInfo, columns: Sequence[Column]
+) -> Shaping | None:
+    """The table's shaping on the columns it has: a pattern's `exclude` and `hash` where
+    `columns` hold them (Shaping.where_present), `include` as the exclusion of the others."""
+    if shaping is not None and table.pattern is not None:
+        shaping = shaping.where_present({c.name for c in columns})
+    return shaping.resolved(source) if shaping is not None else None

@@ -18,7 +18,7 @@ from ..project.settings import SALT_SETTING
 
 # Which salt a session hashes with: a copy hashed with another salt is reloaded. The
 # table's signature (in its state file) holds a fingerprint of it, never the salt.
-_SALT = f"SELECT nullif(current_setting('{SALT_SETTING}', true), '')"
+_SALT = "SELECT nullif(current_setting(%s, true), '')"
 _salt_ids: weakref.WeakKeyDictionary[Any, str | None] = weakref.WeakKeyDictionary()
 # A state written before 2026-11-27 holds the salt's fingerprint of then: 12 hex digits of
 # SHA-256('replicator hash salt ' || salt), fast enough to guess a weak salt from. It is
@@ -31,7 +31,7 @@ _IN_TEXT = re.compile(r"\(salt ([0-9a-f]+)\)")
 def salt_id(conn: psycopg.Connection[Any]) -> str | None:
     """The fingerprint of the session's hash salt (read once per session); None: no salt."""
     if conn not in _salt_ids:
-        salt = fetch_all(conn, _SALT)[0][0]
+        salt = fetch_all(conn, _SALT, (SALT_SETTING,))[0][0]
         _salt_ids[conn] = None if salt is None else salt_fingerprint(salt)
     return _salt_ids[conn]
 

@@ -209,3 +209,15 @@ def _columns(conn: psycopg.Connection[Any], oid: int) -> tuple[Column, ...]:
     with transaction(conn):
         execute(conn, "SET LOCAL search_path = pg_catalog, pg_temp")
         return tuple(Column(*row) for row in fetch_all(conn, _COLUMNS, (oid,)))
+
+
+_RELATION_NAMES = """
+SELECT c.relname FROM pg_catalog.pg_class c
+JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+WHERE n.nspname = %s AND c.relname = ANY(%s)
+"""
+
+
+def taken_names(conn: psycopg.Connection[Any], schema: str, names: Sequence[str]) -> set[str]:
+    """Those of `names` that a relation (table, index, view...) of `schema` has."""
+    return {row[0] for row in fetch_all(conn, _RELATION_NAMES, (schema, list(names)))}

@@ -27,6 +27,7 @@ from tenacity import retry, retry_if_exception, stop_after_attempt, wait_exponen
 from ..base.errors import DatabaseError
 from ..base.failpoints import failpoint
 from ..base.identifiers import TableName
+from .catalog import taken_names
 from .database import Step, execute, fetch_all, run_steps, transaction
 from .dependent_views import dependents
 from .naming import default_key_name, retired_key_name, retired_table
@@ -54,11 +55,6 @@ SELECT pg_catalog.pg_get_userbyid(c.relowner), c.reloptions,
              WHERE d.objoid = c.oid AND d.classoid = 'pg_catalog.pg_class'::regclass
              ORDER BY d.objsubid)
 FROM pg_catalog.pg_class c WHERE c.oid = %s
-"""
-_RELATION_NAMES = """
-SELECT c.relname FROM pg_catalog.pg_class c
-JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
-WHERE n.nspname = %s AND c.relname = ANY(%s)
 """
 _PRIMARY_KEY_NAME = """
 SELECT conname FROM pg_catalog.pg_constraint WHERE conrelid = %s AND contype = 'p'
@@ -320,7 +316,7 @@ def _free_key_name(dest: psycopg.Connection[Any], target: TableName) -> str:
     """The first of `<table>_pkey`, `<table>_pkey1`... that no relation in the schema uses,
     as PostgreSQL chooses it (two long names cut to one prefix must not collide)."""
     candidates = [default_key_name(target, n) for n in range(100)]
-    taken = {row[0] for row in fetch_all(dest, _RELATION_NAMES, (target.schema, candidates))}
+    taken = taken_names(dest, target.schema, candidates)
     return next(name for name in candidates if name not in taken)
 
 

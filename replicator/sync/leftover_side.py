@@ -13,17 +13,12 @@ import psycopg
 
 from ..base.identifiers import INTERNAL_SCHEMA
 from ..postgres import ddl
-from ..postgres.database import execute, fetch_all
+from ..postgres.catalog import taken_names
+from ..postgres.database import execute
 from .context import TableJob
 from .scripts import side_table
 
 log = logging.getLogger("replicator.sync")
-
-_FOUND = (
-    "SELECT c.relname FROM pg_catalog.pg_class c "
-    "JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace "
-    "WHERE n.nspname = %s AND c.relname = ANY(%s)"
-)
 
 
 def drop_leftover_sides(dest: psycopg.Connection[Any], jobs: Sequence[TableJob]) -> None:
@@ -31,7 +26,7 @@ def drop_leftover_sides(dest: psycopg.Connection[Any], jobs: Sequence[TableJob])
     sides = {side_table(job.table.target).name: job for job in jobs}
     if not sides:
         return
-    for (name,) in fetch_all(dest, _FOUND, (INTERNAL_SCHEMA, list(sides))):
+    for name in sorted(taken_names(dest, INTERNAL_SCHEMA, list(sides))):
         execute(dest, ddl.drop_table(side_table(sides[name].table.target)))
         log.info(
             "%s: dropped the side table a reload killed before its swap left (%s.%s)",
