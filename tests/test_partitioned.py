@@ -313,6 +313,19 @@ def test_a_partition_of_a_captured_root_cannot_be_captured_too(
     assert expected in checked.output, checked.output
 
 
+def _keyless_events(conn, schema: str) -> None:
+    """A partitioned table without a key, captured under REPLICA IDENTITY FULL (its one
+    partition too), 50 rows."""
+    for statement in (
+        "CREATE TABLE {events} (id int NOT NULL, k int, note text) PARTITION BY RANGE (k)",
+        "CREATE TABLE {p_low} PARTITION OF {events} FOR VALUES FROM (0) TO (100)",
+        "ALTER TABLE {events} REPLICA IDENTITY FULL",
+        "ALTER TABLE {p_low} REPLICA IDENTITY FULL",
+        "INSERT INTO {events} SELECT g, g % 100, 'n' FROM generate_series(1, 50) g",
+    ):
+        _run(conn, schema, statement)
+
+
 def test_a_new_partition_without_a_replica_identity_takes_its_table_out_of_the_publication(
     cdc_project, schema, writer, source_conn, dest_conn
 ):
@@ -321,14 +334,7 @@ def test_a_new_partition_without_a_replica_identity_takes_its_table_out_of_the_p
     check warns of it; the next sync fails the table and takes it out of the publication
     (the application's UPDATEs go through again), and reloads it once the partition has one."""
     cdc_project.env.update(IN_PROCESS)
-    for statement in (
-        "CREATE TABLE {events} (id int NOT NULL, k int, note text) PARTITION BY RANGE (k)",
-        "CREATE TABLE {p_low} PARTITION OF {events} FOR VALUES FROM (0) TO (100)",
-        "ALTER TABLE {events} REPLICA IDENTITY FULL",
-        "ALTER TABLE {p_low} REPLICA IDENTITY FULL",
-        "INSERT INTO {events} SELECT g, g % 100, 'n' FROM generate_series(1, 50) g",
-    ):
-        _run(writer, schema, statement)
+    _keyless_events(writer, schema)
     cdc_project.write_config(
         {"tables": [{"name": f"{schema}.events", "mode": "cdc", "primary_key": ["id"]}]}
     )
@@ -366,16 +372,9 @@ def test_a_run_of_other_tables_lets_a_refused_table_out_of_the_publication_too(
     the table leaves the publication then, with a warning, not at its own next run, so
     the application's UPDATEs go through at once; it reloads when it is back."""
     cdc_project.env.update(IN_PROCESS)
-    for statement in (
-        "CREATE TABLE {events} (id int NOT NULL, k int, note text) PARTITION BY RANGE (k)",
-        "CREATE TABLE {p_low} PARTITION OF {events} FOR VALUES FROM (0) TO (100)",
-        "ALTER TABLE {events} REPLICA IDENTITY FULL",
-        "ALTER TABLE {p_low} REPLICA IDENTITY FULL",
-        "INSERT INTO {events} SELECT g, g % 100, 'n' FROM generate_series(1, 50) g",
-        "CREATE TABLE {loose} (id int PRIMARY KEY, note text)",
-        "INSERT INTO {loose} VALUES (1, 'a')",
-    ):
-        _run(writer, schema, statement)
+    _keyless_events(writer, schema)
+    _run(writer, schema, "CREATE TABLE {loose} (id int PRIMARY KEY, note text)")
+    _run(writer, schema, "INSERT INTO {loose} VALUES (1, 'a')")
     cdc_project.write_config(
         {
             "tables": [
