@@ -107,6 +107,26 @@ def test_an_update_to_the_same_values_rewrites_nothing_but_a_new_spelling_arrive
     assert dest_conn.execute(amount).fetchone() == ("3.00",)
 
 
+def test_an_update_of_a_row_the_copy_lacks_puts_it_back(
+    cdc_project, schema, writer, source_conn, dest_conn
+):
+    """Updates are written by key, and one whose row the copy has lost (deleted there by
+    hand) finds nothing to update: the row is inserted, in a batch of plain updates and in
+    one whose changes are reduced to each key's last."""
+    _create(writer, schema, rows=8)
+    _config(cdc_project, schema, "orders")
+    _sync(cdc_project)
+    target = sql.Identifier(schema, "orders")
+    dest_conn.execute(sql.SQL("DELETE FROM {} WHERE id IN (3, 7)").format(target))
+    _run(writer, schema, "UPDATE {t} SET note = 'changed' WHERE id <= 5")
+    _sync(cdc_project)
+    with writer.transaction():  # a key twice: the batch is reduced first
+        _run(writer, schema, "UPDATE {t} SET note = 'x' WHERE id = 7")
+        _run(writer, schema, "UPDATE {t} SET note = 'y' WHERE id = 7")
+    _sync(cdc_project)
+    assert assert_same_table(source_conn, dest_conn, schema, "orders") == 8
+
+
 def test_unchanged_toasted_values_keep_the_destinations(
     cdc_project, schema, writer, source_conn, dest_conn
 ):
@@ -1131,17 +1151,24 @@ def test_compile_shows_the_apply_a_sync_runs(cdc_project, schema, writer):
         "BEGIN",
         "CREATE",
         "DELETE",
+        "SELECT",
+        "SET",
+        "SET",
+        "UPDATE",
+        "RESET",
+        "RESET",
         "INSERT",
         "INSERT",
         "COMMIT",
     ]
-    assert document["sql"]["cdc_apply"][3].startswith(f'INSERT INTO "{schema}"."orders" AS d')
+    assert document["sql"]["cdc_apply"][6].startswith(f'UPDATE "{schema}"."orders" AS d')
+    assert document["sql"]["cdc_apply"][9].startswith(f'INSERT INTO "{schema}"."orders" AS d')
     assert "-- cdc apply of a batch" in cdc_project.run("compile").stdout
     with writer.transaction():  # a key twice in the batch: the reduction runs
         _run(writer, schema, "UPDATE {t} SET note = 'x' WHERE id = 1")
         _run(writer, schema, "UPDATE {t} SET note = 'y' WHERE id = 1")
     synced = _sync(cdc_project, "-v")
-    for step in steps[1:4]:
+    for step in steps[1:10]:
         assert step["sql"] in synced.stderr, step["sql"]
 
 

@@ -251,7 +251,7 @@ def test_a_signal_in_the_logs_drain_says_the_table_stopped_and_keeps_what_was_ap
                 lambda: dest_conn.execute(
                     "SELECT EXISTS (SELECT FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
                     "AND query LIKE %s)",
-                    (f"INSERT INTO %{table}%",),
+                    (f"UPDATE %{table}%",),
                 ).fetchone()[0],
                 120,
                 "the second batch's apply waiting on the held row",

@@ -632,7 +632,7 @@ def test_rows_a_sync_applies_while_verify_waits_for_the_slot_are_not_differences
             lambda: dest_conn.execute(
                 "SELECT EXISTS (SELECT FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
                 "AND query LIKE %s)",
-                (f"INSERT INTO %{schema}%",),
+                (f"UPDATE %{schema}%",),
             ).fetchone()[0],
             120,
             "the sync's apply waiting on the held row",

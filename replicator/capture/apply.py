@@ -3,8 +3,9 @@ position they reach (so a crash leaves both old or both new).
 
 The rules (README: How cdc applies changes):
 - a TRUNCATE in the batch empties the table; only changes after the last one count;
-- per key, the last change wins: a delete deletes, an insert or update upserts; the rows are
-  written only where they differ, so re-applying a batch changes nothing;
+- per key, the last change wins: a delete deletes, an update updates the row of its key (or
+  inserts it, where the copy lacks it), an insert upserts; the rows are written only where
+  they differ, so re-applying a batch changes nothing;
 - a column whose TOASTed value the change left as it was (pgoutput sends no value for it)
   takes the value of the row's previous version: from an earlier change in the batch, else
   from the destination. An update that moved a row to a new key takes it from the old key.
@@ -28,9 +29,12 @@ from .apply_sql import (
     after_truncate,
     delete_statement,
     match,
+    nested_loop,
     reduce_statement,
     repeated_keys_query,
     truncate_statement,
+    update_statement,
+    updates_query,
     upsert_statement,
 )
 from .stage import OP, SEQ, UNCHANGED_COLUMNS, TableStage
@@ -80,7 +84,7 @@ def apply_stage(
             _fill_unchanged(dest, stage, keys, after, name)
             rows = LAST
         deleted = execute(dest, delete_statement(target, rows, key, after)).rowcount
-        upserted = execute(dest, upsert_statement(target, rows, stage.columns, key, after)).rowcount
+        upserted = _write(dest, stage, rows, key, after)
         if not stage.simple:  # ON COMMIT DROP is too late inside a batch's open transaction
             execute(dest, sql.SQL("DROP TABLE {}").format(LAST))
         if lsn is not None:
@@ -88,6 +92,35 @@ def apply_stage(
             execute(dest, record.statement, record.params)
             failpoint("cdc-before-apply-commit")
     return Applied(max(upserted, 0), max(deleted, 0), stage.truncated_at is not None)
+
+
+def _write(
+    dest: psycopg.Connection[Any],
+    stage: TableStage,
+    rows: sql.Composable,
+    key: tuple[str, ...],
+    after: sql.Composable,
+) -> int:
+    """The rows that are not deletes: updates first, each row found by its key, then the
+    rest (inserts, and updates whose key the copy lacks) by an upsert; returns how many
+    rows were written. An UPDATE costs the destination less than an upsert's attempt to
+    insert (a 160,000-row batch into a 1M-row copy: 0.86-0.95 s against 1.03-1.59 s), when
+    the planner is held to look each key up: it would rather hash the batch and read the
+    whole copy, which took longer still (1.12-1.43 s), and gets slower as the copy grows."""
+    target, columns = stage.target, stage.columns
+    (updates,) = execute(dest, updates_query(rows, after)).fetchone()
+    updated = 0
+    if updates:
+        for statement in nested_loop(True):
+            execute(dest, statement)
+        update = update_statement(target, rows, columns, key, after, stage.undomained)
+        updated = execute(dest, update).rowcount
+        for statement in nested_loop(False):  # a batch's parts share one transaction
+            execute(dest, statement)
+    # an update that wrote nothing found no row, or one that was already equal: the upsert
+    # then looks for the keys the copy lacks
+    rest = upsert_statement(target, rows, columns, key, after, updated=updated == updates)
+    return max(updated, 0) + max(execute(dest, rest).rowcount, 0)
 
 
 def _say_repeated_keys(

@@ -61,36 +61,95 @@ def delete_statement(
     )
 
 
+def _differs(
+    left: str, right: str, columns: tuple[str, ...], undomained: dict[str, str] | None = None
+) -> sql.Composable:
+    """The two rows differ by their stored bytes (`*<>`, record image inequality, as REFRESH
+    MATERIALIZED VIEW CONCURRENTLY compares): json, xml or point have no `=`, numeric's 1.0
+    and 1.00 are equal by `=` but not by image, and two identical rows never differ
+    (printing both rows as text, as before, cost the destination more than the write).
+    `undomained`: the right row's domain columns are staged as these base types (a cast
+    from a domain to its base type changes no bytes); types compare only with their own."""
+    casts = undomained or {}
+
+    def row(alias: str, cast: bool) -> sql.Composable:
+        return sql.SQL(", ").join(
+            sql.SQL("{}.{}::{}").format(sql.Identifier(alias), sql.Identifier(c), sql.SQL(casts[c]))
+            if cast and c in casts
+            else sql.SQL("{}.{}").format(sql.Identifier(alias), sql.Identifier(c))
+            for c in columns
+        )
+
+    return sql.SQL("ROW({})::record *<> ROW({})::record").format(row(left, True), row(right, False))
+
+
+def updates_query(rows: sql.Composable, after: sql.Composable) -> sql.Composable:
+    """How many of the rows are updates (each is expected to find its row in the copy)."""
+    return sql.SQL("SELECT count(*) FROM {rows} WHERE {op} = 'U' AND {after}").format(
+        rows=rows, op=_OP, after=after
+    )
+
+
+def update_statement(
+    target: TableName,
+    rows: sql.Composable,
+    columns: tuple[str, ...],
+    key: tuple[str, ...],
+    after: sql.Composable,
+    undomained: dict[str, str] | None = None,
+) -> sql.Composable:
+    """The updates, each row found by its key in the copy and written where it differs.
+    Every column is set, the key's too: a key type whose equality is coarser than its text
+    (citext, numeric) matches the copy's old spelling, which must not stay. `undomained`:
+    the staging table's domain columns and their base types (stage.TableStage)."""
+    names = [sql.Identifier(c) for c in columns]
+    return sql.SQL(
+        "UPDATE {target} AS d SET {sets} FROM {rows} AS l "
+        "WHERE l.{op} = 'U' AND l.{after} AND {match} AND {differs}"
+    ).format(
+        target=target.identifier(),
+        sets=sql.SQL(", ").join(sql.SQL("{0} = l.{0}").format(c) for c in names),
+        rows=rows,
+        op=_OP,
+        after=after,
+        match=match("d", "l", _keys(key)),
+        differs=_differs("d", "l", columns, undomained),
+    )
+
+
 def upsert_statement(
     target: TableName,
     rows: sql.Composable,
     columns: tuple[str, ...],
     key: tuple[str, ...],
     after: sql.Composable,
+    *,
+    updated: bool = False,
 ) -> sql.Composable:
+    """The rows that are not deletes, inserted, or written over the copy's row of their key
+    where they differ from it. `updated`: update_statement wrote or matched every update, so
+    only the other rows are left; else an update is written here too when its key has no
+    row in the copy (which it lacked)."""
     names = [sql.Identifier(c) for c in columns]
-    # Every column, the key's too: a key type whose equality is coarser than its text
-    # (citext, numeric) conflicts with the copy's old spelling, which must not stay.
-    # Compared by their stored bytes (`*<>`, record image inequality, as REFRESH
-    # MATERIALIZED VIEW CONCURRENTLY compares): json, xml or point have no `=`, numeric's
-    # 1.0 and 1.00 are equal by `=` but not by image, and two identical rows never differ
-    # (printing both rows as text, as before, cost the destination more than the write).
-    conflict = sql.SQL(
-        "DO UPDATE SET {sets} WHERE ROW({current})::record *<> ROW({new})::record"
-    ).format(
+    conflict = sql.SQL("DO UPDATE SET {sets} WHERE {differs}").format(
         sets=sql.SQL(", ").join(sql.SQL("{0} = EXCLUDED.{0}").format(c) for c in names),
-        current=sql.SQL(", ").join(sql.SQL("d.{}").format(c) for c in names),
-        new=sql.SQL(", ").join(sql.SQL("EXCLUDED.{}").format(c) for c in names),
+        differs=_differs("d", "excluded", columns),
     )
+    if updated:
+        left = sql.SQL("l.{} <> 'U'").format(_OP)
+    else:
+        left = sql.SQL("(l.{op} <> 'U' OR NOT EXISTS (SELECT FROM {target} AS x WHERE {match}))")
+        left = left.format(op=_OP, target=target.identifier(), match=match("x", "l", _keys(key)))
     return sql.SQL(
-        "INSERT INTO {target} AS d ({columns}) SELECT {columns} FROM {rows} "
-        "WHERE {op} <> 'D' AND {after} ON CONFLICT ({keys}) {conflict}"
+        "INSERT INTO {target} AS d ({columns}) SELECT {columns} FROM {rows} AS l "
+        "WHERE l.{op} <> 'D' AND l.{after} AND {left} ON CONFLICT ({keys}) {conflict}"
     ).format(
         target=target.identifier(),
         columns=sql.SQL(", ").join(names),
         rows=rows,
-        after=after,
         op=_OP,
+        after=after,
+        left=left,
         keys=sql.SQL(", ").join(_keys(key)),
         conflict=conflict,
     )
@@ -126,23 +185,39 @@ def repeated_keys_query(
     )
 
 
+def nested_loop(on: bool) -> list[sql.Composable]:
+    """The planner held to look each key of the batch up in the copy (`on`), and let go
+    again: see apply._write."""
+    return [
+        sql.SQL("SET LOCAL {} = off").format(setting) if on else sql.SQL("RESET {}").format(setting)
+        for setting in (sql.Identifier("enable_hashjoin"), sql.Identifier("enable_mergejoin"))
+    ]
+
+
 def apply_steps(
     target: TableName, columns: tuple[str, ...], key: tuple[str, ...], keys_may_repeat: bool
 ) -> list[Step]:
     """A batch's apply as `compile` shows it: one that holds a key more than once and no
     TRUNCATE (a TRUNCATE first empties the table and only the changes after it count; a
-    batch with every key once skips the reduction and reads the staging table itself).
-    Unchanged TOASTed values are filled in from earlier changes or the copy between the
-    reduction and the writes; `<lsn>` is the end of the batch's last commit."""
+    batch with every key once skips the reduction and reads the staging table itself), and
+    whose updates all find their rows (else the last INSERT also writes the updates whose
+    keys the copy lacks). Unchanged TOASTed values are filled in from earlier changes or the
+    copy between the reduction and the writes; `<lsn>` is the end of the batch's last
+    commit."""
     after = after_truncate(None)
     steps = [Step("destination", sql.SQL("BEGIN"))]
     if keys_may_repeat:
         steps.append(Step("destination", repeated_keys_query(target, STAGE, key, after)))
-    steps += [
-        Step("destination", reduce_statement(STAGE, key, after)),
-        Step("destination", delete_statement(target, LAST, key, after)),
-        Step("destination", upsert_statement(target, LAST, columns, key, after)),
+    writes = [
+        reduce_statement(STAGE, key, after),
+        delete_statement(target, LAST, key, after),
+        updates_query(LAST, after),
+        *nested_loop(True),
+        update_statement(target, LAST, columns, key, after),
+        *nested_loop(False),
+        upsert_statement(target, LAST, columns, key, after, updated=True),
     ]
+    steps += [Step("destination", statement) for statement in writes]
     record = record_applied_step(target, 0)
     params = (*record.params[:2], "<lsn>") if record.params else None
     return [*steps, Step("destination", record.statement, params), Step("destination", "COMMIT")]

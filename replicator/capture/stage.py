@@ -68,6 +68,8 @@ class TableStage:
     raw: list[bytes] = field(default_factory=list)
     raw_seqs: list[int] = field(default_factory=list)
     one_by_one: Callable[[bytes, int], None] | None = None
+    # the domain columns, staged as their base types (`Stager._undomain`)
+    undomained: dict[str, str] = field(default_factory=dict)
 
     def note_key(self, values: list[Field], offset: int = 0) -> None:
         """`values[offset:]` are the row's columns."""
@@ -151,21 +153,25 @@ class Stager:
                     target=target.identifier(),
                 ),
             )
-            self._undomain(name)
+            undomained = self._undomain(name)
             execute(  # rows made at once leave the column out (capture/copy_block.py)
                 self.dest,
                 sql.SQL("ALTER TABLE {} ALTER COLUMN {} SET DEFAULT '{{}}'").format(
                     name, sql.Identifier(UNCHANGED_COLUMNS)
                 ),
             )
-            stage = TableStage(target, columns, name, key_positions=key_positions)
+            stage = TableStage(
+                target, columns, name, key_positions=key_positions, undomained=undomained
+            )
             self.stages[target] = stage
         return stage
 
-    def _undomain(self, name: sql.Identifier) -> None:
+    def _undomain(self, name: sql.Identifier) -> dict[str, str]:
         """Domain columns take their base type here: a NOT NULL or CHECK domain would refuse
         the NULLs that stand for values a delete or an unchanged TOASTed value does not carry
-        (the destination table checks them when the rows are applied)."""
+        (the destination table checks them when the rows are applied). Returns each such
+        column's base type."""
+        undomained: dict[str, str] = {}
         for _ in range(8):  # a domain over a domain: one level per pass
             domains = execute(
                 self.dest,
@@ -176,7 +182,8 @@ class Stager:
                 (name.as_string(self.dest),),
             ).fetchall()
             if not domains:
-                return
+                break
+            undomained.update(domains)
             execute(
                 self.dest,
                 sql.SQL("ALTER TABLE {} {}").format(
@@ -189,6 +196,7 @@ class Stager:
                     ),
                 ),
             )
+        return undomained
 
     def add(self, stage: TableStage, seq: int, op: bytes, values: list[Field]) -> None:
         """One change; `values` COPY text fields (copy_rows.fields), or UNCHANGED."""
