@@ -16,9 +16,11 @@ message on the stream, sent between two batches.
 from __future__ import annotations
 
 import contextlib
+import importlib
 import logging
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -39,6 +41,9 @@ log = logging.getLogger("replicator.capture")
 
 BATCH_CHANGES = 200_000  # messages per applied batch: the slot moves after each
 RELEASE_WAIT_S = 15
+# WAL enough for a table's changes to be made into rows many at once (capture/copy_block.py,
+# whose numpy takes about 0.18 s to import): it is imported beside the drain's start
+BLOCK_WAL = 1 << 20
 
 
 @dataclass
@@ -65,6 +70,7 @@ def drain(
     by_name = {t.name: t for t in tables}
     position = start
     with (
+        _imported_beside(upto - start >= BLOCK_WAL),
         connect(source_url, "source") as source,
         connect(dest_url, "destination") as staging,
         connect(dest_url, "destination") as other_staging,
@@ -112,6 +118,28 @@ def drain(
         if table.takes_changes:
             table.position = max(table.position, position)
     return DrainResult(list(tables), start, position, read.batches)
+
+
+@contextlib.contextmanager
+def _imported_beside(needed: bool) -> Iterator[None]:
+    """copy_block imported on a thread of its own while the connections open and the stream
+    starts (waits that leave the interpreter free), rather than by the reader at the first
+    batch's flush, with the destination waiting for that batch; joined at the end, so never
+    left running at the process's exit."""
+    if not needed:
+        yield
+        return
+    thread = threading.Thread(
+        target=importlib.import_module,
+        args=("replicator.capture.copy_block",),
+        name="replicator-import",
+        daemon=True,
+    )
+    thread.start()
+    try:
+        yield
+    finally:
+        thread.join()
 
 
 def _wait_for_the_slot(source: psycopg.Connection[Any], slot: str) -> None:
