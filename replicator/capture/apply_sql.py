@@ -127,7 +127,7 @@ def upsert_statement(
     updated: bool = False,
 ) -> sql.Composable:
     """The rows that are not deletes, inserted, or written over the copy's row of their key
-    where they differ from it. `updated`: update_statement wrote or matched every update, so
+    where they differ from it. `updated`: update_statement wrote a row for every update, so
     only the other rows are left; else an update is written here too when its key has no
     row in the copy (which it lacked)."""
     names = [sql.Identifier(c) for c in columns]
@@ -195,15 +195,20 @@ def nested_loop(on: bool) -> list[sql.Composable]:
 
 
 def apply_steps(
-    target: TableName, columns: tuple[str, ...], key: tuple[str, ...], keys_may_repeat: bool
+    target: TableName,
+    columns: tuple[str, ...],
+    key: tuple[str, ...],
+    keys_may_repeat: bool,
+    undomained: dict[str, str] | None = None,
 ) -> list[Step]:
     """A batch's apply as `compile` shows it: one that holds a key more than once and no
     TRUNCATE (a TRUNCATE first empties the table and only the changes after it count; a
     batch with every key once skips the reduction and reads the staging table itself), and
     whose updates all find their rows (else the last INSERT also writes the updates whose
-    keys the copy lacks). Unchanged TOASTed values are filled in from earlier changes or the
-    copy between the reduction and the writes; `<lsn>` is the end of the batch's last
-    commit."""
+    keys the copy lacks; a batch without updates skips the SET, UPDATE and RESET).
+    Unchanged TOASTed values are filled in from earlier changes or the copy between the
+    reduction and the writes; `<lsn>` is the end of the batch's last commit. `undomained`:
+    the domain columns' staged base types (type_closure.staged_base)."""
     after = after_truncate(None)
     steps = [Step("destination", sql.SQL("BEGIN"))]
     if keys_may_repeat:
@@ -213,7 +218,7 @@ def apply_steps(
         delete_statement(target, LAST, key, after),
         updates_query(LAST, after),
         *nested_loop(True),
-        update_statement(target, LAST, columns, key, after),
+        update_statement(target, LAST, columns, key, after, undomained),
         *nested_loop(False),
         upsert_statement(target, LAST, columns, key, after, updated=True),
     ]

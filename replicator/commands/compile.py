@@ -26,6 +26,7 @@ from ..capture.preflight import capture_problem
 from ..plan.drift import Planned, plan_now
 from ..plan.read_ahead import read_ahead
 from ..postgres.database import Step, connect, display, render
+from ..postgres.type_closure import staged_base
 from ..project.config import TableConfig
 from ..project.project import Project
 from ..project.settings import DEST_URL
@@ -150,7 +151,9 @@ class CompiledTable:
             return None
         columns = tuple(c.name for c in built.columns)
         repeat = built.table.primary_key is not None
-        return apply_steps(built.table.target, columns, built.primary_key, repeat)
+        staged = {c.name: staged_base(self.conn, c.type_oid) for c in built.columns}
+        undomained = {name: base for name, base in staged.items() if base is not None}
+        return apply_steps(built.table.target, columns, built.primary_key, repeat, undomained)
 
     def as_json(self, dest_note: str | None) -> dict[str, Any]:
         built = self.built

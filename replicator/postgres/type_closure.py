@@ -123,6 +123,29 @@ FROM chain WHERE base = 0
 """
 
 
+_STAGED = """
+WITH RECURSIVE chain(base, typmod, depth) AS (
+    SELECT t.typbasetype, t.typtypmod, 0 FROM pg_catalog.pg_type t
+    WHERE t.oid = %s AND t.typtype = 'd'
+  UNION ALL
+    SELECT t.typbasetype, t.typtypmod, chain.depth + 1
+    FROM pg_catalog.pg_type t JOIN chain ON t.oid = chain.base
+    WHERE t.typtype = 'd'
+)
+SELECT pg_catalog.format_type(base, typmod) FROM chain ORDER BY depth DESC LIMIT 1
+"""
+
+
+def staged_base(conn: psycopg.Connection[Any], type_oid: int) -> str | None:
+    """The type a domain column is staged as by a cdc drain (capture/stage.py, one level of
+    domain at a time: the innermost domain's base type with its modifier); None for a type
+    that is no domain."""
+    if type_oid < FIRST_NORMAL_OID:
+        return None
+    row = execute(conn, _STAGED, (type_oid,)).fetchone()
+    return str(row[0]) if row else None
+
+
 def domain_base(conn: psycopg.Connection[Any], type_text: str) -> tuple[str, bool]:
     """The type a domain stands on, through domains over domains (a `timestamptz` for a
     domain over it): what its values can be (`infinity`) and how they subtract; and whether
