@@ -1443,3 +1443,43 @@ def test_changes_logged_while_the_replica_identity_named_other_columns_reload_th
     writer.execute(sql.SQL("UPDATE {} SET v = -v WHERE id < 10").format(target))
     _sync(cdc_project)
     assert assert_same_table(source_conn, dest_conn, schema, "ck", key="id") == 99
+
+
+@pytest.mark.parametrize("identity", ["DEFAULT", "FULL"])
+def test_a_deferrable_primary_key_is_refused_and_the_source_keeps_taking_updates(
+    cdc_project, schema, writer, source_conn, dest_conn, identity
+):
+    """A DEFERRABLE primary key lets two rows hold one key inside a transaction: `UPDATE
+    SET id = id + 1` logged "a row left key 2" after "a row arrived at key 2", and the copy
+    lost keys 2-5 of 1-5, exit 0 (REPLICA IDENTITY FULL). Under DEFAULT, PostgreSQL takes no
+    deferrable key as the replica identity: the table joined the publication and the source
+    refused the application's UPDATEs. The table is refused with the fix, left out of the
+    publication, and the source takes its updates."""
+    target = sql.Identifier(schema, "shifted")
+    writer.execute(
+        sql.SQL(
+            "CREATE TABLE {} (id int CONSTRAINT shifted_key PRIMARY KEY DEFERRABLE, v text)"
+        ).format(target)
+    )
+    writer.execute(sql.SQL("ALTER TABLE {} REPLICA IDENTITY " + identity).format(target))
+    writer.execute(
+        sql.SQL("INSERT INTO {} SELECT g, 'v' FROM generate_series(1, 5) g").format(target)
+    )
+    cdc_project.write_config({"tables": [{"name": f"{schema}.shifted", "mode": "cdc"}]})
+    refused = cdc_project.run("sync")
+    assert refused.exit_code == 1, refused.output
+    fix = (
+        f"ALTER TABLE {schema}.shifted DROP CONSTRAINT shifted_key, ADD CONSTRAINT shifted_key "
+        "PRIMARY KEY (id)"
+    )
+    assert (
+        "its primary key shifted_key is DEFERRABLE: inside a transaction two rows may hold one "
+        "key (UPDATE ... SET id = id + 1), which changes applied by key cannot tell apart, so "
+        f"the copy would lose rows: run `{fix}` in the source" in refused.stderr
+    ), refused.stderr
+    writer.execute(sql.SQL("UPDATE {} SET id = id + 1").format(target))  # not refused
+    writer.execute(fix)
+    _sync(cdc_project)
+    writer.execute(sql.SQL("UPDATE {} SET v = 'w' WHERE id = 6").format(target))
+    _sync(cdc_project)
+    assert assert_same_table(source_conn, dest_conn, schema, "shifted") == 5

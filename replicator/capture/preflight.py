@@ -10,7 +10,10 @@ and DELETEs: that must never be the tool's doing).
   REPLICA IDENTITY USING INDEX on the unique index that keys a table without one
   (plan/table_key.py), or REPLICA IDENTITY FULL (the whole old row: any key works); for a
   partitioned table, on every leaf too (the leaves' own setting decides what their updates
-  and deletes log).
+  and deletes log);
+- a primary key that is not DEFERRABLE (see _deferred_key_problem; PostgreSQL takes no
+  deferrable key as a replica identity, so under DEFAULT the source refuses the table's
+  updates while it is published).
 """
 
 from __future__ import annotations
@@ -35,7 +38,8 @@ SELECT c.oid, c.relreplident::text,
           FROM pg_catalog.pg_index i
           JOIN pg_catalog.pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = ANY(i.indkey)
          WHERE i.indrelid = c.oid
-           AND (CASE c.relreplident WHEN 'i' THEN i.indisreplident ELSE i.indisprimary END)),
+           AND (CASE c.relreplident WHEN 'i' THEN i.indisreplident
+                ELSE i.indisprimary AND i.indimmediate END)),
        (SELECT array_agg(a.attname::text ORDER BY a.attnum) FROM pg_catalog.pg_attribute a
          WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped
            AND a.attgenerated <> ''),
@@ -48,7 +52,9 @@ SELECT c.oid, c.relreplident::text,
             JOIN pg_catalog.pg_inherits i ON i.inhrelid = up.oid)
         SELECT array_agg(ARRAY[n.nspname::text, p.relname::text] ORDER BY up.depth DESC)
           FROM up JOIN pg_catalog.pg_class p ON p.oid = up.oid
-          JOIN pg_catalog.pg_namespace n ON n.oid = p.relnamespace)
+          JOIN pg_catalog.pg_namespace n ON n.oid = p.relnamespace),
+       (SELECT k.conname::text FROM pg_catalog.pg_constraint k
+         WHERE k.conrelid = c.oid AND k.contype = 'p' AND k.condeferrable)
 FROM pg_catalog.pg_class c WHERE c.oid = ANY(%s)
 """
 _VIA_ROOT_SINCE = 130000  # publish_via_partition_root
@@ -58,7 +64,7 @@ IDENTITY_NAMES = {"d": "default", "f": "full", "i": "index", "n": "nothing"}
 
 def replica_identity(source: psycopg.Connection[Any], info: TableInfo) -> tuple[str, list[str]]:
     """The table's replica identity (d, f, i, n) and the key columns it names."""
-    _, identity, keys, _, _ = fetch_all(source, _IDENTITIES, ([info.oid],))[0]
+    _, identity, keys, _, _, _ = fetch_all(source, _IDENTITIES, ([info.oid],))[0]
     return identity, keys or []
 
 
@@ -100,7 +106,9 @@ def _log_problem(
             "publication that sends its partitions' changes under its name): use a cursor "
             "mode, or full-refresh"
         )
-    _, identity, keys, generated, ancestors = fetch_all(source, _IDENTITIES, ([info.oid],))[0]
+    _, identity, keys, generated, ancestors, deferrable = fetch_all(
+        source, _IDENTITIES, ([info.oid],)
+    )[0]
     # the topmost captured ancestor: the name the publication gives this partition's changes
     above = next((TableName(*a) for a in ancestors or [] if TableName(*a) in captured), None)
     if above is not None:
@@ -118,7 +126,7 @@ def _log_problem(
             f"{name}: generated column(s) {columns} are not in the log (PostgreSQL 15): "
             "mode cdc cannot copy them; use a cursor mode"
         )
-    problem = _identity_problem(name, name, built, built.table.name, identity, keys)
+    problem = _identity_problem(name, name, built, built.table.name, identity, keys, deferrable)
     if problem is not None or not partitioned:
         return problem
     found = leaves(source, info.oid)
@@ -138,16 +146,22 @@ def _log_problem(
 
 def _leaf_identities(
     source: psycopg.Connection[Any], found: list[Leaf]
-) -> dict[int, tuple[str, list[str] | None]]:
+) -> dict[int, tuple[str, list[str] | None, str | None]]:
     rows = fetch_all(source, _IDENTITIES, ([f.oid for f in found],))
-    return {oid: (identity, keys) for oid, identity, keys, _, _ in rows}
+    return {oid: (identity, keys, deferrable) for oid, identity, keys, _, _, deferrable in rows}
 
 
-def _refused(identity: str, keys: list[str] | None) -> str | None:
+def _refused(identity: str, keys: list[str] | None, deferrable: str | None) -> str | None:
     """Why the source refuses the UPDATEs and DELETEs of a published table with this replica
-    identity (it has none); None when it takes them."""
+    identity (it has none); None when it takes them. `deferrable`: the name of a DEFERRABLE
+    primary key, which PostgreSQL does not take as a replica identity."""
     if identity == "n":
         return "replica identity NOTHING"
+    if identity == "d" and not keys and deferrable:
+        return (
+            f"its primary key {display_ident(deferrable)} is DEFERRABLE, which PostgreSQL does "
+            "not take as the replica identity, and replica identity DEFAULT"
+        )
     if identity == "d" and not keys:
         return "no primary key, and replica identity DEFAULT"
     if identity == "i" and not keys:
@@ -158,8 +172,8 @@ def _refused(identity: str, keys: list[str] | None) -> str | None:
 def refuses_changes(source: psycopg.Connection[Any], info: TableInfo) -> bool:
     """Whether the source would refuse UPDATEs and DELETEs of the table, or of one of its
     partitions, while the table is published: the publication must then let it go."""
-    _, identity, keys, _, _ = fetch_all(source, _IDENTITIES, ([info.oid],))[0]
-    if _refused(identity, keys):
+    _, identity, keys, _, _, deferrable = fetch_all(source, _IDENTITIES, ([info.oid],))[0]
+    if _refused(identity, keys, deferrable):
         return True
     if info.kind != PARTITIONED:
         return False
@@ -196,8 +210,10 @@ def refused_in_publication(
     for the tables it selects."""
     rows = fetch_all(source, _PUBLISHED_MEMBERS, (publication,))
     identities = {
-        oid: (identity, keys)
-        for oid, identity, keys, _, _ in fetch_all(source, _IDENTITIES, ([r[2] for r in rows],))
+        oid: (identity, keys, deferrable)
+        for oid, identity, keys, _, _, deferrable in fetch_all(
+            source, _IDENTITIES, ([r[2] for r in rows],)
+        )
     }
     refused: dict[TableName, str] = {}
     for schema, name, oid, *member, is_root in sorted(rows, key=lambda r: (r[0], r[1], not r[5])):
@@ -215,9 +231,13 @@ def _identity_problem(
     table: TableName,
     identity: str,
     keys: list[str] | None,
+    deferrable: str | None,
 ) -> str | None:
-    """Why the table's (or a leaf's) replica identity does not name rows by the copy's key."""
+    """Why the table's (or a leaf's) replica identity does not name rows by the copy's key,
+    or why changes applied by that key would not be the source's."""
     fix_full = f"ALTER TABLE {table} REPLICA IDENTITY FULL"
+    if deferrable and built.key.origin == "primary key":
+        return _deferred_key_problem(subject, table, deferrable, built.primary_key)
     if identity == "f":
         return None
     if sorted(keys or []) != sorted(built.primary_key) and built.key.origin == "unique index":
@@ -232,7 +252,7 @@ def _identity_problem(
             f"`{fix_index}` in the source (or `{fix_full}`, which logs every column of the old "
             "row)"
         )
-    refused = _refused(identity, keys)
+    refused = _refused(identity, keys, deferrable)
     if refused is not None:
         later = " (and on every partition created later)" if subject != name else ""
         return (
@@ -249,6 +269,29 @@ def _identity_problem(
             f"run `{fix_full}` in the source, or set primary_key to the source's key"
         )
     return None
+
+
+def _deferred_key_problem(
+    subject: str, table: TableName, constraint: str, key: tuple[str, ...]
+) -> str:
+    """A DEFERRABLE primary key lets two rows hold one key inside a transaction (`UPDATE t
+    SET id = id + 1` moves each row onto its neighbour's key before the neighbour leaves):
+    the log then says "a row left key 2" after "a row arrived at key 2", and the copy,
+    whose changes are applied by key, would lose the row that arrived (measured: keys 2-5
+    of 1-5 gone, exit 0). PostgreSQL takes no such key as a replica identity either."""
+    name = display_ident(constraint)
+    columns = ", ".join(map(display_ident, key))
+    fix = (
+        f"ALTER TABLE {table} DROP CONSTRAINT {name}, ADD CONSTRAINT {name} PRIMARY KEY ({columns})"
+    )
+    return (
+        f"{subject}: its primary key {name} is DEFERRABLE: inside a transaction two rows may "
+        "hold one key (UPDATE ... SET id = id + 1), which changes applied by key cannot tell "
+        f"apart, so the copy would lose rows: run `{fix}` in the source (PostgreSQL cannot "
+        "make a primary key NOT DEFERRABLE in place; this rebuilds its index, and foreign "
+        "keys that reference it must go first), or use a cursor mode (replication_key) or "
+        "full-refresh"
+    )
 
 
 def shaping_problem(
