@@ -14,13 +14,16 @@ from replicator.transfer.markers import load_id_prefix
 
 
 def row_hashes(conn: psycopg.Connection[Any], schema: str, table: str, key: str = "id") -> dict:
-    """{key: md5(row::text)} for every row."""
+    """{key: md5(row::text)} for every row; a key held by more than one row fails (a copy
+    that repeats a key would otherwise compare equal by its last row)."""
     rows = conn.execute(
         sql.SQL("SELECT {k}::text, md5(t::text) FROM {t} AS t").format(
             k=sql.Identifier(key), t=sql.Identifier(schema, table)
         )
     ).fetchall()
-    return dict(rows)
+    hashes = dict(rows)
+    assert len(hashes) == len(rows), f"{schema}.{table}: {len(rows) - len(hashes)} repeated key(s)"
+    return hashes
 
 
 def column_types(conn: psycopg.Connection[Any], schema: str, table: str) -> list[tuple]:

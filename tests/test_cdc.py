@@ -308,15 +308,18 @@ def test_a_transaction_across_two_tables_and_a_copied_project(
 
     copy = tmp_path / "copy"
     shutil.copytree(cdc_project.path, copy)
+    slot = json.loads((copy / "sync-state" / "cdc.json").read_text())["slot"]
+    confirmed = "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = %s"
+    (before,) = source_conn.execute(confirmed, (slot,)).fetchone()
     _run(writer, schema, "INSERT INTO {t} VALUES (777, 'seen by the copy', 1, NULL)", table="items")
     result = cdc_project.run.__func__(type(cdc_project)(copy, cdc_project.env), "sync")
     assert result.exit_code == 0, result.output
     assert "items: incremental" in result.stderr
     assert assert_same_table(source_conn, dest_conn, schema, "items") == 97
-    slots = source_conn.execute(
-        "SELECT count(*) FROM pg_replication_slots WHERE slot_name LIKE 'replicator%%'"
-    ).fetchone()[0]
-    assert slots == 1
+    # the copy read the project's own slot (other tests' slots on this source do not count)
+    assert json.loads((copy / "sync-state" / "cdc.json").read_text())["slot"] == slot
+    moved = "SELECT confirmed_flush_lsn > %s::pg_lsn FROM pg_replication_slots WHERE slot_name = %s"
+    assert source_conn.execute(moved, (before, slot)).fetchone() == (True,)
 
 
 def test_writers_during_the_first_load_are_neither_lost_nor_applied_twice(
@@ -1445,9 +1448,13 @@ def test_changes_logged_while_the_replica_identity_named_other_columns_reload_th
     assert assert_same_table(source_conn, dest_conn, schema, "ck", key="id") == 99
 
 
-@pytest.mark.parametrize("identity", ["DEFAULT", "FULL"])
+@pytest.mark.parametrize(
+    ("identity", "entry"),
+    [("DEFAULT", {}), ("FULL", {}), ("FULL", {"primary_key": ["id"]})],
+    ids=["default", "full", "full-configured-key"],
+)
 def test_a_deferrable_primary_key_is_refused_and_the_source_keeps_taking_updates(
-    cdc_project, schema, writer, source_conn, dest_conn, identity
+    cdc_project, schema, writer, source_conn, dest_conn, identity, entry
 ):
     """A DEFERRABLE primary key lets two rows hold one key inside a transaction: `UPDATE
     SET id = id + 1` logged "a row left key 2" after "a row arrived at key 2", and the copy
@@ -1465,7 +1472,8 @@ def test_a_deferrable_primary_key_is_refused_and_the_source_keeps_taking_updates
     writer.execute(
         sql.SQL("INSERT INTO {} SELECT g, 'v' FROM generate_series(1, 5) g").format(target)
     )
-    cdc_project.write_config({"tables": [{"name": f"{schema}.shifted", "mode": "cdc"}]})
+    table = {"name": f"{schema}.shifted", "mode": "cdc", **entry}
+    cdc_project.write_config({"tables": [table]})
     refused = cdc_project.run("sync")
     assert refused.exit_code == 1, refused.output
     fix = (
@@ -1483,3 +1491,25 @@ def test_a_deferrable_primary_key_is_refused_and_the_source_keeps_taking_updates
     writer.execute(sql.SQL("UPDATE {} SET v = 'w' WHERE id = 6").format(target))
     _sync(cdc_project)
     assert assert_same_table(source_conn, dest_conn, schema, "shifted") == 5
+
+
+def test_a_deferrable_primary_key_beside_a_unique_index_checked_at_once_is_captured(
+    cdc_project, schema, writer, source_conn, dest_conn
+):
+    """An immediate unique index over the key keeps two rows from ever holding one key,
+    whatever the primary key defers: made the replica identity, the table is captured."""
+    target = sql.Identifier(schema, "guarded")
+    writer.execute(
+        sql.SQL("CREATE TABLE {} (id int PRIMARY KEY DEFERRABLE, v text)").format(target)
+    )
+    writer.execute(sql.SQL("CREATE UNIQUE INDEX guarded_id ON {} (id)").format(target))
+    writer.execute(sql.SQL("ALTER TABLE {} REPLICA IDENTITY USING INDEX guarded_id").format(target))
+    writer.execute(
+        sql.SQL("INSERT INTO {} SELECT g, 'v' FROM generate_series(1, 5) g").format(target)
+    )
+    cdc_project.write_config({"tables": [{"name": f"{schema}.guarded", "mode": "cdc"}]})
+    _sync(cdc_project)
+    writer.execute(sql.SQL("UPDATE {} SET v = 'w' WHERE id = 3").format(target))
+    writer.execute(sql.SQL("UPDATE {} SET id = 10 WHERE id = 5").format(target))
+    _sync(cdc_project)
+    assert assert_same_table(source_conn, dest_conn, schema, "guarded") == 5

@@ -622,3 +622,33 @@ def test_a_batch_with_a_configured_key_twice_says_it_kept_the_newest(
     )
     copied = dest_conn.execute(sql.SQL("SELECT id, note FROM {} ORDER BY id").format(table))
     assert copied.fetchall() == [(1, "a"), (2, "newer")]
+
+
+def test_a_primary_key_with_included_columns_keys_the_copy_by_its_key_columns(
+    db_project, source_conn, dest_conn, schema
+):
+    """`PRIMARY KEY (id) INCLUDE (note)`: the index's INCLUDE columns are not the key. Read as
+    (id, note), the copy's key let an updated note arrive as a second row of its id."""
+    table = sql.Identifier(schema, "orders")
+    source_conn.execute(
+        sql.SQL(
+            "CREATE TABLE {} (id bigint, note text NOT NULL, "
+            "updated_at timestamptz NOT NULL DEFAULT clock_timestamp(), "
+            "PRIMARY KEY (id) INCLUDE (note))"
+        ).format(table)
+    )
+    source_conn.execute(
+        sql.SQL("INSERT INTO {} (id, note) SELECT g, 'n' FROM generate_series(1, 20) g").format(
+            table
+        )
+    )
+    _config(db_project, schema)
+    assert db_project.run("sync", env=IN_PROCESS).exit_code == 0
+    source_conn.execute(
+        sql.SQL(
+            "UPDATE {} SET note = 'changed', updated_at = clock_timestamp() WHERE id <= 5"
+        ).format(table)
+    )
+    result = db_project.run("sync", env=IN_PROCESS)
+    assert result.exit_code == 0, result.output
+    assert assert_same_table(source_conn, dest_conn, schema, "orders") == 20

@@ -36,8 +36,9 @@ _IDENTITIES = """
 SELECT c.oid, c.relreplident::text,
        (SELECT array_agg(a.attname::text ORDER BY a.attname)
           FROM pg_catalog.pg_index i
-          JOIN pg_catalog.pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = ANY(i.indkey)
-         WHERE i.indrelid = c.oid
+          CROSS JOIN LATERAL unnest(i.indkey) WITH ORDINALITY AS k(attnum, ord)
+          JOIN pg_catalog.pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum
+         WHERE i.indrelid = c.oid AND k.ord <= i.indnkeyatts
            AND (CASE c.relreplident WHEN 'i' THEN i.indisreplident
                 ELSE i.indisprimary AND i.indimmediate END)),
        (SELECT array_agg(a.attname::text ORDER BY a.attnum) FROM pg_catalog.pg_attribute a
@@ -54,7 +55,21 @@ SELECT c.oid, c.relreplident::text,
           FROM up JOIN pg_catalog.pg_class p ON p.oid = up.oid
           JOIN pg_catalog.pg_namespace n ON n.oid = p.relnamespace),
        (SELECT k.conname::text FROM pg_catalog.pg_constraint k
-         WHERE k.conrelid = c.oid AND k.contype = 'p' AND k.condeferrable)
+         WHERE k.conrelid = c.oid AND k.contype = 'p' AND k.condeferrable),
+       -- a deferrable primary key's columns, unless an immediate unique index over some of
+       -- them keeps two rows from ever holding one key
+       (SELECT array_agg(a.attname::text ORDER BY a.attname)
+          FROM pg_catalog.pg_index p
+          CROSS JOIN LATERAL unnest(p.indkey) WITH ORDINALITY AS k(attnum, ord)
+          JOIN pg_catalog.pg_attribute a ON a.attrelid = p.indrelid AND a.attnum = k.attnum
+         WHERE p.indrelid = c.oid AND p.indisprimary AND NOT p.indimmediate
+           AND k.ord <= p.indnkeyatts
+           AND NOT EXISTS (
+             SELECT FROM pg_catalog.pg_index u
+              WHERE u.indrelid = c.oid AND u.indisunique AND u.indimmediate AND u.indisvalid
+                AND u.indpred IS NULL AND u.indexprs IS NULL
+                AND (u.indkey::int2[])[0:u.indnkeyatts - 1]
+                    <@ (p.indkey::int2[])[0:p.indnkeyatts - 1]))
 FROM pg_catalog.pg_class c WHERE c.oid = ANY(%s)
 """
 _VIA_ROOT_SINCE = 130000  # publish_via_partition_root
@@ -64,7 +79,7 @@ IDENTITY_NAMES = {"d": "default", "f": "full", "i": "index", "n": "nothing"}
 
 def replica_identity(source: psycopg.Connection[Any], info: TableInfo) -> tuple[str, list[str]]:
     """The table's replica identity (d, f, i, n) and the key columns it names."""
-    _, identity, keys, _, _, _ = fetch_all(source, _IDENTITIES, ([info.oid],))[0]
+    _, identity, keys, _, _, _, _ = fetch_all(source, _IDENTITIES, ([info.oid],))[0]
     return identity, keys or []
 
 
@@ -106,7 +121,7 @@ def _log_problem(
             "publication that sends its partitions' changes under its name): use a cursor "
             "mode, or full-refresh"
         )
-    _, identity, keys, generated, ancestors, deferrable = fetch_all(
+    _, identity, keys, generated, ancestors, deferrable, unguarded = fetch_all(
         source, _IDENTITIES, ([info.oid],)
     )[0]
     # the topmost captured ancestor: the name the publication gives this partition's changes
@@ -126,7 +141,9 @@ def _log_problem(
             f"{name}: generated column(s) {columns} are not in the log (PostgreSQL 15): "
             "mode cdc cannot copy them; use a cursor mode"
         )
-    problem = _identity_problem(name, name, built, built.table.name, identity, keys, deferrable)
+    problem = _identity_problem(
+        name, name, built, built.table.name, identity, keys, deferrable, unguarded
+    )
     if problem is not None or not partitioned:
         return problem
     found = leaves(source, info.oid)
@@ -146,9 +163,12 @@ def _log_problem(
 
 def _leaf_identities(
     source: psycopg.Connection[Any], found: list[Leaf]
-) -> dict[int, tuple[str, list[str] | None, str | None]]:
+) -> dict[int, tuple[str, list[str] | None, str | None, list[str] | None]]:
     rows = fetch_all(source, _IDENTITIES, ([f.oid for f in found],))
-    return {oid: (identity, keys, deferrable) for oid, identity, keys, _, _, deferrable in rows}
+    return {
+        oid: (identity, keys, deferrable, unguarded)
+        for oid, identity, keys, _, _, deferrable, unguarded in rows
+    }
 
 
 def _refused(identity: str, keys: list[str] | None, deferrable: str | None) -> str | None:
@@ -172,13 +192,13 @@ def _refused(identity: str, keys: list[str] | None, deferrable: str | None) -> s
 def refuses_changes(source: psycopg.Connection[Any], info: TableInfo) -> bool:
     """Whether the source would refuse UPDATEs and DELETEs of the table, or of one of its
     partitions, while the table is published: the publication must then let it go."""
-    _, identity, keys, _, _, deferrable = fetch_all(source, _IDENTITIES, ([info.oid],))[0]
+    _, identity, keys, _, _, deferrable, _ = fetch_all(source, _IDENTITIES, ([info.oid],))[0]
     if _refused(identity, keys, deferrable):
         return True
     if info.kind != PARTITIONED:
         return False
     found = [leaf for leaf in leaves(source, info.oid) if not leaf.foreign]
-    return any(_refused(*pair) for pair in _leaf_identities(source, found).values())
+    return any(_refused(*leaf[:3]) for leaf in _leaf_identities(source, found).values())
 
 
 _PUBLISHED_MEMBERS = """
@@ -211,7 +231,7 @@ def refused_in_publication(
     rows = fetch_all(source, _PUBLISHED_MEMBERS, (publication,))
     identities = {
         oid: (identity, keys, deferrable)
-        for oid, identity, keys, _, _, deferrable in fetch_all(
+        for oid, identity, keys, _, _, deferrable, _ in fetch_all(
             source, _IDENTITIES, ([r[2] for r in rows],)
         )
     }
@@ -232,11 +252,14 @@ def _identity_problem(
     identity: str,
     keys: list[str] | None,
     deferrable: str | None,
+    unguarded: list[str] | None,
 ) -> str | None:
     """Why the table's (or a leaf's) replica identity does not name rows by the copy's key,
-    or why changes applied by that key would not be the source's."""
+    or why changes applied by that key would not be the source's. `deferrable`: a DEFERRABLE
+    primary key's name; `unguarded`: its columns, when no immediate unique index over some
+    of them keeps two rows from holding one key."""
     fix_full = f"ALTER TABLE {table} REPLICA IDENTITY FULL"
-    if deferrable and built.key.origin == "primary key":
+    if deferrable and unguarded and sorted(unguarded) == sorted(built.primary_key):
         return _deferred_key_problem(subject, table, deferrable, built.primary_key)
     if identity == "f":
         return None
@@ -281,16 +304,17 @@ def _deferred_key_problem(
     of 1-5 gone, exit 0). PostgreSQL takes no such key as a replica identity either."""
     name = display_ident(constraint)
     columns = ", ".join(map(display_ident, key))
-    fix = (
-        f"ALTER TABLE {table} DROP CONSTRAINT {name}, ADD CONSTRAINT {name} PRIMARY KEY ({columns})"
-    )
+    fix = f"ALTER TABLE {table} DROP CONSTRAINT {name}, ADD CONSTRAINT {name} "
+    fix += f"PRIMARY KEY ({columns})"
+    index = f"CREATE UNIQUE INDEX ON {table} ({columns})"
     return (
         f"{subject}: its primary key {name} is DEFERRABLE: inside a transaction two rows may "
         "hold one key (UPDATE ... SET id = id + 1), which changes applied by key cannot tell "
         f"apart, so the copy would lose rows: run `{fix}` in the source (PostgreSQL cannot "
         "make a primary key NOT DEFERRABLE in place; this rebuilds its index, and foreign "
-        "keys that reference it must go first), or use a cursor mode (replication_key) or "
-        "full-refresh"
+        f"keys that reference it must go first), or `{index}` (a unique index checked at "
+        "once; under replica identity DEFAULT, make it the identity with REPLICA IDENTITY "
+        "USING INDEX), or use a cursor mode (replication_key) or full-refresh"
     )
 
 

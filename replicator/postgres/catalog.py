@@ -106,7 +106,7 @@ SELECT c.oid, c.relkind,
    FROM pg_catalog.pg_index i
    CROSS JOIN LATERAL unnest(i.indkey) WITH ORDINALITY AS k(attnum, ord)
    JOIN pg_catalog.pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum
-   WHERE i.indrelid = c.oid AND i.indisprimary),
+   WHERE i.indrelid = c.oid AND i.indisprimary AND k.ord <= i.indnkeyatts),
   u.relname, u.columns
 FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
 LEFT JOIN LATERAL ({_UNIQUE_KEY}) u ON true
