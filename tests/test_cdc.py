@@ -1513,3 +1513,58 @@ def test_a_deferrable_primary_key_beside_a_unique_index_checked_at_once_is_captu
     writer.execute(sql.SQL("UPDATE {} SET id = 10 WHERE id = 5").format(target))
     _sync(cdc_project)
     assert assert_same_table(source_conn, dest_conn, schema, "guarded") == 5
+
+
+def _filtered_rows(conn, schema, where):
+    return conn.execute(
+        sql.SQL("SELECT id, note, md5(big) FROM {} WHERE " + where + " ORDER BY id").format(
+            sql.Identifier(schema, "orders")
+        )
+    ).fetchall()
+
+
+def test_a_row_the_where_filter_lets_in_without_its_toasted_value_reloads_the_copy(
+    cdc_project, schema, writer, source_conn, dest_conn
+):
+    """An update that moves a row into the publication's row filter arrives as an insert
+    that leaves its unchanged TOASTed value out (replica identity DEFAULT): the copy took the
+    value of the key's deleted row and the sync exited 0. Now the table fails with why, and
+    its next sync reloads it."""
+    _create(writer, schema, rows=20)
+    _run(writer, schema, "INSERT INTO {t} VALUES (150, 'outside', 1, NULL)")
+    _run(writer, schema, "UPDATE {t} SET big = md5(id::text) || %s", _big_text())
+    table = {"name": f"{schema}.orders", "mode": "cdc", "where": "id < 100"}
+    cdc_project.write_config({"tables": [table]})
+    _sync(cdc_project)
+    with writer.transaction():
+        _run(writer, schema, "DELETE FROM {t} WHERE id = 5")
+        _run(writer, schema, "UPDATE {t} SET id = 5, note = 'in' WHERE id = 150")
+    failed = cdc_project.run("sync")
+    assert failed.exit_code == 1, failed.output
+    assert "a row the table's row filter (`where`) let in by an update came without" in (
+        failed.stderr
+    )
+    _sync(cdc_project)
+    copied = _filtered_rows(dest_conn, schema, "true")
+    assert copied == _filtered_rows(source_conn, schema, "id < 100") and len(copied) == 20
+
+
+def test_a_key_move_before_a_truncate_in_the_batch_needs_no_toasted_value(
+    cdc_project, schema, writer, source_conn, dest_conn
+):
+    """A move that kept a TOASTed value, then a TRUNCATE of the table, in one batch: the
+    move was resolved against the emptied copy and failed the table (exit 1, a reload)."""
+    _create(writer, schema, rows=5)
+    _run(writer, schema, "UPDATE {t} SET big = md5(id::text) || %s", _big_text())
+    _config(cdc_project, schema, "orders")
+    _sync(cdc_project)
+    _run(writer, schema, "UPDATE {t} SET id = 100 WHERE id = 1")
+    _run(writer, schema, "TRUNCATE {t}")
+    _run(writer, schema, "INSERT INTO {t} VALUES (7, 'after', 1, NULL)")
+    said = _sync(cdc_project)
+    assert "reload" not in said.stderr, said.stderr
+    assert assert_same_table(source_conn, dest_conn, schema, "orders") == 1
+
+
+def _big_text():
+    return "".join(uuid.uuid4().hex for _ in range(600))  # incompressible: stored out of line

@@ -69,11 +69,19 @@ def apply_stage(
     target = stage.target
     keys = [sql.Identifier(k) for k in key]
     after = after_truncate(stage.truncated_at)
+    truncated = stage.truncated_at or 0
+    if stage.incomplete_insert is not None and stage.incomplete_insert > truncated:
+        raise TableProblem(
+            "a row the table's row filter (`where`) let in by an update came without a TOASTed "
+            "value the update left as it was (PostgreSQL sends such a row as an insert without "
+            "that value, which neither the log nor the copy holds): its next sync reloads it"
+        )
     with transaction(dest):
         if stage.truncated_at is not None:
             execute(dest, truncate_statement(target))
         for move_seq, old_key in stage.moves:
-            _resolve_move(dest, stage, key, move_seq, old_key)
+            if move_seq > truncated:  # a move before the TRUNCATE left nothing to resolve
+                _resolve_move(dest, stage, key, move_seq, old_key)
         if keys_may_repeat:
             _say_repeated_keys(dest, stage, key, after, name)
         # Every key once in the batch (the common case): applied from the staging table as

@@ -70,6 +70,10 @@ class TableStage:
     one_by_one: Callable[[bytes, int], None] | None = None
     # the domain columns, staged as their base types (`Stager._undomain`)
     undomained: dict[str, str] = field(default_factory=dict)
+    # seq of the batch's last insert that came without a TOASTed value: a row an update
+    # moved into the publication's row filter (`where`), which PostgreSQL sends as an insert
+    # that leaves the unchanged value out; nothing in the log or the copy holds that value
+    incomplete_insert: int | None = None
 
     def note_key(self, values: list[Field], offset: int = 0) -> None:
         """`values[offset:]` are the row's columns."""
@@ -204,6 +208,8 @@ class Stager:
             stage.note_key(values)
         if UNCHANGED in values:
             stage.simple = False
+            if op == b"I":
+                stage.incomplete_insert = seq
             unchanged = b",".join(b"%d" % (i + 1) for i, v in enumerate(values) if v is UNCHANGED)
             values = [NULL if v is UNCHANGED else v for v in values]
             line = b"\t".join([b"%d" % seq, op, b"{" + unchanged + b"}", *values])
@@ -376,6 +382,7 @@ class Stager:
 def _start_over(stage: TableStage) -> None:
     stage.changes = 0
     stage.truncated_at = None
+    stage.incomplete_insert = None
     stage.moves = []
     stage.keys = set()
     stage.simple = True
