@@ -1450,8 +1450,8 @@ def test_changes_logged_while_the_replica_identity_named_other_columns_reload_th
 
 @pytest.mark.parametrize(
     ("identity", "entry"),
-    [("DEFAULT", {}), ("FULL", {}), ("FULL", {"primary_key": ["id"]})],
-    ids=["default", "full", "full-configured-key"],
+    [("DEFAULT", {}), ("FULL", {}), ("FULL", {"primary_key": ["id", "v"]})],
+    ids=["default", "full", "full-configured-wider-key"],
 )
 def test_a_deferrable_primary_key_is_refused_and_the_source_keeps_taking_updates(
     cdc_project, schema, writer, source_conn, dest_conn, identity, entry
@@ -1465,7 +1465,8 @@ def test_a_deferrable_primary_key_is_refused_and_the_source_keeps_taking_updates
     target = sql.Identifier(schema, "shifted")
     writer.execute(
         sql.SQL(
-            "CREATE TABLE {} (id int CONSTRAINT shifted_key PRIMARY KEY DEFERRABLE, v text)"
+            "CREATE TABLE {} "
+            "(id int CONSTRAINT shifted_key PRIMARY KEY DEFERRABLE, v text NOT NULL)"
         ).format(target)
     )
     writer.execute(sql.SQL("ALTER TABLE {} REPLICA IDENTITY " + identity).format(target))

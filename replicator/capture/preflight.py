@@ -58,7 +58,7 @@ SELECT c.oid, c.relreplident::text,
          WHERE k.conrelid = c.oid AND k.contype = 'p' AND k.condeferrable),
        -- a deferrable primary key's columns, unless an immediate unique index over some of
        -- them keeps two rows from ever holding one key
-       (SELECT array_agg(a.attname::text ORDER BY a.attname)
+       (SELECT array_agg(a.attname::text ORDER BY k.ord)
           FROM pg_catalog.pg_index p
           CROSS JOIN LATERAL unnest(p.indkey) WITH ORDINALITY AS k(attnum, ord)
           JOIN pg_catalog.pg_attribute a ON a.attrelid = p.indrelid AND a.attnum = k.attnum
@@ -259,8 +259,9 @@ def _identity_problem(
     primary key's name; `unguarded`: its columns, when no immediate unique index over some
     of them keeps two rows from holding one key."""
     fix_full = f"ALTER TABLE {table} REPLICA IDENTITY FULL"
-    if deferrable and unguarded and sorted(unguarded) == sorted(built.primary_key):
-        return _deferred_key_problem(subject, table, deferrable, built.primary_key)
+    if deferrable and unguarded and set(unguarded) <= set(built.primary_key):
+        # a copy keyed by those columns (and maybe more) repeats a key whenever two rows do
+        return _deferred_key_problem(subject, table, deferrable, tuple(unguarded))
     if identity == "f":
         return None
     if sorted(keys or []) != sorted(built.primary_key) and built.key.origin == "unique index":
