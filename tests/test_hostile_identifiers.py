@@ -15,7 +15,7 @@ import pytest
 from dbcompare import assert_same_table, leftovers
 from psycopg import sql
 
-from replicator.base.identifiers import TableName, quote_ident
+from replicator.base.identifiers import TableName, display_ident, quote_ident
 from replicator.postgres.naming import derived_name, staging_table
 from replicator.sync.scripts import side_table
 
@@ -204,3 +204,13 @@ def test_every_command_handles_hostile_identifiers(
     payloads = [json.loads(request.data) for request, _ in httpserver.log]
     assert len(payloads) == 5  # one per sync
     assert [t["name"] for t in payloads[-1]["tables"]] == list(written.values())
+
+
+def test_every_keyword_the_server_quotes_is_quoted_in_messages(source_conn):
+    """The statements messages give to run name columns as display_ident writes them: a
+    keyword left bare (`PRIMARY KEY (order)`) would not parse."""
+    words = source_conn.execute("SELECT word FROM pg_get_keywords() WHERE catcode <> 'U'")
+    bare = [w for (w,) in words.fetchall() if display_ident(w) == w]
+    assert not bare, bare
+    for word in ("order", "user", "select"):
+        source_conn.execute(sql.SQL("SELECT 1 AS " + display_ident(word)))

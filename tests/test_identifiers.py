@@ -52,6 +52,8 @@ def test_columns_and_display():
         parse_column("a.b")
     assert display_ident("orders") == "orders"
     assert display_ident("Orders") == '"Orders"'
+    assert display_ident("order") == '"order"'  # a keyword: bare, a statement would not parse
+    assert str(TableName("public", "user")) == 'public."user"'
     assert str(TableName('Sales "EU"', "x")) == '"Sales ""EU""".x'
 
 

@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING
 
 from psycopg import sql as psql
 
+from .sql_keywords import KEYWORDS
+
 if TYPE_CHECKING:
     from sqlglot import exp
 
@@ -36,8 +38,9 @@ def quote_ident(name: str) -> str:
 
 
 def display_ident(name: str) -> str:
-    """The identifier as a person would write it: bare when that reads back the same."""
-    return name if _SIMPLE.fullmatch(name) else quote_ident(name)
+    """The identifier as a person would write it: bare when that reads back the same (a
+    keyword does not: `order` is quoted)."""
+    return name if _SIMPLE.fullmatch(name) and name not in KEYWORDS else quote_ident(name)
 
 
 def split_name(text: str) -> list[str]:
