@@ -652,3 +652,34 @@ def test_a_primary_key_with_included_columns_keys_the_copy_by_its_key_columns(
     result = db_project.run("sync", env=IN_PROCESS)
     assert result.exit_code == 0, result.output
     assert assert_same_table(source_conn, dest_conn, schema, "orders") == 20
+
+
+def test_a_unique_index_comparing_otherwise_than_its_column_does_not_key_the_copy(
+    db_project, source_conn, dest_conn, schema
+):
+    """`UNIQUE (name COLLATE "C")` over a case-insensitive column holds 'Bob' and 'bob'; the
+    copy's key, made with the column's collation, took them for one row: 'bob' overwrote
+    'Bob', exit 0. Such an index keys nothing: the table has no key, and says so."""
+    collation = sql.Identifier(schema, "ci")
+    source_conn.execute(
+        sql.SQL(
+            "CREATE COLLATION {} (provider = icu, locale = 'und-u-ks-level2', "
+            "deterministic = false)"
+        ).format(collation)
+    )
+    table = sql.Identifier(schema, "orders")
+    source_conn.execute(
+        sql.SQL(
+            "CREATE TABLE {} (name text COLLATE {} NOT NULL, note text, "
+            "updated_at timestamptz NOT NULL DEFAULT clock_timestamp())"
+        ).format(table, collation)
+    )
+    source_conn.execute(sql.SQL('CREATE UNIQUE INDEX ON {} (name COLLATE "C")').format(table))
+    source_conn.execute(sql.SQL("INSERT INTO {} VALUES ('Bob', 'n1')").format(table))
+    _config(db_project, schema)
+    refused = db_project.run("sync", env=IN_PROCESS)
+    assert refused.exit_code == 1, refused.output
+    assert (
+        "no unique index over NOT NULL columns (valid, not partial, not on expressions, "
+        "comparing values as its columns do)" in refused.stderr
+    )

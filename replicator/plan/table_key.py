@@ -83,8 +83,9 @@ def resolve_key(table: TableConfig, source: TableInfo, model_columns: Collection
         raise TableProblem(
             f"{table.written_name}: the source table has no primary key, which mode "
             f"{table.mode} needs ({_KEY_USES.get(table.mode, 'to match rows')}), and no unique "
-            "index over NOT NULL columns (valid, not partial, not on expressions) to use "
-            "instead: add a primary key or such an index to the source table, set "
+            "index over NOT NULL columns (valid, not partial, not on expressions, comparing "
+            "values as its columns do) to use instead: add a primary key or such an index to "
+            "the source table, set "
             '"primary_key" in tables-config.json (columns that identify a row), or use '
             f'"mode": "full-refresh"{table.pattern_fix()}'
         )

@@ -77,8 +77,12 @@ ORDER BY a.attnum
 # A unique index names each row as a primary key would when it is valid, immediate (a
 # deferred one may hold duplicates inside a transaction, and cannot be a replica identity),
 # not partial, on columns only (no expression, INCLUDE columns left out) and every one NOT
-# NULL (NULLs are never equal, so they would repeat). The replica identity's index first (the
-# log then names rows by the same key), then the fewest columns, then the name.
+# NULL (NULLs are never equal, so they would repeat), comparing values as the column does:
+# an index COLLATE "C" over a case-insensitive (nondeterministic) column holds 'Bob' and
+# 'bob', which the copy's key, made with the column's collation, takes for one row (two
+# deterministic collations are equal exactly when the bytes are). The replica identity's
+# index first (the log then names rows by the same key), then the fewest columns, then the
+# name.
 _UNIQUE_KEY = """
 SELECT ci.relname, array_agg(a.attname::text ORDER BY k.ord) AS columns
 FROM pg_catalog.pg_index i
@@ -89,6 +93,10 @@ WHERE i.indrelid = c.oid AND i.indisunique AND i.indisvalid AND i.indimmediate
   AND i.indpred IS NULL AND i.indexprs IS NULL AND k.ord <= i.indnkeyatts
 GROUP BY ci.relname, i.indisreplident
 HAVING bool_and(a.attnotnull)
+   AND bool_and(i.indcollation[k.ord - 1] = a.attcollation
+                OR NOT EXISTS (SELECT FROM pg_catalog.pg_collation co
+                               WHERE co.oid IN (i.indcollation[k.ord - 1], a.attcollation)
+                                 AND NOT co.collisdeterministic))
 ORDER BY i.indisreplident DESC, count(*), ci.relname
 LIMIT 1
 """
