@@ -198,7 +198,8 @@ def test_modes_that_need_a_key_refuse_a_table_without_one(db_project, schema, so
     assert f"the source table has no primary key, which mode {mode} needs (" in message
     assert (
         "and no unique index over NOT NULL columns (valid, not partial, not on expressions, "
-        "comparing values as its columns do) to use instead: add a primary key or such an index to the source table, set "
+        "comparing values as its columns do) to use instead: add a primary key or such an index "
+        "to the source table, set "
         '"primary_key" in tables-config.json (columns that identify a row), or use "mode": '
         '"full-refresh"'
     ) in message
