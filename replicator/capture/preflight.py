@@ -18,8 +18,8 @@ and DELETEs: that must never be the tool's doing).
 
 from __future__ import annotations
 
-from collections.abc import Collection
-from typing import Any
+from collections.abc import Collection, Iterable
+from typing import Any, NamedTuple
 
 import psycopg
 
@@ -28,7 +28,7 @@ from ..base.identifiers import TableName, display_ident
 from ..plan.table_sql import TableSql
 from ..postgres.catalog import TableInfo
 from ..postgres.database import fetch_all
-from ..postgres.partition_tree import PARTITIONED, Leaf, leaves
+from ..postgres.partition_tree import PARTITIONED, leaves
 from .log_filter import row_filter_problem, where_columns
 from .shaped_log import log_shaping
 
@@ -77,10 +77,44 @@ _VIA_ROOT_SINCE = 130000  # publish_via_partition_root
 IDENTITY_NAMES = {"d": "default", "f": "full", "i": "index", "n": "nothing"}
 
 
+class _Identity(NamedTuple):
+    """A table's row of _IDENTITIES."""
+
+    oid: int
+    identity: str  # d, f, i, n
+    keys: list[str] | None  # the columns the replica identity names rows by
+    generated: list[str] | None
+    ancestors: list[list[str]] | None  # [schema, name] of each partitioned ancestor
+    deferrable: str | None  # a DEFERRABLE primary key's name
+    unguarded: list[str] | None  # its columns, unless an immediate unique index guards them
+
+    def refused(self) -> str | None:
+        """Why the source refuses the UPDATEs and DELETEs of the table while it is published
+        (it has no replica identity); None when it takes them. PostgreSQL takes no DEFERRABLE
+        primary key as a replica identity."""
+        if self.identity == "n":
+            return "replica identity NOTHING"
+        if self.identity == "d" and not self.keys and self.deferrable:
+            return (
+                f"its primary key {display_ident(self.deferrable)} is DEFERRABLE, which "
+                "PostgreSQL does not take as the replica identity, and replica identity DEFAULT"
+            )
+        if self.identity == "d" and not self.keys:
+            return "no primary key, and replica identity DEFAULT"
+        if self.identity == "i" and not self.keys:
+            return "replica identity USING INDEX, whose index is gone"
+        return None
+
+
+def _identities(source: psycopg.Connection[Any], oids: Iterable[int]) -> dict[int, _Identity]:
+    rows = fetch_all(source, _IDENTITIES, (list(oids),))
+    return {row[0]: _Identity(*row) for row in rows}
+
+
 def replica_identity(source: psycopg.Connection[Any], info: TableInfo) -> tuple[str, list[str]]:
     """The table's replica identity (d, f, i, n) and the key columns it names."""
-    _, identity, keys, _, _, _, _ = fetch_all(source, _IDENTITIES, ([info.oid],))[0]
-    return identity, keys or []
+    found = _identities(source, [info.oid])[info.oid]
+    return found.identity, found.keys or []
 
 
 def capture_problem(
@@ -121,11 +155,10 @@ def _log_problem(
             "publication that sends its partitions' changes under its name): use a cursor "
             "mode, or full-refresh"
         )
-    _, identity, keys, generated, ancestors, deferrable, unguarded = fetch_all(
-        source, _IDENTITIES, ([info.oid],)
-    )[0]
+    identity = _identities(source, [info.oid])[info.oid]
     # the topmost captured ancestor: the name the publication gives this partition's changes
-    above = next((TableName(*a) for a in ancestors or [] if TableName(*a) in captured), None)
+    ancestors = [TableName(*a) for a in identity.ancestors or []]
+    above = next((a for a in ancestors if a in captured), None)
     if above is not None:
         # The publication sends a partition's changes under the name of its topmost
         # ancestor in it: this partition's own copy would never change again.
@@ -135,19 +168,17 @@ def _log_problem(
             f"change, and {above}'s copy holds its rows already: remove {name} from the "
             "config, or give it a cursor mode (replication_key) or full-refresh"
         )
-    if generated:
-        columns = ", ".join(map(display_ident, generated))
+    if identity.generated:
+        columns = ", ".join(map(display_ident, identity.generated))
         return (
             f"{name}: generated column(s) {columns} are not in the log (PostgreSQL 15): "
             "mode cdc cannot copy them; use a cursor mode"
         )
-    problem = _identity_problem(
-        name, name, built, built.table.name, identity, keys, deferrable, unguarded
-    )
+    problem = _identity_problem(name, name, built, built.table.name, identity)
     if problem is not None or not partitioned:
         return problem
     found = leaves(source, info.oid)
-    identities = _leaf_identities(source, found)
+    identities = _identities(source, (leaf.oid for leaf in found))
     for leaf in found:
         subject = f"{name}: partition {leaf.name}"
         if leaf.foreign:
@@ -155,50 +186,21 @@ def _log_problem(
                 f"{subject} is a foreign table, whose changes are not in the log: use a "
                 "cursor mode, or full-refresh"
             )
-        problem = _identity_problem(name, subject, built, leaf.name, *identities[leaf.oid])
+        problem = _identity_problem(name, subject, built, leaf.name, identities[leaf.oid])
         if problem is not None:
             return problem
-    return None
-
-
-def _leaf_identities(
-    source: psycopg.Connection[Any], found: list[Leaf]
-) -> dict[int, tuple[str, list[str] | None, str | None, list[str] | None]]:
-    rows = fetch_all(source, _IDENTITIES, ([f.oid for f in found],))
-    return {
-        oid: (identity, keys, deferrable, unguarded)
-        for oid, identity, keys, _, _, deferrable, unguarded in rows
-    }
-
-
-def _refused(identity: str, keys: list[str] | None, deferrable: str | None) -> str | None:
-    """Why the source refuses the UPDATEs and DELETEs of a published table with this replica
-    identity (it has none); None when it takes them. `deferrable`: the name of a DEFERRABLE
-    primary key, which PostgreSQL does not take as a replica identity."""
-    if identity == "n":
-        return "replica identity NOTHING"
-    if identity == "d" and not keys and deferrable:
-        return (
-            f"its primary key {display_ident(deferrable)} is DEFERRABLE, which PostgreSQL does "
-            "not take as the replica identity, and replica identity DEFAULT"
-        )
-    if identity == "d" and not keys:
-        return "no primary key, and replica identity DEFAULT"
-    if identity == "i" and not keys:
-        return "replica identity USING INDEX, whose index is gone"
     return None
 
 
 def refuses_changes(source: psycopg.Connection[Any], info: TableInfo) -> bool:
     """Whether the source would refuse UPDATEs and DELETEs of the table, or of one of its
     partitions, while the table is published: the publication must then let it go."""
-    _, identity, keys, _, _, deferrable, _ = fetch_all(source, _IDENTITIES, ([info.oid],))[0]
-    if _refused(identity, keys, deferrable):
+    if _identities(source, [info.oid])[info.oid].refused():
         return True
     if info.kind != PARTITIONED:
         return False
-    found = [leaf for leaf in leaves(source, info.oid) if not leaf.foreign]
-    return any(_refused(*leaf[:3]) for leaf in _leaf_identities(source, found).values())
+    found = [leaf.oid for leaf in leaves(source, info.oid) if not leaf.foreign]
+    return any(leaf.refused() for leaf in _identities(source, found).values())
 
 
 _PUBLISHED_MEMBERS = """
@@ -229,16 +231,11 @@ def refused_in_publication(
     so a run of some tables (`sync -s`) lets the others go too, as `refuses_changes` does
     for the tables it selects."""
     rows = fetch_all(source, _PUBLISHED_MEMBERS, (publication,))
-    identities = {
-        oid: (identity, keys, deferrable)
-        for oid, identity, keys, _, _, deferrable, _ in fetch_all(
-            source, _IDENTITIES, ([r[2] for r in rows],)
-        )
-    }
+    identities = _identities(source, (r[2] for r in rows))
     refused: dict[TableName, str] = {}
     for schema, name, oid, *member, is_root in sorted(rows, key=lambda r: (r[0], r[1], not r[5])):
         table = TableName(schema, name)
-        why = _refused(*identities[oid]) if oid in identities else None
+        why = identities[oid].refused() if oid in identities else None
         if why is not None and table not in refused:
             refused[table] = why if is_root else f"partition {TableName(*member)}: {why}"
     return refused
@@ -249,20 +246,16 @@ def _identity_problem(
     subject: str,
     built: TableSql,
     table: TableName,
-    identity: str,
-    keys: list[str] | None,
-    deferrable: str | None,
-    unguarded: list[str] | None,
+    found: _Identity,
 ) -> str | None:
     """Why the table's (or a leaf's) replica identity does not name rows by the copy's key,
-    or why changes applied by that key would not be the source's. `deferrable`: a DEFERRABLE
-    primary key's name; `unguarded`: its columns, when no immediate unique index over some
-    of them keeps two rows from holding one key."""
+    or why changes applied by that key would not be the source's."""
     fix_full = f"ALTER TABLE {table} REPLICA IDENTITY FULL"
-    if deferrable and unguarded and set(unguarded) <= set(built.primary_key):
+    keys, unguarded = found.keys, found.unguarded
+    if found.deferrable and unguarded and set(unguarded) <= set(built.primary_key):
         # a copy keyed by those columns (and maybe more) repeats a key whenever two rows do
-        return _deferred_key_problem(subject, table, deferrable, tuple(unguarded))
-    if identity == "f":
+        return _deferred_key_problem(subject, table, found.deferrable, tuple(unguarded))
+    if found.identity == "f":
         return None
     if sorted(keys or []) != sorted(built.primary_key) and built.key.origin == "unique index":
         fix_index = (
@@ -276,7 +269,7 @@ def _identity_problem(
             f"`{fix_index}` in the source (or `{fix_full}`, which logs every column of the old "
             "row)"
         )
-    refused = _refused(identity, keys, deferrable)
+    refused = found.refused()
     if refused is not None:
         later = " (and on every partition created later)" if subject != name else ""
         return (
