@@ -29,6 +29,7 @@ from psycopg import sql
 
 from ..base.identifiers import TableName
 from ..postgres.database import execute, note
+from ..postgres.type_closure import staged_base
 from .copy_rows import NULL, Field
 from .pgoutput import UNCHANGED
 
@@ -174,20 +175,17 @@ class Stager:
         """Domain columns take their base type here: a NOT NULL or CHECK domain would refuse
         the NULLs that stand for values a delete or an unchanged TOASTed value does not carry
         (the destination table checks them when the rows are applied). Returns each such
-        column's base type."""
-        undomained: dict[str, str] = {}
-        for _ in range(8):  # a domain over a domain: one level per pass
-            domains = execute(
-                self.dest,
-                "SELECT a.attname, format_type(t.typbasetype, t.typtypmod) "
-                "FROM pg_catalog.pg_attribute a JOIN pg_catalog.pg_type t ON t.oid = a.atttypid "
-                "WHERE a.attrelid = %s::regclass AND a.attnum > 0 AND NOT a.attisdropped "
-                "AND t.typtype = 'd'",
-                (name.as_string(self.dest),),
-            ).fetchall()
-            if not domains:
-                break
-            undomained.update(domains)
+        column's base type (type_closure.staged_base, which compile shows too)."""
+        domains = execute(
+            self.dest,
+            "SELECT a.attname, a.atttypid FROM pg_catalog.pg_attribute a "
+            "JOIN pg_catalog.pg_type t ON t.oid = a.atttypid "
+            "WHERE a.attrelid = %s::regclass AND a.attnum > 0 AND NOT a.attisdropped "
+            "AND t.typtype = 'd'",
+            (name.as_string(self.dest),),
+        ).fetchall()
+        undomained = {column: str(staged_base(self.dest, oid)) for column, oid in domains}
+        if undomained:
             execute(
                 self.dest,
                 sql.SQL("ALTER TABLE {} {}").format(
@@ -196,7 +194,7 @@ class Stager:
                         sql.SQL("ALTER COLUMN {} TYPE {}").format(
                             sql.Identifier(column), sql.SQL(base)
                         )
-                        for column, base in domains
+                        for column, base in undomained.items()
                     ),
                 ),
             )

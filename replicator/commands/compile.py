@@ -151,7 +151,10 @@ class CompiledTable:
             return None
         columns = tuple(c.name for c in built.columns)
         repeat = built.table.primary_key is not None
-        staged = {c.name: staged_base(self.conn, c.type_oid) for c in built.columns}
+        # a built-in type, printed unqualified (catalog.Column), is no domain: no query
+        staged = {
+            c.name: staged_base(self.conn, c.type_oid) for c in built.columns if "." in c.type
+        }
         undomained = {name: base for name, base in staged.items() if base is not None}
         return apply_steps(built.table.target, columns, built.primary_key, repeat, undomained)
 

@@ -137,11 +137,8 @@ SELECT pg_catalog.format_type(base, typmod) FROM chain ORDER BY depth DESC LIMIT
 
 
 def staged_base(conn: psycopg.Connection[Any], type_oid: int) -> str | None:
-    """The type a domain column is staged as by a cdc drain (capture/stage.py, one level of
-    domain at a time: the innermost domain's base type with its modifier); None for a type
-    that is no domain."""
-    if type_oid < FIRST_NORMAL_OID:
-        return None
+    """The type a domain column is staged as by a cdc drain (capture/stage.py): the innermost
+    domain's base type with its modifier; None for a type that is no domain."""
     row = execute(conn, _STAGED, (type_oid,)).fetchone()
     return str(row[0]) if row else None
 
