@@ -611,7 +611,11 @@ def test_rows_a_sync_applies_while_verify_waits_for_the_slot_are_not_differences
     on a row of the copy the test locks). verify waits for the slot; the sync finishes and
     moves the slot past the changes, so the slot no longer tells them from differences:
     the rows are read again as they are now, equal, and not yet synced (they were
-    differences, exit 1, a newcomer trial)."""
+    differences, exit 1, a newcomer trial). One row is written again on the source after
+    verify's look at the slot and before it reads the rows again (verify waits there for
+    the test, REPLICATOR_PAUSE_AT): it differs then, and its change is in the slot, so it
+    is not yet synced either (it was a difference, exit 1: CI, beside `sync --follow` and
+    a writer)."""
     _orders(writer, schema, rows=2_000, table="moved")
     moved = sql.Identifier(schema, "moved")
     cdc_project.write_config({"tables": [{"name": f"{schema}.moved", "mode": "cdc"}]})
@@ -638,10 +642,12 @@ def test_rows_a_sync_applies_while_verify_waits_for_the_slot_are_not_differences
             "the sync's apply waiting on the held row",
         )
         log = tmp_path / "verify.log"
+        pause = tmp_path / "pause"
+        reached = tmp_path / "pause.reached"
         with log.open("w") as err:
             verifying = subprocess.Popen(
                 [*_CLI, "verify", "--json", "-v", "-s", f"{schema}.moved", *project],
-                env=env,
+                env={**env, "REPLICATOR_PAUSE_AT": f"verify-before-reading-again={pause}"},
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
                 stderr=err,
@@ -653,8 +659,13 @@ def test_rows_a_sync_applies_while_verify_waits_for_the_slot_are_not_differences
                 "verify looking at the slot the sync holds",
             )
             holder.rollback()  # the sync applies, confirms and lets the slot go
+            assert syncing.wait(timeout=120) == 0
+            wait_for(lambda: reached.exists(), 120, "verify about to read the rows again")
+            writer.execute(
+                sql.SQL("UPDATE {} SET amount = amount + 1 WHERE id = 250").format(moved)
+            )
+            pause.touch()
             out, _ = verifying.communicate(timeout=120)
-    assert syncing.wait(timeout=120) == 0
     (verdict,) = json.loads(out)
     assert verifying.returncode == 0, verdict
     assert (verdict["missing"], verdict["extra"], verdict["different"]) == (0, 0, 0), verdict

@@ -4,12 +4,15 @@ The process dies by SIGKILL, like a machine losing power or an OOM kill: no clea
 With `REPLICATOR_FAILPOINT_ONCE=<file>` only the first process to reach the point dies (it
 creates the file): a retried Spark task then gets through. `<name>@N` dies the Nth time the
 process passes the point. Costs one environment lookup when unset.
+
+`pause_point` is the gentler kind: the process waits there until the test lets it go.
 """
 
 from __future__ import annotations
 
 import os
 import signal
+import time
 
 ENV = "REPLICATOR_FAILPOINT"
 ONCE_ENV = "REPLICATOR_FAILPOINT_ONCE"
@@ -44,3 +47,25 @@ def _first_time() -> bool:
     except FileExistsError:
         return False
     return True
+
+
+PAUSE_ENV = "REPLICATOR_PAUSE_AT"  # `<name>=<file>`
+PAUSE_SECONDS = 120.0
+
+
+def pause_point(name: str) -> None:
+    """Wait here while a test does something between two steps no lock can hold apart:
+    with `REPLICATOR_PAUSE_AT=<name>=<file>`, the process creates `<file>.reached` and goes
+    on once `<file>` exists (or after PAUSE_SECONDS). Costs one environment lookup when
+    unset."""
+    wanted = os.environ.get(PAUSE_ENV)
+    if not wanted:
+        return
+    point, _, marker = wanted.partition("=")
+    if point != name or not marker:
+        return
+    with open(f"{marker}.reached", "w"):
+        pass
+    deadline = time.monotonic() + PAUSE_SECONDS
+    while not os.path.exists(marker) and time.monotonic() < deadline:
+        time.sleep(0.02)

@@ -1,18 +1,21 @@
 """Differences a sync resolved while `verify` read: a `cdc` table's rows that differed
-between the two snapshots and are equal now.
+between the two snapshots and are equal now, or have a change in the slot now.
 
 The slot tells a change not yet applied from a difference only while it still holds the
 change; a sync running beside verify (`sync --follow`) applies changes and moves the slot
 past them between verify's snapshots and its look at the slot. Reading the differing rows
 again, on both sides, as they are now, tells them apart: such a row is counted as not yet
-synced; a row that still differs (read again a few times: a sync may apply between the two
-reads) is a difference.
+synced. A writer may have changed the row again meanwhile, so a row that still differs is
+looked up in the slot once more (peeked after the read: a change the read saw on the
+source and not on the destination is there, or applied by the next look). A row that
+differs and has no change in the slot, a few times over, is a difference.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Collection, Sequence
 
+from ..base.failpoints import pause_point
 from ..postgres.database import execute
 from ..postgres.endpoints import Endpoints
 from . import range_sql as q
@@ -23,16 +26,29 @@ CHUNK = 5_000  # keys a statement reads
 ROUNDS = 3
 
 
-def caught_up(ends: Endpoints, sides: Sides, columns: Sequence[str], keys: list[Key]) -> set[Key]:
-    """The keys whose rows are the same on both sides now (or absent from both)."""
+def caught_up(
+    ends: Endpoints,
+    sides: Sides,
+    columns: Sequence[str],
+    keys: list[Key],
+    pending: Callable[[list[Key]], Collection[Key] | None],
+) -> set[Key]:
+    """The keys whose rows are the same on both sides now (or absent from both), or whose
+    change is in the slot now. `pending`: the keys among those given that changes in the
+    slot touch, None when a pending TRUNCATE touches them all."""
     settled: set[Key] = set()
     left = list(keys)
+    pause_point("verify-before-reading-again")
     for _ in range(ROUNDS):
         source = _rows(ends, sides, "source", columns, left)
         destination = _rows(ends, sides, "destination", columns, left)
         now = {k for k in left if source.get(k) == destination.get(k)}
-        settled |= now
         left = [k for k in left if k not in now]
+        if left:
+            waiting = pending(left)
+            now |= set(left) if waiting is None else set(waiting).intersection(left)
+            left = [k for k in left if k not in now]
+        settled |= now
         if not left or not now:
             break
     return settled

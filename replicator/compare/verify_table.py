@@ -16,6 +16,7 @@ import contextlib
 import time
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import psycopg
@@ -209,7 +210,10 @@ def _compare(
         _set_aside_pending(table, state, planned.built.primary_key, found, pending)
         if table.mode == "cdc" and pending is not None and found.differences:
             differing = [*found.missing, *found.extra, *found.different]
-            settled = caught_up(ends, sides, [c.name for c in built.columns], differing)
+            columns = [c.name for c in built.columns]
+            settled = caught_up(
+                ends, sides, columns, differing, partial(pending, built.primary_key)
+            )
             found.set_aside(lambda k: k in settled, _DIFFERENCES)
         repaired = 0
         if fix and found.differences and (force or not _found_too_many(found)):
