@@ -40,10 +40,14 @@ class PublishedAs:
 
     columns: tuple[str, ...] | None = None
     where: str | None = None
+    # `ONLY table`: a table others inherit from is published alone, as it is copied
+    # (postgres/catalog.TableInfo.has_children); listed whole, its children would join the
+    # publication, and the source would refuse their UPDATEs without a replica identity.
+    alone: bool = False
 
     def element(self, table: sql.Composable) -> sql.Composable:
-        """`table (a, b) WHERE (...)` for CREATE or ALTER PUBLICATION."""
-        parts: list[sql.Composable] = [table]
+        """`[ONLY ]table (a, b) WHERE (...)` for CREATE or ALTER PUBLICATION."""
+        parts: list[sql.Composable] = [sql.SQL("ONLY "), table] if self.alone else [table]
         if self.columns is not None:
             parts.append(
                 sql.SQL(" ({})").format(sql.SQL(", ").join(map(sql.Identifier, self.columns)))
@@ -76,7 +80,7 @@ def published_as(
     columns = None
     if (exclude or allow_list) and identity != "f":
         columns = tuple(c.name for c in info.columns if c.name not in exclude)
-    return PublishedAs(columns, where)
+    return PublishedAs(columns, where, info.has_children)
 
 
 def where_columns(source: psycopg.Connection[Any], info: TableInfo, where: str) -> list[str]:

@@ -38,7 +38,7 @@ def inspect_source(
     configured = shaping_of(conn, table)
     shaping = _fitted(configured, table, source, source.columns)
     readable = readable_columns(source, shaping, table.written_name)
-    model = templates.model(table.source, readable)
+    model = templates.model(table.source, readable, source.read_as)
     if model.is_default:
         output = tuple(c for c in source.columns if c.name in readable)
     else:

@@ -174,7 +174,7 @@ def shape_model(
         for c in output
     )
     if model.reads_table_as_is:  # the filter sees every column of the table
-        text = f"SELECT {projection}\nFROM {source.name.sql()}"
+        text = f"SELECT {projection}\nFROM {source.read_as}"
     else:
         text = f"SELECT {projection}\nFROM (\n{model.sql}\n) AS {quote_ident(MODEL_ALIAS)}"
     if shaping.where is not None:

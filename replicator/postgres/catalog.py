@@ -55,6 +55,16 @@ class TableInfo:
     primary_key: tuple[str, ...]
     # Without a primary key: the unique index that keys the rows as well, if there is one.
     unique_index: UniqueIndex | None = None
+    # A table (not a partitioned one) other tables inherit from (`CREATE TABLE c () INHERITS
+    # (t)`): `FROM t` reads their rows too, where t's own key does not hold, so it is read
+    # and published alone (`ONLY t`), as pg_dump copies it; the children are tables of
+    # their own.
+    has_children: bool = False
+
+    @property
+    def read_as(self) -> str:
+        """The table's name as a FROM clause reads it (and a publication lists it)."""
+        return f"ONLY {self.name.sql()}" if self.has_children else self.name.sql()
 
     def column(self, name: str) -> Column | None:
         return next((c for c in self.columns if c.name == name), None)
@@ -115,7 +125,9 @@ SELECT c.oid, c.relkind,
    CROSS JOIN LATERAL unnest(i.indkey) WITH ORDINALITY AS k(attnum, ord)
    JOIN pg_catalog.pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum
    WHERE i.indrelid = c.oid AND i.indisprimary AND k.ord <= i.indnkeyatts),
-  u.relname, u.columns
+  u.relname, u.columns,
+  c.relkind IN ('r', 'f')
+    AND EXISTS (SELECT FROM pg_catalog.pg_inherits h WHERE h.inhparent = c.oid)
 FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
 LEFT JOIN LATERAL ({_UNIQUE_KEY}) u ON true
 WHERE n.nspname = %s AND c.relname = %s AND c.relkind IN ('r', 'p', 'v', 'm', 'f')
@@ -179,6 +191,7 @@ def _info(
     key: list[str] | None,
     index_name: str | None,
     index_columns: list[str] | None,
+    has_children: bool,
 ) -> TableInfo:
     columns = tuple(Column(*attribute) for attribute in attributes or ())
     if any(c.type_oid >= FIRST_NORMAL_OID for c in columns):
@@ -187,7 +200,7 @@ def _info(
     unique = None
     if not primary_key and index_name is not None and index_columns is not None:
         unique = UniqueIndex(index_name, tuple(index_columns))
-    return TableInfo(name, oid, KINDS[kind], columns, primary_key, unique)
+    return TableInfo(name, oid, KINDS[kind], columns, primary_key, unique, has_children)
 
 
 def leading_index_columns(conn: psycopg.Connection[Any], oid: int) -> set[str]:

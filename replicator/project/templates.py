@@ -108,10 +108,12 @@ class Templates:
             self.project_dir / MODELS_DIR / _path_part(name.schema) / f"{_path_part(name.name)}.sql"
         )
 
-    def model(self, name: TableName, columns: list[str]) -> Model:
-        """The table's extraction SELECT: the project's model file, else `default_model`."""
+    def model(self, name: TableName, columns: list[str], read_as: str | None = None) -> Model:
+        """The table's extraction SELECT: the project's model file, else `default_model`.
+        `read_as`: the table's name as a FROM clause reads it (`ONLY "s"."t"` for a table
+        others inherit from, postgres/catalog.TableInfo.has_children)."""
         context = {
-            "source": name.sql(),
+            "source": read_as or name.sql(),
             "columns": [quote_ident(c) for c in columns],
             "source_schema": name.schema,
             "source_table": name.name,

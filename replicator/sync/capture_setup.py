@@ -184,7 +184,7 @@ def _listing(
             return None, refuses_changes(ends.source, info)
         shaping = built.shaping
         if shaping is None:
-            return PublishedAs(), False
+            return PublishedAs(alone=info.has_children), False
         identity, _ = replica_identity(ends.source, info)
         listed = bool(shaping.include)
         return published_as(identity, info, shaping.exclude, shaping.where, listed), False
