@@ -132,3 +132,18 @@ def test_a_key_respelled_as_its_type_allows_takes_the_sources_spelling(
     verified = cdc_project.run("verify")
     assert verified.exit_code == 0, verified.output
     assert "different" not in verified.stderr.replace("0 different", "")
+    # The log names the deleted row by its newer spelling, the copy holds the older one
+    # (one batch): the apply's `=` found no citext operator on the destination session's
+    # search_path, compared them as text and deleted nothing, exit 0.
+    writer.execute(
+        sql.SQL(
+            "UPDATE {s}.accounts SET email = 'USER5@example.com' WHERE email = 'user5@example.com';"
+            " DELETE FROM {s}.accounts WHERE email = 'USER5@example.com'"
+        ).format(s=s)
+    )
+    synced = cdc_project.run("sync", "-s", f"{schema}.accounts")
+    assert synced.exit_code == 0, synced.output
+    assert assert_same_table(source_conn, dest_conn, schema, "accounts", key="email") == 19
+    compiled = json.loads(cdc_project.run("compile", "--json", "-s", f"{schema}.accounts").stdout)
+    apply = "\n".join(compiled[0]["sql"]["cdc_apply"])
+    assert f'"d"."email" OPERATOR("{schema}".=) "l"."email"' in apply, apply

@@ -28,6 +28,7 @@ from .apply_sql import (
     LAST,
     after_truncate,
     delete_statement,
+    equal,
     match,
     nested_loop,
     reduce_statement,
@@ -67,7 +68,6 @@ def apply_stage(
     `keys_may_repeat`: the key is the config's `primary_key` (REPLICA IDENTITY FULL), which
     the source does not hold unique: rows that share it are said, as a full load says them."""
     target = stage.target
-    keys = [sql.Identifier(k) for k in key]
     after = after_truncate(stage.truncated_at)
     truncated = stage.truncated_at or 0
     if stage.incomplete_insert is not None and stage.incomplete_insert > truncated:
@@ -89,9 +89,9 @@ def apply_stage(
         rows: sql.Composable = stage.name
         if not stage.simple:
             execute(dest, reduce_statement(stage.name, key, after))
-            _fill_unchanged(dest, stage, keys, after, name)
+            _fill_unchanged(dest, stage, key, after, name)
             rows = LAST
-        deleted = execute(dest, delete_statement(target, rows, key, after)).rowcount
+        deleted = execute(dest, delete_statement(target, rows, key, after, stage.equals)).rowcount
         upserted = _write(dest, stage, rows, key, after)
         if not stage.simple:  # ON COMMIT DROP is too late inside a batch's open transaction
             execute(dest, sql.SQL("DROP TABLE {}").format(LAST))
@@ -121,13 +121,15 @@ def _write(
     if updates:
         for statement in nested_loop(True):
             execute(dest, statement)
-        update = update_statement(target, rows, columns, key, after, stage.undomained)
+        update = update_statement(target, rows, columns, key, after, stage.undomained, stage.equals)
         updated = execute(dest, update).rowcount
         for statement in nested_loop(False):  # a batch's parts share one transaction
             execute(dest, statement)
     # an update that wrote nothing found no row, or one that was already equal: the upsert
     # then looks for the keys the copy lacks
-    rest = upsert_statement(target, rows, columns, key, after, updated=updated == updates)
+    rest = upsert_statement(
+        target, rows, columns, key, after, updated=updated == updates, equals=stage.equals
+    )
     return max(updated, 0) + max(execute(dest, rest).rowcount, 0)
 
 
@@ -140,7 +142,7 @@ def _say_repeated_keys(
 ) -> None:
     """Rows that start at a key a row already has: the copy keeps one row per key, the
     newest, and says so as a full load does."""
-    query = repeated_keys_query(stage.target, stage.name, key, after)
+    query = repeated_keys_query(stage.target, stage.name, key, after, stage.equals)
     (repeated,) = execute(dest, query).fetchone()
     if repeated:
         log.warning(
@@ -154,7 +156,7 @@ def _say_repeated_keys(
 def _fill_unchanged(
     dest: psycopg.Connection[Any],
     stage: TableStage,
-    keys: list[sql.Identifier],
+    key: tuple[str, ...],
     after: sql.Composable,
     name: str,
 ) -> None:
@@ -184,12 +186,12 @@ def _fill_unchanged(
                 c=column,
                 u=unchanged,
                 p=place,
-                keys=sql.SQL(", ").join(keys),
+                keys=sql.SQL(", ").join(map(sql.Identifier, key)),
                 stage=stage.name,
                 after=after,
                 op=sql.Identifier(OP),
                 seq=sql.Identifier(SEQ),
-                match=match("l", "s", keys),
+                match=match("l", "s", key, stage.equals),
             ),
         )
         execute(
@@ -203,7 +205,7 @@ def _fill_unchanged(
                 u=unchanged,
                 p=place,
                 target=stage.target.identifier(),
-                match=match("l", "d", keys),
+                match=match("l", "d", key, stage.equals),
             ),
         )
     if positions:
@@ -239,7 +241,8 @@ def _resolve_move(
         (move_seq,),
     ).fetchone()
     old = sql.SQL(" AND ").join(
-        sql.SQL("x.{} = {}").format(sql.Identifier(k), sql.Placeholder()) for k in key
+        equal(sql.SQL("x.{}").format(sql.Identifier(k)), sql.Placeholder(), k, stage.equals)
+        for k in key
     )
     encoding = dest.info.encoding  # the session's: the source's server encoding
     params = [v.decode(encoding) if v is not None else None for v in old_key]

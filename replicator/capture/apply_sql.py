@@ -4,6 +4,8 @@ in a temporary table (seq, op, the unchanged TOASTed columns, then the table's c
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from psycopg import sql
 
 from ..base.identifiers import TableName
@@ -21,10 +23,30 @@ def after_truncate(truncated_at: int | None) -> sql.Composable:
     return sql.SQL("{} > {}").format(_SEQ, sql.Literal(truncated_at or 0))
 
 
-def match(left: str, right: str, keys: list[sql.Identifier]) -> sql.Composable:
+# A key column's equality where `=` may not find it: `OPERATOR(s.=)` for a citext key whose
+# extension lives in a schema off the session's search_path, where `=` would compare the
+# values as text, case-sensitively (postgres/key_equality.py).
+Equals = Mapping[str, str]
+
+
+def equal(left: sql.Composable, right: sql.Composable, column: str, equals: Equals | None):
+    """`left = right`, with the column's own equality."""
+    operator = sql.SQL((equals or {}).get(column, "="))
+    return sql.SQL("{} {} {}").format(left, operator, right)
+
+
+def match(
+    left: str, right: str, key: tuple[str, ...], equals: Equals | None = None
+) -> sql.Composable:
+    """The rows `left` and `right` have the same key, by the key's own equality."""
     return sql.SQL(" AND ").join(
-        sql.SQL("{}.{} = {}.{}").format(sql.Identifier(left), k, sql.Identifier(right), k)
-        for k in keys
+        equal(
+            sql.SQL("{}.{}").format(sql.Identifier(left), sql.Identifier(k)),
+            sql.SQL("{}.{}").format(sql.Identifier(right), sql.Identifier(k)),
+            k,
+            equals,
+        )
+        for k in key
     )
 
 
@@ -48,7 +70,11 @@ def reduce_statement(
 
 
 def delete_statement(
-    target: TableName, rows: sql.Composable, key: tuple[str, ...], after: sql.Composable
+    target: TableName,
+    rows: sql.Composable,
+    key: tuple[str, ...],
+    after: sql.Composable,
+    equals: Equals | None = None,
 ) -> sql.Composable:
     return sql.SQL(
         "DELETE FROM {target} AS d USING {rows} AS l WHERE l.{op} = 'D' AND l.{after} AND {match}"
@@ -57,7 +83,7 @@ def delete_statement(
         rows=rows,
         op=_OP,
         after=after,
-        match=match("d", "l", _keys(key)),
+        match=match("d", "l", key, equals),
     )
 
 
@@ -97,6 +123,7 @@ def update_statement(
     key: tuple[str, ...],
     after: sql.Composable,
     undomained: dict[str, str] | None = None,
+    equals: Equals | None = None,
 ) -> sql.Composable:
     """The updates, each row found by its key in the copy and written where it differs.
     Every column is set, the key's too: a key type whose equality is coarser than its text
@@ -112,7 +139,7 @@ def update_statement(
         rows=rows,
         op=_OP,
         after=after,
-        match=match("d", "l", _keys(key)),
+        match=match("d", "l", key, equals),
         differs=_differs("d", "l", columns, undomained),
     )
 
@@ -125,6 +152,7 @@ def upsert_statement(
     after: sql.Composable,
     *,
     updated: bool = False,
+    equals: Equals | None = None,
 ) -> sql.Composable:
     """The rows that are not deletes, inserted, or written over the copy's row of their key
     where they differ from it. `updated`: update_statement wrote a row for every update, so
@@ -139,7 +167,7 @@ def upsert_statement(
         left = sql.SQL("l.{} <> 'U'").format(_OP)
     else:
         left = sql.SQL("(l.{op} <> 'U' OR NOT EXISTS (SELECT FROM {target} AS x WHERE {match}))")
-        left = left.format(op=_OP, target=target.identifier(), match=match("x", "l", _keys(key)))
+        left = left.format(op=_OP, target=target.identifier(), match=match("x", "l", key, equals))
     return sql.SQL(
         "INSERT INTO {target} AS d ({columns}) SELECT {columns} FROM {rows} AS l "
         "WHERE l.{op} <> 'D' AND l.{after} AND {left} ON CONFLICT ({keys}) {conflict}"
@@ -168,7 +196,11 @@ WHERE (s.{op} IN ('I', 'M') OR s.{op} = 'U' AND s.moved)
 
 
 def repeated_keys_query(
-    target: TableName, stage: sql.Composable, key: tuple[str, ...], after: sql.Composable
+    target: TableName,
+    stage: sql.Composable,
+    key: tuple[str, ...],
+    after: sql.Composable,
+    equals: Equals | None = None,
 ) -> sql.Composable:
     """How many rows start (an insert, or an update that moved a row to a new key: its
     delete is the change just before) at a key a row already has, in the batch or the
@@ -181,7 +213,7 @@ def repeated_keys_query(
         stage=stage,
         after=after,
         target=target.identifier(),
-        match=match("d", "s", keys),
+        match=match("d", "s", key, equals),
     )
 
 
@@ -200,6 +232,7 @@ def apply_steps(
     key: tuple[str, ...],
     keys_may_repeat: bool,
     undomained: dict[str, str] | None = None,
+    equals: Equals | None = None,
 ) -> list[Step]:
     """A batch's apply as `compile` shows it: one that holds a key more than once and no
     TRUNCATE (a TRUNCATE first empties the table and only the changes after it count; a
@@ -208,19 +241,20 @@ def apply_steps(
     keys the copy lacks; a batch without updates skips the SET, UPDATE and RESET).
     Unchanged TOASTed values are filled in from earlier changes or the copy between the
     reduction and the writes; `<lsn>` is the end of the batch's last commit. `undomained`:
-    the domain columns' staged base types (type_closure.staged_base)."""
+    the domain columns' staged base types (type_closure.staged_base); `equals`: the key
+    columns' equality operators where `=` may not find them (key_equality.py)."""
     after = after_truncate(None)
     steps = [Step("destination", sql.SQL("BEGIN"))]
     if keys_may_repeat:
-        steps.append(Step("destination", repeated_keys_query(target, STAGE, key, after)))
+        steps.append(Step("destination", repeated_keys_query(target, STAGE, key, after, equals)))
     writes = [
         reduce_statement(STAGE, key, after),
-        delete_statement(target, LAST, key, after),
+        delete_statement(target, LAST, key, after, equals),
         updates_query(LAST, after),
         *nested_loop(True),
-        update_statement(target, LAST, columns, key, after, undomained),
+        update_statement(target, LAST, columns, key, after, undomained, equals),
         *nested_loop(False),
-        upsert_statement(target, LAST, columns, key, after, updated=True),
+        upsert_statement(target, LAST, columns, key, after, updated=True, equals=equals),
     ]
     steps += [Step("destination", statement) for statement in writes]
     record = record_applied_step(target, 0)

@@ -29,6 +29,7 @@ from psycopg import sql
 
 from ..base.identifiers import TableName
 from ..postgres.database import execute, note
+from ..postgres.key_equality import key_equality
 from ..postgres.type_closure import staged_base
 from .copy_rows import NULL, Field
 from .pgoutput import UNCHANGED
@@ -71,6 +72,8 @@ class TableStage:
     one_by_one: Callable[[bytes, int], None] | None = None
     # the domain columns, staged as their base types (`Stager._undomain`)
     undomained: dict[str, str] = field(default_factory=dict)
+    # the columns whose equality `=` may not find (postgres/key_equality.py)
+    equals: dict[str, str] = field(default_factory=dict)
     # seq of the batch's last insert that came without a TOASTed value: a row an update
     # moved into the publication's row filter (`where`), which PostgreSQL sends as an insert
     # that leaves the unchanged value out; nothing in the log or the copy holds that value
@@ -166,7 +169,12 @@ class Stager:
                 ),
             )
             stage = TableStage(
-                target, columns, name, key_positions=key_positions, undomained=undomained
+                target,
+                columns,
+                name,
+                key_positions=key_positions,
+                undomained=undomained,
+                equals=key_equality(self.dest, target, columns),
             )
             self.stages[target] = stage
         return stage

@@ -26,6 +26,7 @@ from ..capture.preflight import capture_problem
 from ..plan.drift import Planned, plan_now
 from ..plan.read_ahead import read_ahead
 from ..postgres.database import Step, connect, display, render
+from ..postgres.key_equality import key_equality
 from ..postgres.type_closure import staged_base
 from ..project.config import TableConfig
 from ..project.project import Project
@@ -156,7 +157,10 @@ class CompiledTable:
             c.name: staged_base(self.conn, c.type_oid) for c in built.columns if "." in c.type
         }
         undomained = {name: base for name, base in staged.items() if base is not None}
-        return apply_steps(built.table.target, columns, built.primary_key, repeat, undomained)
+        equals = key_equality(self.conn, built.table.source, built.primary_key)
+        return apply_steps(
+            built.table.target, columns, built.primary_key, repeat, undomained, equals
+        )
 
     def as_json(self, dest_note: str | None) -> dict[str, Any]:
         built = self.built
