@@ -57,6 +57,8 @@ def test_a_parent_table_is_copied_alone_in_every_cursor_mode(
     }
     for name in modes:
         _family(writer, schema, name)
+    # a model file reads what it says (its `source` is the table's name, never `ONLY`)
+    cdc_project.write(f"models/{schema}/appended.sql", "SELECT id, v, ts FROM ONLY {{ source }}")
     cdc_project.write_config(
         {
             "tables": [
@@ -122,6 +124,22 @@ def test_a_parent_cdc_table_is_published_alone_and_its_children_keep_taking_upda
     assert _alone(source_conn, schema, "parent") == _alone(dest_conn, schema, "parent")
     verified = cdc_project.run("verify")
     assert verified.exit_code == 0, verified.output
+    # The children are not in the publication, so their replica identity is not the
+    # parent's concern, in a run of another table too; and the parent leaves it with ONLY
+    # (a DROP without it looked for the children there and failed every cdc table).
+    writer.execute(
+        sql.SQL("CREATE TABLE {} (id int PRIMARY KEY)").format(sql.Identifier(schema, "other"))
+    )
+    both = [{"name": f"{schema}.{t}", "mode": "cdc"} for t in ("parent", "other")]
+    cdc_project.write_config({"tables": both})
+    other = cdc_project.run("sync", "-s", f"{schema}.other")
+    assert other.exit_code == 0 and "refuse" not in other.output, other.output
+    cdc_project.write_config({"tables": both[1:]})
+    _sync(cdc_project)
+    published = source_conn.execute(
+        "SELECT tablename FROM pg_publication_tables WHERE schemaname = %s ORDER BY 1", (schema,)
+    ).fetchall()
+    assert published == [("other",)]
 
 
 def test_a_copy_made_while_the_parent_was_read_with_its_children_reloads(
@@ -141,5 +159,6 @@ def test_a_copy_made_while_the_parent_was_read_with_its_children_reloads(
         sql.SQL("INSERT INTO {} VALUES (7, 'c', now())").format(sql.Identifier(schema, "parent"))
     )
     reloaded = _sync(cdc_project)
-    assert "full_reload" in reloaded.output and "model changed" in reloaded.output, reloaded.output
+    assert "full_reload" in reloaded.output, reloaded.output
+    assert "model changed: the table has child tables (INHERITS)" in reloaded.output
     assert _alone(dest_conn, schema, "parent") == _alone(source_conn, schema, "parent")

@@ -70,7 +70,7 @@ def publication_problem(
     if (row_filter is not None and where is None) or unfiltered or missing:
         listing = PublishedAs(None, where).element(table.identifier())
         statements = [
-            sql.SQL("ALTER PUBLICATION {} DROP TABLE {}")
+            sql.SQL("ALTER PUBLICATION {} DROP TABLE ONLY {}")
             .format(sql.Identifier(publication), table.identifier())
             .as_string(None),
             sql.SQL("ALTER PUBLICATION {} ADD TABLE {}")

@@ -105,7 +105,9 @@ def row_filter_problem(source: psycopg.Connection[Any], info: TableInfo, where: 
                 source,
                 sql.SQL("CREATE PUBLICATION {} FOR TABLE {}").format(
                     sql.Identifier("replicator_probe"),
-                    PublishedAs(where=where).element(info.name.identifier()),
+                    PublishedAs(where=where, alone=info.has_children).element(
+                        info.name.identifier()
+                    ),
                 ),
             )
     except DatabaseError as exc:

@@ -211,6 +211,8 @@ WITH RECURSIVE member(root, oid) AS (
     WHERE p.pubname = %s
     UNION ALL
     SELECT m.root, i.inhrelid FROM member m JOIN pg_catalog.pg_inherits i ON i.inhparent = m.oid
+    JOIN pg_catalog.pg_class pc ON pc.oid = m.oid AND pc.relkind = 'p'  -- partitions only:
+    -- a table others inherit from is listed alone (ONLY), its children are not published
 )
 SELECT n.nspname::text, t.relname::text, m.oid, cn.nspname::text, c.relname::text,
        m.oid = m.root

@@ -205,7 +205,9 @@ def ensure_publication(
         with transaction(source):
             execute(
                 source,
-                sql.SQL("ALTER PUBLICATION {} DROP TABLE {}").format(ident, table.identifier()),
+                sql.SQL("ALTER PUBLICATION {} DROP TABLE ONLY {}").format(
+                    ident, table.identifier()
+                ),
             )
             execute(
                 source, sql.SQL("ALTER PUBLICATION {} ADD TABLE {}").format(ident, listed(table))
@@ -219,8 +221,11 @@ def ensure_publication(
     if removed:
         execute(
             source,
+            # ONLY: a table listed alone has children outside the publication, which a
+            # DROP without it would look for ("relation c is not part of the publication")
             sql.SQL("ALTER PUBLICATION {} DROP TABLE {}").format(
-                ident, sql.SQL(", ").join(t.identifier() for t in removed)
+                ident,
+                sql.SQL(", ").join(sql.SQL("ONLY {}").format(t.identifier()) for t in removed),
             ),
         )
         log.info(
@@ -303,10 +308,11 @@ def drop_slot_statement(slot: str) -> str:
     return sql.SQL("SELECT pg_drop_replication_slot({})").format(sql.Literal(slot)).as_string(None)
 
 
-def add_table_statement(publication: str, table: TableName) -> str:
+def add_table_statement(publication: str, table: TableName, alone: bool = False) -> str:
+    """`alone`: the table has child tables (INHERITS), which stay out (log_filter.PublishedAs)."""
     return (
         sql.SQL("ALTER PUBLICATION {} ADD TABLE {}")
-        .format(sql.Identifier(publication), table.identifier())
+        .format(sql.Identifier(publication), PublishedAs(alone=alone).element(table.identifier()))
         .as_string(None)
     )
 

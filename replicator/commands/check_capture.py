@@ -216,7 +216,8 @@ def _table(
             table.written_name,
             f"not in publication {names.publication} (named in tables-config.json `cdc`): its "
             "changes would never arrive, and its sync fails",
-            f"a DBA adds it: {add_table_statement(names.publication, table.name)}",
+            "a DBA adds it: "
+            + add_table_statement(names.publication, table.name, info.has_children),
         )
     elif published is not None:
         shaping = built.shaping

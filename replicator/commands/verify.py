@@ -137,10 +137,11 @@ def _pending_changes(project: Project, ends: Endpoints, table: TableConfig) -> P
     if names is None or since is None:
         return None
 
-    def lookup(key: tuple[str, ...], differing: list[Key]) -> Collection[Key] | None:
+    def lookup(key: tuple[str, ...], differing: list[Key], now: bool) -> Collection[Key] | None:
         assert names is not None and since is not None
+        applied = (applied_positions(ends.dest).get(table.target) or since) if now else since
         return pending_keys(
-            ends.source_url, names.slot, names.publication, table.name, key, since, differing
+            ends.source_url, names.slot, names.publication, table.name, key, applied, differing
         )
 
     return lookup

@@ -6,9 +6,11 @@ change; a sync running beside verify (`sync --follow`) applies changes and moves
 past them between verify's snapshots and its look at the slot. Reading the differing rows
 again, on both sides, as they are now, tells them apart: such a row is counted as not yet
 synced. A writer may have changed the row again meanwhile, so a row that still differs is
-looked up in the slot once more (peeked after the read: a change the read saw on the
-source and not on the destination is there, or applied by the next look). A row that
-differs and has no change in the slot, a few times over, is a difference.
+looked up in the slot once more, peeked after the read and from the table's applied
+position then (a change applied before is not pending: the read saw it applied): a change
+the read saw on the source and not on the destination is there, or was applied since, and
+the next round reads the row equal. A row that differs and has no change in the slot in
+every round is a difference.
 """
 
 from __future__ import annotations
@@ -49,7 +51,7 @@ def caught_up(
             now |= set(left) if waiting is None else set(waiting).intersection(left)
             left = [k for k in left if k not in now]
         settled |= now
-        if not left or not now:
+        if not left:
             break
     return settled
 

@@ -16,7 +16,6 @@ import contextlib
 import time
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
-from functools import partial
 from typing import Any
 
 import psycopg
@@ -47,8 +46,10 @@ from .verdict import MAX_EXAMPLES, REPEATED_KEY, Verdict
 
 # A `cdc` table's keys that changes in the slot, not yet applied, touch (capture/pending.py;
 # commands/verify.py binds it): given the key's columns and the differing keys, those with
-# a pending change, or None when a pending TRUNCATE touches them all.
-PendingLookup = Callable[[tuple[str, ...], list[Key]], Collection[Key] | None]
+# a pending change, or None when a pending TRUNCATE touches them all. The third argument:
+# changes count from the table's applied position now, not the one read before the
+# comparison (the rows were read again since: caught_up.py).
+PendingLookup = Callable[[tuple[str, ...], list[Key], bool], Collection[Key] | None]
 _DIFFERENCES = ("missing", "extra", "different")
 
 
@@ -212,7 +213,7 @@ def _compare(
             differing = [*found.missing, *found.extra, *found.different]
             columns = [c.name for c in built.columns]
             settled = caught_up(
-                ends, sides, columns, differing, partial(pending, built.primary_key)
+                ends, sides, columns, differing, lambda keys: pending(built.primary_key, keys, True)
             )
             found.set_aside(lambda k: k in settled, _DIFFERENCES)
         repaired = 0
@@ -290,7 +291,7 @@ def _set_aside_pending(
         found.set_aside(lambda _: True, ("extra",))
     if table.mode == "cdc" and pending is not None and found.differences:
         differing = [*found.missing, *found.extra, *found.different]
-        waiting = pending(key, differing)
+        waiting = pending(key, differing, False)
         found.set_aside(lambda k: waiting is None or k in waiting, _DIFFERENCES)
 
 

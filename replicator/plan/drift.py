@@ -31,6 +31,7 @@ from .partition_change import (
 )
 from .schema_diff import (
     Change,
+    ChildTablesChanged,
     MarkColumnChanged,
     ModelChanged,
     ShapingChanged,
@@ -52,7 +53,7 @@ class Observed:
     destination_changes: tuple[Change, ...]  # the destination table against it
     ownership: Ownership = "missing"  # "missing" also when the destination was not looked at
     # the model's SQL (or its shaping) against the stored ones
-    model_changed: ModelChanged | ShapingChanged | None = None
+    model_changed: ModelChanged | ChildTablesChanged | ShapingChanged | None = None
     # Whether the destination table holds a row now (None: not looked at).
     destination_has_rows: bool | None = None
     # A partitioned table's leaves against the stored ones (partition_change.py).

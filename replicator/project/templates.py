@@ -110,18 +110,20 @@ class Templates:
 
     def model(self, name: TableName, columns: list[str], read_as: str | None = None) -> Model:
         """The table's extraction SELECT: the project's model file, else `default_model`.
-        `read_as`: the table's name as a FROM clause reads it (`ONLY "s"."t"` for a table
-        others inherit from, postgres/catalog.TableInfo.has_children)."""
+        `read_as`: the table's name as the built-in default_model reads it (`ONLY "s"."t"`
+        for a table others inherit from, postgres/catalog.TableInfo.has_children); a model
+        file or a project's own default_model gets the name, and reads what it says."""
         context = {
-            "source": read_as or name.sql(),
+            "source": name.sql(),
             "columns": [quote_ident(c) for c in columns],
             "source_schema": name.schema,
             "source_table": name.name,
         }
         path = self.model_path(name)
         if not path.is_file():
-            text = self.call("default_model", source=context["source"], columns=context["columns"])
             builtin = self.origins["default_model"].startswith("built-in")
+            source = (read_as or context["source"]) if builtin else context["source"]
+            text = self.call("default_model", source=source, columns=context["columns"])
             origin = f"macro default_model ({self.origins['default_model']})"
             # The built-in macro's text is the tool's own, its names quoted: nothing to check
             # (a thousand tables skip a thousand parses).

@@ -108,6 +108,7 @@ class CaptureRun:
             if via_root is not None:  # its changes pass under its partitions' names
                 forget_applied(ends.dest, table.target)
                 raise TableProblem(f"{table.written_name}: {via_root[0]}: {via_root[1]}")
+        alone = planned.source.has_children
         if foreign and table.name not in published_tables(ends.source, names.publication):
             # Its changes are not in the log from here on: when the DBA adds it back, its
             # copy must reload, not continue from a position with a gap after it.
@@ -115,7 +116,7 @@ class CaptureRun:
             raise TableProblem(
                 f"{table.written_name}: not in publication {names.publication} (named in "
                 "tables-config.json `cdc`): its changes would never arrive; add it "
-                f"({add_table_statement(names.publication, table.name)})"
+                f"({add_table_statement(names.publication, table.name, alone)})"
             )
         if foreign:
             shaping = planned.built.shaping
