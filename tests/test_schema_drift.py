@@ -104,6 +104,13 @@ CHANGES = [
         id="type-narrowed",
     ),
     pytest.param(
+        # the same type: the values change in place, and neither the log nor a cursor says
+        # so (the copy kept `n1` where the source had `N1`, exit 0)
+        ["ALTER TABLE {s}.orders ALTER COLUMN note TYPE text USING upper(note)"],
+        "schema changed: column rewritten: note (the table was rewritten",
+        id="column-rewritten-in-place",
+    ),
+    pytest.param(
         ["ALTER TABLE {s}.orders RENAME COLUMN note TO remark"],
         "schema changed: column renamed: note -> remark",
         id="column-renamed",
@@ -156,6 +163,16 @@ def test_a_changed_table_reloads_alone(synced, source_conn, dest_conn, schema, s
     assert assert_same_table(source_conn, dest_conn, schema, "orders") > 0
     assert assert_same_table(source_conn, dest_conn, schema, "other") == 50
     # The reload stored the new signature: the next run is incremental again.
+    code, events = sync_events(synced)
+    assert code == 0
+    assert events[f"{schema}.orders"]["action"] == "noop", events
+
+
+def test_a_rewrite_that_changes_no_column_reloads_nothing(synced, source_conn, schema):
+    """VACUUM FULL and CLUSTER give the table new storage but leave every value and column
+    as it was: the copy goes on (only a rewrite with a column altered reloads it)."""
+    source_conn.execute(_q(schema, "VACUUM FULL {s}.orders"))
+    source_conn.execute(_q(schema, "CLUSTER {s}.orders USING orders_pkey"))
     code, events = sync_events(synced)
     assert code == 0
     assert events[f"{schema}.orders"]["action"] == "noop", events

@@ -171,6 +171,19 @@ class TypeChanged(Change):
 
 
 @dataclass(frozen=True)
+class ColumnRewritten(Change):
+    kind: ClassVar[str] = "column rewritten"
+    name: str
+
+    def detail(self) -> str:
+        return (
+            f"{display_ident(self.name)} (the table was rewritten with its column altered, as "
+            "ALTER COLUMN ... TYPE ... USING does: its values may have changed where no log "
+            "entry or cursor says so)"
+        )
+
+
+@dataclass(frozen=True)
 class NullabilityChanged(Change):
     kind: ClassVar[str] = "nullability changed"
     name: str
@@ -282,7 +295,28 @@ def diff(old: Signature, new: Signature) -> list[Change]:
     if old.replication_key != new.replication_key:
         changes.append(ReplicationKeyChanged(old.replication_key, new.replication_key))
     changes += _type_changes(old.types, new.types)
+    if not recreated:
+        changes += _rewritten(old, new, changes)
     return changes
+
+
+def _rewritten(old: Signature, new: Signature, found: list[Change]) -> list[Change]:
+    """Columns whose values a rewrite of the table changed in place: the table has new
+    storage, and their catalog rows are new too (`ALTER COLUMN ... TYPE ... USING`, even to
+    the same type, writes nothing to the log and moves no cursor). A rewrite alone
+    (VACUUM FULL, CLUSTER) changes no column; a retyped column is said as a type change."""
+    if None in (old.storage, new.storage, old.column_versions, new.column_versions):
+        return []
+    if old.storage == new.storage:
+        return []
+    retyped = {c.name for c in found if isinstance(c, TypeChanged)}
+    before = dict(old.column_versions or ())
+    signed = {c.name for c in new.columns}
+    return [
+        ColumnRewritten(name)
+        for name, version in new.column_versions or ()
+        if name in signed and name not in retyped and before.get(name, version) != version
+    ]
 
 
 def describe(changes: list[Change]) -> str:

@@ -74,6 +74,11 @@ class Signature:
     # A partitioned table's leaves; None for any other table (and in a state written before
     # leaves were recorded: never a change).
     partitions: tuple[SignedLeaf, ...] | None = None
+    # An ordinary table's relfilenode and each column's pg_attribute xmin (catalog.TableInfo):
+    # a rewrite that came with a column's catalog row rewritten its values in place; None:
+    # not a table, the destination's side, or a state written before they were recorded.
+    storage: int | None = None
+    column_versions: tuple[tuple[str, str], ...] | None = None
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -92,6 +97,14 @@ class Signature:
             **(
                 {"partitions": [leaf.as_json() for leaf in self.partitions]}
                 if self.partitions is not None
+                else {}
+            ),
+            **(
+                {
+                    "storage": self.storage,
+                    "column_versions": [list(pair) for pair in self.column_versions],
+                }
+                if self.storage is not None and self.column_versions is not None
                 else {}
             ),
         }
@@ -126,6 +139,12 @@ class Signature:
                 if document.get("partitions") is not None
                 else None
             ),
+            storage=document.get("storage"),
+            column_versions=(
+                tuple((str(n), str(x)) for n, x in document["column_versions"])
+                if document.get("column_versions") is not None
+                else None
+            ),
         )
 
     def as_created(self) -> Signature:
@@ -145,6 +164,8 @@ class Signature:
             model_origin=None,
             shaping=None,
             partitions=None,
+            storage=None,
+            column_versions=None,
         )
 
     def without_column(self, name: str) -> Signature:
@@ -170,6 +191,8 @@ def read_signature(conn: psycopg.Connection[Any], source: TableInfo, built: Tabl
         model_origin=built.model.origin,
         shaping=built.model.shaping,
         partitions=_signed_leaves(conn, source),
+        storage=source.storage,
+        column_versions=source.column_versions,
     )
 
 

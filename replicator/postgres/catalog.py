@@ -60,6 +60,12 @@ class TableInfo:
     # and published alone (`ONLY t`), as pg_dump copies it; the children are tables of
     # their own.
     has_children: bool = False
+    # An ordinary table's storage (relfilenode; a rewrite gives it a new one) and each
+    # column's catalog row version (pg_attribute's xmin; ALTER COLUMN TYPE writes a new
+    # one, even to the same type): a rewrite with a column's row new is a column whose
+    # values were rewritten in place (plan/schema_diff.ColumnRewritten). None: not a table.
+    storage: int | None = None
+    column_versions: tuple[tuple[str, str], ...] | None = None
 
     @property
     def read_as(self) -> str:
@@ -127,7 +133,12 @@ SELECT c.oid, c.relkind,
    WHERE i.indrelid = c.oid AND i.indisprimary AND k.ord <= i.indnkeyatts),
   u.relname, u.columns,
   c.relkind IN ('r', 'f')
-    AND EXISTS (SELECT FROM pg_catalog.pg_inherits h WHERE h.inhparent = c.oid)
+    AND EXISTS (SELECT FROM pg_catalog.pg_inherits h WHERE h.inhparent = c.oid),
+  CASE WHEN c.relkind = 'r' THEN c.relfilenode::int8 END,
+  CASE WHEN c.relkind = 'r' THEN
+    (SELECT json_agg(json_build_array(a.attname, a.xmin::text) ORDER BY a.attnum)
+     FROM pg_catalog.pg_attribute a
+     WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped) END
 FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
 LEFT JOIN LATERAL ({_UNIQUE_KEY}) u ON true
 WHERE n.nspname = %s AND c.relname = %s AND c.relkind IN ('r', 'p', 'v', 'm', 'f')
@@ -192,6 +203,8 @@ def _info(
     index_name: str | None,
     index_columns: list[str] | None,
     has_children: bool,
+    storage: int | None = None,
+    versions: list[list[str]] | None = None,
 ) -> TableInfo:
     columns = tuple(Column(*attribute) for attribute in attributes or ())
     if any(c.type_oid >= FIRST_NORMAL_OID for c in columns):
@@ -200,7 +213,10 @@ def _info(
     unique = None
     if not primary_key and index_name is not None and index_columns is not None:
         unique = UniqueIndex(index_name, tuple(index_columns))
-    return TableInfo(name, oid, KINDS[kind], columns, primary_key, unique, has_children)
+    column_versions = tuple((str(n), str(x)) for n, x in versions) if versions is not None else None
+    return TableInfo(
+        name, oid, KINDS[kind], columns, primary_key, unique, has_children, storage, column_versions
+    )
 
 
 def leading_index_columns(conn: psycopg.Connection[Any], oid: int) -> set[str]:
