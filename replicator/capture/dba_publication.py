@@ -68,7 +68,7 @@ def publication_problem(
     if missing:
         problems.append(f"its column list leaves out {', '.join(missing)}")
     if (row_filter is not None and where is None) or unfiltered or missing:
-        listing = PublishedAs(None, where).element(table.identifier())
+        listing = PublishedAs(None, where, _has_children(source, table)).element(table.identifier())
         statements = [
             sql.SQL("ALTER PUBLICATION {} DROP TABLE ONLY {}")
             .format(sql.Identifier(publication), table.identifier())
@@ -101,3 +101,15 @@ def via_root_problem(
         "arrive under its partitions' names, and the copy would never get them",
         f"a DBA runs {via_root_statement(publication)}",
     )
+
+
+def _has_children(source: psycopg.Connection[Any], table: TableName) -> bool:
+    """An ordinary table others inherit from: listed alone (catalog.TableInfo.has_children)."""
+    rows = fetch_all(
+        source,
+        "SELECT EXISTS (SELECT FROM pg_catalog.pg_inherits h WHERE h.inhparent = c.oid) "
+        "FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace "
+        "WHERE n.nspname = %s AND c.relname = %s AND c.relkind = 'r'",
+        (table.schema, table.name),
+    )
+    return bool(rows and rows[0][0])
