@@ -249,6 +249,15 @@ def test_a_cursor_table_reloads_when_a_partition_brings_or_takes_rows(
     assert _same(source_conn, dest_conn, schema) == 490
     assert db_project.run("verify").exit_code == 0
 
+    # A leaf rewritten alone changes no value; a column rewritten in place through the root
+    # (same type) changes them all, with no cursor moved (the copy kept them, exit 0).
+    _run(writer, schema, "VACUUM FULL {p_low}")
+    assert f"{schema}.events: noop" in _sync(db_project).stderr
+    _run(writer, schema, "ALTER TABLE {events} ALTER COLUMN note TYPE text USING upper(note)")
+    rewritten = _sync(db_project)
+    assert "schema changed: column rewritten: note" in rewritten.stderr, rewritten.stderr
+    assert _same(source_conn, dest_conn, schema) == 490
+
 
 def test_the_tools_publication_made_before_gets_publish_via_partition_root(
     cdc_project, schema, writer, source_conn, dest_conn

@@ -168,6 +168,28 @@ def test_a_changed_table_reloads_alone(synced, source_conn, dest_conn, schema, s
     assert events[f"{schema}.orders"]["action"] == "noop", events
 
 
+def test_a_column_the_copy_leaves_out_rewritten_in_place_reloads_it(
+    synced, source_conn, dest_conn, schema
+):
+    """The copy does not hold `note`, but its `where` reads it: rewritten in place, the rows
+    it lets in are others (a model that reads a column without returning it is the same)."""
+    _config(synced, schema, columns={"exclude": ["note"]}, where="note <> 'N7'", deletes="delete")
+    code, events = sync_events(synced)
+    assert code == 0 and events[f"{schema}.orders"]["action"] == "full_reload", events
+    source_conn.execute(
+        _q(schema, "ALTER TABLE {s}.orders ALTER COLUMN note TYPE text USING upper(note)")
+    )
+    code, events = sync_events(synced)
+    assert code == 0
+    orders = events[f"{schema}.orders"]
+    assert orders["action"] == "full_reload", orders
+    assert orders["reason"].startswith("schema changed: column rewritten: note"), orders
+    (copied,) = dest_conn.execute(
+        sql.SQL("SELECT count(*) FROM {}").format(sql.Identifier(schema, "orders"))
+    ).fetchone()
+    assert copied == 499
+
+
 def test_a_rewrite_that_changes_no_column_reloads_nothing(synced, source_conn, schema):
     """VACUUM FULL and CLUSTER give the table new storage but leave every value and column
     as it was: the copy goes on (only a rewrite with a column altered reloads it)."""

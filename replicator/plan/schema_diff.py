@@ -301,22 +301,33 @@ def diff(old: Signature, new: Signature) -> list[Change]:
 
 
 def _rewritten(old: Signature, new: Signature, found: list[Change]) -> list[Change]:
-    """Columns whose values a rewrite of the table changed in place: the table has new
-    storage, and their catalog rows are new too (`ALTER COLUMN ... TYPE ... USING`, even to
-    the same type, writes nothing to the log and moves no cursor). A rewrite alone
-    (VACUUM FULL, CLUSTER) changes no column; a retyped column is said as a type change."""
-    if None in (old.storage, new.storage, old.column_versions, new.column_versions):
+    """Columns whose values a rewrite of the table changed in place: the table (or a leaf
+    partition) has new storage, and their catalog rows are new too (`ALTER COLUMN ... TYPE
+    ... USING`, even to the same type, writes nothing to the log and moves no cursor). A
+    rewrite alone (VACUUM FULL, CLUSTER) changes no column; a retyped column is said as a
+    type change. Every column of the table counts, not only the copy's: a model or a
+    `where` may read one the copy does not hold."""
+    if old.column_versions is None or new.column_versions is None:
         return []
-    if old.storage == new.storage:
+    if not _new_storage(old, new):
         return []
     retyped = {c.name for c in found if isinstance(c, TypeChanged)}
-    before = dict(old.column_versions or ())
-    signed = {c.name for c in new.columns}
+    before = dict(old.column_versions)
     return [
         ColumnRewritten(name)
-        for name, version in new.column_versions or ()
-        if name in signed and name not in retyped and before.get(name, version) != version
+        for name, version in new.column_versions
+        if name not in retyped and before.get(name, version) != version
     ]
+
+
+def _new_storage(old: Signature, new: Signature) -> bool:
+    """The table, or one of its leaf partitions still there, was rewritten."""
+    if old.storage is not None and new.storage is not None:
+        return old.storage != new.storage
+    if old.partitions is None or new.partitions is None:
+        return False
+    before = {leaf.oid: leaf.storage for leaf in old.partitions}
+    return any(before.get(leaf.oid, leaf.storage) != leaf.storage for leaf in new.partitions)
 
 
 def describe(changes: list[Change]) -> str:

@@ -99,12 +99,10 @@ class Signature:
                 if self.partitions is not None
                 else {}
             ),
+            **({"storage": self.storage} if self.storage is not None else {}),
             **(
-                {
-                    "storage": self.storage,
-                    "column_versions": [list(pair) for pair in self.column_versions],
-                }
-                if self.storage is not None and self.column_versions is not None
+                {"column_versions": [list(pair) for pair in self.column_versions]}
+                if self.column_versions is not None
                 else {}
             ),
         }

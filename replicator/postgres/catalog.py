@@ -60,10 +60,11 @@ class TableInfo:
     # and published alone (`ONLY t`), as pg_dump copies it; the children are tables of
     # their own.
     has_children: bool = False
-    # An ordinary table's storage (relfilenode; a rewrite gives it a new one) and each
-    # column's catalog row version (pg_attribute's xmin; ALTER COLUMN TYPE writes a new
-    # one, even to the same type): a rewrite with a column's row new is a column whose
-    # values were rewritten in place (plan/schema_diff.ColumnRewritten). None: not a table.
+    # An ordinary table's storage (relfilenode; a rewrite gives it a new one; a partitioned
+    # table's is its leaves') and each column's catalog row version (pg_attribute's xmin;
+    # ALTER COLUMN TYPE writes a new one, even to the same type, on a partitioned table's
+    # root too): a rewrite with a column's row new is a column whose values were rewritten
+    # in place (plan/schema_diff.ColumnRewritten). None: a view or foreign table.
     storage: int | None = None
     column_versions: tuple[tuple[str, str], ...] | None = None
 
@@ -135,7 +136,7 @@ SELECT c.oid, c.relkind,
   c.relkind IN ('r', 'f')
     AND EXISTS (SELECT FROM pg_catalog.pg_inherits h WHERE h.inhparent = c.oid),
   CASE WHEN c.relkind = 'r' THEN c.relfilenode::int8 END,
-  CASE WHEN c.relkind = 'r' THEN
+  CASE WHEN c.relkind IN ('r', 'p') THEN
     (SELECT json_agg(json_build_array(a.attname, a.xmin::text) ORDER BY a.attnum)
      FROM pg_catalog.pg_attribute a
      WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped) END
