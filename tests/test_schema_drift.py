@@ -192,12 +192,24 @@ def test_a_column_the_copy_leaves_out_rewritten_in_place_reloads_it(
 
 def test_a_rewrite_that_changes_no_column_reloads_nothing(synced, source_conn, schema):
     """VACUUM FULL and CLUSTER give the table new storage but leave every value and column
-    as it was: the copy goes on (only a rewrite with a column altered reloads it)."""
+    as it was: the copy goes on (only a rewrite with a column altered reloads it). They
+    also write again the catalog row of a column added with a default (its value kept
+    aside until then, `atthasmissing`): that was taken for a column rewritten."""
+    source_conn.execute(_q(schema, "ALTER TABLE {s}.orders ADD COLUMN flag int NOT NULL DEFAULT 0"))
+    code, events = sync_events(synced)
+    assert code == 0 and events[f"{schema}.orders"]["action"] == "full_reload", events
     source_conn.execute(_q(schema, "VACUUM FULL {s}.orders"))
     source_conn.execute(_q(schema, "CLUSTER {s}.orders USING orders_pkey"))
     code, events = sync_events(synced)
     assert code == 0
     assert events[f"{schema}.orders"]["action"] == "noop", events
+    source_conn.execute(
+        _q(schema, "ALTER TABLE {s}.orders ALTER COLUMN flag TYPE int USING flag + 1")
+    )
+    code, events = sync_events(synced)
+    assert code == 0
+    reason = events[f"{schema}.orders"]["reason"]
+    assert reason.startswith("schema changed: column rewritten: flag"), reason
 
 
 def test_on_schema_change_fail_fails_only_that_table(synced, source_conn, dest_conn, schema):

@@ -21,6 +21,7 @@ from ..postgres.partition_tree import holding_rows
 from ..project.config import TableConfig
 from ..project.state import TableState
 from ..project.templates import Templates
+from .column_rewrite import rewritten_columns
 from .decide import Plan, plan_table
 from .inspect_table import inspect_source
 from .model_change import ChildTablesChanged, ModelChanged, ShapingChanged, model_change
@@ -96,6 +97,7 @@ def observe(
     if stored and table.mode != "full-refresh":
         before = Signature.from_json(stored)
         schema_changes = diff(before, signature)
+        schema_changes += rewritten_columns(before, signature, schema_changes)
         changed_model = model_change(before, signature)
         leaves = leaf_changes(before, signature, log_based=table.mode == "cdc")
         holding: list[TableName] = []

@@ -171,19 +171,6 @@ class TypeChanged(Change):
 
 
 @dataclass(frozen=True)
-class ColumnRewritten(Change):
-    kind: ClassVar[str] = "column rewritten"
-    name: str
-
-    def detail(self) -> str:
-        return (
-            f"{display_ident(self.name)} (the table was rewritten with its column altered, as "
-            "ALTER COLUMN ... TYPE ... USING does: its values may have changed where no log "
-            "entry or cursor says so)"
-        )
-
-
-@dataclass(frozen=True)
 class NullabilityChanged(Change):
     kind: ClassVar[str] = "nullability changed"
     name: str
@@ -295,39 +282,7 @@ def diff(old: Signature, new: Signature) -> list[Change]:
     if old.replication_key != new.replication_key:
         changes.append(ReplicationKeyChanged(old.replication_key, new.replication_key))
     changes += _type_changes(old.types, new.types)
-    if not recreated:
-        changes += _rewritten(old, new, changes)
     return changes
-
-
-def _rewritten(old: Signature, new: Signature, found: list[Change]) -> list[Change]:
-    """Columns whose values a rewrite of the table changed in place: the table (or a leaf
-    partition) has new storage, and their catalog rows are new too (`ALTER COLUMN ... TYPE
-    ... USING`, even to the same type, writes nothing to the log and moves no cursor). A
-    rewrite alone (VACUUM FULL, CLUSTER) changes no column; a retyped column is said as a
-    type change. Every column of the table counts, not only the copy's: a model or a
-    `where` may read one the copy does not hold."""
-    if old.column_versions is None or new.column_versions is None:
-        return []
-    if not _new_storage(old, new):
-        return []
-    retyped = {c.name for c in found if isinstance(c, TypeChanged)}
-    before = dict(old.column_versions)
-    return [
-        ColumnRewritten(name)
-        for name, version in new.column_versions
-        if name not in retyped and before.get(name, version) != version
-    ]
-
-
-def _new_storage(old: Signature, new: Signature) -> bool:
-    """The table, or one of its leaf partitions still there, was rewritten."""
-    if old.storage is not None and new.storage is not None:
-        return old.storage != new.storage
-    if old.partitions is None or new.partitions is None:
-        return False
-    before = {leaf.oid: leaf.storage for leaf in old.partitions}
-    return any(before.get(leaf.oid, leaf.storage) != leaf.storage for leaf in new.partitions)
 
 
 def describe(changes: list[Change]) -> str:

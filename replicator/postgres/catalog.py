@@ -61,10 +61,11 @@ class TableInfo:
     # their own.
     has_children: bool = False
     # An ordinary table's storage (relfilenode; a rewrite gives it a new one; a partitioned
-    # table's is its leaves') and each column's catalog row version (pg_attribute's xmin;
-    # ALTER COLUMN TYPE writes a new one, even to the same type, on a partitioned table's
-    # root too): a rewrite with a column's row new is a column whose values were rewritten
-    # in place (plan/schema_diff.ColumnRewritten). None: a view or foreign table.
+    # table's: its leaves' summed) and each column's catalog row version (pg_attribute's
+    # xmin; ALTER COLUMN TYPE writes a new one, even to the same type, on a partitioned
+    # table's root too), as `xmin/atthasmissing/its default's xmin`: a rewrite with a
+    # column's row new is a column whose values were rewritten in place
+    # (plan/column_rewrite.py). None: a view or foreign table.
     storage: int | None = None
     column_versions: tuple[tuple[str, str], ...] | None = None
 
@@ -117,6 +118,18 @@ HAVING bool_and(a.attnotnull)
 ORDER BY i.indisreplident DESC, count(*), ci.relname
 LIMIT 1
 """
+# A partitioned table's storage: its leaves' relfilenodes, summed (a rewritten leaf gets a
+# new, higher one), read in the same statement as the root's column rows, so that a
+# rewrite through the root is seen whole or not at all.
+_LEAF_STORAGE = """
+WITH RECURSIVE tree(oid) AS (
+    SELECT c.oid
+  UNION ALL
+    SELECT i.inhrelid FROM pg_catalog.pg_inherits i JOIN tree ON i.inhparent = tree.oid
+)
+SELECT sum(l.relfilenode::int8)::int8 FROM tree JOIN pg_catalog.pg_class l ON l.oid = tree.oid
+WHERE l.relkind = 'r'
+"""
 # All of a table's facts in one round trip. format_type() qualifies a type only when the
 # session's search_path would not find it: a user's or an extension's type (OID from
 # FIRST_NORMAL_OID on) is read again with only pg_catalog on the path (`_columns`).
@@ -135,10 +148,14 @@ SELECT c.oid, c.relkind,
   u.relname, u.columns,
   c.relkind IN ('r', 'f')
     AND EXISTS (SELECT FROM pg_catalog.pg_inherits h WHERE h.inhparent = c.oid),
-  CASE WHEN c.relkind = 'r' THEN c.relfilenode::int8 END,
+  CASE WHEN c.relkind = 'r' THEN c.relfilenode::int8
+       WHEN c.relkind = 'p' THEN ({_LEAF_STORAGE}) END,
   CASE WHEN c.relkind IN ('r', 'p') THEN
-    (SELECT json_agg(json_build_array(a.attname, a.xmin::text) ORDER BY a.attnum)
+    (SELECT json_agg(json_build_array(a.attname, a.xmin::text || '/' || a.atthasmissing::text
+                                                 || '/' || coalesce(d.xmin::text, ''))
+                     ORDER BY a.attnum)
      FROM pg_catalog.pg_attribute a
+     LEFT JOIN pg_catalog.pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum
      WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped) END
 FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
 LEFT JOIN LATERAL ({_UNIQUE_KEY}) u ON true
