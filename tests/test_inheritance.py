@@ -108,7 +108,13 @@ def test_a_parent_cdc_table_is_published_alone_and_its_children_keep_taking_upda
     their UPDATEs and DELETEs ("does not have a replica identity and publishes updates")
     until the next sync took them out."""
     _family(writer, schema)
-    cdc_project.write_config({"tables": [{"name": f"{schema}.parent", "mode": "cdc"}]})
+    # the statement `check` gives a DBA whose publication is still to be made lists it alone
+    dba = {"slot": f"dba_{schema}"[:60], "publication": f"dba_{schema}"[:60], "create": False}
+    table = {"name": f"{schema}.parent", "mode": "cdc"}
+    cdc_project.write_config({"tables": [table], "cdc": dba})
+    checked = cdc_project.run("check")
+    assert f'FOR TABLE ONLY "{schema}"."parent"' in checked.output, checked.output
+    cdc_project.write_config({"tables": [table]})
     _sync(cdc_project)
     child = sql.Identifier(schema, "parent_child")
     writer.execute(sql.SQL("UPDATE {} SET v = 'c2' WHERE id = 8").format(child))

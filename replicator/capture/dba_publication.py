@@ -68,7 +68,7 @@ def publication_problem(
     if missing:
         problems.append(f"its column list leaves out {', '.join(missing)}")
     if (row_filter is not None and where is None) or unfiltered or missing:
-        listing = PublishedAs(None, where, _has_children(source, table)).element(table.identifier())
+        listing = PublishedAs(None, where, has_children(source, table)).element(table.identifier())
         statements = [
             sql.SQL("ALTER PUBLICATION {} DROP TABLE ONLY {}")
             .format(sql.Identifier(publication), table.identifier())
@@ -103,7 +103,7 @@ def via_root_problem(
     )
 
 
-def _has_children(source: psycopg.Connection[Any], table: TableName) -> bool:
+def has_children(source: psycopg.Connection[Any], table: TableName) -> bool:
     """An ordinary table others inherit from: listed alone (catalog.TableInfo.has_children)."""
     rows = fetch_all(
         source,

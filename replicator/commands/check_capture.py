@@ -11,7 +11,8 @@ import psycopg
 
 from ..base.errors import ReplicatorError
 from ..base.identifiers import TableName, display_ident
-from ..capture.dba_publication import publication_problem, via_root_problem
+from ..capture.dba_publication import has_children, publication_problem, via_root_problem
+from ..capture.log_filter import PublishedAs
 from ..capture.preflight import IDENTITY_NAMES, capture_problem, replica_identity
 from ..capture.slot import (
     PLUGIN,
@@ -174,7 +175,8 @@ def _dba_publication(
     """A DBA's publication (`create: false`): it must exist; returns what it lists."""
     if publication_exists(source, names.publication):
         return published_tables(source, names.publication)
-    create = create_publication_statement(names.publication, [t.name for t in tables])
+    alone = {t.name: PublishedAs(alone=True) for t in tables if has_children(source, t.name)}
+    create = create_publication_statement(names.publication, [t.name for t in tables], True, alone)
     yield Finding(
         "error",
         "cdc",
