@@ -37,11 +37,13 @@ def publication_problem(
     table: TableName,
     columns: list[str],
     where: str | None = None,
+    alone: bool = False,
 ) -> tuple[str, str] | None:
     """What the DBA's publication withholds from the table, and the statements that give
     it; None when it publishes every change of the rows and `columns` the copy holds. With
     the table's `where`, the publication must filter rows itself (its filter is taken to be
-    the same: PostgreSQL keeps it in another form, which cannot be compared)."""
+    the same: PostgreSQL keeps it in another form, which cannot be compared). `alone`: the
+    table has child tables (catalog.TableInfo.has_children), listed `ONLY`."""
     flags = fetch_all(source, _PUBLISHES, (publication,))
     rows = fetch_all(source, _TABLE, (publication, table.schema, table.name))
     if not flags or not rows:
@@ -68,7 +70,7 @@ def publication_problem(
     if missing:
         problems.append(f"its column list leaves out {', '.join(missing)}")
     if (row_filter is not None and where is None) or unfiltered or missing:
-        listing = PublishedAs(None, where, has_children(source, table)).element(table.identifier())
+        listing = PublishedAs(None, where, alone).element(table.identifier())
         statements = [
             sql.SQL("ALTER PUBLICATION {} DROP TABLE ONLY {}")
             .format(sql.Identifier(publication), table.identifier())
@@ -101,15 +103,3 @@ def via_root_problem(
         "arrive under its partitions' names, and the copy would never get them",
         f"a DBA runs {via_root_statement(publication)}",
     )
-
-
-def has_children(source: psycopg.Connection[Any], table: TableName) -> bool:
-    """An ordinary table others inherit from: listed alone (catalog.TableInfo.has_children)."""
-    rows = fetch_all(
-        source,
-        "SELECT EXISTS (SELECT FROM pg_catalog.pg_inherits h WHERE h.inhparent = c.oid) "
-        "FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace "
-        "WHERE n.nspname = %s AND c.relname = %s AND c.relkind = 'r'",
-        (table.schema, table.name),
-    )
-    return bool(rows and rows[0][0])

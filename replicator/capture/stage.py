@@ -72,7 +72,7 @@ class TableStage:
     one_by_one: Callable[[bytes, int], None] | None = None
     # the domain columns, staged as their base types (`Stager._undomain`)
     undomained: dict[str, str] = field(default_factory=dict)
-    # the columns whose equality `=` may not find (postgres/key_equality.py)
+    # the key columns whose equality `=` may not find (postgres/key_equality.py)
     equals: dict[str, str] = field(default_factory=dict)
     # seq of the batch's last insert that came without a TOASTed value: a row an update
     # moved into the publication's row filter (`where`), which PostgreSQL sends as an insert
@@ -174,7 +174,7 @@ class Stager:
                 name,
                 key_positions=key_positions,
                 undomained=undomained,
-                equals=key_equality(self.dest, target, columns),
+                equals=key_equality(self.dest, target, [columns[i] for i in key_positions]),
             )
             self.stages[target] = stage
         return stage

@@ -11,7 +11,7 @@ import psycopg
 
 from ..base.errors import ReplicatorError
 from ..base.identifiers import TableName, display_ident
-from ..capture.dba_publication import has_children, publication_problem, via_root_problem
+from ..capture.dba_publication import publication_problem, via_root_problem
 from ..capture.log_filter import PublishedAs
 from ..capture.preflight import IDENTITY_NAMES, capture_problem, replica_identity
 from ..capture.slot import (
@@ -28,6 +28,7 @@ from ..capture.slot import (
 )
 from ..capture.unused_slot import unused_slot
 from ..plan.inspect_table import inspect_source
+from ..postgres.catalog import describe_tables
 from ..postgres.database import fetch_all
 from ..postgres.partition_tree import PARTITIONED
 from ..project.project import Project
@@ -175,7 +176,12 @@ def _dba_publication(
     """A DBA's publication (`create: false`): it must exist; returns what it lists."""
     if publication_exists(source, names.publication):
         return published_tables(source, names.publication)
-    alone = {t.name: PublishedAs(alone=True) for t in tables if has_children(source, t.name)}
+    described = describe_tables(source, [t.name for t in tables])
+    alone = {
+        name: PublishedAs(alone=True)
+        for name, info in described.items()
+        if info is not None and info.has_children
+    }
     create = create_publication_statement(names.publication, [t.name for t in tables], True, alone)
     yield Finding(
         "error",
@@ -226,7 +232,9 @@ def _table(
         excluded = shaping.exclude if shaping else ()
         columns = [c.name for c in info.columns if c.name not in excluded]
         where = shaping.where if shaping else None
-        withheld = publication_problem(source, names.publication, table.name, columns, where)
+        withheld = publication_problem(
+            source, names.publication, table.name, columns, where, info.has_children
+        )
         if withheld is not None:
             yield Finding("error", table.written_name, *withheld)
     if publisher is not None and not fetch_all(source, _OWNS, (info.oid,))[0][0]:

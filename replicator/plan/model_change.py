@@ -9,7 +9,7 @@ from typing import ClassVar
 
 from .salt import older_form, shown
 from .schema_diff import Change
-from .signature import DEFAULT_MODEL, Signature
+from .signature import DEFAULT_MODEL, DEFAULT_MODEL_ALONE, Signature
 
 
 @dataclass(frozen=True)
@@ -72,6 +72,6 @@ def model_change(
         return ShapingChanged(old.shaping, new.shaping)
     if old.model is None or new.model is None or old.model == new.model:
         return None
-    if {old.model, new.model} == {DEFAULT_MODEL, f"{DEFAULT_MODEL} only"}:
+    if {old.model, new.model} == {DEFAULT_MODEL, DEFAULT_MODEL_ALONE}:
         return ChildTablesChanged(new.model != DEFAULT_MODEL)
     return ModelChanged(old.model_origin, new.model_origin)

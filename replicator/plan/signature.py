@@ -28,6 +28,8 @@ VERSION = 2
 # The model fingerprint of the built-in default model (a plain SELECT of the table's
 # columns): its text follows the columns, which the signature compares one by one.
 DEFAULT_MODEL = "default"
+# ... of the built-in model reading a table with child tables alone (`FROM ONLY`).
+DEFAULT_MODEL_ALONE = "default only"
 
 
 @dataclass(frozen=True)
@@ -210,9 +212,7 @@ def _alone(fingerprint: str, source: TableInfo) -> str:
     a copy made when it read them too (before 2026-11-27) holds other rows, and reloads;
     one made before t had any reloads once, needlessly."""
     return (
-        f"{fingerprint} only"
-        if fingerprint == DEFAULT_MODEL and source.has_children
-        else fingerprint
+        DEFAULT_MODEL_ALONE if fingerprint == DEFAULT_MODEL and source.has_children else fingerprint
     )
 
 

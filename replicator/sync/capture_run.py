@@ -130,6 +130,7 @@ class CaptureRun:
                     if not shaping or c.name not in shaping.exclude
                 ],
                 shaping.where if shaping else None,
+                alone,
             )
             if withheld is not None:
                 raise TableProblem(f"{table.written_name}: {withheld[0]}: {withheld[1]}")
