@@ -39,8 +39,16 @@ _MAX_SEQ = 10**_DIGITS
 _POWERS = 10 ** np.arange(_DIGITS - 1, -1, -1, dtype=np.int64)
 # a row's start: newline (dropped before the first row), seq, tab, op
 _PREFIX = 1 + _DIGITS + 1 + 1
-_HEADER = np.arange(8)  # kind, relation, tuple marker, column count
-_SIZE_BYTES = np.arange(4)  # a text value's kind byte and the first three of its size
+_HEADER = 8  # kind, relation, tuple marker, column count
+_SIZE_BYTES = 4  # a text value's kind byte and the first three of its size
+_PAD = bytes(8)  # after the messages: a read of a few bytes at any offset stays inside
+
+
+def _view(data: np.ndarray, dtype: str, width: int) -> np.ndarray:
+    """`data` as overlapping items of `width` bytes, one starting at each byte: a gather
+    or a store of one item at an offset reads or writes those bytes at once (a multi-byte
+    integer's, or a run of bytes)."""
+    return np.ndarray((len(data) - width + 1,), dtype=dtype, buffer=data, strides=(1,))
 
 
 @dataclass
@@ -62,9 +70,9 @@ def plain_block(
     count = len(messages)
     if count == 0 or columns == 0:
         return Block(b"", [], list(range(count)))
-    joined = b"".join(messages)
-    data = np.frombuffer(joined, dtype=np.uint8)
-    last = len(data) - 1
+    data = np.frombuffer(b"".join([*messages, _PAD]), dtype=np.uint8)
+    size_at = _view(data, ">u4", 4)  # a value's size, from its offset
+    last = len(data) - len(_PAD)  # reads at offsets clipped here stay inside
     sizes = np.fromiter(map(len, messages), dtype=np.int64, count=count)
     ends = np.cumsum(sizes)
     starts = ends - sizes
@@ -90,9 +98,7 @@ def plain_block(
         column_kind = at(position)
         text = column_kind == _TEXT
         ok &= text | (column_kind == _NULL)
-        size = at(position + 1) << 24 | at(position + 2) << 16 | at(position + 3) << 8
-        size |= at(position + 4)
-        size = np.where(text, size, 0)
+        size = np.where(text, size_at[np.minimum(position + 1, last)].astype(np.int64), 0)
         start = np.where(text, position + 5, position + 1)
         end = start + size
         ok &= (end <= ends) & ((size > 0) | ~text)  # an empty string: told from NULL there
@@ -114,15 +120,14 @@ def plain_block(
     keys = _keys(data, starts_v, sizes_v, text_v, key_positions)
 
     rows = chosen.size
-    starts_c = starts[chosen]
     # the rows are the chosen messages' bytes less their headers: each value keeps the byte
     # before it (its size's last, or the NULL's kind byte), which becomes its tab; a NULL is
     # the empty field (the COPY's NULL '')
-    source = data.copy()
+    source = data[:last].copy()
     source[starts_v - 1] = ord("\t")
     keep = np.repeat(ok, sizes)
-    keep[(starts_c[:, None] + _HEADER).ravel()] = False
-    keep[((starts_v[text_v] - 5)[:, None] + _SIZE_BYTES).ravel()] = False
+    _view(keep, "V8", _HEADER)[starts[chosen]] = np.void(bytes(_HEADER))
+    _view(keep, "V4", _SIZE_BYTES)[starts_v[text_v] - 5] = np.void(bytes(_SIZE_BYTES))
     body = source[keep]
 
     prefix = np.empty((rows, _PREFIX), dtype=np.uint8)
@@ -133,10 +138,9 @@ def plain_block(
     lengths = _PREFIX + (sizes_v + 1).sum(axis=1)
     row_starts = np.cumsum(lengths) - lengths
     out = np.empty(int(row_starts[-1] + lengths[-1]), dtype=np.uint8)
-    in_prefix = (row_starts[:, None] + np.arange(_PREFIX)).ravel()
-    out[in_prefix] = prefix.ravel()
+    _view(out, f"V{_PREFIX}", _PREFIX)[row_starts] = prefix.view(f"V{_PREFIX}").ravel()
     is_body = np.ones(len(out), dtype=bool)
-    is_body[in_prefix] = False
+    _view(is_body, f"V{_PREFIX}", _PREFIX)[row_starts] = np.void(bytes(_PREFIX))
     out[is_body] = body
     return Block(out[1:].tobytes(), keys, others)
 
