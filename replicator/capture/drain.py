@@ -98,7 +98,7 @@ def drain(
         try:
             note(source, stream.start(start))
             read = read_changes(
-                stream.messages(),
+                stream.chunks(),
                 applier,
                 by_name,
                 batch_changes or BATCH_CHANGES,

@@ -56,7 +56,7 @@ _READS = 16  # libpq reads up to about 8 kB at a time
 
 
 class LogStream:
-    """One drain's replication connection: `messages` hands out pgoutput messages up to
+    """One drain's replication connection: `chunks` hands out pgoutput messages up to
     the drain's end, `confirm` lets the slot go up to a position."""
 
     def __init__(self, source_url: str, slot: str, publication: str, upto: int, encoding: str):
@@ -88,10 +88,14 @@ class LogStream:
             self.released = True  # never held: nothing to wait for
             raise DatabaseError(f"source: {self._error(result)}")
 
-    def messages(self) -> Iterator[bytes]:
-        """The messages up to the drain's end."""
+    def chunks(self) -> Iterator[list[bytes]]:
+        """The messages up to the drain's end, a list of them at a time: those libpq holds
+        at once (the reader then switches to this generator once per list, not once per
+        message)."""
         conn, upto = self._conn, self.upto
         get = conn.get_copy_data
+        chunk: list[bytes] = []
+        add = chunk.append
         while not self.done:
             size, buffer = get(1)
             if size > 0:
@@ -101,16 +105,16 @@ class LogStream:
                     tag = data[0]
                     if tag == _COMMIT:
                         self._in_transaction = False
-                        yield data
+                        add(data)
                         if int.from_bytes(data[10:18], "big") >= upto:  # its end LSN
                             self.done = True
                         continue
                     if tag == _BEGIN:
                         if int.from_bytes(data[1:9], "big") >= upto:  # committed later
                             self.done = self._cut = True
-                            return
+                            break
                         self._in_transaction = True
-                    yield data
+                    add(data)
                 elif kind == _KEEPALIVE:
                     wal_end, _, reply = _KEEPALIVE_SHAPE.unpack_from(buffer, 1)
                     if wal_end >= upto and not self._in_transaction:
@@ -118,9 +122,15 @@ class LogStream:
                     elif reply:
                         self._status(reply=False)
             elif size == 0:
+                if chunk:
+                    yield chunk
+                    chunk = []
+                    add = chunk.append
                 self._wait()
             else:
                 self._ended(size)
+        if chunk:
+            yield chunk
 
     def confirm(self, position: int) -> None:
         """The destination holds every change before `position`: the slot may let them go."""

@@ -30,6 +30,7 @@ from .stage import Stager, TableStage
 
 _ROW_CHANGES = frozenset((INSERT, UPDATE, DELETE))
 RAMP = 16  # the first batch holds this fraction of a full one (see above)
+_UNKNOWN = object()  # a relation not yet asked about in the transaction (`_Reader.takers`)
 
 
 @dataclass
@@ -73,43 +74,43 @@ class _Reader:
 
 
 def read_changes(
-    messages: Iterable[bytes],
+    chunks: Iterable[list[bytes]],
     applier: Applier,
     tables: dict[TableName, CaptureTable],
     batch_changes: int,
     advance: Callable[[Read], None],
     span: tuple[int, int],
 ) -> Read:
-    """Apply `messages` (whole transactions, the WAL of `span`), batch by batch; returns once
-    every batch is applied. `advance` is called, on this thread, each time `Read.applied`
-    moves."""
+    """Apply the messages of `chunks` (lists of them: whole transactions, the WAL of
+    `span`), batch by batch; returns once every batch is applied. `advance` is called, on
+    this thread, each time `Read.applied` moves."""
     reader = _Reader(tables, applier, batch_changes, advance, span)
     read, stager = reader.read, applier.stager
     stages: dict[bytes, TableStage] = {}  # the batch's staging table of each relation
     takers = reader.takers
-    for data in messages:
-        if data[0] in _ROW_CHANGES:  # the hot path: no message object
-            reader.batch.changes += 1
-            if reader.batch.changes >= reader.part_at:
-                _hand_over_part(reader)
-            relation = data[1:5]  # its OID, as bytes: a key as good as the number, and cheaper
-            if relation in takers:
-                table = takers[relation]
-            else:
-                known = reader.relations.get(int.from_bytes(relation, "big"))
-                table = takers[relation] = _taker(reader, known)
-            if table is not None:
-                stage = stages.get(relation)
-                if stage is None:
-                    stage = stages[relation] = _stage_of(stager, table)
-                reader.seq += 2
-                if table.shape is None:  # rows made at the flush, many at once
-                    stager.add_raw(stage, data, reader.seq)
-                else:
-                    _stage_change(stager, stage, table, data, reader.seq)
-        elif _other(reader, stager, data):  # a commit closed a full batch
-            stager = applier.stager
-            stages.clear()
+    for chunk in chunks:
+        for data in chunk:
+            if data[0] in _ROW_CHANGES:  # the hot path: no message object
+                reader.batch.changes += 1
+                if reader.batch.changes >= reader.part_at:
+                    _hand_over_part(reader)
+                relation = data[1:5]  # its OID, as bytes: as good a key as the number, cheaper
+                table = takers.get(relation, _UNKNOWN)
+                if table is _UNKNOWN:
+                    known = reader.relations.get(int.from_bytes(relation, "big"))
+                    table = takers[relation] = _taker(reader, known)
+                if table is not None:
+                    stage = stages.get(relation)
+                    if stage is None:
+                        stage = stages[relation] = _stage_of(stager, table)
+                    reader.seq += 2
+                    if table.shape is None:  # rows made at the flush, many at once
+                        stager.add_raw(stage, data, reader.seq)
+                    else:
+                        _stage_change(stager, stage, table, data, reader.seq)
+            elif _other(reader, stager, data):  # a commit closed a full batch
+                stager = applier.stager
+                stages.clear()
     _hand_over(reader)
     read.hold_at(applier.wait())
     return read
