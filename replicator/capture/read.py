@@ -103,11 +103,11 @@ def read_changes(
                     stage = stages.get(relation)
                     if stage is None:
                         stage = stages[relation] = _stage_of(stager, table)
-                    reader.seq += 2
+                    seq = reader.seq = reader.seq + 2
                     if table.shape is None:  # rows made at the flush, many at once
-                        stager.add_raw(stage, data, reader.seq)
+                        stager.add_raw(stage, data, seq)
                     else:
-                        _stage_change(stager, stage, table, data, reader.seq)
+                        _stage_change(stager, stage, table, data, seq)
             elif _other(reader, stager, data):  # a commit closed a full batch
                 stager = applier.stager
                 stages.clear()

@@ -234,7 +234,9 @@ class Stager:
         """One change as the log sent it (an I, U or D message), staged at the next flush."""
         stage.raw.append(data)
         stage.raw_seqs.append(seq)
-        self._grew(len(data))
+        self.buffered += len(data)
+        if self.buffered >= FLUSH_BYTES:  # (_grew's test first: a call per change is dear)
+            self._grew(0)
 
     def _buffer(self, stage: TableStage, line: bytes) -> None:
         """One row, without its newline (flush puts them between the rows)."""
