@@ -8,8 +8,11 @@ import struct
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from replicator.capture.binary_block import binary_block
+from replicator.capture.binary_rows import change as binary_change
 from replicator.capture.copy_block import plain_block
 from replicator.capture.copy_rows import plain_line
+from replicator.capture.pgoutput import UNCHANGED as UNCHANGED_VALUE
 from replicator.capture.pgoutput import Delete, decode
 
 UNCHANGED = object()
@@ -107,3 +110,76 @@ def test_no_messages_and_only_others():
     move = b"U" + OID + b"K" + _tuple([b"1", None]) + b"N" + _tuple([b"2", b"x"])
     block = plain_block([move, b"I"], [2, 4], 2, (0,))
     assert (block.rows, block.others) == (b"", [0, 1])
+
+
+def _binary(message: bytes) -> bytes:
+    """The message with its values in binary form (`b` for `t`: the bytes are the same)."""
+    decoded = decode(message, raw=True)
+    marker = message[5:6]
+    old, new = getattr(decoded, "old", None), getattr(decoded, "new", None)
+    rows = [old] if isinstance(decoded, Delete) else [old, new]
+    tuples = [
+        struct.pack(">h", len(row))
+        + b"".join(
+            b"n"
+            if v is None
+            else b"u"
+            if v is UNCHANGED_VALUE
+            else b"b" + struct.pack(">i", len(v)) + v
+            for v in row
+        )
+        for row in rows
+        if row is not None
+    ]
+    if isinstance(decoded, Delete) or marker == b"N":
+        return message[:6] + tuples[-1]
+    return message[:6] + tuples[0] + b"N" + tuples[1]
+
+
+def _fields(row: bytes, at: int, count: int) -> tuple[list[bytes | None], int]:
+    values: list[bytes | None] = []
+    for _ in range(count):
+        (size,) = struct.unpack_from(">i", row, at)
+        at += 4
+        values.append(None if size == -1 else row[at : at + size])
+        at += max(size, 0)
+    return values, at
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.integers(1, 4).flatmap(
+        lambda width: st.tuples(
+            st.just(width),
+            st.lists(messages(width), max_size=40),
+            st.lists(st.integers(0, 2**62), min_size=40, max_size=40),
+            st.lists(st.integers(0, width - 1), min_size=1, max_size=2, unique=True),
+        )
+    )
+)
+def test_the_binary_block_writes_the_rows_of_the_per_message_path(case):
+    """binary_block's rows are binary_rows.row's (less the unchanged columns, which the
+    staging default fills) for every plain change: empty values and any bytes included."""
+    width, batch, seqs, key = case
+    batch, seqs = [_binary(m) for m in batch], seqs[: len(batch)]
+    block = binary_block(batch, seqs, width, tuple(key))
+    taken = [i for i in range(len(batch)) if i not in set(block.others)]
+    at = 0
+    for i, keys in zip(taken, block.keys, strict=True):
+        kind, old, old_is_key, new = binary_change(batch[i])
+        values = old if kind == ord("D") else new
+        assert (old is None or (kind == ord("D") and old_is_key)) and UNCHANGED_VALUE not in values
+        assert len(values) == width
+        (count,) = struct.unpack_from(">h", block.rows, at)
+        (seq, op), at = _fields(block.rows, at + 2, 2)
+        row, at = _fields(block.rows, at, width)
+        assert (count, int.from_bytes(seq, "big"), op) == (width + 2, seqs[i], bytes([kind]))
+        assert row == values
+        fields = [b"\\N" if values[p] is None else values[p] for p in key]
+        assert keys == (fields[0] if len(key) == 1 else tuple(fields))
+    assert at == len(block.rows)
+    for i in block.others:  # an old row, an unchanged value or another width
+        kind, old, old_is_key, new = binary_change(batch[i])
+        values = old if kind == ord("D") else new
+        plain = old is None or (kind == ord("D") and old_is_key)
+        assert not plain or UNCHANGED_VALUE in values or len(values) != width

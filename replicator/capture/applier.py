@@ -41,7 +41,8 @@ from .applied import forget_applied, record_applied_step
 from .apply import apply_stage
 from .capture_table import CaptureTable
 from .lsn import lsn_text
-from .stage import Stager, TableStage, wait_for
+from .stage import Stager, wait_for
+from .table_stage import TableStage
 
 log = logging.getLogger("replicator.capture")
 
@@ -63,8 +64,10 @@ class Applier:
         sessions: Sequence[psycopg.Connection[Any]],
         pool: ThreadPoolExecutor,
         copier: ThreadPoolExecutor,
+        *,
+        binary: bool = False,  # the stream sends binary values (capture/binary_values.py)
     ):
-        self._stagers = [Stager(session, copier) for session in sessions]
+        self._stagers = [Stager(session, copier, binary=binary) for session in sessions]
         self._turn = 0
         self._pool = pool
         self._pending: Future[int | None] | None = None

@@ -38,7 +38,7 @@ from .apply_sql import (
     updates_query,
     upsert_statement,
 )
-from .stage import OP, SEQ, UNCHANGED_COLUMNS, TableStage
+from .table_stage import OP, SEQ, UNCHANGED_COLUMNS, TableStage
 
 log = logging.getLogger("replicator.capture")
 
@@ -79,9 +79,9 @@ def apply_stage(
     with transaction(dest):
         if stage.truncated_at is not None:
             execute(dest, truncate_statement(target))
-        for move_seq, old_key in stage.moves:
+        for move_seq in stage.moves:
             if move_seq > truncated:  # a move before the TRUNCATE left nothing to resolve
-                _resolve_move(dest, stage, key, move_seq, old_key)
+                _resolve_move(dest, stage, key, move_seq)
         if keys_may_repeat:
             _say_repeated_keys(dest, stage, key, after, name)
         # Every key once in the batch (the common case): applied from the staging table as
@@ -227,11 +227,11 @@ def _resolve_move(
     stage: TableStage,
     key: tuple[str, ...],
     move_seq: int,
-    old_key: tuple[bytes | None, ...],
 ) -> None:
     """An update that changed the key and left TOASTed values as they were: the values are
-    the old key's, from the newest earlier change of it in the batch, else the destination.
-    Moves are resolved in commit order, so a move of a moved row finds its values."""
+    the old key's (which the delete staged just before the move holds), from the newest
+    earlier change of it in the batch, else the destination. Moves are resolved in commit
+    order, so a move of a moved row finds its values."""
     unchanged, seq = sql.Identifier(UNCHANGED_COLUMNS), sql.Identifier(SEQ)
     (positions,) = execute(
         dest,
@@ -241,11 +241,16 @@ def _resolve_move(
         (move_seq,),
     ).fetchone()
     old = sql.SQL(" AND ").join(
-        equal(sql.SQL("x.{}").format(sql.Identifier(k)), sql.Placeholder(), k, stage.equals)
+        equal(
+            sql.SQL("x.{}").format(sql.Identifier(k)),
+            sql.SQL("(SELECT m.{} FROM {} AS m WHERE m.{} = {})").format(
+                sql.Identifier(k), stage.name, seq, sql.Literal(move_seq - 1)
+            ),
+            k,
+            stage.equals,
+        )
         for k in key
     )
-    encoding = dest.info.encoding  # the session's: the source's server encoding
-    params = [v.decode(encoding) if v is not None else None for v in old_key]
     for position in positions:
         column = sql.Identifier(stage.columns[position - 1])
         execute(
@@ -264,7 +269,7 @@ def _resolve_move(
                 u=unchanged,
                 target=stage.target.identifier(),
             ),
-            [*params, move_seq, position, *params, position, move_seq],
+            [move_seq, position, position, move_seq],
         )
     (missing,) = execute(
         dest,

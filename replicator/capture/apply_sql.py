@@ -11,7 +11,7 @@ from psycopg import sql
 from ..base.identifiers import TableName
 from ..postgres.database import Step
 from .applied import record_applied_step
-from .stage import OP, SEQ
+from .table_stage import OP, SEQ
 
 LAST = sql.Identifier("replicator_last")
 STAGE = sql.Identifier("replicator_stage_0")  # the first table staged in a batch
@@ -128,7 +128,7 @@ def update_statement(
     """The updates, each row found by its key in the copy and written where it differs.
     Every column is set, the key's too: a key type whose equality is coarser than its text
     (citext, numeric) matches the copy's old spelling, which must not stay. `undomained`:
-    the staging table's domain columns and their base types (stage.TableStage)."""
+    the staging table's domain columns and their base types (table_stage.TableStage)."""
     names = [sql.Identifier(c) for c in columns]
     return sql.SQL(
         "UPDATE {target} AS d SET {sets} FROM {rows} AS l "

@@ -28,9 +28,10 @@ from typing import Any
 import psycopg
 
 from ..base.errors import ReplicatorError
-from ..base.failpoints import failpoint
+from ..base.failpoints import failpoint, pause_point
 from ..postgres.database import connect, execute, note
 from .applier import Applier, forget_drifted
+from .binary_values import binary_values
 from .capture_table import CaptureTable
 from .log_stream import LogStream
 from .lsn import lsn_text
@@ -67,6 +68,7 @@ def drain(
 ) -> DrainResult:
     """Read, apply and release the slot's changes from `start` (its position) up to `upto`
     (the WAL flushed when the drain began)."""
+    pause_point("cdc-before-drain")
     by_name = {t.name: t for t in tables}
     position = start
     with (
@@ -80,8 +82,9 @@ def drain(
         (encoding,) = execute(source, "SHOW server_encoding").fetchone()
         for session in (staging, other_staging):
             execute(session, "SELECT set_config('client_encoding', %s, false)", (encoding,))
-        applier = Applier((staging, other_staging), pool, copier)
-        stream = LogStream(source_url, slot, publication, upto, encoding)
+        binary = binary_values(source, staging, tables)
+        applier = Applier((staging, other_staging), pool, copier, binary=binary)
+        stream = LogStream(source_url, slot, publication, upto, encoding, binary=binary)
         applier.ping_while_waiting(stream.ping)
 
         def advance(read: Read, end: int) -> None:

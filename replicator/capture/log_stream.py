@@ -59,7 +59,16 @@ class LogStream:
     """One drain's replication connection: `chunks` hands out pgoutput messages up to
     the drain's end, `confirm` lets the slot go up to a position."""
 
-    def __init__(self, source_url: str, slot: str, publication: str, upto: int, encoding: str):
+    def __init__(
+        self,
+        source_url: str,
+        slot: str,
+        publication: str,
+        upto: int,
+        encoding: str,
+        *,
+        binary: bool = False,
+    ):
         self.upto = upto
         self.done = False
         self.confirmed = 0
@@ -67,7 +76,7 @@ class LogStream:
         self._in_transaction = False
         self._cut = False  # stopped inside a transaction the server is still sending
         self._conn = _connect(source_url, encoding)
-        self._statement = _start_statement(slot, publication)
+        self._statement = _start_statement(slot, publication, binary)
 
     def start(self, position: int) -> str:
         """Start streaming from the slot's position; returns the statement sent."""
@@ -243,12 +252,13 @@ def _connect(source_url: str, encoding: str) -> pq.PGconn:
     return conn
 
 
-def _start_statement(slot: str, publication: str) -> str:
+def _start_statement(slot: str, publication: str, binary: bool) -> str:
     """START_REPLICATION (the replication grammar: a quoted slot name, string literals
-    doubling their quotes); `{lsn}` is filled in by `start`."""
+    doubling their quotes); `{lsn}` is filled in by `start`. `binary`: values in their
+    types' binary form (capture/binary_values.py)."""
     # publication_names is a comma-separated list of identifiers: ours quoted
     names = quote_ident(publication).replace("'", "''")
-    return (
-        f"START_REPLICATION SLOT {quote_ident(slot)} LOGICAL {{lsn}} "
-        f"(proto_version '1', publication_names '{names}')"
-    )
+    options = f"proto_version '1', publication_names '{names}'"
+    if binary:
+        options += ", binary 'true'"
+    return f"START_REPLICATION SLOT {quote_ident(slot)} LOGICAL {{lsn}} ({options})"

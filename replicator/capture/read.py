@@ -19,14 +19,17 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 from ..base.identifiers import TableName
 from .applier import Applier, Batch
+from .binary_rows import change as binary_change
 from .capture_table import CaptureTable
-from .copy_rows import DELETE, INSERT, UPDATE, Field, change, plain_line
-from .pgoutput import UNCHANGED, Begin, Commit, Relation, Truncate, Update, decode
+from .copy_rows import DELETE, INSERT, UPDATE, change, plain_line
+from .pgoutput import UNCHANGED, Begin, Commit, Relation, Truncate, decode
 from .preflight import IDENTITY_NAMES
-from .stage import Stager, TableStage
+from .stage import Stager
+from .table_stage import TableStage
 
 _ROW_CHANGES = frozenset((INSERT, UPDATE, DELETE))
 RAMP = 16  # the first batch holds this fraction of a full one (see above)
@@ -266,12 +269,15 @@ def _stage_of(stager: Stager, table: CaptureTable) -> TableStage:
 def _stage_change(
     stager: Stager, stage: TableStage, table: CaptureTable, data: bytes, seq: int
 ) -> None:
-    if table.shape is None:
-        plain = plain_line(data, seq)
-        if plain is not None:
-            stager.add_plain(stage, plain)
-            return
-    kind, old, old_is_key, new = change(data)
+    if stager.binary:  # never shaped (drain.binary_values)
+        kind, old, old_is_key, new = binary_change(data)
+    else:
+        if table.shape is None:
+            plain = plain_line(data, seq)
+            if plain is not None:
+                stager.add_plain(stage, plain)
+                return
+        kind, old, old_is_key, new = change(data)
     if table.shape is not None:
         old, new = table.shape.apply(old), table.shape.apply(new)
     if kind == INSERT:
@@ -281,18 +287,17 @@ def _stage_change(
     elif old is None:
         stager.add(stage, seq, b"U", new)
     else:
-        _stage_update(stager, stage, table, data, seq, old, old_is_key, new)
+        _stage_update(stager, stage, table, seq, old, old_is_key, new)
 
 
 def _stage_update(
     stager: Stager,
     stage: TableStage,
     table: CaptureTable,
-    data: bytes,
     seq: int,
-    old: list[Field],
+    old: list[Any],
     old_is_key: bool,
-    new: list[Field],
+    new: list[Any],
 ) -> None:
     """An update that carries its old row: REPLICA IDENTITY FULL (unchanged values come from
     it), or a key that changed (the row leaves its old key: a delete there)."""
@@ -303,13 +308,8 @@ def _stage_update(
         stager.add(stage, seq, b"U", new)
         return
     stager.add(stage, seq - 1, b"D", old)
-    if UNCHANGED in new:  # values of the old key's row: resolved when applied
-        message = decode(data, raw=True)
-        assert isinstance(message, Update) and message.old is not None
-        raw_old = list(message.old)
-        if table.shape is not None:
-            raw_old = table.shape.apply(raw_old)  # type: ignore[arg-type]
-        stage.moves.append((seq, tuple(raw_old[i] for i in positions)))  # type: ignore[misc,index]
+    if UNCHANGED in new:  # values of the old key's row (at seq - 1): resolved when applied
+        stage.moves.append(seq)
         stager.add(stage, seq, b"M", new)
     else:
         stager.add(stage, seq, b"U", new)

@@ -7,9 +7,11 @@ TOASTed value the change left as it was (`_replicator_unchanged`, 1-based positi
 value is then NULL here and comes from the row's previous version when applied).
 
 pgoutput sends values in the type's text output, which is what COPY's text format reads, so
-values are never parsed here: bytes are escaped and passed on. A table's changes wait as the
-log sent them until the flush, which turns a thousand or more into rows at once
-(capture/copy_block.py) and the rest one by one (capture/copy_rows.py, through the reader).
+values are never parsed here: bytes are escaped and passed on. When the drain asks for
+binary values (capture/binary_values.py), they go on as they came, in COPY's binary format.
+A table's changes wait as the log sent them until the flush, which turns a thousand or more
+into rows at once (capture/copy_block.py) and the rest one by one (capture/copy_rows.py,
+through the reader).
 Rows are buffered per table and flushed with one COPY per table whenever the buffers pass
 FLUSH_BYTES (on a copier thread, while the next rows are decoded; one COPY at a time): memory
 stays bounded whatever the size of a transaction (while the session applies a part of a
@@ -21,7 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor, wait
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import psycopg
@@ -31,8 +33,11 @@ from ..base.identifiers import TableName
 from ..postgres.database import execute, note
 from ..postgres.key_equality import key_equality
 from ..postgres.type_closure import staged_base
-from .copy_rows import NULL, Field
+from .binary_rows import HEADER, TRAILER
+from .binary_rows import row as binary_row
+from .copy_rows import NULL
 from .pgoutput import UNCHANGED
+from .table_stage import OP, SEQ, UNCHANGED_COLUMNS, TableStage
 
 if TYPE_CHECKING:
     from .capture_table import CaptureTable
@@ -42,63 +47,10 @@ FLUSH_BYTES = 8 << 20
 PART_HELD_BYTES = 64 << 20
 # a flush with fewer raw changes for a table stages them one by one (no numpy to load)
 BLOCK_MIN = 1_000
-MAX_KEYS = 500_000  # past this many changes to one table, a batch is deduplicated in SQL
-SEQ, OP, UNCHANGED_COLUMNS = "_replicator_seq", "_replicator_op", "_replicator_unchanged"
 _BLOCK_NULL = sql.SQL(" (NULL '')")
+_BINARY = sql.SQL(" (FORMAT binary)")
 # a COPY to run: the staging table, its columns, the rows, the statement's options
 _Copy = tuple[sql.Identifier, tuple[str, ...], bytes, sql.SQL | None]
-
-
-@dataclass
-class TableStage:
-    """One table's staging table, its unflushed rows and what was staged this batch."""
-
-    target: TableName
-    columns: tuple[str, ...]
-    name: sql.Identifier
-    buffer: list[bytes] = field(default_factory=list)  # rows without their newline
-    block_rows: list[bytes] = field(default_factory=list)  # copy_block's, without `unchanged`
-    changes: int = 0
-    truncated_at: int | None = None  # seq of the last TRUNCATE of the table in the batch
-    moves: list[tuple[int, tuple[bytes | None, ...]]] = field(default_factory=list)
-    key_positions: tuple[int, ...] = ()
-    keys: set[Field | tuple[Field, ...]] = field(default_factory=set)  # the batch's keys so far
-    simple: bool = True  # every key once, no unchanged value: applied without dedup
-    # changes kept as the log sent them until the flush turns them into rows all at once
-    # (capture/copy_block.py), with their sequence numbers; `one_by_one` stages one of
-    # them the per-message way (set by the reader, which knows the table)
-    raw: list[bytes] = field(default_factory=list)
-    raw_seqs: list[int] = field(default_factory=list)
-    one_by_one: Callable[[bytes, int], None] | None = None
-    # the domain columns, staged as their base types (`Stager._undomain`)
-    undomained: dict[str, str] = field(default_factory=dict)
-    # the key columns whose equality `=` may not find (postgres/key_equality.py)
-    equals: dict[str, str] = field(default_factory=dict)
-    # seq of the batch's last insert that came without a TOASTed value: a row an update
-    # moved into the publication's row filter (`where`), which PostgreSQL sends as an insert
-    # that leaves the unchanged value out; nothing in the log or the copy holds that value
-    incomplete_insert: int | None = None
-
-    def note_key(self, values: list[Field], offset: int = 0) -> None:
-        """`values[offset:]` are the row's columns."""
-        positions = self.key_positions
-        if len(positions) == 1:
-            key = values[positions[0] + offset]
-        else:
-            key = tuple(values[i + offset] for i in positions)
-        if key in self.keys or len(self.keys) >= MAX_KEYS:  # memory stays bounded
-            self.simple = False
-            self.keys.clear()
-        else:
-            self.keys.add(key)
-
-    def note_keys(self, keys: list[Field | tuple[Field, ...]]) -> None:
-        """`note_key` for many rows' keys at once."""
-        before = len(self.keys)
-        self.keys.update(keys)
-        if len(self.keys) < before + len(keys) or len(self.keys) > MAX_KEYS:
-            self.simple = False
-            self.keys.clear()
 
 
 PING_EVERY_S = 10.0
@@ -117,7 +69,11 @@ class Stager:
     """Stages changes for the tables of one drain, on the drain's own destination session."""
 
     def __init__(
-        self, dest: psycopg.Connection[Any], copier: ThreadPoolExecutor | None = None
+        self,
+        dest: psycopg.Connection[Any],
+        copier: ThreadPoolExecutor | None = None,
+        *,
+        binary: bool = False,
     ) -> None:
         self.dest = dest
         self.stages: dict[TableName, TableStage] = {}
@@ -132,6 +88,7 @@ class Stager:
         self.ping: Callable[[], None] | None = None  # while waiting (see `wait_for`)
         self._blocking = False  # turning raw changes into rows (`_rows_of_raw`)
         self._made = 0  # of `buffered`, the bytes whose rows are made (while a part applies)
+        self.binary = binary  # binary values (binary_rows.py): rows in COPY's binary format
 
     def settle(self) -> None:
         """Wait for the COPY under way (the session runs one statement at a time)."""
@@ -208,14 +165,18 @@ class Stager:
             )
         return undomained
 
-    def add(self, stage: TableStage, seq: int, op: bytes, values: list[Field]) -> None:
-        """One change; `values` COPY text fields (copy_rows.fields), or UNCHANGED."""
+    def add(self, stage: TableStage, seq: int, op: bytes, values: list[Any]) -> None:
+        """One change; `values` COPY text fields (copy_rows.fields), or UNCHANGED; with
+        `binary`, binary values (binary_rows.fields)."""
         if stage.simple:
             stage.note_key(values)
         if UNCHANGED in values:
             stage.simple = False
             if op == b"I":
                 stage.incomplete_insert = seq
+        if self.binary:
+            line = binary_row(seq, op, values)
+        elif UNCHANGED in values:
             unchanged = b",".join(b"%d" % (i + 1) for i, v in enumerate(values) if v is UNCHANGED)
             values = [NULL if v is UNCHANGED else v for v in values]
             line = b"\t".join([b"%d" % seq, op, b"{" + unchanged + b"}", *values])
@@ -300,8 +261,16 @@ class Stager:
         for stage in self.stages.values():
             if stage.buffer:
                 columns = (SEQ, OP, UNCHANGED_COLUMNS, *stage.columns)
-                copies.append((stage.name, columns, b"\n".join(stage.buffer) + b"\n", None))
-            if stage.block_rows:  # NULL '': see capture/copy_block.py
+                if self.binary:
+                    rows = b"".join([HEADER, *stage.buffer, TRAILER])
+                    copies.append((stage.name, columns, rows, _BINARY))
+                else:
+                    copies.append((stage.name, columns, b"\n".join(stage.buffer) + b"\n", None))
+            if stage.block_rows and self.binary:
+                columns = (SEQ, OP, *stage.columns)
+                rows = b"".join([HEADER, *stage.block_rows, TRAILER])
+                copies.append((stage.name, columns, rows, _BINARY))
+            elif stage.block_rows:  # NULL '': see capture/copy_block.py
                 columns = (SEQ, OP, *stage.columns)
                 rows = b"\n".join(stage.block_rows) + b"\n"
                 copies.append((stage.name, columns, rows, _BLOCK_NULL))
@@ -322,10 +291,13 @@ class Stager:
         raw, seqs = stage.raw, stage.raw_seqs
         stage.raw, stage.raw_seqs = [], []
         others: list[int] = list(range(len(raw)))
-        if len(raw) >= BLOCK_MIN:
-            from .copy_block import plain_block  # numpy: loaded for big batches only
+        if len(raw) >= BLOCK_MIN:  # numpy: loaded for big batches only
+            if self.binary:
+                from .binary_block import binary_block as block_of
+            else:
+                from .copy_block import plain_block as block_of
 
-            block = plain_block(raw, seqs, len(stage.columns), stage.key_positions)
+            block = block_of(raw, seqs, len(stage.columns), stage.key_positions)
             if block.rows:
                 stage.block_rows.append(block.rows)
                 stage.changes += len(block.keys)
