@@ -112,7 +112,21 @@ def test_no_messages_and_only_others():
     assert (block.rows, block.others) == (b"", [0, 1])
 
 
-def _binary(message: bytes) -> bytes:
+binary_values = st.one_of(
+    st.none(), st.just(UNCHANGED), st.binary(max_size=6), st.sampled_from([b"\0", b"\1\0"])
+)
+
+
+@st.composite
+def binary_messages(draw, width: int):
+    """messages(), with values in binary form: any bytes, zero bytes and empty ones too."""
+    message = draw(messages(width))
+    count = draw(st.sampled_from([width, width, width, width + 1]))
+    values = draw(st.lists(binary_values, min_size=2 * count, max_size=2 * count))
+    return _binary(message, iter(values))
+
+
+def _binary(message: bytes, values=None) -> bytes:
     """The message with its values in binary form (`b` for `t`: the bytes are the same)."""
     decoded = decode(message, raw=True)
     marker = message[5:6]
@@ -120,20 +134,21 @@ def _binary(message: bytes) -> bytes:
     rows = [old] if isinstance(decoded, Delete) else [old, new]
     tuples = [
         struct.pack(">h", len(row))
-        + b"".join(
-            b"n"
-            if v is None
-            else b"u"
-            if v is UNCHANGED_VALUE
-            else b"b" + struct.pack(">i", len(v)) + v
-            for v in row
-        )
+        + b"".join(_binary_value(v if values is None else next(values, v)) for v in row)
         for row in rows
         if row is not None
     ]
     if isinstance(decoded, Delete) or marker == b"N":
         return message[:6] + tuples[-1]
     return message[:6] + tuples[0] + b"N" + tuples[1]
+
+
+def _binary_value(value) -> bytes:
+    if value is None:
+        return b"n"
+    if value is UNCHANGED_VALUE or value is UNCHANGED:
+        return b"u"
+    return b"b" + struct.pack(">i", len(value)) + value
 
 
 def _fields(row: bytes, at: int, count: int) -> tuple[list[bytes | None], int]:
@@ -151,7 +166,7 @@ def _fields(row: bytes, at: int, count: int) -> tuple[list[bytes | None], int]:
     st.integers(1, 4).flatmap(
         lambda width: st.tuples(
             st.just(width),
-            st.lists(messages(width), max_size=40),
+            st.lists(binary_messages(width), max_size=40),
             st.lists(st.integers(0, 2**62), min_size=40, max_size=40),
             st.lists(st.integers(0, width - 1), min_size=1, max_size=2, unique=True),
         )
@@ -161,7 +176,7 @@ def test_the_binary_block_writes_the_rows_of_the_per_message_path(case):
     """binary_block's rows are binary_rows.row's (less the unchanged columns, which the
     staging default fills) for every plain change: empty values and any bytes included."""
     width, batch, seqs, key = case
-    batch, seqs = [_binary(m) for m in batch], seqs[: len(batch)]
+    seqs = seqs[: len(batch)]
     block = binary_block(batch, seqs, width, tuple(key))
     taken = [i for i in range(len(batch)) if i not in set(block.others)]
     at = 0
@@ -175,7 +190,7 @@ def test_the_binary_block_writes_the_rows_of_the_per_message_path(case):
         row, at = _fields(block.rows, at, width)
         assert (count, int.from_bytes(seq, "big"), op) == (width + 2, seqs[i], bytes([kind]))
         assert row == values
-        fields = [b"\\N" if values[p] is None else values[p] for p in key]
+        fields = [values[p] for p in key]  # exact: a key ends in a zero byte, or is NULL
         assert keys == (fields[0] if len(key) == 1 else tuple(fields))
     assert at == len(block.rows)
     for i in block.others:  # an old row, an unchanged value or another width

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .copy_block import Block, _keys, _view
+from .binary_rows import BinaryField
+from .copy_block import Block, _view
 from .copy_rows import DELETE, INSERT, UPDATE
 
 _BINARY, _NULL, _NEW, _KEY = ord("b"), ord("n"), ord("N"), ord("K")
@@ -30,7 +31,8 @@ def binary_block(
     count = len(messages)
     if count == 0 or columns == 0:
         return Block(b"", [], list(range(count)))
-    data = np.frombuffer(b"".join([*messages, _PAD]), dtype=np.uint8)
+    joined = b"".join([*messages, _PAD])
+    data = np.frombuffer(joined, dtype=np.uint8)
     size_at = _view(data, ">u4", 4)
     last = len(data) - len(_PAD)
     sizes = np.fromiter(map(len, messages), dtype=np.int64, count=count)
@@ -73,7 +75,7 @@ def binary_block(
     starts_v = np.stack(value_starts, axis=1)[chosen]
     sizes_v = np.stack(value_sizes, axis=1)[chosen]
     value_v = np.stack(is_value, axis=1)[chosen]
-    keys = _keys(data, starts_v, sizes_v, value_v, key_positions)
+    keys = _keys(joined, starts_v, sizes_v, value_v, key_positions)
 
     rows = chosen.size
     keep = np.repeat(ok, sizes)  # what stays: each value's size and bytes
@@ -100,3 +102,22 @@ def binary_block(
     _view(out, f"V{_PREFIX}", _PREFIX)[row_starts] = prefix.view(f"V{_PREFIX}").ravel()
     _view(out, "V4", 4)[nulls] = _NULL_SIZE
     return Block(out.tobytes(), keys, others)
+
+
+def _keys(
+    joined: bytes,
+    starts: np.ndarray,
+    sizes: np.ndarray,
+    value: np.ndarray,
+    positions: tuple[int, ...],
+) -> list[BinaryField | tuple[BinaryField, ...]]:
+    """Each row's key values as binary_rows.fields gives them (a NULL as None): the exact
+    bytes, which may end in zero bytes (copy_block's fixed-width gather would drop those,
+    and a key would not match its own per-message spelling)."""
+    columns = []
+    for p in positions:
+        spans = zip(starts[:, p].tolist(), sizes[:, p].tolist(), value[:, p].tolist(), strict=True)
+        columns.append([joined[s : s + n] if v else None for s, n, v in spans])
+    if len(columns) == 1:
+        return columns[0]  # type: ignore[return-value]
+    return list(zip(*columns, strict=True)) if columns else [() for _ in range(len(starts))]

@@ -6,8 +6,11 @@ staging COPYs 1.2 s against 1.8 s), and nothing is escaped on the way.
 A binary value is only read right as the type that wrote it, and arrays name their element
 type by OID: so every table the drain stages must have only the built-in types below, of the
 same type in the copy as in the source (a copy altered by hand to another type stays on
-text, which the type's input reads or refuses), and no shaping (`columns.hash` hashes the
-text form). Otherwise the whole drain reads text, as before: one stream serves every table.
+text, which the type's input reads or refuses), and no `columns` shaping (`hash` hashes the
+text form). The destination must run the source's major version or a later one: a type's
+binary form may gain values a release's receive function did not know (infinite intervals
+in PostgreSQL 17). Otherwise the whole drain reads text, as before: one stream serves every
+table.
 """
 
 from __future__ import annotations
@@ -53,6 +56,8 @@ def binary_values(
     staged = [t for t in tables if t.takes_changes and t.built is not None]
     if not staged or source.info.server_version < MIN_SERVER:
         return False
+    if dest.info.server_version // 10000 < source.info.server_version // 10000:
+        return False  # a newer source's send may write what an older receive misreads
     if any(t.shaping is not None for t in staged):
         return False
     source_types = {

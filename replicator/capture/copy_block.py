@@ -56,7 +56,7 @@ class Block:
     """What `plain_block` made of a list of messages."""
 
     # COPY text rows (seq, op, then the table's columns; NULL is the empty field),
-    # newline-separated, without a final newline
+    # newline-separated, without a final newline (binary_block's: COPY binary rows)
     rows: bytes
     keys: list[bytes | tuple[bytes, ...]]  # each row's key fields, as Stager.note_key takes them
     others: list[int]  # indexes of the messages left to the per-message path
