@@ -75,7 +75,7 @@ def binary_block(
     starts_v = np.stack(value_starts, axis=1)[chosen]
     sizes_v = np.stack(value_sizes, axis=1)[chosen]
     value_v = np.stack(is_value, axis=1)[chosen]
-    keys = _keys(joined, starts_v, sizes_v, value_v, key_positions)
+    keys = _keys(joined, data, starts_v, sizes_v, value_v, key_positions)
 
     rows = chosen.size
     keep = np.repeat(ok, sizes)  # what stays: each value's size and bytes
@@ -106,18 +106,30 @@ def binary_block(
 
 def _keys(
     joined: bytes,
+    data: np.ndarray,
     starts: np.ndarray,
     sizes: np.ndarray,
     value: np.ndarray,
     positions: tuple[int, ...],
 ) -> list[BinaryField | tuple[BinaryField, ...]]:
     """Each row's key values as binary_rows.fields gives them (a NULL as None): the exact
-    bytes, which may end in zero bytes (copy_block's fixed-width gather would drop those,
-    and a key would not match its own per-message spelling)."""
+    bytes, which may end in zero bytes (copy_block's zero-padded gather would drop those,
+    and a key would not match its own per-message spelling). A column whose values all have
+    one size (int, bigint, uuid) is gathered into a fixed-width array at once; others are
+    sliced one by one."""
     columns = []
     for p in positions:
-        spans = zip(starts[:, p].tolist(), sizes[:, p].tolist(), value[:, p].tolist(), strict=True)
-        columns.append([joined[s : s + n] if v else None for s, n, v in spans])
+        size, present = sizes[:, p], value[:, p]
+        width = int(size.max())
+        if width > 0 and bool((size[present] == width).all()):
+            matrix = data[np.minimum(starts[:, p, None] + np.arange(width), len(data) - 1)]
+            fields = matrix.view(f"V{width}").ravel().tolist()
+            for row in np.flatnonzero(~present).tolist():
+                fields[row] = None
+        else:
+            spans = zip(starts[:, p].tolist(), size.tolist(), present.tolist(), strict=True)
+            fields = [joined[s : s + n] if v else None for s, n, v in spans]
+        columns.append(fields)
     if len(columns) == 1:
-        return columns[0]  # type: ignore[return-value]
+        return columns[0]  # type: ignore[no-any-return]
     return list(zip(*columns, strict=True)) if columns else [() for _ in range(len(starts))]
