@@ -125,6 +125,19 @@ def test_model_syntax_error_names_file_and_line(db_project, orders):
     assert re.search(rf"models/{orders.schema}/orders.sql:3:\d+: SQL syntax error", result.stdout)
 
 
+def test_model_that_ends_early_says_so_in_plain_words(db_project, orders):
+    db_project.write_config(_config(orders))
+    db_project.write(
+        f"models/{orders.schema}/orders.sql",
+        "SELECT id, updated_at\nFROM {{ source }} WHERE note <> 'cancelled' AND (\n",
+    )
+    result = db_project.run("compile")
+    assert result.exit_code == 1
+    assert "SQL syntax error at '('" in result.stdout
+    assert "the statement ends early" in result.stdout
+    assert "this" not in result.stdout.split("SQL syntax error")[1], "no sqlglot internals"
+
+
 def test_model_jinja_error_names_file_and_line(db_project, orders):
     db_project.write_config(_config(orders))
     db_project.write(f"models/{orders.schema}/orders.sql", "SELECT 1\n{% if %}\n")

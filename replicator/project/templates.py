@@ -198,7 +198,7 @@ def validate_select(text: str, origin: str) -> str:
     except (sqlglot.errors.ParseError, sqlglot.errors.TokenError) as exc:
         first = exc.errors[0] if isinstance(exc, sqlglot.errors.ParseError) and exc.errors else {}
         where = f":{first.get('line')}:{first.get('col')}" if first.get("line") else ""
-        detail = _readable(first.get("description", str(exc)))
+        detail = _readable(first.get("description", str(exc)), not first.get("end_context"))
         near = f" at {first['highlight']!r}" if first.get("highlight") else ""
         raise TemplateError(
             f"{origin}{where}: SQL syntax error{near} (line:col of the rendered SQL): {detail}"
@@ -266,8 +266,16 @@ def canonical_sql(text: str) -> str:
     return " ".join(parts)
 
 
-def _readable(description: str) -> str:
-    """The parser's description without its internals (`<Token ...>`, `for <class ...>`):
-    `Required keyword: 'expression' missing` says an expression is missing there."""
+def _readable(description: str, at_end: bool) -> str:
+    """The parser's description without its internals (`<Token ...>`, `for <class ...>`).
+    `Required keyword: 'this' missing` names an argument of sqlglot's expression classes,
+    which means nothing to a user: it says an expression is missing there, or, at the end of
+    the text, that the statement ends early (`... AND (`)."""
     text = re.sub(r"\s*for <class '[^']*'>", "", description.split("<Token")[0]).strip()
-    return re.sub(r"Required keyword: '(\w+)' missing", r"an \1 is missing here", text)
+    if expecting := re.fullmatch(r"Expecting (\S+)", text):
+        return f"expected {expecting[1]!r} here"
+    if not re.fullmatch(r"Required keyword: '\w+' missing", text):
+        return text
+    if at_end:
+        return "the statement ends early: an expression is missing at its end"
+    return "an expression is missing here"
