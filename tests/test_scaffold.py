@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 from click.testing import CliRunner
+from psycopg import sql
 
 from replicator.cli.main import cli
 
@@ -53,6 +54,38 @@ def test_check_of_the_scaffold_reports_on_its_tables_and_capture(tmp_path, pg_se
     assert checked.exit_code == 1, checked.output
     assert "ok    cdc: wal_level is logical" in checked.output
     assert "public.payments" in checked.output
+
+
+def test_the_readme_path_from_init_to_a_passing_check(tmp_path, pg_servers, source_conn, schema):
+    """Tables replaced as the README says, the example model left: `check` failed on it as a
+    model of no table, and nothing had said to remove it (a newcomer trial)."""
+    source_conn.execute(
+        sql.SQL("CREATE TABLE {} (id int PRIMARY KEY, updated_at timestamptz NOT NULL)").format(
+            sql.Identifier(schema, "orders")
+        )
+    )
+    source_conn.execute(
+        sql.SQL("CREATE INDEX ON {} (updated_at)").format(sql.Identifier(schema, "orders"))
+    )
+    target = tmp_path / "p"
+    made = CliRunner().invoke(cli, ["init", str(target)])
+    model = target / "models/public/orders.sql"
+    assert f"rename or delete the example model {model}" in made.stdout, made.stdout
+    config = {"tables": [{"name": f"{schema}.orders", "replication_key": "updated_at"}]}
+    (target / "tables-config.json").write_text(json.dumps(config))
+    env = {
+        "REPLICATOR_SOURCE_URL": pg_servers.source_url,
+        "REPLICATOR_DEST_URL": pg_servers.dest_url,
+    }
+    checked = CliRunner().invoke(cli, ["check", "--project-dir", str(target)], env=env)
+    assert checked.exit_code == 1
+    assert (
+        "error models: models/public/orders.sql is the model of no table in tables-config.json:"
+        " it is never read; fix: remove it, or add its table to the config"
+    ) in checked.stdout, checked.stdout
+    model.unlink()
+    checked = CliRunner().invoke(cli, ["check", "--project-dir", str(target)], env=env)
+    assert checked.exit_code == 0, checked.output
 
 
 def test_init_with_project_dir_option(tmp_path):

@@ -52,16 +52,13 @@ def init(project_dir: Path, directory: Path | None) -> int:
     """Write a new project into DIRECTORY (default: --project-dir): tables-config.json with
     commented examples, .env.example, a model, macros/README.md and sync-state/. An
     existing project is never overwritten."""
-    from ..project.scaffold import init_project
+    from ..project.scaffold import init_project, next_steps
 
     target = project_dir / directory if directory else project_dir
-    for path in init_project(target):
+    written = init_project(target)
+    for path in written:
         say(f"wrote {path}", "init.wrote", path=str(path))
-    say(
-        f"next: edit {target / 'tables-config.json'}, copy .env.example to .env, "
-        f"then run `replicator check --project-dir {target}`",
-        "init.next",
-    )
+    say(next_steps(target, written), "init.next")
     return 0
 
 

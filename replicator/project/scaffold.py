@@ -69,7 +69,10 @@ REPLICATOR_DEST_URL=postgresql://replicator@warehouse-host:5432/warehouse
 # REPLICATOR_HASH_SALT=change-me
 """
 
+EXAMPLE_MODEL_PATH = "models/public/orders.sql"
 EXAMPLE_MODEL = """\
+-- An example: rename it to models/<schema>/<table>.sql of a table in tables-config.json, or
+-- delete it (`replicator check` fails on a model that no table of the config reads).
 -- The SELECT that public.orders' sync reads (Jinja SQL). Without this file every column is read.
 -- The engine wraps it with the cursor predicate; keep the primary key and replication key.
 -- Available: {{ source }} (the quoted source table), {{ columns }} (its quoted columns),
@@ -110,7 +113,7 @@ def init_project(directory: Path) -> list[Path]:
     files = {
         CONFIG_FILE: EXAMPLE_CONFIG,
         ".env.example": ENV_EXAMPLE,
-        "models/public/orders.sql": EXAMPLE_MODEL,
+        EXAMPLE_MODEL_PATH: EXAMPLE_MODEL,
         "macros/README.md": MACROS_README,
         "sync-state/.gitkeep": "",
         ".gitignore": GITIGNORE,
@@ -124,3 +127,18 @@ def init_project(directory: Path) -> list[Path]:
         path.write_text(text, encoding="utf-8")
         written.append(path)
     return written
+
+
+def next_steps(directory: Path, written: list[Path]) -> str:
+    """What to do after `init`: the example model is public.orders', and `check` fails on a
+    model of no table once the example tables are replaced."""
+    model = directory / EXAMPLE_MODEL_PATH
+    example = (
+        f"rename or delete the example model {model} (a model of no table fails `check`), "
+        if model in written
+        else ""
+    )
+    return (
+        f"next: edit {directory / CONFIG_FILE}, {example}copy .env.example to .env, "
+        f"then run `replicator check --project-dir {directory}`"
+    )
