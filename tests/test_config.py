@@ -153,6 +153,11 @@ def _errors(project, document) -> tuple[int, str]:
             id="bad-mode-the-start-of-two",
         ),
         pytest.param(
+            {"tables": [{"name": "a.b", "mode": "CDC"}]},
+            """got 'CDC'; did you mean "cdc"?""",
+            id="mode-in-capitals",
+        ),
+        pytest.param(
             {"tables": [{"name": "orders", "replication_key": "u"}]},
             'tables[0].name: expected "schema.table"',
             id="unqualified-name",

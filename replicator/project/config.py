@@ -301,9 +301,11 @@ def _describe(err: dict[str, Any], filename: str) -> str:
         return f"{filename}: {path}: required key is missing"
     if kind == "literal_error" and loc and loc[-1] in _CHOICES:
         choices = _CHOICES[str(loc[-1])]
-        # "incremental" is the start of two modes: offer both, not the nearest spelling.
-        close = [c for c in choices if c.startswith(str(value))] or difflib.get_close_matches(
-            str(value), choices, n=1
+        # "incremental" is the start of two modes: offer both, not the nearest spelling. The
+        # choices are lower case: "CDC" means "cdc".
+        typed = str(value).lower()
+        close = [c for c in choices if c.startswith(typed)] or difflib.get_close_matches(
+            typed, choices, n=1
         )
         quoted = " or ".join(f'"{c}"' for c in close)
         hint = f"; did you mean {quoted}?" if close else ""
