@@ -91,6 +91,23 @@ def test_missing_table_and_column_are_errors(db_project, tables):
     assert "2 error(s)" in result.stdout
 
 
+def test_a_misspelt_table_name_gets_the_table_it_meant_in_check_and_sync(db_project, tables):
+    """`sync -s ordrs` suggested the configured name; the config's own typo only said the
+    source table does not exist (a newcomer trial)."""
+    db_project.write_config({"tables": [{"name": f"{tables}.no_indx", "mode": "full-refresh"}]})
+    checked = db_project.run("check")
+    assert checked.exit_code == 1
+    assert (
+        f"error {tables}.no_indx: source table does not exist; did you mean {tables}.no_index?"
+    ) in checked.stdout, checked.stdout
+    synced = db_project.run("sync")
+    assert synced.exit_code == 1
+    assert (
+        f"source table does not exist: did you mean {tables}.no_index? Fix its name "
+        "(tables[0] in tables-config.json)"
+    ) in synced.stderr, synced.stderr
+
+
 def test_a_column_named_in_the_wrong_case_gets_the_spelling_to_write(
     db_project, tables, source_conn
 ):

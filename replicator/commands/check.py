@@ -19,6 +19,7 @@ from ..plan.drift import plan_now
 from ..plan.inspect_table import inspect_table
 from ..plan.read_ahead import read_ahead
 from ..plan.selection import expand_project, has_patterns, without_patterns
+from ..plan.table_hint import near_table
 from ..postgres.catalog import TableInfo, describe_table, leading_index_columns
 from ..postgres.database import connect, execute, fetch_all
 from ..postgres.dependent_views import reload_problem
@@ -265,10 +266,11 @@ def _check_table(
     subject = table.written_name
     info = describe_table(conn, table.name)
     if info is None:
+        near = near_table(conn, table.name)
         yield Finding(
             "error",
             subject,
-            "source table does not exist",
+            "source table does not exist" + (f"; did you mean {near}?" if near else ""),
             "create it, or fix the name in tables-config.json",
         )
         return

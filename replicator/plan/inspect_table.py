@@ -13,6 +13,7 @@ from ..postgres.type_closure import holds_text_copied
 from ..project.config import TableConfig
 from ..project.templates import Templates
 from .shaping import Shaping, readable_columns, shape_model, shaping_of
+from .table_hint import near_table
 from .table_sql import TableProblem, TableSql, build_table_sql
 
 
@@ -31,8 +32,10 @@ def inspect_source(
         raise TableProblem(table.problem)
     source = describe_table(conn, table.source)
     if source is None:
+        near = near_table(conn, table.source)
+        fix = f"did you mean {near}? Fix its name" if near else "create it, or fix its name"
         raise TableProblem(
-            f"{table.written_name}: source table does not exist: create it, or fix its name "
+            f"{table.written_name}: source table does not exist: {fix} "
             f"(tables[{table.entry}] in tables-config.json)"
         )
     configured = shaping_of(conn, table)
