@@ -359,6 +359,28 @@ def test_tables_that_cannot_be_compared_fail_with_the_fix(db_project, schema, so
     assert unknown.exit_code == 2
 
 
+def test_a_repair_says_it_repaired_the_differences_beyond_the_examples(
+    db_project, schema, source_conn, dest_conn
+):
+    """`verify --repair` printed `... and 2 more (all of them with --repair)` after it had
+    repaired them (a newcomer trial)."""
+    _orders(source_conn, schema, rows=100)
+    db_project.write_config(
+        {"tables": [{"name": f"{schema}.orders", "replication_key": "updated_at"}]}
+    )
+    assert db_project.run("sync", env=IN_PROCESS).exit_code == 0
+    dest_conn.execute(
+        sql.SQL("DELETE FROM {} WHERE id <= 12").format(sql.Identifier(schema, "orders"))
+    )
+    said = db_project.run("verify", env=IN_PROCESS)
+    assert said.exit_code == 1
+    assert f"{schema}.orders: ... and 2 more (all of them with --repair)" in said.stdout
+    repaired = db_project.run("verify", "--repair", env=IN_PROCESS)
+    assert repaired.exit_code == 0, repaired.output
+    assert f"{schema}.orders: ... and 2 more; all 12 differences repaired" in repaired.stdout
+    assert "with --repair" not in repaired.stdout
+
+
 def test_a_repair_killed_before_it_commits_converges(db_project, schema, source_conn, dest_conn):
     _orders(source_conn, schema)
     db_project.write_config(

@@ -196,4 +196,12 @@ def _print(verdicts: list[Verdict], as_json: bool, repair: bool) -> None:
             e.get("count", 1) for e in v.examples if e["kind"] != REPEATED_KEY
         )
         if v.examples and more > 0:
-            console.print(f"{v.name}: ... and {more:,} more (all of them with --repair)")
+            console.print(f"{v.name}: ... and {more:,} more{_more_said(v, repair)}")
+
+
+def _more_said(v: Verdict, repair: bool) -> str:
+    """What became of the differences the examples leave out."""
+    if not repair:
+        return " (all of them with --repair)"
+    done = f"all {v.differences:,}" if v.fixed else f"{v.repaired:,} of {v.differences:,}"
+    return f"; {done} differences repaired"
