@@ -19,6 +19,7 @@ from psycopg import sql
 from waiting import wait_for
 
 from replicator.base.identifiers import TableName, quote_ident
+from replicator.postgres.pgcluster import free_port
 from replicator.project.templates import Templates
 
 pytestmark = pytest.mark.spark
@@ -379,6 +380,23 @@ def test_a_repair_says_it_repaired_the_differences_beyond_the_examples(
     assert repaired.exit_code == 0, repaired.output
     assert f"{schema}.orders: ... and 2 more; all 12 differences repaired" in repaired.stdout
     assert "with --repair" not in repaired.stdout
+
+
+def test_a_table_verify_could_not_compare_shows_no_counts(db_project, schema, source_conn):
+    """With the destination down, a failed table's row read `0` rows, `0` missing, `0` extra:
+    an equal, empty table (a newcomer trial)."""
+    _orders(source_conn, schema, rows=10)
+    db_project.write_config(
+        {"tables": [{"name": f"{schema}.orders", "replication_key": "updated_at"}]}
+    )
+    down = f"postgresql://postgres@127.0.0.1:{free_port()}/postgres?connect_timeout=2"
+    for args in ((), ("--repair",)):
+        result = db_project.run("verify", *args, env={"REPLICATOR_DEST_URL": down})
+        assert result.exit_code == 1
+        row = next(line for line in result.stdout.splitlines() if f"{schema}.orders" in line)
+        cells = [cell.strip() for cell in row.strip("│ ").split("│")]
+        assert cells == [f"{schema}.orders", "failed", *["-"] * (5 + len(args))], row
+        assert "destination" in result.stdout
 
 
 def test_a_repair_killed_before_it_commits_converges(db_project, schema, source_conn, dest_conn):

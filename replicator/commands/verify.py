@@ -170,13 +170,10 @@ def _print(verdicts: list[Verdict], as_json: bool, repair: bool) -> None:
     if repair:
         grid.add_column("repaired")
     for v in verdicts:
-        row = [
-            v.name,
-            v.status,
-            f"{v.rows_compared:,}",
-            *(f"{n:,}" for n in (v.missing, v.extra, v.different, v.not_yet_synced)),
-        ]
-        grid.add_row(*row, *([f"{v.repaired:,}"] if repair else []))
+        counts = [v.rows_compared, v.missing, v.extra, v.different, v.not_yet_synced]
+        counts += [v.repaired] if repair else []
+        # a table that failed was not compared: its zeros would read as an equal, empty table
+        grid.add_row(v.name, v.status, *("-" if v.status == "failed" else f"{n:,}" for n in counts))
     console.print(grid)
     errors: dict[str, list[str]] = {}  # one error of many tables (a database out of reach)
     for v in verdicts:
