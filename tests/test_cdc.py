@@ -107,24 +107,26 @@ def test_an_update_to_the_same_values_rewrites_nothing_but_a_new_spelling_arrive
     assert dest_conn.execute(amount).fetchone() == ("3.00",)
 
 
+@pytest.mark.parametrize("rows", [8, 1500])
 def test_an_update_of_a_row_the_copy_lacks_puts_it_back(
-    cdc_project, schema, writer, source_conn, dest_conn
+    cdc_project, schema, writer, source_conn, dest_conn, rows
 ):
     """Updates are written by key, and one whose row the copy has lost (deleted there by
-    hand) finds nothing to update: the row is inserted, in a batch of plain updates and in
-    one whose changes are reduced to each key's last."""
-    _create(writer, schema, rows=8)
+    hand) finds nothing to update: the row is inserted, in a batch of plain updates (staged
+    one by one, and a thousand or more at once, where the reader counts the updates the
+    apply expects) and in one whose changes are reduced to each key's last."""
+    _create(writer, schema, rows=rows)
     _config(cdc_project, schema, "orders")
     _sync(cdc_project)
     target = sql.Identifier(schema, "orders")
     dest_conn.execute(sql.SQL("DELETE FROM {} WHERE id IN (3, 7)").format(target))
-    _run(writer, schema, "UPDATE {t} SET note = 'changed' WHERE id <= 5")
+    _run(writer, schema, "UPDATE {t} SET note = 'changed' WHERE id <= %s", rows - 3)
     _sync(cdc_project)
     with writer.transaction():  # a key twice: the batch is reduced first
         _run(writer, schema, "UPDATE {t} SET note = 'x' WHERE id = 7")
         _run(writer, schema, "UPDATE {t} SET note = 'y' WHERE id = 7")
     _sync(cdc_project)
-    assert assert_same_table(source_conn, dest_conn, schema, "orders") == 8
+    assert assert_same_table(source_conn, dest_conn, schema, "orders") == rows
 
 
 def test_unchanged_toasted_values_keep_the_destinations(

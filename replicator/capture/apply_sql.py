@@ -236,9 +236,10 @@ def apply_steps(
 ) -> list[Step]:
     """A batch's apply as `compile` shows it: one that holds a key more than once and no
     TRUNCATE (a TRUNCATE first empties the table and only the changes after it count; a
-    batch with every key once skips the reduction and reads the staging table itself), and
-    whose updates all find their rows (else the last INSERT also writes the updates whose
-    keys the copy lacks; a batch without updates skips the SET, UPDATE and RESET).
+    batch with every key once skips the reduction, reads the staging table itself and takes
+    the count of its updates from the reader), and whose updates all find their rows (else
+    the last INSERT also writes the updates whose keys the copy lacks; a batch without
+    updates skips the SET, UPDATE and RESET).
     Unchanged TOASTed values are filled in from earlier changes or the copy between the
     reduction and the writes; `<lsn>` is the end of the batch's last commit. `undomained`:
     the domain columns' staged base types (type_closure.staged_base); `equals`: the key

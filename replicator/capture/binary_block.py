@@ -101,7 +101,8 @@ def binary_block(
     prefix[:, 18] = kind[chosen]
     _view(out, f"V{_PREFIX}", _PREFIX)[row_starts] = prefix.view(f"V{_PREFIX}").ravel()
     _view(out, "V4", 4)[nulls] = _NULL_SIZE
-    return Block(out.tobytes(), keys, others)
+    updates = int(np.count_nonzero(kind[chosen] == UPDATE))
+    return Block(out.tobytes(), keys, others, updates)
 
 
 def _keys(

@@ -60,6 +60,7 @@ class Block:
     rows: bytes
     keys: list[bytes | tuple[bytes, ...]]  # each row's key fields, as Stager.note_key takes them
     others: list[int]  # indexes of the messages left to the per-message path
+    updates: int = 0  # of the rows, the updates (op U)
 
 
 def plain_block(
@@ -142,7 +143,8 @@ def plain_block(
     is_body = np.ones(len(out), dtype=bool)
     _view(is_body, f"V{_PREFIX}", _PREFIX)[row_starts] = np.void(bytes(_PREFIX))
     out[is_body] = body
-    return Block(out[1:].tobytes(), keys, others)
+    updates = int(np.count_nonzero(kind[chosen] == UPDATE))
+    return Block(out[1:].tobytes(), keys, others, updates)
 
 
 def _reserved_inside(

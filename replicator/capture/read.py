@@ -275,7 +275,7 @@ def _stage_change(
         if table.shape is None:
             plain = plain_line(data, seq)
             if plain is not None:
-                stager.add_plain(stage, plain)
+                stager.add_plain(stage, plain, data[0] == UPDATE)
                 return
         kind, old, old_is_key, new = change(data)
     if table.shape is not None:

@@ -170,6 +170,8 @@ class Stager:
         `binary`, binary values (binary_rows.fields)."""
         if stage.simple:
             stage.note_key(values)
+        if op == b"U":
+            stage.updates += 1
         if UNCHANGED in values:
             stage.simple = False
             if op == b"I":
@@ -184,11 +186,12 @@ class Stager:
             line = b"\t".join([b"%d" % seq, op, b"{}", *values])
         self._buffer(stage, line)
 
-    def add_plain(self, stage: TableStage, fields: list[bytes]) -> None:
+    def add_plain(self, stage: TableStage, fields: list[bytes], update: bool) -> None:
         """A plain change's row (copy_rows.plain_line: one field holding its seq, op and
-        unchanged columns, then the values)."""
+        unchanged columns, then the values); `update`: its op is U."""
         if stage.simple:
             stage.note_key(fields, 1)
+        stage.updates += update
         self._buffer(stage, b"\t".join(fields))
 
     def add_raw(self, stage: TableStage, data: bytes, seq: int) -> None:
@@ -229,8 +232,11 @@ class Stager:
             wait_for(self.applying, self.ping)
 
     def truncate(self, stage: TableStage, seq: int) -> None:
+        if stage.raw:  # its updates are counted before, to be left out
+            self._rows_of_raw(stage)
         stage.truncated_at = seq
         stage.changes += 1
+        stage.updates = 0  # the apply takes only the changes after it
 
     def flush(self, *, wait: bool = True, taken: list[_Copy] | None = None) -> None:
         """COPY the buffered rows into their staging tables, after `taken` (take_copies'
@@ -301,6 +307,7 @@ class Stager:
             if block.rows:
                 stage.block_rows.append(block.rows)
                 stage.changes += len(block.keys)
+                stage.updates += block.updates
                 if stage.simple:
                     stage.note_keys(block.keys)
             others = block.others
@@ -361,6 +368,7 @@ class Stager:
 
 def _start_over(stage: TableStage) -> None:
     stage.changes = 0
+    stage.updates = 0
     stage.truncated_at = None
     stage.incomplete_insert = None
     stage.moves = []

@@ -25,6 +25,9 @@ class TableStage:
     buffer: list[bytes] = field(default_factory=list)  # rows without their newline
     block_rows: list[bytes] = field(default_factory=list)  # copy_block's, without `unchanged`
     changes: int = 0
+    # the updates (op U) staged after the batch's last TRUNCATE: the count the apply needs
+    # of a batch that holds every key once, known without reading the staging table
+    updates: int = 0
     truncated_at: int | None = None  # seq of the last TRUNCATE of the table in the batch
     # the seqs of the updates that moved a row to a new key and left TOASTed values as they
     # were (each one's old row is the delete staged just before it, at seq - 1)
