@@ -14,11 +14,10 @@ from __future__ import annotations
 import numpy as np
 
 from .binary_rows import BinaryField
-from .copy_block import Block, _view
-from .copy_rows import DELETE, INSERT, UPDATE
+from .copy_block import Block, _view, frames
+from .copy_rows import UPDATE
 
-_BINARY, _NULL, _NEW, _KEY = ord("b"), ord("n"), ord("N"), ord("K")
-_PAD = bytes(8)
+_BINARY = ord("b")
 _PREFIX = 2 + 4 + 8 + 4 + 1  # field count; seq's size and value; op's size and value
 _NULL_SIZE = np.void(b"\xff\xff\xff\xff")
 
@@ -31,57 +30,23 @@ def binary_block(
     count = len(messages)
     if count == 0 or columns == 0:
         return Block(b"", [], list(range(count)))
-    joined = b"".join([*messages, _PAD])
-    data = np.frombuffer(joined, dtype=np.uint8)
-    size_at = _view(data, ">u4", 4)
-    last = len(data) - len(_PAD)
-    sizes = np.fromiter(map(len, messages), dtype=np.int64, count=count)
-    ends = np.cumsum(sizes)
-    starts = ends - sizes
-
-    def at(offsets: np.ndarray) -> np.ndarray:
-        return data[np.minimum(offsets, last)].astype(np.int64)
-
-    kind, marker = at(starts), at(starts + 5)
-    ok = (sizes >= 8) & (
-        ((kind == INSERT) & (marker == _NEW))
-        | ((kind == UPDATE) & (marker == _NEW))
-        | ((kind == DELETE) & (marker == _KEY))
-    )
-    ok &= (at(starts + 6) << 8 | at(starts + 7)) == columns
-
-    kinds, value_starts, value_sizes, is_value = [], [], [], []
-    position = starts + 8
-    for _ in range(columns):
-        column_kind = at(position)
-        value = column_kind == _BINARY
-        ok &= value | (column_kind == _NULL)
-        size = np.where(value, size_at[np.minimum(position + 1, last)].astype(np.int64), 0)
-        start = np.where(value, position + 5, position + 1)
-        end = start + size
-        ok &= end <= ends
-        kinds.append(position)
-        value_starts.append(start)
-        value_sizes.append(size)
-        is_value.append(value)
-        position = np.where(ok, end, starts)
-    ok &= position == ends
+    framed = frames(messages, columns, _BINARY, empty=True)
+    data, sizes, starts, kind, ok = framed.data, framed.sizes, framed.starts, framed.kind, framed.ok
 
     chosen = np.flatnonzero(ok)
     others = np.flatnonzero(~ok).tolist()
     if chosen.size == 0:
         return Block(b"", [], others)
-    kind_at = np.stack(kinds, axis=1)[chosen]
-    starts_v = np.stack(value_starts, axis=1)[chosen]
-    sizes_v = np.stack(value_sizes, axis=1)[chosen]
-    value_v = np.stack(is_value, axis=1)[chosen]
-    keys = _keys(joined, data, starts_v, sizes_v, value_v, key_positions)
+    starts_v, sizes_v = framed.value_start[chosen], framed.value_size[chosen]
+    value_v = framed.present[chosen]
+    kind_at = np.where(value_v, starts_v - 5, starts_v - 1)  # each value's kind byte
+    keys = _keys(framed.joined, data, starts_v, sizes_v, value_v, key_positions)
 
     rows = chosen.size
     keep = np.repeat(ok, sizes)  # what stays: each value's size and bytes
     _view(keep, "V8", 8)[starts[chosen]] = np.void(bytes(8))
     keep[kind_at.ravel()] = False
-    body = data[:last][keep]
+    body = data[: framed.last][keep]
 
     fields = 4 + sizes_v  # each field's size in the row: its size's 4 bytes, then its bytes
     lengths = _PREFIX + fields.sum(axis=1)

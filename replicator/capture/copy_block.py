@@ -52,6 +52,84 @@ def _view(data: np.ndarray, dtype: str, width: int) -> np.ndarray:
 
 
 @dataclass
+class Frames:
+    """Where the parts of each message are, in all the messages joined (plain_block's and
+    binary_block's common first pass): `ok` holds for an I, U or D message of the table's
+    width whose every value is `value_kind` or NULL and ends inside it, as plain_line
+    defines a plain change."""
+
+    joined: bytes  # the messages, then _PAD: a read of a few bytes at any offset stays inside
+    data: np.ndarray  # `joined` as bytes
+    sizes: np.ndarray  # each message's
+    starts: np.ndarray
+    kind: np.ndarray  # each message's first byte: I, U or D for a plain change
+    ok: np.ndarray
+    value_start: np.ndarray  # (messages, columns): where each value's bytes start
+    value_size: np.ndarray  # 0 for a NULL
+    present: np.ndarray  # the value is not NULL
+
+    @property
+    def last(self) -> int:
+        """The end of the messages' bytes."""
+        return len(self.data) - len(_PAD)
+
+
+def frames(messages: list[bytes], columns: int, value_kind: int, empty: bool) -> Frames:
+    """Every message's parts at once (one vectorized pass per column over all of them);
+    `empty`: an empty value is plain (binary: its size tells it from NULL; text: it is
+    not, COPY's NULL '' would read it as NULL)."""
+    joined = b"".join([*messages, _PAD])
+    data = np.frombuffer(joined, dtype=np.uint8)
+    size_at = _view(data, ">u4", 4)  # a value's size, from its offset
+    last = len(data) - len(_PAD)  # reads at offsets clipped here stay inside
+    count = len(messages)
+    sizes = np.fromiter(map(len, messages), dtype=np.int64, count=count)
+    ends = np.cumsum(sizes)
+    starts = ends - sizes
+
+    def at(offsets: np.ndarray) -> np.ndarray:
+        """The byte at each offset (clipped into the buffer: a short message reads its
+        neighbour's bytes, and is refused by its bounds check instead)."""
+        return data[np.minimum(offsets, last)].astype(np.int64)
+
+    kind, marker = at(starts), at(starts + 5)
+    ok = (sizes >= 8) & (
+        ((kind == INSERT) & (marker == _NEW))
+        | ((kind == UPDATE) & (marker == _NEW))
+        | ((kind == DELETE) & (marker == _KEY))
+    )
+    ok &= (at(starts + 6) << 8 | at(starts + 7)) == columns
+    value_starts, value_sizes, present = [], [], []
+    position = starts + 8
+    for _ in range(columns):
+        column_kind = at(position)
+        value = column_kind == value_kind
+        ok &= value | (column_kind == _NULL)
+        size = np.where(value, size_at[np.minimum(position + 1, last)].astype(np.int64), 0)
+        start = np.where(value, position + 5, position + 1)
+        end = start + size
+        ok &= end <= ends
+        if not empty:
+            ok &= (size > 0) | ~value
+        value_starts.append(start)
+        value_sizes.append(size)
+        present.append(value)
+        position = np.where(ok, end, starts)  # a refused message stays in its own bytes
+    ok &= position == ends
+    return Frames(
+        joined,
+        data,
+        sizes,
+        starts,
+        kind,
+        ok,
+        np.stack(value_starts, axis=1),
+        np.stack(value_sizes, axis=1),
+        np.stack(present, axis=1),
+    )
+
+
+@dataclass
 class Block:
     """What `plain_block` made of a list of messages."""
 
@@ -71,46 +149,11 @@ def plain_block(
     count = len(messages)
     if count == 0 or columns == 0:
         return Block(b"", [], list(range(count)))
-    data = np.frombuffer(b"".join([*messages, _PAD]), dtype=np.uint8)
-    size_at = _view(data, ">u4", 4)  # a value's size, from its offset
-    last = len(data) - len(_PAD)  # reads at offsets clipped here stay inside
-    sizes = np.fromiter(map(len, messages), dtype=np.int64, count=count)
-    ends = np.cumsum(sizes)
-    starts = ends - sizes
-
-    def at(offsets: np.ndarray) -> np.ndarray:
-        """The byte at each offset (clipped into the buffer: a short message reads its
-        neighbour's bytes, and is refused by its bounds check instead)."""
-        return data[np.minimum(offsets, last)].astype(np.int64)
-
-    kind, marker = at(starts), at(starts + 5)
-    ok = (sizes >= 8) & (
-        ((kind == INSERT) & (marker == _NEW))
-        | ((kind == UPDATE) & (marker == _NEW))
-        | ((kind == DELETE) & (marker == _KEY))
-    )
-    ok &= (at(starts + 6) << 8 | at(starts + 7)) == columns
+    framed = frames(messages, columns, _TEXT, empty=False)
+    data, sizes, starts, kind, ok = framed.data, framed.sizes, framed.starts, framed.kind, framed.ok
+    value_start, value_size, text_v = framed.value_start, framed.value_size, framed.present
     seq = np.asarray(seqs, dtype=np.int64)
     ok &= (seq >= 0) & (seq < _MAX_SEQ)
-
-    value_starts, value_sizes, is_text = [], [], []
-    position = starts + 8
-    for _ in range(columns):
-        column_kind = at(position)
-        text = column_kind == _TEXT
-        ok &= text | (column_kind == _NULL)
-        size = np.where(text, size_at[np.minimum(position + 1, last)].astype(np.int64), 0)
-        start = np.where(text, position + 5, position + 1)
-        end = start + size
-        ok &= (end <= ends) & ((size > 0) | ~text)  # an empty string: told from NULL there
-        value_starts.append(start)
-        value_sizes.append(size)
-        is_text.append(text)
-        position = np.where(ok, end, starts)  # a refused message stays in its own bytes
-    ok &= position == ends
-    value_start = np.stack(value_starts, axis=1)  # (messages, columns)
-    value_size = np.stack(value_sizes, axis=1)
-    text_v = np.stack(is_text, axis=1)
     ok &= ~_reserved_inside(data, value_start, value_size, ok, starts)
 
     chosen = np.flatnonzero(ok)
@@ -124,7 +167,7 @@ def plain_block(
     # the rows are the chosen messages' bytes less their headers: each value keeps the byte
     # before it (its size's last, or the NULL's kind byte), which becomes its tab; a NULL is
     # the empty field (the COPY's NULL '')
-    source = data[:last].copy()
+    source = data[: framed.last].copy()
     source[starts_v - 1] = ord("\t")
     keep = np.repeat(ok, sizes)
     _view(keep, "V8", _HEADER)[starts[chosen]] = np.void(bytes(_HEADER))
