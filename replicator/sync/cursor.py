@@ -31,33 +31,47 @@ def newest_key(
     conn: psycopg.Connection[Any], rows: sql.Composable, key: str, key_type: str
 ) -> str | None:
     """max(key) over a query's rows, as PostgreSQL prints it (None when there are none),
-    among the values a cursor may become (`where_finite`)."""
+    among the values a cursor may become (`finite_test`).
+
+    Asked as the first row in descending order rather than as max(): right after a big
+    write the planner's statistics say the batch has one row, and it then prefers an
+    aggregate over every row of the batch (a heap fetch each, 0.3-0.5 s for 60,000 rows)
+    to the index's last entry, which ORDER BY ... LIMIT 1 takes. Same order either way:
+    both use the type's default ordering and the column's collation."""
     alias = sql.Identifier("_replicator_rows")
     ref = sql.SQL("{}.{}").format(alias, sql.Identifier(key))
-    (value,) = execute(
+    tests = [sql.SQL("{} IS NOT NULL").format(ref)]  # NULLs come first in descending order
+    finite = finite_test(base_type(conn, key_type), ref)
+    if finite is not None:
+        tests.append(finite)
+    row = execute(
         conn,
-        sql.SQL("SELECT max({r})::text FROM ({q}) AS {a}{w}").format(
-            r=ref, q=rows, a=alias, w=where_finite(base_type(conn, key_type), ref)
+        sql.SQL("SELECT {r}::text FROM ({q}) AS {a} WHERE {w} ORDER BY {r} DESC LIMIT 1").format(
+            r=ref, q=rows, a=alias, w=sql.SQL(" AND ").join(tests)
         ),
     ).fetchone()
-    return value
+    return row[0] if row else None
 
 
 def where_finite(key_type: str, ref: sql.Composable) -> sql.Composable:
-    """` WHERE` the key value `ref` is one a cursor may become: not `infinity` (dates,
-    timestamps, floats, numeric) nor NaN; empty for a type without such values (`key_type`
+    """` WHERE` the key value `ref` is one a cursor may become (`finite_test`), or empty."""
+    test = finite_test(key_type, ref)
+    return sql.SQL("") if test is None else sql.SQL(" WHERE {}").format(test)
+
+
+def finite_test(key_type: str, ref: sql.Composable) -> sql.Composable | None:
+    """The test that the key value `ref` is one a cursor may become: not `infinity` (dates,
+    timestamps, floats, numeric) nor NaN; None for a type without such values (`key_type`
     is a domain's base type, type_closure.base_type). A cursor
     at infinity would never see a later row (every finite key is below it); a row keyed so
     is read again by every run instead, as a row at the cursor is."""
     if key_type.startswith(TEMPORAL_TYPES):
-        test = sql.SQL("isfinite({})").format(ref)
-    elif key_type.startswith(("real", "double precision")):
-        test = sql.SQL("{} < 'Infinity'").format(ref)  # NaN sorts above Infinity
-    elif key_type.startswith("numeric"):
-        test = sql.SQL("scale({}) IS NOT NULL").format(ref)  # NULL for NaN and ±Infinity
-    else:
-        return sql.SQL("")
-    return sql.SQL(" WHERE {}").format(test)
+        return sql.SQL("isfinite({})").format(ref)
+    if key_type.startswith(("real", "double precision")):
+        return sql.SQL("{} < 'Infinity'").format(ref)  # NaN sorts above Infinity
+    if key_type.startswith("numeric"):
+        return sql.SQL("scale({}) IS NOT NULL").format(ref)  # NULL for NaN and ±Infinity
+    return None
 
 
 _OLDEST_WRITER = """

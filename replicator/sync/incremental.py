@@ -61,9 +61,12 @@ def batch_size(conn: psycopg.Connection[Any], built: TableSql, state: TableState
 @dataclass(frozen=True)
 class Batch:
     """One incremental read: the model's rows at or past the cursor (or a re-sync's key
-    range), how many the probe counted, and whether this process copies them."""
+    range), how many the probe counted, and whether this process copies them. `keyed` is
+    the same rows less those with a NULL key: the newest key is read from it, where the
+    index on the key can answer (an `OR key IS NULL` would stop it)."""
 
     query: sql.Composable
+    keyed: sql.Composable
     key: str
     key_type: str
     rows: int
@@ -93,7 +96,8 @@ def batch_for(
     # A re-sync reads a key range; a sync also the rows no cursor can order (NULL keys).
     with_nulls = resync is None and built.key_can_be_null
     query = batch_query(built.model.sql, key, key_type, since, until, with_nulls=with_nulls)
-    return Batch(query, key, key_type, rows, in_process)
+    keyed = batch_query(built.model.sql, key, key_type, since, until) if with_nulls else query
+    return Batch(query, keyed, key, key_type, rows, in_process)
 
 
 def incremental_sync(
@@ -171,7 +175,7 @@ def _read_batch(
         assert snap.conn is not None
         xids = in_progress_xids(snap.conn)
         progress.phase("reading the batch's newest key from the model")
-        hwm = newest_key(snap.conn, batch.query, batch.key, batch.key_type)
+        hwm = newest_key(snap.conn, batch.keyed, batch.key, batch.key_type)
         load_id = new_load_id(ends.dest, built.table.target)
         if not batch.in_process:
             progress.phase("starting Spark")
