@@ -8,7 +8,7 @@ import psycopg
 from psycopg import sql
 
 from replicator.base.identifiers import TableName
-from replicator.postgres.naming import MARKER_TABLE, RESUME_TABLE, retired_table, staging_table
+from replicator.postgres.naming import MARKER_TABLE, RESUME_TABLE, retired_table, staging_tables
 from replicator.sync.scripts import side_table
 from replicator.transfer.markers import load_id_prefix
 
@@ -54,7 +54,7 @@ def leftovers(dest, targets: list[TableName]) -> list[str]:
     names = [
         (t.schema, t.name)
         for target in targets
-        for t in (side_table(target), staging_table(target), retired_table(target))
+        for t in (side_table(target), *staging_tables(target), retired_table(target))
     ]
     rows = dest.execute(
         "SELECT c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "

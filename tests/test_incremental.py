@@ -17,6 +17,7 @@ from replicator.base.identifiers import TableName
 from replicator.plan.table_sql import batch_query
 from replicator.postgres.naming import staging_table
 from replicator.sync.cursor import newest_key
+from replicator.sync.incremental import _split_batch
 
 pytestmark = pytest.mark.spark
 
@@ -246,11 +247,17 @@ def test_the_newest_key_is_read_at_the_index_end_after_a_burst_of_writes(source_
         (before,) = source_conn.execute(fetched).fetchone()
         newest = newest_key(source_conn, batch, "k", "timestamp with time zone")
         (after,) = source_conn.execute(fetched).fetchone()
+        # A batch copied in key ranges (Spark's tasks, or parts merged as they land) finds
+        # its two ends the same way.
+        ranges = _split_batch(source_conn, batch, batch, "k", "timestamp with time zone", 4)
+        (split,) = source_conn.execute(fetched).fetchone()
     (expected,) = source_conn.execute(
         sql.SQL("SELECT max(k)::text FROM {}").format(table)
     ).fetchone()
     assert newest == expected
     assert after - before < 100, f"{after - before} rows read for the newest key"
+    assert len(ranges) == 4
+    assert split - after < 100, f"{split - after} rows read for the batch's ends"
 
 
 @pytest.mark.parametrize(
@@ -302,10 +309,8 @@ def test_a_key_at_infinity_never_becomes_the_cursor(
         assert margin.total_seconds() >= 5, (cursor, margin)  # the default lookback
     # A batch cut in key ranges (Spark's tasks) spans the finite keys; the far one is in the
     # last, open range: every row in exactly one range.
-    from replicator.sync.incremental import _split_batch
-
     rows = sql.SQL("SELECT * FROM {}").format(table)
-    ranges = _split_batch(source_conn, rows, "k", key_type, 3)
+    ranges = _split_batch(source_conn, rows, rows, "k", key_type, 3)
     assert len(ranges) == (1 if key_type == "double precision" else 3)  # floats: one range
     ids = sorted(
         i

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from psycopg import sql
 
 from ..base.errors import DatabaseError, TableProblem
-from ..base.identifiers import display_ident, quote_ident
+from ..base.identifiers import TableName, display_ident, quote_ident
 from ..postgres import ddl
 from ..postgres.catalog import Column, TableInfo
 from ..postgres.naming import MARK_COLUMN, MARK_TYPE, staging_table
@@ -57,8 +57,25 @@ class TableSql:
     @functools.cached_property
     def merge(self) -> str | None:
         """The merge of the staged batch into the copy (None for full-refresh and cdc)."""
-        unique = self.model.reads_table_as_is and self.key.origin in ("primary key", "unique index")
-        return _merge(self.table, self.columns, self.primary_key, self.templates, unique)
+        return self.merge_from(staging_table(self.table.target))
+
+    def merge_from(self, staging: TableName) -> str | None:
+        """The merge of the rows staged in `staging` into the copy."""
+        return _merge(
+            self.table, self.columns, self.primary_key, self.templates, staging, self.unique_keys
+        )
+
+    @property
+    def unique_keys(self) -> bool:
+        """The batch cannot hold a key twice: the built-in model reads the table as it is,
+        in one snapshot, and the key is the source's own primary key or unique index."""
+        return self.model.reads_table_as_is and self.key.origin in ("primary key", "unique index")
+
+    @property
+    def merge_is_builtin(self) -> bool:
+        """The merge comes from the tool's own macro, not one the project overrides."""
+        macro = _MERGE_MACROS.get(self.table.mode or "")
+        return macro is not None and self.templates.origins[macro].startswith("built-in")
 
     @property
     def merge_origin(self) -> str | None:
@@ -186,12 +203,12 @@ def _merge(
     columns: tuple[Column, ...],
     primary_key: tuple[str, ...],
     templates: Templates,
+    staging: TableName,
     unique_keys: bool = False,
 ) -> str | None:
-    """The batch's merge. `unique_keys`: the batch cannot hold a key twice (the built-in
-    model reads the table as it is, in one snapshot, and the key is the source's own primary
-    key or unique index), so the built-in macro skips its reduction to one row per key."""
-    target, staging = table.target, staging_table(table.target)
+    """The merge of the batch staged in `staging`. `unique_keys` (TableSql.unique_keys): the
+    built-in macro skips its reduction to one row per key."""
+    target = table.target
     quoted = [quote_ident(c.name) for c in columns]
     quoted_key = [quote_ident(c) for c in primary_key]
     if table.mode == "incremental-deduped":

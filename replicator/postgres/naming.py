@@ -40,6 +40,17 @@ def staging_table(target: TableName) -> TableName:
     return TableName(INTERNAL_SCHEMA, derived_name("stg", target))
 
 
+# At most this many staging tables per batch: a big batch copied in this process is staged
+# and merged in parts (sync/merge_pipeline.py).
+MAX_STAGING_PARTS = 4
+
+
+def staging_tables(target: TableName, parts: int = MAX_STAGING_PARTS) -> list[TableName]:
+    """The staging tables of a batch in `parts` parts; the first is `staging_table`."""
+    more = [derived_name(f"stg{k}", target) for k in range(1, parts)]
+    return [staging_table(target), *(TableName(INTERNAL_SCHEMA, name) for name in more)]
+
+
 def retired_table(target: TableName) -> TableName:
     """Where the swap puts the replaced table, beside the new one, until it is dropped after
     the commit (freeing a big table's files must not happen while readers wait)."""

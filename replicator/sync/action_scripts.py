@@ -212,18 +212,21 @@ def _incremental(
 ) -> list[Item]:
     """The batch's script; `unfinished`: sync first drops an unfinished reload."""
     rows = _batch_rows(inputs.source, built, state, resync)
-    in_process = not EngineChoice.for_settings(inputs.settings).spark_for(rows)
-    batch = batch_for(built, state, rows, in_process, resync)
+    choice = EngineChoice.for_settings(inputs.settings)
+    in_process = not choice.spark_for(rows)
+    # sync counts the batch only where Spark may take it (table_actions._incremental)
+    batch = batch_for(built, state, rows if choice.spark_for(1 << 62) else 0, in_process, resync)
     parallelism = 1 if in_process else _spark_cores(inputs.settings, ActionScripts([]))
     tasks = batch_tasks(inputs.source, SNAPSHOT, inputs.urls, built, batch, LOAD_ID, parallelism)
     target = built.table.target
+    merged = len(tasks) if batch.parts > 1 else 1  # in parts: each merged as it lands
     return [
         *(abandon_steps(target) if unfinished else []),  # sync drops it first
-        *staging_steps(built, facts),
+        *staging_steps(built, facts, batch.parts),
         *start_load_steps(built.table.target),
         Tasks([task_steps(task, version) for task in tasks]),
         *end_load_steps(LOAD_ID),
-        *merge_steps(built),
+        *merge_steps(built, merged, batch.parts),
     ]
 
 

@@ -21,7 +21,7 @@ from ..postgres import ddl
 from ..postgres.database import Step
 from ..postgres.dest_schema import bookkeeping_steps, missing_schemas, schema_steps
 from ..postgres.dest_types import type_work
-from ..postgres.naming import derived_name, retired_table, staging_table
+from ..postgres.naming import derived_name, retired_table, staging_tables
 from ..postgres.ownership import record_owned_steps
 from ..transfer.markers import forget_loads_step, forget_markers_step
 
@@ -108,7 +108,7 @@ def prepare_steps(
         _destination(ddl.drop_table(retired_table(target))),
         # an incremental run killed after creating its staging table, whose next actions
         # were this reload and no-ops, would leave it behind for good
-        _destination(ddl.drop_table(staging_table(target))),
+        *(_destination(ddl.drop_table(table)) for table in staging_tables(target)),
         *(kept_side if keep_side else fresh_side),
     ]
 
@@ -154,32 +154,39 @@ def end_load_steps(load_id: str) -> list[Step]:
 # ---------------------------------------------------------------- incremental
 
 
-def staging_steps(built: TableSql, facts: DestinationFacts) -> list[Step]:
-    """An empty UNLOGGED staging table for the batch (a killed run's is dropped first, with
-    a replaced table a killed swap left aside)."""
+def staging_steps(built: TableSql, facts: DestinationFacts, parts: int = 1) -> list[Step]:
+    """Empty UNLOGGED staging tables for the batch, one per part (sync/merge_pipeline.py);
+    a killed run's are dropped first, with a replaced table a killed swap left aside."""
     target = built.table.target
-    staging = staging_table(target)
     return [
         *bookkeeping_steps(facts.missing),
         _destination(ddl.drop_table(retired_table(target))),
-        _destination(ddl.drop_table(staging)),
-        _destination(ddl.create_table(staging, built.columns, unlogged=True)),
+        *(_destination(ddl.drop_table(table)) for table in staging_tables(target)),
+        *(
+            _destination(ddl.create_table(table, built.columns, unlogged=True))
+            for table in staging_tables(target, parts)
+        ),
     ]
 
 
-def merge_steps(built: TableSql) -> list[Step]:
-    """The merge macro in one destination transaction, then the staging table dropped."""
-    assert built.merge is not None
+def merge_steps(built: TableSql, merged: int = 1, staged: int = 1) -> list[Step]:
+    """The merge macro in one destination transaction, once for each of the first `merged`
+    staging tables (a batch in parts: sync/merge_pipeline.py), then the `staged` ones
+    dropped."""
+    tables = staging_tables(built.table.target, merged)
+    merges = [built.merge_from(table) for table in tables]
     return [
         _destination("BEGIN"),
-        _destination(built.merge),
+        *(_destination(merge) for merge in merges if merge is not None),
         _destination("COMMIT"),
-        drop_staging_step(built),
+        *drop_staging_steps(built, max(staged, merged)),
     ]
 
 
-def drop_staging_step(built: TableSql) -> Step:
-    return _destination(ddl.drop_table(staging_table(built.table.target)))
+def drop_staging_steps(built: TableSql, parts: int = 1) -> list[Step]:
+    return [
+        _destination(ddl.drop_table(table)) for table in staging_tables(built.table.target, parts)
+    ]
 
 
 # ---------------------------------------------------------------- start without backfill
