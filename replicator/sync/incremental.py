@@ -22,7 +22,7 @@ from ..plan.table_sql import TableSql, batch_query
 from ..plan.window import count_and_newest, fingerprint, in_progress_xids
 from ..postgres.database import execute, run_steps, transaction
 from ..postgres.endpoints import Endpoints
-from ..postgres.naming import staging_table, staging_tables
+from ..postgres.naming import MAX_STAGING_PARTS, staging_table, staging_tables
 from ..postgres.snapshot import ExportedSnapshot
 from ..postgres.type_closure import base_type
 from ..project.state import Cursor, Pending, TableState, Window
@@ -35,7 +35,7 @@ from ..transfer.partitions import KeyRange, range_predicate
 from ..transfer.spark_runner import SparkRunner
 from .context import KeyBounds
 from .cursor import advance, finite_test, newest_key
-from .merge_pipeline import copy_and_merge, merge_parts
+from .merge_pipeline import copy_and_merge, part_rows
 from .scripts import DestinationFacts, drop_staging_steps, staging_steps
 
 log = logging.getLogger(__name__)
@@ -65,8 +65,8 @@ class Batch:
     """One incremental read: the model's rows at or past the cursor (or a re-sync's key
     range), how many the probe counted, and whether this process copies them. `keyed` is
     the same rows less those with a NULL key: the newest key is read from it, where the
-    index on the key can answer (an `OR key IS NULL` would stop it). `parts`: how many
-    staging tables it is copied and merged in (merge_pipeline.py)."""
+    index on the key can answer (an `OR key IS NULL` would stop it). `part_rows`: the rows
+    of each part it is staged and merged in (merge_pipeline.py), 0 for whole."""
 
     query: sql.Composable
     keyed: sql.Composable
@@ -74,7 +74,12 @@ class Batch:
     key_type: str
     rows: int
     in_process: bool
-    parts: int = 1
+    part_rows: int = 0
+
+    @property
+    def parts(self) -> int:
+        """How many staging tables the batch is copied into."""
+        return MAX_STAGING_PARTS if self.part_rows else 1
 
 
 @dataclass(frozen=True)
@@ -102,8 +107,8 @@ def batch_for(
     with_nulls = resync is None and built.key_can_be_null
     query = batch_query(built.model.sql, key, key_type, since, until, with_nulls=with_nulls)
     keyed = batch_query(built.model.sql, key, key_type, since, until) if with_nulls else query
-    parts = merge_parts(built, rows or _previous_batch(state), in_process)
-    return Batch(query, keyed, key, key_type, rows, in_process, parts)
+    each = part_rows(built, rows or _previous_batch(state), in_process)
+    return Batch(query, keyed, key, key_type, rows, in_process, each)
 
 
 def _previous_batch(state: TableState) -> int:
@@ -163,25 +168,21 @@ def batch_tasks(
     through `conn`: inside the snapshot for a sync, outside it for `compile`): for Spark,
     into one staging table; in parts (merge_pipeline.py), each into its own."""
     target, columns = built.table.target, [c.name for c in built.columns]
-    if batch.parts > 1:
-        ranges = _split_batch(
-            conn, batch.query, batch.keyed, batch.key, batch.key_type, batch.parts
-        )
-        tables = staging_tables(target, len(ranges))
-        tasks: list[CopyTask] = []
-        for part, (query, table) in enumerate(zip(ranges, tables, strict=True)):
-            tasks += copy_tasks(
+    if batch.parts > 1:  # one COPY out, cut into the parts' tables as it comes
+        return [
+            task
+            for part, table in enumerate(staging_tables(target, batch.parts))
+            for task in copy_tasks(
                 load_id,
                 *urls,
                 snapshot,
-                [query],
+                [batch.query],
                 (table.schema, table.name),
                 columns,
                 origin=built.model.origin,
                 parts=[part],
-                text=built.copies_as_text,
             )
-        return tasks
+        ]
     staging = staging_table(target)
     parts = 1 if batch.in_process else _batch_partitions(built, batch.rows, parallelism)
     return copy_tasks(
@@ -218,9 +219,7 @@ def _read_batch(
         parallelism = 1 if batch.in_process else spark.parallelism()
         urls = (ends.source_url, ends.dest_url)
         tasks = batch_tasks(snap.conn, snap.snapshot_id, urls, built, batch, load_id, parallelism)
-        progress.phase(
-            "copying" if len(tasks) == 1 or not batch.in_process else "copying and merging"
-        )
+        progress.phase("copying" if batch.parts == 1 else "copying and merging")
         with watch_copy(ends.dest_url, staging, load_id, len(tasks), batch.rows, progress):
             results, merged = _copy(ends, built, spark, batch, tasks)
         copied = _combined(results)
@@ -248,13 +247,13 @@ def _copy(
 ) -> tuple[list[CopyResult], int | None]:
     """Run the batch's copy tasks; staged in parts, merge each as it lands (the rows merged,
     else None: the batch is merged whole afterwards)."""
-    if not batch.in_process or len(tasks) == 1:
+    if batch.parts == 1:
         return spark.run_copy_tasks(tasks, in_process=batch.in_process), None
     staged = staging_tables(built.table.target, len(tasks))
     merges = [built.merge_from(table) or "" for table in staged]
-    results, merged = copy_and_merge(ends.dest, built, tasks, merges)
-    spark.choice.record(IN_PROCESS, sum(r.rows for r in results), sum(r.seconds for r in results))
-    return results, merged
+    result, merged = copy_and_merge(ends.dest, built, tasks, merges, batch.part_rows)
+    spark.choice.record(IN_PROCESS, result.rows, result.seconds)
+    return [result], merged
 
 
 ROWS_PER_PARTITION = 250_000

@@ -11,8 +11,9 @@ stay light: this runs in Spark's Python workers.
 from __future__ import annotations
 
 import contextlib
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import psycopg
@@ -123,9 +124,16 @@ def task_steps(task: CopyTask, source_version: int) -> list[Step]:
 
 def run_copy_task(task: CopyTask) -> CopyResult:
     """Copy one partition exactly once (a repeated attempt finds the marker and stops)."""
+    with task_errors(task):
+        return _copy_once(task)
+
+
+@contextlib.contextmanager
+def task_errors(task: CopyTask) -> Iterator[None]:
+    """A copy's failure as a TaskError that names its side (and the model read)."""
     where = f" (reading {task.origin})" if task.origin else ""
     try:
-        return _copy_once(task)
+        yield
     except _SourceFailure as exc:
         gave_way = f"; {GAVE_WAY}" if exc.sqlstate == LOCK_TIMEOUT_SQLSTATE else ""
         raise TaskError(f"source: {exc}{where}{gave_way}", exc.sqlstate) from None
@@ -244,6 +252,98 @@ def _stream(task: CopyTask, dest: psycopg.Connection) -> tuple[int, int]:
             except psycopg.Error as exc:
                 raise _source_failure(exc) from None
     return in_cursor.rowcount, size
+
+
+# COPY's binary form: a header before the first row, a trailer after the last. The source
+# sends the header with the first row's message and the trailer as a message of its own.
+BINARY_HEADER_BYTES = 19
+BINARY_TRAILER = b"\xff\xff"
+
+
+def stream_in_parts(
+    tasks: list[CopyTask], part_rows: int, landed: Callable[[int], None], stop: threading.Event
+) -> CopyResult:
+    """One COPY out of the source (the tasks share it, their snapshot and connections), its
+    rows into each task's table in turn: `part_rows` rows each, the rest into the last. Each
+    part commits, then `landed(part)` tells. `stop` set ends it early. No markers: a batch
+    copied in this process is not retried (sync/merge_pipeline.py)."""
+    started = time.monotonic()
+    with task_errors(tasks[0]):
+        rows, size = _stream_parts(tasks, part_rows, landed, stop)
+    return CopyResult(0, rows, size, time.monotonic() - started)
+
+
+def _stream_parts(
+    tasks: list[CopyTask], part_rows: int, landed: Callable[[int], None], stop: threading.Event
+) -> tuple[int, int]:
+    first, rows, size = tasks[0], 0, 0
+    binary = first.copy_in.endswith("(FORMAT binary)")
+    with (
+        connect(first.dest_url, "destination", application_name="replicator-task") as dest,
+        _source_snapshot(first) as source,
+    ):
+        pgconn = source.pgconn
+        try:
+            note(source, first.copy_out)
+            pgconn.send_query(first.copy_out.encode())
+            _expect(_next_result(pgconn), pq.ExecStatus.COPY_OUT)
+        except psycopg.Error as exc:
+            raise _source_failure(exc) from None
+        header, ended = b"", False
+        for part, task in enumerate(tasks):
+            last = part == len(tasks) - 1
+            with transaction(dest):
+                into_cursor = dest.cursor()
+                note(dest, task.copy_in)
+                with into_cursor.copy(task.copy_in) as into:
+                    buffer, count = bytearray(header), 0
+                    while last or count < part_rows:
+                        data = _next_copy_data(pgconn)
+                        if data is None:
+                            ended = True
+                            break
+                        if binary and not header:
+                            header = bytes(data[:BINARY_HEADER_BYTES])
+                        buffer += data
+                        if not (binary and data == BINARY_TRAILER):  # the end follows it
+                            count += 1
+                        if len(buffer) >= WRITE_BLOCK:
+                            if stop.is_set():
+                                raise TaskError("stopped: the merge failed")
+                            size += len(buffer)
+                            into.write(buffer)
+                            buffer = bytearray()
+                    if binary and not ended:
+                        buffer += BINARY_TRAILER
+                    size += len(buffer)
+                    into.write(buffer)
+                failpoint("task-before-commit")
+            rows += into_cursor.rowcount
+            landed(part)
+            if ended:
+                break
+        try:
+            _expect(_next_result(pgconn), pq.ExecStatus.COMMAND_OK)
+            while _next_result(pgconn) is not None:
+                pass
+        except psycopg.Error as exc:
+            raise _source_failure(exc) from None
+    return rows, size
+
+
+def _next_copy_data(pgconn: pq.abc.PGconn) -> memoryview | bytes | None:
+    """The source's next COPY message (one row), None at its end."""
+    try:
+        while True:
+            count, data = pgconn.get_copy_data(1)
+            if count < 0:
+                return None
+            if count > 0:
+                return data
+            _wait_readable(pgconn)  # libpq's buffer is empty: wait for the socket
+            pgconn.consume_input()
+    except psycopg.Error as exc:
+        raise _source_failure(exc) from None
 
 
 def _wait_readable(pgconn: pq.abc.PGconn) -> None:
