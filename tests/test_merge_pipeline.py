@@ -104,3 +104,39 @@ def test_a_run_killed_between_parts_leaves_the_copy_as_it_was(
     assert again.exit_code == 0, again.output
     assert assert_same_table(source_conn, dest_conn, schema, "events") == ROWS + 2000
     assert leftovers(dest_conn, [TableName(schema, "events")]) == []
+
+
+def test_a_part_that_fails_to_merge_leaves_the_copy_as_it_was(
+    db_project, source_conn, dest_conn, schema, big_batches
+):
+    """The second part's merge fails (a trigger on the copy refuses one of its rows): the
+    copy stops, the parts merged before roll back with it, the table fails (exit 1) saying
+    why, and nothing is left behind; the next run converges."""
+    before = _copy_print(dest_conn, schema)
+    (row,) = source_conn.execute(
+        sql.SQL(
+            "SELECT id FROM {} WHERE updated_at >= (SELECT max(updated_at) - interval '1 hour' "
+            "FROM {}) ORDER BY updated_at LIMIT 1 OFFSET 15000"
+        ).format(big_batches, big_batches)
+    ).fetchone()
+    dest_conn.execute(
+        sql.SQL(
+            "CREATE FUNCTION {f}() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+            "IF NEW.id = {id} THEN RAISE EXCEPTION 'row {id} refused'; END IF; RETURN NEW; END $$; "
+            "CREATE TRIGGER refuse BEFORE UPDATE OR INSERT ON {t} "
+            "FOR EACH ROW EXECUTE FUNCTION {f}()"
+        ).format(
+            f=sql.Identifier(schema, "refuse"),
+            id=sql.Literal(row),
+            t=sql.Identifier(schema, "events"),
+        )
+    )
+    failed = db_project.run("sync", env=IN_PROCESS)
+    assert failed.exit_code == 1, failed.output
+    assert f"row {row} refused" in failed.stderr, failed.stderr
+    assert _copy_print(dest_conn, schema) == before
+    assert leftovers(dest_conn, [TableName(schema, "events")]) == []
+    dest_conn.execute(sql.SQL("DROP TRIGGER refuse ON {}").format(sql.Identifier(schema, "events")))
+    again = db_project.run("sync", env=IN_PROCESS)
+    assert again.exit_code == 0, again.output
+    assert assert_same_table(source_conn, dest_conn, schema, "events") == ROWS + 2000

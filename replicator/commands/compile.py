@@ -117,9 +117,13 @@ class CompiledTable:
             if isinstance(item, Tasks):
                 total = len(item.steps)
                 for number, steps in enumerate(item.steps, 1):
+                    parts = sum(s.text.startswith("COPY") for s in steps) - 1
                     lines.append(
                         f"-- copy task {number} of {total}, a transaction on each side (its "
                         "marker row claimed first, filled last; every statement: --json)"
+                        if parts == 1
+                        else f"-- copy, its rows cut into {parts} staging tables as they come, "
+                        "each merged as it lands (every statement: --json)"
                     )
                     lines += [
                         _comment(f"--   {s.side}: {display(self.conn, s)}")

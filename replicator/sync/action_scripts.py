@@ -23,7 +23,7 @@ from ..postgres.naming import default_key_name
 from ..postgres.swap import SwapFacts, read_facts, swap_script
 from ..project.settings import Settings
 from ..project.state import TableState
-from ..transfer.copy_stream import task_steps
+from ..transfer.copy_stream import stream_steps, task_steps
 from ..transfer.engine_choice import EngineChoice, local_slots
 from .context import KeyBounds
 from .incremental import batch_for, batch_tasks
@@ -224,7 +224,11 @@ def _incremental(
         *(abandon_steps(target) if unfinished else []),  # sync drops it first
         *staging_steps(built, facts, batch.parts),
         *start_load_steps(built.table.target),
-        Tasks([task_steps(task, version) for task in tasks]),
+        Tasks(
+            [stream_steps(tasks, version)]
+            if batch.parts > 1
+            else [task_steps(task, version) for task in tasks]
+        ),
         *end_load_steps(LOAD_ID),
         *merge_steps(built, merged, batch.parts),
     ]
