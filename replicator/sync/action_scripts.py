@@ -23,8 +23,9 @@ from ..postgres.naming import default_key_name
 from ..postgres.swap import SwapFacts, read_facts, swap_script
 from ..project.settings import Settings
 from ..project.state import TableState
-from ..transfer.copy_stream import stream_steps, task_steps
+from ..transfer.copy_stream import task_steps
 from ..transfer.engine_choice import EngineChoice, local_slots
+from ..transfer.stream_steps import stream_steps
 from .context import KeyBounds
 from .incremental import batch_for, batch_tasks
 from .load_parts import estimated_rows, part_tasks, plan_parts
