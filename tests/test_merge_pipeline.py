@@ -4,10 +4,16 @@ run killed part-way leaves the copy exactly as it was."""
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
+
 import pytest
 from dbcompare import assert_same_table, leftovers
 from engines import IN_PROCESS
 from psycopg import sql
+from waiting import wait_for
 
 from replicator.base.identifiers import TableName
 
@@ -140,3 +146,59 @@ def test_a_part_that_fails_to_merge_leaves_the_copy_as_it_was(
     again = db_project.run("sync", env=IN_PROCESS)
     assert again.exit_code == 0, again.output
     assert assert_same_table(source_conn, dest_conn, schema, "events") == ROWS + 2000
+
+
+def test_sigterm_while_a_part_merges_leaves_the_copy_as_it_was(
+    db_project, source_conn, dest_conn, schema, big_batches, tmp_path
+):
+    """SIGTERM while the second part's merge runs (a trigger makes one of its rows sleep):
+    both threads' queries are cancelled, the run exits 143 saying so, without a traceback,
+    the copy is as it was and nothing is left behind."""
+    before = _copy_print(dest_conn, schema)
+    (row,) = source_conn.execute(
+        sql.SQL(
+            "SELECT id FROM {} WHERE updated_at >= (SELECT max(updated_at) - interval '1 hour' "
+            "FROM {}) ORDER BY updated_at LIMIT 1 OFFSET 15000"
+        ).format(big_batches, big_batches)
+    ).fetchone()
+    dest_conn.execute(
+        sql.SQL(
+            "CREATE FUNCTION {f}() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+            "IF NEW.id = {id} THEN PERFORM pg_sleep(120); END IF; RETURN NEW; END $$; "
+            "CREATE TRIGGER slow BEFORE UPDATE OR INSERT ON {t} "
+            "FOR EACH ROW EXECUTE FUNCTION {f}()"
+        ).format(
+            f=sql.Identifier(schema, "slow"),
+            id=sql.Literal(row),
+            t=sql.Identifier(schema, "events"),
+        )
+    )
+    err = tmp_path / "stderr"
+    with err.open("w") as stderr:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "replicator", "sync", "--project-dir", str(db_project.path)],
+            env={**os.environ, **db_project.env, **IN_PROCESS},
+            stdout=subprocess.DEVNULL,
+            stderr=stderr,
+            stdin=subprocess.DEVNULL,
+        )
+    try:
+        wait_for(
+            lambda: dest_conn.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'PgSleep' "
+                "AND query LIKE %s",
+                (f"%{schema}%",),
+            ).fetchone()[0],
+            120,
+            "the merge to reach the sleeping row",
+        )
+        process.send_signal(signal.SIGTERM)
+        code = process.wait(timeout=60)
+    finally:
+        process.kill()
+    output = err.read_text()
+    assert code == 143, output
+    assert "run interrupted by SIGTERM" in output
+    assert "Traceback" not in output, output
+    assert _copy_print(dest_conn, schema) == before
+    assert leftovers(dest_conn, [TableName(schema, "events")]) == []
