@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 
 import pytest
 from dbcompare import assert_same_table, leftovers
@@ -16,6 +17,9 @@ from psycopg import sql
 from waiting import wait_for
 
 from replicator.base.identifiers import TableName
+from replicator.postgres.snapshot import ExportedSnapshot
+from replicator.transfer.copy_stream import stream_in_parts
+from replicator.transfer.copy_tasks import copy_tasks
 
 pytestmark = pytest.mark.spark
 
@@ -202,3 +206,61 @@ def test_sigterm_while_a_part_merges_leaves_the_copy_as_it_was(
     assert "Traceback" not in output, output
     assert _copy_print(dest_conn, schema) == before
     assert leftovers(dest_conn, [TableName(schema, "events")]) == []
+
+
+@pytest.mark.parametrize("rows", [0, 1, 9, 10, 11, 20, 30, 40, 45])
+def test_the_stream_cut_in_parts_lands_every_row_once(
+    pg_servers, source_conn, dest_conn, schema, rows
+):
+    """COPY's binary form cut at any row count (none, one part's worth, exactly at a part's
+    end, into the last part): each part is a COPY the destination reads, and every row
+    lands once, in order of the parts."""
+    source_conn.execute(
+        sql.SQL("CREATE TABLE {} (id int PRIMARY KEY, v text, n numeric)").format(
+            sql.Identifier(schema, "s")
+        )
+    )
+    source_conn.execute(
+        sql.SQL(
+            "INSERT INTO {} SELECT g, repeat('x', g), g / 3.0 FROM generate_series(1, %s) g"
+        ).format(sql.Identifier(schema, "s")),
+        (rows,),
+    )
+    tables = [f"p{k}" for k in range(4)]
+    for name in tables:
+        dest_conn.execute(
+            sql.SQL("CREATE TABLE {} (id int, v text, n numeric)").format(
+                sql.Identifier(schema, name)
+            )
+        )
+    query = sql.SQL("SELECT * FROM {} ORDER BY id").format(sql.Identifier(schema, "s"))
+    landed: list[int] = []
+    with ExportedSnapshot(pg_servers.source_url) as snap:
+        tasks = [
+            task
+            for k, name in enumerate(tables)
+            for task in copy_tasks(
+                "test-load",
+                pg_servers.source_url,
+                pg_servers.dest_url,
+                snap.snapshot_id,
+                [query],
+                (schema, name),
+                ["id", "v", "n"],
+                parts=[k],
+            )
+        ]
+        result = stream_in_parts(tasks, 10, landed.append, threading.Event())
+    assert result.rows == rows
+    held = [
+        [
+            r[0]
+            for r in dest_conn.execute(
+                sql.SQL("SELECT id FROM {} ORDER BY id").format(sql.Identifier(schema, name))
+            )
+        ]
+        for name in tables
+    ]
+    assert [i for part in held for i in part] == list(range(1, rows + 1))
+    assert [len(part) for part in held[:3]] == [min(10, max(0, rows - 10 * k)) for k in range(3)]
+    assert landed == list(range(len(landed))) and landed, landed
