@@ -14,6 +14,7 @@ import pytest
 from dbcompare import assert_same_table, leftovers
 from engines import IN_PROCESS
 from psycopg import sql
+from psycopg.conninfo import make_conninfo
 from waiting import wait_for
 
 from replicator.base.identifiers import TableName
@@ -87,10 +88,20 @@ def big_batches(db_project, source_conn, schema):
     return table
 
 
+@pytest.mark.parametrize("isolation", [None, "serializable", "repeatable read"])
 def test_a_batch_merged_in_parts_equals_the_source(
-    db_project, source_conn, dest_conn, schema, big_batches
+    db_project, source_conn, dest_conn, schema, big_batches, isolation
 ):
-    result = db_project.run("sync", "-v", env=IN_PROCESS)
+    """Whatever isolation the destination's transactions default to: the merge's transaction
+    sees each part committed after it began (at REPEATABLE READ it would see none of the
+    parts after the first, and the cursor would move past their rows)."""
+    env = dict(IN_PROCESS)
+    if isolation is not None:
+        option = "-c default_transaction_isolation=" + isolation.replace(" ", "\\ ")
+        env["REPLICATOR_DEST_URL"] = make_conninfo(
+            db_project.env["REPLICATOR_DEST_URL"], options=option
+        )
+    result = db_project.run("sync", "-v", env=env)
     assert result.exit_code == 0, result.output
     assert "read in 4 partition(s) in-process" in result.stderr, result.stderr
     assert result.stderr.count("ON CONFLICT") == 3, result.stderr  # a merge per part

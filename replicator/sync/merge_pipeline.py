@@ -30,6 +30,7 @@ from ..plan.table_sql import TableSql
 from ..postgres.database import execute, transaction
 from ..postgres.naming import MAX_STAGING_PARTS
 from ..transfer.copy_stream import CopyResult, CopyTask, TaskError, stream_in_parts
+from .scripts import PARTS_BEGIN, PARTS_NEVER_IDLE_OUT
 
 # A part smaller than this costs more in its own staging table than its overlap saves.
 PART_ROWS = 10_000
@@ -65,7 +66,8 @@ def copy_and_merge(
             landed.put(None)
 
     merged = 0
-    with ThreadPoolExecutor(max_workers=1) as copier, transaction(dest):
+    with ThreadPoolExecutor(max_workers=1) as copier, transaction(dest, PARTS_BEGIN):
+        execute(dest, PARTS_NEVER_IDLE_OUT)
         copying = copier.submit(relay)
         try:
             while (part := landed.get()) is not None:

@@ -169,14 +169,22 @@ def staging_steps(built: TableSql, facts: DestinationFacts, parts: int = 1) -> l
     ]
 
 
+# A batch merged in parts (sync/merge_pipeline.py): its transaction must see each part
+# committed after it began, whatever isolation the server defaults to, and must not be ended
+# by the server's idle timeout while the next part copies.
+PARTS_BEGIN = "BEGIN ISOLATION LEVEL READ COMMITTED"
+PARTS_NEVER_IDLE_OUT = "SET LOCAL idle_in_transaction_session_timeout = 0"
+
+
 def merge_steps(built: TableSql, merged: int = 1, staged: int = 1) -> list[Step]:
     """The merge macro in one destination transaction, once for each of the first `merged`
     staging tables (a batch in parts: sync/merge_pipeline.py), then the `staged` ones
     dropped."""
     tables = staging_tables(built.table.target, merged)
     merges = [built.merge_from(table) for table in tables]
+    begin = [PARTS_BEGIN, PARTS_NEVER_IDLE_OUT] if merged > 1 else ["BEGIN"]
     return [
-        _destination("BEGIN"),
+        *map(_destination, begin),
         *(_destination(merge) for merge in merges if merge is not None),
         _destination("COMMIT"),
         *drop_staging_steps(built, max(staged, merged)),

@@ -292,6 +292,8 @@ def _stream_parts(
         header, ended = b"", False
         for part, task in enumerate(tasks):
             last = part == len(tasks) - 1
+            if stop.is_set():
+                raise TaskError("stopped: the merge failed")
             with transaction(dest):
                 into_cursor = dest.cursor()
                 note(dest, task.copy_in)
