@@ -275,3 +275,24 @@ def test_the_stream_cut_in_parts_lands_every_row_once(
     assert [i for part in held for i in part] == list(range(1, rows + 1))
     assert [len(part) for part in held[:3]] == [min(10, max(0, rows - 10 * k)) for k in range(3)]
     assert landed == list(range(len(landed))) and landed, landed
+
+
+def test_a_batch_the_probe_did_not_count_is_taken_as_big_as_the_last_one(
+    db_project, source_conn, dest_conn, schema, big_batches, tmp_path
+):
+    """Where Spark cannot take a batch (a local master on two task slots), the probe stops
+    counting at the rows the cursor had: the batch is taken to be as big as the last one,
+    whatever no-op runs came between."""
+    unmeasured = {
+        "REPLICATOR_SPARK_MIN_ROWS": None,
+        "REPLICATOR_SPARK_MASTER": "local[2]",
+        "REPLICATOR_CACHE_DIR": str(tmp_path / "cache"),  # no figures: Spark never wins
+    }
+    assert db_project.run("sync", env=unmeasured).exit_code == 0
+    noop = db_project.run("sync", env=unmeasured)
+    assert f"{schema}.events: noop" in noop.stderr, noop.stderr
+    _change(source_conn, big_batches, 3)
+    result = db_project.run("sync", "-v", env=unmeasured)
+    assert result.exit_code == 0, result.output
+    assert "read in 4 partition(s) in-process" in result.stderr, result.stderr
+    assert assert_same_table(source_conn, dest_conn, schema, "events") == ROWS + 3000

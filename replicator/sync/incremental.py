@@ -112,11 +112,10 @@ def batch_for(
 
 
 def _previous_batch(state: TableState) -> int:
-    """The rows the last incremental run read: what a batch of unknown size is taken to be
+    """The rows the last incremental batch read: what a batch of unknown size is taken to be
     (a probe stops counting at the first rows past the cursor's; counting a batch whose
     rows were just written reads every one of them, 0.27-0.47 s for 60,000 rows here)."""
-    last = state.last_run
-    return last.rows or 0 if last is not None and last.action == "incremental" else 0
+    return state.batch_rows or 0
 
 
 def incremental_sync(

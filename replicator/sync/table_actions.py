@@ -160,6 +160,7 @@ def _incremental(job: TableJob) -> TableResult:
                 # a merge of rows leaves at least one (a delete check after it may not)
                 "holds_rows": True if synced.rows_read else job.observed.destination_has_rows,
                 "destination_oid": job.observed_destination_oid(),
+                "batch_rows": synced.rows_read,
             }
         )
     )
