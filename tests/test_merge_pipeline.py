@@ -127,6 +127,33 @@ def test_a_run_killed_between_parts_leaves_the_copy_as_it_was(
     assert leftovers(dest_conn, [TableName(schema, "events")]) == []
 
 
+def _trigger_on_a_row_of_the_second_part(
+    source_conn, dest_conn, schema: str, table: sql.Identifier, name: str, action: str
+) -> int:
+    """A trigger `name` on the copy that runs `action` (`{id}`: the row's key) when the merge
+    writes a row the batch holds in its second part (10,000 rows each); that row's key."""
+    (row,) = source_conn.execute(
+        sql.SQL(
+            "SELECT id FROM {} WHERE updated_at >= (SELECT max(updated_at) - interval '1 hour' "
+            "FROM {}) ORDER BY updated_at LIMIT 1 OFFSET 15000"
+        ).format(table, table)
+    ).fetchone()
+    dest_conn.execute(
+        sql.SQL(
+            "CREATE FUNCTION {f}() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+            "IF NEW.id = {id} THEN " + action + "; END IF; RETURN NEW; END $$; "
+            "CREATE TRIGGER {n} BEFORE UPDATE OR INSERT ON {t} "
+            "FOR EACH ROW EXECUTE FUNCTION {f}()"
+        ).format(
+            f=sql.Identifier(schema, name),
+            n=sql.Identifier(name),
+            id=sql.Literal(row),
+            t=sql.Identifier(schema, "events"),
+        )
+    )
+    return row
+
+
 def test_a_part_that_fails_to_merge_leaves_the_copy_as_it_was(
     db_project, source_conn, dest_conn, schema, big_batches
 ):
@@ -134,23 +161,8 @@ def test_a_part_that_fails_to_merge_leaves_the_copy_as_it_was(
     copy stops, the parts merged before roll back with it, the table fails (exit 1) saying
     why, and nothing is left behind; the next run converges."""
     before = _copy_print(dest_conn, schema)
-    (row,) = source_conn.execute(
-        sql.SQL(
-            "SELECT id FROM {} WHERE updated_at >= (SELECT max(updated_at) - interval '1 hour' "
-            "FROM {}) ORDER BY updated_at LIMIT 1 OFFSET 15000"
-        ).format(big_batches, big_batches)
-    ).fetchone()
-    dest_conn.execute(
-        sql.SQL(
-            "CREATE FUNCTION {f}() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
-            "IF NEW.id = {id} THEN RAISE EXCEPTION 'row {id} refused'; END IF; RETURN NEW; END $$; "
-            "CREATE TRIGGER refuse BEFORE UPDATE OR INSERT ON {t} "
-            "FOR EACH ROW EXECUTE FUNCTION {f}()"
-        ).format(
-            f=sql.Identifier(schema, "refuse"),
-            id=sql.Literal(row),
-            t=sql.Identifier(schema, "events"),
-        )
+    row = _trigger_on_a_row_of_the_second_part(
+        source_conn, dest_conn, schema, big_batches, "refuse", "RAISE EXCEPTION 'row {id} refused'"
     )
     failed = db_project.run("sync", env=IN_PROCESS)
     assert failed.exit_code == 1, failed.output
@@ -170,23 +182,8 @@ def test_sigterm_while_a_part_merges_leaves_the_copy_as_it_was(
     both threads' queries are cancelled, the run exits 143 saying so, without a traceback,
     the copy is as it was and nothing is left behind."""
     before = _copy_print(dest_conn, schema)
-    (row,) = source_conn.execute(
-        sql.SQL(
-            "SELECT id FROM {} WHERE updated_at >= (SELECT max(updated_at) - interval '1 hour' "
-            "FROM {}) ORDER BY updated_at LIMIT 1 OFFSET 15000"
-        ).format(big_batches, big_batches)
-    ).fetchone()
-    dest_conn.execute(
-        sql.SQL(
-            "CREATE FUNCTION {f}() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
-            "IF NEW.id = {id} THEN PERFORM pg_sleep(120); END IF; RETURN NEW; END $$; "
-            "CREATE TRIGGER slow BEFORE UPDATE OR INSERT ON {t} "
-            "FOR EACH ROW EXECUTE FUNCTION {f}()"
-        ).format(
-            f=sql.Identifier(schema, "slow"),
-            id=sql.Literal(row),
-            t=sql.Identifier(schema, "events"),
-        )
+    _trigger_on_a_row_of_the_second_part(
+        source_conn, dest_conn, schema, big_batches, "slow", "PERFORM pg_sleep(120)"
     )
     err = tmp_path / "stderr"
     with err.open("w") as stderr:

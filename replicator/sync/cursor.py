@@ -40,17 +40,22 @@ def newest_key(
     both use the type's default ordering and the column's collation."""
     alias = sql.Identifier("_replicator_rows")
     ref = sql.SQL("{}.{}").format(alias, sql.Identifier(key))
-    tests = [sql.SQL("{} IS NOT NULL").format(ref)]  # NULLs come first in descending order
-    finite = finite_test(base_type(conn, key_type), ref)
-    if finite is not None:
-        tests.append(finite)
     row = execute(
         conn,
         sql.SQL("SELECT {r}::text FROM ({q}) AS {a} WHERE {w} ORDER BY {r} DESC LIMIT 1").format(
-            r=ref, q=rows, a=alias, w=sql.SQL(" AND ").join(tests)
+            r=ref, q=rows, a=alias, w=set_and_finite(base_type(conn, key_type), ref)
         ),
     ).fetchone()
     return row[0] if row else None
+
+
+def set_and_finite(key_type: str, ref: sql.Composable) -> sql.Composable:
+    """The key value `ref` is not NULL (NULLs come first in descending order) and is one a
+    cursor may become (`finite_test`): the rows whose first and last in key order are the
+    index's two ends."""
+    finite = finite_test(key_type, ref)
+    not_null = sql.SQL("{} IS NOT NULL").format(ref)
+    return not_null if finite is None else sql.SQL("{} AND {}").format(not_null, finite)
 
 
 def where_finite(key_type: str, ref: sql.Composable) -> sql.Composable:

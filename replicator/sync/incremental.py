@@ -15,7 +15,6 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from ..base.errors import DatabaseError
 from ..base.failpoints import failpoint
 from ..base.identifiers import TableName
 from ..plan.table_sql import TableSql, batch_query
@@ -34,8 +33,8 @@ from ..transfer.markers import discard, forget_markers, new_load_id
 from ..transfer.partitions import KeyRange, range_predicate
 from ..transfer.spark_runner import SparkRunner
 from .context import KeyBounds
-from .cursor import advance, finite_test, newest_key
-from .merge_pipeline import copy_and_merge, part_rows
+from .cursor import advance, newest_key, set_and_finite
+from .merge_pipeline import copy_and_merge, merge_errors, part_rows
 from .scripts import DestinationFacts, drop_staging_steps, staging_steps
 
 log = logging.getLogger(__name__)
@@ -284,13 +283,9 @@ def _split_batch(
     # Counts inlined as literals: the model text is the user's and may contain `%`. The
     # ranges span the finite keys (the first and last ranges are open: they take the rest).
     ref = sql.SQL("b.{}").format(sql.Identifier(key))
-    tests = [sql.SQL("{} IS NOT NULL").format(ref)]
-    finite = finite_test(key_type, ref)
-    if finite is not None:
-        tests.append(finite)
     first = sql.SQL("(SELECT {r} FROM ({q}) AS b WHERE {w} ORDER BY {r} {o} LIMIT 1)")
     lo, hi = (
-        first.format(r=ref, q=keyed, w=sql.SQL(" AND ").join(tests), o=sql.SQL(order))
+        first.format(r=ref, q=keyed, w=set_and_finite(key_type, ref), o=sql.SQL(order))
         for order in ("ASC", "DESC")
     )
     (bounds,) = execute(
@@ -363,12 +358,9 @@ def _combined(results: list[CopyResult]) -> CopyResult:
 def _merge(dest: psycopg.Connection[Any], built: TableSql) -> int:
     """The merge macro in one destination transaction; rows inserted or changed."""
     assert built.merge is not None
-    try:
-        with transaction(dest):
-            cursor = execute(dest, built.merge)
-            failpoint("mid-merge")
-    except DatabaseError as exc:
-        raise DatabaseError(f"{exc} (in the merge, {built.merge_origin})", exc.sqlstate) from None
+    with merge_errors(built), transaction(dest):
+        cursor = execute(dest, built.merge)
+        failpoint("mid-merge")
     log.debug(
         "%s: merged, %d row(s) inserted or changed", built.table.written_name, cursor.rowcount
     )

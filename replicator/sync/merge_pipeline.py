@@ -16,8 +16,10 @@ last (a burst of writes before the run), which equal ranges of the key would put
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import threading
+from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
@@ -71,7 +73,8 @@ def copy_and_merge(
         copying = copier.submit(relay)
         try:
             while (part := landed.get()) is not None:
-                merged += _merge_part(dest, built, merges[part])
+                with merge_errors(built):
+                    merged += execute(dest, merges[part]).rowcount
         except BaseException:
             stop.set()
             copying.exception()  # the copy ends first; the merge's error is the news
@@ -91,8 +94,10 @@ def _outcome(copying: Future[CopyResult]) -> CopyResult:
         raise ReplicatorError(str(exc)) from None
 
 
-def _merge_part(dest: psycopg.Connection[Any], built: TableSql, merge: str) -> int:
+@contextlib.contextmanager
+def merge_errors(built: TableSql) -> Iterator[None]:
+    """A database error of the merge, said to be the merge's and named by its macro."""
     try:
-        return execute(dest, merge).rowcount
+        yield
     except DatabaseError as exc:
         raise DatabaseError(f"{exc} (in the merge, {built.merge_origin})", exc.sqlstate) from None

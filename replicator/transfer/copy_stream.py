@@ -217,13 +217,7 @@ def _stream(task: CopyTask, dest: psycopg.Connection) -> tuple[int, int]:
         in_cursor = dest.cursor()
         note(dest, task.copy_in)
         with in_cursor.copy(task.copy_in) as into:
-            pgconn = source.pgconn
-            try:
-                note(source, task.copy_out)
-                pgconn.send_query(task.copy_out.encode())
-                _expect(_next_result(pgconn), pq.ExecStatus.COPY_OUT)
-            except psycopg.Error as exc:
-                raise _source_failure(exc) from None
+            pgconn = _start_copy_out(source, task.copy_out)
             buffer, read, consume = bytearray(), pgconn.get_copy_data, pgconn.consume_input
             while True:
                 try:
@@ -245,13 +239,30 @@ def _stream(task: CopyTask, dest: psycopg.Connection) -> tuple[int, int]:
             if buffer:
                 size += len(buffer)
                 into.write(buffer)
-            try:
-                _expect(_next_result(pgconn), pq.ExecStatus.COMMAND_OK)
-                while _next_result(pgconn) is not None:
-                    pass
-            except psycopg.Error as exc:
-                raise _source_failure(exc) from None
+            _end_copy_out(pgconn)
     return in_cursor.rowcount, size
+
+
+def _start_copy_out(source: psycopg.Connection, copy_out: str) -> pq.abc.PGconn:
+    """Send the source's COPY ... TO STDOUT; its libpq connection, in COPY_OUT."""
+    pgconn = source.pgconn
+    try:
+        note(source, copy_out)
+        pgconn.send_query(copy_out.encode())
+        _expect(_next_result(pgconn), pq.ExecStatus.COPY_OUT)
+    except psycopg.Error as exc:
+        raise _source_failure(exc) from None
+    return pgconn
+
+
+def _end_copy_out(pgconn: pq.abc.PGconn) -> None:
+    """The COPY's outcome once its data is read (a source error raised now)."""
+    try:
+        _expect(_next_result(pgconn), pq.ExecStatus.COMMAND_OK)
+        while _next_result(pgconn) is not None:
+            pass
+    except psycopg.Error as exc:
+        raise _source_failure(exc) from None
 
 
 # COPY's binary form: a header before the first row, a trailer after the last. The source
@@ -282,13 +293,7 @@ def _stream_parts(
         connect(first.dest_url, "destination", application_name="replicator-task") as dest,
         _source_snapshot(first) as source,
     ):
-        pgconn = source.pgconn
-        try:
-            note(source, first.copy_out)
-            pgconn.send_query(first.copy_out.encode())
-            _expect(_next_result(pgconn), pq.ExecStatus.COPY_OUT)
-        except psycopg.Error as exc:
-            raise _source_failure(exc) from None
+        pgconn = _start_copy_out(source, first.copy_out)
         header, ended = b"", False
         for part, task in enumerate(tasks):
             last = part == len(tasks) - 1
@@ -324,12 +329,7 @@ def _stream_parts(
             landed(part)
             if ended:
                 break
-        try:
-            _expect(_next_result(pgconn), pq.ExecStatus.COMMAND_OK)
-            while _next_result(pgconn) is not None:
-                pass
-        except psycopg.Error as exc:
-            raise _source_failure(exc) from None
+        _end_copy_out(pgconn)
     return rows, size
 
 
