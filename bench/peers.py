@@ -22,7 +22,9 @@ bench/incremental.py), and four workloads (`--workloads`, run in this order):
   staging table, then INSERT ... ON CONFLICT DO UPDATE), Sling (mode incremental, primary key
   `id`, update key `updated_at`) and replicator `sync`, each into its own copy, in turns; and
   a `sync --follow` process (bench/follow_tick.py), whose catching-up run is timed by its own
-  `follow.run` figure: a process kept running pays Python's start and imports once.
+  `follow.run` figure: a process kept running pays Python's start and imports once; and the
+  same cron run with the warm helper up (`replicator warm start`, cli/warm_server.py), which
+  has them loaded.
   replicator's table has `lookback: 0`, as in bench/incremental.py: a round's changes are
   written within a second, so the default 5 s lookback would re-read the whole previous round
   (in production it re-reads the last seconds of a cron interval), which the others do not.
@@ -30,7 +32,8 @@ bench/incremental.py), and four workloads (`--workloads`, run in this order):
   deletes) on a table of min(--rows, 1,000,000) rows, made once in transactions of 1..10,000
   rows and once in one transaction: PostgreSQL's subscription (disabled while the changes are
   made, then enabled and timed until its slot confirmed them) against replicator `sync` of a
-  `mode: "cdc"` table. pgcopydb's `follow` is left out (PGCOPYDB_FOLLOW says why).
+  `mode: "cdc"` table, run alone and with the warm helper up (each with its own copy and
+  slot). pgcopydb's `follow` is left out (PGCOPYDB_FOLLOW says why).
 
 Every time is the wall clock of the tool's process(es) (the subscription's: from the statement
 to the condition). replicator runs as its CLI with its default settings. Every copy is checked
@@ -67,7 +70,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -88,7 +91,8 @@ BENCH = Path(__file__).resolve().parent
 PEERS_VENV = BENCH / ".peers-venv"
 WORKLOADS = ("full", "verify", "incremental", "cdc")
 PEERS = ("sling", "pgcopydb", "reladiff")
-INCREMENTAL_COPIES = ("sql", "sling", "replicator", "follow")  # a destination database each
+INCREMENTAL_COPIES = ("sql", "sling", "replicator", "helper", "follow")  # a database each
+HELPER_NOTE = "a cron run, with the warm helper up (replicator warm start)"
 PGCOPYDB_FOLLOW = (
     "pgcopydb follow: not run. Debian's pgcopydb 0.10 decodes only through wal2json (a server "
     "plugin, postgresql-15-wal2json) from a slot made before its copy, and a run of it on this "
@@ -236,6 +240,7 @@ class Bench:
         self.pg_dump = shlex.quote(str(pg_bin / "pg_dump"))
         self.cli = f"{shlex.quote(sys.executable)} -m replicator"
         self.warm_cache = base / "cache"
+        self.helper_cache = base / "helper-cache"  # the warm helper's socket: only there
         self.counter = 0
         self.worker_started = 0.0
 
@@ -280,6 +285,17 @@ class Bench:
             REPLICATOR_CACHE_DIR=str(cache or self.warm_cache),
         )
         return env
+
+    @contextlib.contextmanager
+    def helper(self) -> Iterator[None]:
+        """The warm helper up (in its own cache folder: runs with another one never reach
+        it) for the block."""
+        env = {**self.replicator_env("", "", self.helper_cache)}
+        self.timed(f"{self.cli} warm start", env)
+        try:
+            yield
+        finally:
+            self.timed(f"{self.cli} warm stop", env)
 
     def sling_env(self, source_url: str, dest_url: str) -> dict:
         return {
@@ -607,13 +623,16 @@ def incremental(bench: Bench) -> list[Tool]:
     hand.notes.append("baseline")
     sling = peer_tool(bench, "sling", "Sling run (incremental)")
     ours = Tool("replicator sync (lookback: 0)")
+    helped = Tool(f"replicator sync, {HELPER_NOTE} (lookback: 0)")
     warm = Tool("replicator sync --follow, the run that caught up (lookback: 0)")
     warm.notes.append("the process's own figure for that run (follow.run seconds)")
     # Each round writes its 1% within a second: the default 5 s lookback would re-read the
     # whole previous round, which a cron interval of minutes re-reads a few seconds of.
     table = {"name": "public.bench_orders", "replication_key": "updated_at", "lookback": 0}
     project, warm_project = bench.project(table), bench.project(table)
+    helped_project = bench.project(table)
     env = bench.replicator_env(src_url, urls["replicator"])
+    helped_env = bench.replicator_env(src_url, urls["helper"], bench.helper_cache)
     warm_env = bench.replicator_env(src_url, urls["follow"])
     sling_env = bench.sling_env(src_url, urls["sling"])
     src, dst = shlex.quote(src_url), shlex.quote(urls["sql"])
@@ -622,25 +641,29 @@ def incremental(bench: Bench) -> list[Tool]:
     sling_first = lambda: bench.timed(bench.sling("incremental"), sling_env)  # noqa: E731
     prepare(sling, sling_first, urls["sling"], src_url)
     prepare(ours, lambda: bench.timed(bench.sync(project), env), urls["replicator"], src_url)
+    helped_sync = bench.sync(helped_project)
+    prepare(helped, lambda: bench.timed(helped_sync, helped_env), urls["helper"], src_url)
     prepare(warm, lambda: bench.timed(bench.sync(warm_project), warm_env), urls["follow"], src_url)
     command = [sys.executable, "-m", "replicator", "sync", "--project-dir", str(warm_project)]
     follower = FollowProcess(command, warm_env)
-    try:
-        follower.settle()
-        steps = {
-            "sql": (hand, lambda: bench.timed(_by_hand(bench, src, dst))),
-            "sling": (sling, lambda: bench.timed(bench.sling("incremental"), sling_env)),
-            "replicator": (ours, lambda: bench.timed(bench.sync(project), env)),
-            "follow": (warm, lambda: _follow_run(follower)),
-        }
-        _incremental_rounds(bench, steps, urls)
-    except FollowFailed as exc:
-        warm.status = f"failed: {exc}"
-    finally:
-        follower.stop()
+    with bench.helper():
+        try:
+            follower.settle()
+            steps = {
+                "sql": (hand, lambda: bench.timed(_by_hand(bench, src, dst))),
+                "sling": (sling, lambda: bench.timed(bench.sling("incremental"), sling_env)),
+                "replicator": (ours, lambda: bench.timed(bench.sync(project), env)),
+                "helper": (helped, lambda: bench.timed(helped_sync, helped_env)),
+                "follow": (warm, lambda: _follow_run(follower)),
+            }
+            _incremental_rounds(bench, steps, urls)
+        except FollowFailed as exc:
+            warm.status = f"failed: {exc}"
+        finally:
+            follower.stop()
     for name in INCREMENTAL_COPIES:
         bench.drop_database(bench.dest, f"inc_{name}")
-    return [hand, sling, ours, warm]
+    return [hand, sling, ours, helped, warm]
 
 
 def _incremental_rounds(bench: Bench, steps: dict, urls: dict[str, str]) -> None:
@@ -705,7 +728,9 @@ class CdcRound:
     source_url: str = ""
     sub_url: str = ""
     ours_url: str = ""
+    helped_url: str = ""
     project: Path | None = None
+    helped_project: Path | None = None
     target: str = ""
 
 
@@ -716,17 +741,19 @@ def cdc_workload(bench: Bench) -> list[tuple[str, list[Tool]]]:
     for variant, largest in (("transactions of 1..10,000 rows", 10_000), ("one transaction", 0)):
         sub = Tool("PostgreSQL subscription (enable -> caught up)")
         ours = Tool('replicator sync (mode "cdc", the drain)')
+        helped = Tool(f'replicator sync (mode "cdc", the drain), {HELPER_NOTE}')
         for round_no in range(bench.args.repeat):
             print(f"cdc ({variant}), round {round_no + 1}", flush=True)
             cdc_round = CdcRound(f"cdc_{largest}_{round_no}")
             try:
-                _cdc_setup(bench, cdc_round, rows, ours)
+                _cdc_setup(bench, cdc_round, rows, ours, helped)
                 _cdc_changes(bench, cdc_round, rows, largest)
-                _cdc_timed(bench, cdc_round, round_no, sub, ours)
+                with bench.helper():
+                    _cdc_timed(bench, cdc_round, round_no, [sub, ours, helped])
             finally:
                 _cdc_teardown(bench, cdc_round)
         title = f"{bench.args.changes:,} log changes in {variant}, a {rows:,}-row table"
-        tables.append((title, [sub, ours]))
+        tables.append((title, [sub, ours, helped]))
     return tables
 
 
@@ -737,23 +764,32 @@ def _cdc_changes(bench: Bench, cdc_round: CdcRound, rows: int, largest: int) -> 
         (cdc_round.target,) = conn.execute("SELECT pg_current_wal_flush_lsn()::text").fetchone()
 
 
-def _cdc_timed(bench: Bench, cdc_round: CdcRound, round_no: int, sub: Tool, ours: Tool) -> None:
+def _cdc_timed(bench: Bench, cdc_round: CdcRound, round_no: int, tools: list[Tool]) -> None:
+    sub, ours, helped = tools
     source_print = fingerprint(cdc_round.source_url)
-    env = _cdc_env(bench, cdc_round)
-    drain = bench.sync(cdc_round.project)
+    env, helped_env = _cdc_env(bench, cdc_round), _cdc_env(bench, cdc_round, helped=True)
+    drain, helped_drain = bench.sync(cdc_round.project), bench.sync(cdc_round.helped_project)
     runs = [
         (sub, copying(lambda: _catch_up(bench, cdc_round), cdc_round.sub_url, source_print)),
         (ours, copying(lambda: bench.timed(drain, env), cdc_round.ours_url, source_print)),
+        (
+            helped,
+            copying(
+                lambda: bench.timed(helped_drain, helped_env), cdc_round.helped_url, source_print
+            ),
+        ),
     ]
     for tool, run in _turn(runs, round_no):
         attempt(tool, run)
 
 
-def _cdc_env(bench: Bench, cdc_round: CdcRound) -> dict:
+def _cdc_env(bench: Bench, cdc_round: CdcRound, helped: bool = False) -> dict:
+    if helped:
+        return bench.replicator_env(cdc_round.source_url, cdc_round.helped_url, bench.helper_cache)
     return bench.replicator_env(cdc_round.source_url, cdc_round.ours_url)
 
 
-def _cdc_setup(bench: Bench, cdc_round: CdcRound, rows: int, ours: Tool) -> None:
+def _cdc_setup(bench: Bench, cdc_round: CdcRound, rows: int, ours: Tool, helped: Tool) -> None:
     """bench/cdc.py's table in a new source database, copied by a subscription (then
     disabled) and by replicator (a `cdc` table's first sync, untimed)."""
     name = cdc_round.name
@@ -765,6 +801,7 @@ def _cdc_setup(bench: Bench, cdc_round: CdcRound, rows: int, ours: Tool) -> None
         conn.execute("CREATE PUBLICATION bench_cdc FOR TABLE bench_orders")
     cdc_round.sub_url = bench.create_database(bench.dest, f"{name}_sub")
     cdc_round.ours_url = bench.create_database(bench.dest, f"{name}_ours")
+    cdc_round.helped_url = bench.create_database(bench.dest, f"{name}_helped")
     with psycopg.connect(cdc_round.sub_url, autocommit=True) as conn:
         conn.execute(cdc.DDL)
         conn.execute(
@@ -778,13 +815,13 @@ def _cdc_setup(bench: Bench, cdc_round: CdcRound, rows: int, ours: Tool) -> None
     with psycopg.connect(cdc_round.sub_url, autocommit=True) as conn:
         conn.execute("ALTER SUBSCRIPTION bench_cdc DISABLE")
     cdc_round.project = bench.project({"name": "public.bench_orders", "mode": "cdc"})
-    sync = bench.sync(cdc_round.project)
-    prepare(
-        ours,
-        lambda: bench.timed(sync, _cdc_env(bench, cdc_round)),
-        cdc_round.ours_url,
-        cdc_round.source_url,
-    )
+    cdc_round.helped_project = bench.project({"name": "public.bench_orders", "mode": "cdc"})
+    for tool, project, url, helped_env in (
+        (ours, cdc_round.project, cdc_round.ours_url, False),
+        (helped, cdc_round.helped_project, cdc_round.helped_url, True),
+    ):
+        sync, env = bench.sync(project), _cdc_env(bench, cdc_round, helped_env)
+        prepare(tool, lambda s=sync, e=env: bench.timed(s, e), url, cdc_round.source_url)
 
 
 def _catch_up(bench: Bench, cdc_round: CdcRound) -> float:
@@ -828,6 +865,7 @@ def _cdc_teardown(bench: Bench, cdc_round: CdcRound) -> None:
             )
     bench.drop_database(bench.dest, f"{cdc_round.name}_sub")
     bench.drop_database(bench.dest, f"{cdc_round.name}_ours")
+    bench.drop_database(bench.dest, f"{cdc_round.name}_helped")
     bench.drop_database(bench.source, cdc_round.name)
 
 

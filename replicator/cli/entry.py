@@ -1,5 +1,5 @@
-"""The console script and `python -m replicator`: the CLI loaded with the garbage collector
-paused.
+"""The console script and `python -m replicator`: the command handed to the warm helper when
+one is up (warm_client.py), else the CLI loaded here with the garbage collector paused.
 
 Loading the CLI creates hundreds of thousands of objects (modules, classes, pydantic models)
 and none of them is garbage, yet the collector would scan them again and again as they
@@ -17,6 +17,11 @@ import sys
 
 
 def main() -> None:
+    from .warm_client import run_in_helper
+
+    code = run_in_helper(sys.argv[1:])
+    if code is not None:
+        sys.exit(code)
     gc.disable()
     try:
         from .main import CONTEXT

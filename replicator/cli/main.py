@@ -27,6 +27,7 @@ from .options import (
 )
 from .spark_commands import spark
 from .state_commands import cdc, state
+from .warm_commands import warm
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
@@ -355,7 +356,7 @@ def check(project_dir: Path, ping: bool) -> int:
     return print_checks(Project.load(project_dir), ping)
 
 
-for group in (state, cdc, spark):
+for group in (state, cdc, spark, warm):
     cli.add_command(group)
 
 

@@ -1,0 +1,256 @@
+"""The warm helper (`replicator warm start`): a command it runs behaves as one run in its own
+process (the same copy, output, exit code and signals), with the client's environment and
+folder; it is never used by another installation, and stops once its code changed."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from dbcompare import assert_same_table, leftovers
+from engines import IN_PROCESS
+from psycopg import sql
+from waiting import wait_for
+
+import replicator
+from replicator.base.identifiers import TableName
+from replicator.cli import warm_socket
+
+
+class Helper:
+    """A helper of this checkout, in a cache folder of the test's own."""
+
+    def __init__(self, cache: Path) -> None:
+        self.env = {**os.environ, "REPLICATOR_CACHE_DIR": str(cache)}
+
+    def cli(self, *args: str, env: dict[str, str] | None = None, **kw) -> subprocess.Popen:
+        return subprocess.Popen(
+            [sys.executable, "-m", "replicator", *args],
+            env={**self.env, **(env or {})},
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            **kw,
+        )
+
+    def run(self, *args: str, env: dict[str, str] | None = None, **kw):
+        process = self.cli(*args, env=env, **kw)
+        out, err = process.communicate(timeout=300)
+        return process.returncode, out, err
+
+    def status(self) -> dict:
+        code, out, err = self.run("warm", "status", "--json")
+        report = json.loads(out)
+        assert (code == 0) == report["running"], (code, out, err)
+        return report
+
+    def commands_run(self) -> int:
+        return self.status()["commands_run"]
+
+
+@pytest.fixture
+def helper(tmp_path: Path) -> Iterator[Helper]:
+    """Started in an environment without the test's connection settings: a command that
+    works through it took the client's."""
+    started = Helper(tmp_path / "cache")
+    code, out, err = started.run("warm", "start")
+    assert code == 0, err
+    assert "warm helper started" in out, out
+    yield started
+    started.run("warm", "stop")
+
+
+def _table(conn, schema: str, rows: int) -> None:
+    table = sql.Identifier(schema, "orders")
+    conn.execute(
+        sql.SQL("CREATE TABLE {} (id int PRIMARY KEY, note text, updated_at timestamptz)").format(
+            table
+        )
+    )
+    conn.execute(
+        sql.SQL(
+            "INSERT INTO {} SELECT g, md5(g::text), now() FROM generate_series(1, %s) g"
+        ).format(table),
+        (rows,),
+    )
+
+
+def _project_env(db_project) -> dict[str, str]:
+    return {**db_project.env, **IN_PROCESS}
+
+
+def test_a_sync_through_the_helper_copies_as_one_in_its_own_process(
+    helper, db_project, source_conn, dest_conn, schema
+):
+    """Run from the project's folder (no --project-dir), with the connection settings only
+    in the client's environment: the child took both; the helper counted the command. With
+    REPLICATOR_WARM=off the next one runs in its own process."""
+    _table(source_conn, schema, 500)
+    db_project.write_config(
+        {"tables": [{"name": f"{schema}.orders", "replication_key": "updated_at"}]}
+    )
+    code, _, err = helper.run("sync", env=_project_env(db_project), cwd=db_project.path)
+    assert code == 0, err
+    assert f"{schema}.orders: full_reload" in err, err
+    assert assert_same_table(source_conn, dest_conn, schema, "orders") == 500
+    assert helper.commands_run() == 1
+    source_conn.execute(
+        sql.SQL("UPDATE {} SET note = 'x', updated_at = now() WHERE id <= 7").format(
+            sql.Identifier(schema, "orders")
+        )
+    )
+    code, _, err = helper.run(
+        "sync", env={**_project_env(db_project), "REPLICATOR_WARM": "off"}, cwd=db_project.path
+    )
+    assert code == 0, err
+    assert assert_same_table(source_conn, dest_conn, schema, "orders") == 500
+    assert helper.commands_run() == 1  # the status commands themselves run in-process
+
+
+def test_output_and_exit_codes_are_those_of_a_run_without_it(helper, db_project, tmp_path):
+    """Usage errors (exit 2, both log formats), an unknown command, --version: the same
+    stdout, stderr and exit code with the helper and without it."""
+    db_project.write_config('{"tables": [{"name": "public.x", "mode": "bogus"}]}')
+    cases = [
+        ("sync", "--project-dir", str(db_project.path)),
+        ("sync", "--log-format", "json", "--project-dir", str(db_project.path)),
+        ("sync", "--project-dir", str(tmp_path / "none")),
+        ("no-such-command",),
+        ("--version",),
+        ("compile", "--project-dir", str(db_project.path)),
+    ]
+    for args in cases:
+        warm = helper.run(*args, env=db_project.env)
+        alone = helper.run(*args, env={**db_project.env, "REPLICATOR_WARM": "off"})
+        assert _timeless(warm) == _timeless(alone), args
+    assert helper.run("sync", "--project-dir", str(db_project.path))[0] == 2
+    assert helper.commands_run() == len(cases) + 1
+
+
+def test_sigterm_to_the_client_interrupts_the_run(helper, cdc_project, writer, schema, tmp_path):
+    """SIGTERM (cron's timeout, systemd) to the client reaches the run, which stops as it
+    would alone: exit 143, its own message, no traceback. Other commands run meanwhile."""
+    _cdc_table(cdc_project, writer, schema)
+    pause = tmp_path / "pause"
+    env = {**_project_env(cdc_project), "REPLICATOR_PAUSE_AT": f"cdc-before-drain={pause}"}
+    client = helper.cli("sync", "--project-dir", str(cdc_project.path), env=env)
+    wait_for(lambda: Path(f"{pause}.reached").exists(), 120, "the run at its drain")
+    assert helper.run("--version")[0] == 0  # another command meanwhile: its own child
+    assert helper.status()["running_now"] == 1
+    client.send_signal(signal.SIGTERM)
+    _, err = client.communicate(timeout=120)
+    assert client.returncode == 143, err
+    assert "run interrupted by SIGTERM" in err, err
+    assert "Traceback" not in err, err
+    assert helper.status()["running_now"] == 0
+
+
+def test_a_client_killed_mid_run_takes_its_run_down(
+    helper, cdc_project, writer, schema, tmp_path, dest_conn, source_conn
+):
+    """A client killed outright (SIGKILL) cannot relay anything: the helper sees it gone and
+    stops its run with SIGTERM, which cleans up; the next run converges."""
+    _cdc_table(cdc_project, writer, schema)
+    pause = tmp_path / "pause"
+    env = {**_project_env(cdc_project), "REPLICATOR_PAUSE_AT": f"cdc-before-drain={pause}"}
+    client = helper.cli("sync", "--project-dir", str(cdc_project.path), env=env)
+    wait_for(lambda: Path(f"{pause}.reached").exists(), 120, "the run at its drain")
+    client.kill()
+    client.wait(timeout=60)
+    wait_for(lambda: helper.status()["running_now"] == 0, 120, "the helper's run to stop")
+    code, _, err = helper.run(
+        "sync", "--project-dir", str(cdc_project.path), env=env | {"REPLICATOR_PAUSE_AT": ""}
+    )
+    assert code == 0, err
+    assert assert_same_table(source_conn, dest_conn, schema, "events") == 1003
+    assert leftovers(dest_conn, [TableName(schema, "events")]) == []
+
+
+def test_a_run_killed_by_a_signal_kills_its_client_alike(helper, db_project, source_conn, schema):
+    """The run dies by SIGKILL (a failpoint, as an OOM kill would): the client dies by the
+    same signal, as the shell would have seen without the helper."""
+    _table(source_conn, schema, 50)
+    db_project.write_config({"tables": [{"name": f"{schema}.orders", "mode": "full-refresh"}]})
+    env = {**_project_env(db_project), "REPLICATOR_FAILPOINT": "after-load-before-swap"}
+    code, _, err = helper.run("sync", "--project-dir", str(db_project.path), env=env)
+    assert code == -signal.SIGKILL, err
+
+
+def test_the_helper_stops_once_its_code_changed(helper, db_project):
+    """A module's file changed under the helper (an upgrade, an edit): the next command runs
+    in its own process, with the new code, and the helper stops."""
+    module = Path(replicator.__file__)
+    before = module.stat()
+    try:
+        os.utime(module, ns=(before.st_atime_ns, before.st_mtime_ns + 1_000_000_000))
+        code, out, _ = helper.run("--version")
+        assert (code, out.strip()) == (0, f"replicator, version {replicator.__version__}")
+        code, out, _ = helper.run("warm", "status")
+        assert code == 1, out
+        assert "not running" in out
+    finally:
+        os.utime(module, ns=(before.st_atime_ns, before.st_mtime_ns))
+
+
+def test_another_installation_never_reaches_this_helper(helper, tmp_path):
+    """The socket's name comes from the Python and the package folder: another virtual
+    environment (here, another Python path) looks elsewhere, and finds nothing."""
+    other = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys; sys.executable = '/opt/other/bin/python'; "
+            "from replicator.cli import warm_socket; print(warm_socket.socket_path())",
+        ],
+        env=helper.env,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    ours = helper.status()["socket"]
+    assert other != ours and Path(ours).exists() and not Path(other).exists()
+
+
+def test_warm_start_says_why_it_cannot_start(tmp_path):
+    """No cache folder, or one whose socket path would be too long: exit 2, what and how to
+    fix it, nothing started."""
+    off = Helper(tmp_path)
+    off.env["REPLICATOR_CACHE_DIR"] = "off"
+    code, _, err = off.run("warm", "start")
+    assert code == 2 and "REPLICATOR_CACHE_DIR is off" in err, err
+    deep = tmp_path / ("d" * 90)
+    long = Helper(deep)
+    code, _, err = long.run("warm", "start")
+    assert code == 2 and "set REPLICATOR_CACHE_DIR to a shorter folder" in err, err
+    assert not (deep / "warm").exists() or not any((deep / "warm").glob("*.sock"))
+    assert warm_socket.SOCKET_PATH_MAX == 107
+
+
+def _timeless(result: tuple[int, str, str]) -> tuple[int, str, str]:
+    """A command's result without the time on each JSON log line."""
+    code, out, err = result
+    return code, out, re.sub(r'"time": "[^"]*"', '"time": ""', err)
+
+
+def _cdc_table(project, writer, schema: str) -> None:
+    events = sql.Identifier(schema, "events")
+    writer.execute(sql.SQL("CREATE TABLE {} (id int PRIMARY KEY, v text)").format(events))
+    writer.execute(
+        sql.SQL("INSERT INTO {} SELECT g, md5(g::text) FROM generate_series(1, 1000) g").format(
+            events
+        )
+    )
+    project.write_config({"tables": [{"name": f"{schema}.events", "mode": "cdc"}]})
+    first = project.run("sync", env=IN_PROCESS)
+    assert first.exit_code == 0, first.output
+    writer.execute(
+        sql.SQL("INSERT INTO {} SELECT g, 'new' FROM generate_series(1001, 1003) g").format(events)
+    )
