@@ -14,6 +14,7 @@ Environment (or the project's .env; the environment wins):
   REPLICATOR_PROGRESS_INTERVAL  seconds between progress log lines off a terminal (10)
   REPLICATOR_HASH_SALT          the salt of `columns.hash` (a secret: never printed)
   REPLICATOR_CACHE_DIR          the cache folder (~/.cache/replicator; off: none)
+  REPLICATOR_WARM               off: run without the warm helper (replicator warm start)
   REPLICATOR_JDBC_JAR           the PostgreSQL JDBC driver's jar for Spark"""
 
 EXIT_CODES = """\b
