@@ -184,6 +184,13 @@ def test_a_run_killed_by_a_signal_kills_its_client_alike(helper, db_project, sou
     assert code == -signal.SIGKILL, err
 
 
+def test_the_helper_forks_from_a_single_thread(helper):
+    """A thread of the helper's (numpy's OpenBLAS starts one per core) would be missing from
+    every child, holding whatever lock it held at the fork."""
+    pid = helper.status()["pid"]
+    assert os.listdir(f"/proc/{pid}/task") == [str(pid)]
+
+
 def test_the_helper_stops_once_its_code_changed(helper, db_project):
     """A module's file changed under the helper (an upgrade, an edit): the next command runs
     in its own process, with the new code, and the helper stops."""

@@ -304,8 +304,13 @@ def _run_exit_functions() -> None:
 
 
 def main(path: str) -> None:
+    # numpy (the log drain's rows, capture/copy_block.py: 0.18 s to import) loads OpenBLAS,
+    # which starts a thread per core unless told not to; the helper forks, so it keeps none.
+    # Nothing here calls BLAS.
+    os.environ["OPENBLAS_NUM_THREADS"] = "1"
     gc.disable()
     try:
+        from ..capture import copy_block  # noqa: F401  (the drain's, numpy)
         from ..project import project  # noqa: F401  (what every command loads)
         from ..sync import run as _sync  # noqa: F401  (and cron's command)
         from .main import main as run
