@@ -35,6 +35,8 @@ bench/incremental.py), and four workloads (`--workloads`, run in this order):
   `mode: "cdc"` table, run alone and with the warm helper up (each with its own copy and
   slot). pgcopydb's `follow` is left out (PGCOPYDB_FOLLOW says why).
 
+Before each timed run the script waits until neither cluster runs an autovacuum worker, then
+checkpoints both: no tool pays for the vacuum of another's writes or for its dirty buffers.
 Every time is the wall clock of the tool's process(es) (the subscription's: from the statement
 to the condition). replicator runs as its CLI with its default settings. Every copy is checked
 with the same query on both sides (count and md5 of every row): a tool whose copy differs is
@@ -253,6 +255,23 @@ class Bench:
                 "SELECT setting::int FROM pg_settings WHERE name = 'wal_retrieve_retry_interval'"
             ).fetchone()
         time.sleep(max(0.0, self.worker_started + interval_ms / 1000 + 0.1 - time.monotonic()))
+
+    def settled(self) -> None:
+        """Before each timed run: no autovacuum worker on either cluster (the last tool's
+        writes, or the round's changes, set one off on 2 cores: up to seconds of CPU taken
+        from whichever tool came next), then a CHECKPOINT on each, so that no tool pays for
+        another's dirty buffers."""
+        for cluster in (self.source, self.dest):
+            wait_until(
+                cluster.url(),
+                "SELECT NOT EXISTS (SELECT FROM pg_stat_activity "
+                "WHERE backend_type = 'autovacuum worker')",
+                "autovacuum to finish",
+                timeout=600,
+            )
+        for cluster in (self.source, self.dest):
+            with psycopg.connect(cluster.url(), autocommit=True) as conn:
+                conn.execute("CHECKPOINT")
 
     def folder(self, name: str) -> Path:
         """A new folder under the run's base (logs, projects, work dirs)."""
@@ -557,6 +576,7 @@ def verify_workload(bench: Bench) -> list[Tool]:
             (ours, lambda d=damaged: _verify(bench, where, env, d)),
         ]
         for tool, run in _turn(runs, round_no):
+            bench.settled()
             attempt(tool, run)
         bench.timed(f"{bench.cli} verify --repair -q {where}", env)
         if fingerprint(copy_url) != fingerprint(src_url):
@@ -677,6 +697,7 @@ def _incremental_rounds(bench: Bench, steps: dict, urls: dict[str, str]) -> None
             (tool, copying(run, urls[name], source_print)) for name, (tool, run) in steps.items()
         ]
         for tool, run in _turn(runs, round_no):
+            bench.settled()
             attempt(tool, run)
 
 
@@ -780,6 +801,7 @@ def _cdc_timed(bench: Bench, cdc_round: CdcRound, round_no: int, tools: list[Too
         ),
     ]
     for tool, run in _turn(runs, round_no):
+        bench.settled()
         attempt(tool, run)
 
 
