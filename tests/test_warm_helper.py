@@ -207,6 +207,26 @@ def test_the_helper_stops_once_its_code_changed(helper, db_project):
         os.utime(module, ns=(before.st_atime_ns, before.st_mtime_ns))
 
 
+def test_warm_start_replaces_a_helper_of_older_code(helper):
+    """After an upgrade `warm status` says the helper is out of date, and `warm start`
+    replaces it with one of the new code, which then runs the commands."""
+    module = Path(replicator.__file__)
+    before = module.stat()
+    old_pid = helper.status()["pid"]
+    try:
+        os.utime(module, ns=(before.st_atime_ns, before.st_mtime_ns + 1_000_000_000))
+        code, out, _ = helper.run("warm", "status")
+        assert code == 0 and "changed since it started" in out, out
+        code, out, err = helper.run("warm", "start")
+        assert code == 0 and "warm helper started" in out, (out, err)
+        status = helper.status()
+        assert status["pid"] != old_pid and status["current"], status
+        assert helper.run("--version")[0] == 0
+        assert helper.commands_run() == 1
+    finally:
+        os.utime(module, ns=(before.st_atime_ns, before.st_mtime_ns))
+
+
 def test_another_installation_never_reaches_this_helper(helper, tmp_path):
     """The socket's name comes from the Python and the package folder: another virtual
     environment (here, another Python path) looks elsewhere, and finds nothing."""

@@ -50,12 +50,15 @@ def warm(**_: Any) -> None:
 @common
 def warm_start(project_dir: Path) -> int:
     """Start the helper in the background and wait until it answers. Does nothing when it is
-    running already."""
+    running already, unless replicator or a library changed since it started: then it is
+    replaced by one with the new code."""
     path = _usable_socket_path()
     up = ask(path, {"kind": "ping"})
-    if up is not None:
+    if up is not None and up["current"]:
         say(f"warm helper already running (pid {up['pid']})", "warm.running", pid=up["pid"])
         return 0
+    if up is not None:  # it loaded other files than the installation holds now: replace it
+        _stop(path)
     os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
     log = _log_path(path)
     with open(log, "ab") as output:
@@ -82,16 +85,10 @@ def warm_start(project_dir: Path) -> int:
 def warm_stop(project_dir: Path) -> int:
     """Stop the helper: commands then run in their own process again. Runs it started
     finish first; the helper exits after them."""
-    path = _usable_socket_path()
-    answer = ask(path, {"kind": "stop"})
-    if answer is None:
+    pid = _stop(_usable_socket_path())
+    if pid is None:
         say("no warm helper running", "warm.not_running")
-        return 0
-    pid = int(answer["pid"])
-    deadline = time.monotonic() + STOP_SECONDS
-    while _alive(pid) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    if _alive(pid):
+    elif _alive(pid):
         say(f"warm helper (pid {pid}) stops once its runs end", "warm.stopping", pid=pid)
     else:
         say(f"warm helper stopped (pid {pid})", "warm.stopped", pid=pid)
@@ -108,6 +105,7 @@ def warm_status(project_dir: Path, as_json: bool) -> int:
     up = ask(path, {"kind": "ping"})
     report = {
         "running": up is not None,
+        "current": up and up["current"],
         "pid": up and up["pid"],
         "started_at": up and _when(up["started"]),
         "commands_run": up and up["served"],
@@ -124,8 +122,26 @@ def warm_status(project_dir: Path, as_json: bool) -> int:
             f"warm helper: up (pid {up['pid']}, since {report['started_at']}, "
             f"{up['served']} command(s) run, {up['running']} running now)"
         )
+        if not up["current"]:
+            print(
+                "replicator or a library changed since it started: the next command stops it "
+                "and runs by itself; replicator warm start starts one with the new code"
+            )
         print(f"log: {report['log']}")
     return 0 if up is not None else 1
+
+
+def _stop(path: str) -> int | None:
+    """Ask the helper to stop and wait (a while) until it did; its pid, None when none.
+    Its socket is gone at once: a helper still finishing runs takes no new command."""
+    answer = ask(path, {"kind": "stop"})
+    if answer is None:
+        return None
+    pid = int(answer["pid"])
+    deadline = time.monotonic() + STOP_SECONDS
+    while _alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return pid
 
 
 def _usable_socket_path() -> str:

@@ -164,6 +164,7 @@ class Helper:
 
     def status(self) -> dict[str, Any]:
         return {
+            "current": fingerprint() == self.loaded,  # False: replicator was upgraded since
             "pid": os.getpid(),
             "started": self.started,
             "served": self.served,
