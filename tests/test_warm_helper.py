@@ -227,6 +227,14 @@ def test_warm_start_replaces_a_helper_of_older_code(helper):
         os.utime(module, ns=(before.st_atime_ns, before.st_mtime_ns))
 
 
+def test_a_helper_whose_socket_was_removed_stops(helper):
+    """No command could reach it any more (a cleaner emptied the folder): it exits rather
+    than linger for good."""
+    status = helper.status()
+    os.unlink(status["socket"])
+    wait_for(lambda: not Path(f"/proc/{status['pid']}").exists(), 60, "the helper to exit")
+
+
 def test_another_installation_never_reaches_this_helper(helper, tmp_path):
     """The socket's name comes from the Python and the package folder: another virtual
     environment (here, another Python path) looks elsewhere, and finds nothing."""

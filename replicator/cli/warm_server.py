@@ -28,7 +28,7 @@ import time
 import traceback
 from typing import Any
 
-from .warm_socket import PACKAGE_DIR, installation, receive_request, send_line
+from .warm_socket import PACKAGE_DIR, connect, installation, receive_request, send_line
 
 READ_SECONDS = 5.0  # a client sends its request at once; a stuck one must not stall others
 
@@ -70,6 +70,10 @@ class Helper:
         self.listener = self._listen()
 
     def _listen(self) -> socket.socket:
+        other = connect(self.path, timeout=READ_SECONDS)
+        if other is not None:  # two starts at once: the first one's stays
+            other.close()
+            raise SystemExit(f"another warm helper listens on {self.path}")
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.path)
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -80,6 +84,7 @@ class Helper:
             os.umask(old)
         listener.listen(64)
         self.selector.register(listener, selectors.EVENT_READ, "listener")
+        self.inode = os.stat(self.path).st_ino
         return listener
 
     def _note_signal(self, signum: int, frame: Any) -> None:
@@ -99,14 +104,23 @@ class Helper:
                 else:
                     self._client_gone(key.fileobj, key.data)
             self._reap()  # a SIGCHLD's byte can be missed while another was pending
+            if not self.stopping and not self._socket_is_ours():
+                self.stop()  # removed, or another helper's now: no command can reach this one
         print(f"warm helper {os.getpid()} stopped after {self.served} run(s)", flush=True)
+
+    def _socket_is_ours(self) -> bool:
+        try:
+            return os.stat(self.path).st_ino == self.inode
+        except OSError:
+            return False
 
     def stop(self, interrupt_children: bool = False) -> None:
         """No new request: the socket goes at once, the helper once its children ended."""
         if not self.stopping:
             self.stopping = True
-            with contextlib.suppress(OSError):
-                os.unlink(self.path)
+            if self._socket_is_ours():
+                with contextlib.suppress(OSError):
+                    os.unlink(self.path)
             with contextlib.suppress(KeyError, ValueError):
                 self.selector.unregister(self.listener)
             self.listener.close()
@@ -138,6 +152,9 @@ class Helper:
 
     @staticmethod
     def _same_user(conn: socket.socket) -> bool:
+        """Linux's check of the caller; elsewhere the socket's mode (0600) is the check."""
+        if not hasattr(socket, "SO_PEERCRED"):
+            return True
         creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12)
         return int.from_bytes(creds[4:8], sys.byteorder) == os.getuid()
 
