@@ -4,6 +4,7 @@ folder; it is never used by another installation, and stops once its code change
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -198,8 +199,9 @@ def test_the_helper_stops_once_its_code_changed(helper, db_project):
     before = module.stat()
     try:
         os.utime(module, ns=(before.st_atime_ns, before.st_mtime_ns + 1_000_000_000))
-        code, out, _ = helper.run("--version")
+        code, out, err = helper.run("--version")
         assert (code, out.strip()) == (0, f"replicator, version {replicator.__version__}")
+        assert "warm helper was started before replicator or a library changed" in err, err
         code, out, _ = helper.run("warm", "status")
         assert code == 1, out
         assert "not running" in out
@@ -227,6 +229,74 @@ def test_warm_start_replaces_a_helper_of_older_code(helper):
         os.utime(module, ns=(before.st_atime_ns, before.st_mtime_ns))
 
 
+def test_what_the_child_cannot_take_runs_in_the_client(
+    helper, db_project, source_conn, schema, tmp_path
+):
+    """A closed stderr (`2>&-`: the client's socket would take its number, and the run's
+    output would go to the helper) and a working folder that was removed: the command runs
+    in the client, as it would without the helper."""
+    _table(source_conn, schema, 20)
+    db_project.write_config({"tables": [{"name": f"{schema}.orders", "mode": "full-refresh"}]})
+    args = ("sync", "-q", "--project-dir", str(db_project.path))
+    process = helper.cli(*args, env=_project_env(db_project), preexec_fn=lambda: os.close(2))
+    process.stderr.close()
+    assert process.wait(timeout=300) == 0
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    process = helper.cli(*args, env=_project_env(db_project), cwd=gone, preexec_fn=gone.rmdir)
+    assert process.communicate(timeout=300)[0] == "" and process.returncode == 0
+    assert helper.commands_run() == 0
+
+
+def test_the_run_takes_the_clients_nice_value(helper, cdc_project, writer, schema, tmp_path):
+    """`nice -n 7 replicator sync` in a crontab: the child that does the work runs at nice 7,
+    not at the helper's."""
+    _cdc_table(cdc_project, writer, schema)
+    pause = tmp_path / "pause"
+    env = {**_project_env(cdc_project), "REPLICATOR_PAUSE_AT": f"cdc-before-drain={pause}"}
+    client = helper.cli(
+        "sync", "--project-dir", str(cdc_project.path), env=env, preexec_fn=lambda: os.nice(7)
+    )
+    wait_for(lambda: Path(f"{pause}.reached").exists(), 120, "the run at its drain")
+    nice = [_nice(pid) for pid in _children(helper.status()["pid"])]
+    pause.touch()
+    _, err = client.communicate(timeout=120)
+    assert client.returncode == 0, err
+    assert nice == [7]
+
+
+def _children(parent: int) -> list[int]:
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            with contextlib.suppress(OSError):
+                stat = Path(f"/proc/{entry}/stat").read_text()
+                if int(stat.rsplit(")", 1)[1].split()[1]) == parent:
+                    found.append(int(entry))
+    return found
+
+
+def _nice(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[16])
+
+
+def test_env_only_settings_in_dotenv_are_said_to_be_ignored(db_project):
+    """REPLICATOR_WARM (and REPLICATOR_CACHE_DIR) are read before a project is: in .env
+    they do nothing, and the run says so instead of calling them unknown."""
+    db_project.write(".env", "REPLICATOR_WARM=off\n")
+    db_project.write_config({"tables": []})
+    result = db_project.run("ls")
+    assert "REPLICATOR_WARM is read from the process environment only" in result.stderr
+    assert "unknown setting" not in result.stderr
+
+
+def test_warm_status_without_a_cache_folder_says_not_running(tmp_path):
+    off = Helper(tmp_path)
+    off.env["REPLICATOR_CACHE_DIR"] = "off"
+    code, out, _ = off.run("warm", "status", "--json")
+    assert code == 1 and json.loads(out)["running"] is False, out
+
+
 def test_a_helper_whose_socket_was_removed_stops(helper):
     """No command could reach it any more (a cleaner emptied the folder): it exits rather
     than linger for good."""
@@ -236,13 +306,13 @@ def test_a_helper_whose_socket_was_removed_stops(helper):
 
 
 def test_another_installation_never_reaches_this_helper(helper, tmp_path):
-    """The socket's name comes from the Python and the package folder: another virtual
-    environment (here, another Python path) looks elsewhere, and finds nothing."""
+    """The socket's name comes from the Python environment and the package folder: another
+    virtual environment (here, another sys.prefix) looks elsewhere, and finds nothing."""
     other = subprocess.run(
         [
             sys.executable,
             "-c",
-            "import sys; sys.executable = '/opt/other/bin/python'; "
+            "import sys; sys.prefix = '/opt/other'; "
             "from replicator.cli import warm_socket; print(warm_socket.socket_path())",
         ],
         env=helper.env,

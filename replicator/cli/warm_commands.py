@@ -59,7 +59,13 @@ def warm_start(project_dir: Path) -> int:
         return 0
     if up is not None:  # it loaded other files than the installation holds now: replace it
         _stop(path)
-    os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+    try:
+        os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(
+            f"the warm helper's folder {os.path.dirname(path)} cannot be made ({exc.strerror}): "
+            "set REPLICATOR_CACHE_DIR to a folder this user can write"
+        ) from None
     log = _log_path(path)
     with open(log, "ab") as output:
         process = subprocess.Popen(
@@ -101,8 +107,8 @@ def warm_stop(project_dir: Path) -> int:
 def warm_status(project_dir: Path, as_json: bool) -> int:
     """Whether the helper is up, since when and how many commands it ran; exit 0 when it is
     up, 1 when not."""
-    path = _usable_socket_path()
-    up = ask(path, {"kind": "ping"})
+    path = socket_path()
+    up = ask(path, {"kind": "ping"}) if path is not None else None
     report = {
         "running": up is not None,
         "current": up and up["current"],
@@ -111,10 +117,12 @@ def warm_status(project_dir: Path, as_json: bool) -> int:
         "commands_run": up and up["served"],
         "running_now": up and up["running"],
         "socket": path,
-        "log": _log_path(path),
+        "log": path and _log_path(path),
     }
     if as_json or json_output():
         print(json.dumps(report, indent=None if json_output() else 2))
+    elif path is None:
+        print("warm helper: not running (none can: REPLICATOR_CACHE_DIR is off)")
     elif up is None:
         print("warm helper: not running (replicator warm start starts it)")
     else:

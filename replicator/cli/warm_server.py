@@ -20,6 +20,7 @@ import contextlib
 import gc
 import io
 import os
+import resource
 import selectors
 import signal
 import socket
@@ -173,6 +174,7 @@ class Helper:
             ):
                 with conn:
                     send_line(conn, {"stale": True})
+                print("stopping: replicator's files or the installed libraries changed", flush=True)
                 self.stop()
                 return
             self._fork(conn, request, fds)
@@ -264,6 +266,7 @@ def _take_place(request: dict[str, Any], fds: list[int]) -> None:
         os.close(fd)
     os.chdir(request["cwd"])
     os.umask(int(request["umask"]))
+    _take_limits(request)
     os.environ.clear()
     os.environ.update(request["env"])
     time.tzset()
@@ -271,6 +274,22 @@ def _take_place(request: dict[str, Any], fds: list[int]) -> None:
     sys.stdin = sys.__stdin__ = _stream(0, "r", sys.stdin)
     sys.stdout = sys.__stdout__ = _stream(1, "w", sys.stdout)
     sys.stderr = sys.__stderr__ = _stream(2, "w", sys.stderr)
+
+
+def _take_limits(request: dict[str, Any]) -> None:
+    """The client's nice value, CPU affinity and resource limits (`nice -n 19`, `taskset`,
+    `ulimit` in a crontab), as far as an unprivileged process may take them: a nice value
+    under the helper's, or a hard limit over its, stays the helper's. Not its cgroup."""
+    with contextlib.suppress(OSError):
+        os.setpriority(os.PRIO_PROCESS, 0, int(request["nice"]))
+    if request.get("cpus") and hasattr(os, "sched_setaffinity"):
+        with contextlib.suppress(OSError, ValueError):
+            os.sched_setaffinity(0, request["cpus"])
+    for name, (soft, hard) in request.get("limits", {}).items():
+        kind = getattr(resource, name, None)
+        if kind is not None:
+            with contextlib.suppress(OSError, ValueError):
+                resource.setrlimit(kind, (soft, hard))
 
 
 def _stream(fd: int, mode: str, like: Any) -> io.TextIOWrapper:

@@ -5,9 +5,9 @@ lightest modules: its whole cost when no helper is up is one `stat` of the socke
 
 One helper per installation and per user: the socket lives in the user's cache folder
 ($REPLICATOR_CACHE_DIR, default ~/.cache/replicator) under a name derived from this Python
-and this package's folder, so two virtual environments (or two checkouts) never run each
-other's code. Messages are lines of JSON; a request first sends its length with the
-client's stdin, stdout and stderr attached (SCM_RIGHTS), then its body.
+environment (`sys.prefix`) and this package's folder, so two virtual environments (or two
+checkouts) never run each other's code. Messages are lines of JSON; a request first sends
+its length with the client's stdin, stdout and stderr attached (SCM_RIGHTS), then its body.
 """
 
 from __future__ import annotations
@@ -31,9 +31,9 @@ _FDS = struct.Struct("3i")
 
 
 def installation() -> dict[str, str]:
-    """What a helper must share with a client to run its commands: the same Python and the
-    same package folder."""
-    return {"python": sys.executable, "package": PACKAGE_DIR}
+    """What a helper must share with a client to run its commands: the same environment
+    (`sys.prefix`: `python` and `python3` of one virtualenv are one) and package folder."""
+    return {"prefix": sys.prefix, "package": PACKAGE_DIR}
 
 
 def socket_path() -> str | None:
@@ -42,7 +42,7 @@ def socket_path() -> str | None:
     if configured == "off":
         return None
     base = configured or os.path.join(os.path.expanduser("~"), ".cache", "replicator")
-    key = zlib.crc32(f"{sys.executable}\0{PACKAGE_DIR}".encode())
+    key = zlib.crc32(f"{sys.prefix}\0{PACKAGE_DIR}".encode())
     return os.path.join(os.path.abspath(base), "warm", f"{key:08x}.sock")
 
 

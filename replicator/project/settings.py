@@ -78,9 +78,21 @@ def _near_misses(name: str, values: Mapping[str, str]) -> str:
     return f" ({typo} is set: a typo?)" if typo else ""
 
 
+# Read before any project is (the cache folder, the warm helper's switch): a project's .env
+# cannot set them.
+ENVIRONMENT_ONLY = frozenset({"REPLICATOR_CACHE_DIR", "REPLICATOR_WARM"})
+
+
 def _warn_unknown(file_values: Mapping[str, str], path: Path) -> None:
     for key in file_values:
-        if key.startswith("REPLICATOR_") and key not in KNOWN:
+        if key in ENVIRONMENT_ONLY:
+            log.warning(
+                "%s: %s is read from the process environment only, not from .env: ignored "
+                "here; set it where the command runs (the crontab line, the service)",
+                path,
+                key,
+            )
+        elif key.startswith("REPLICATOR_") and key not in KNOWN:
             meant = _closest(key, sorted(KNOWN))
             hint = f"; did you mean {meant}?" if meant else ""
             log.warning("%s: unknown setting %s, ignored%s", path, key, hint)
