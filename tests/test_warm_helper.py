@@ -232,20 +232,24 @@ def test_warm_start_replaces_a_helper_of_older_code(helper):
 def test_what_the_child_cannot_take_runs_in_the_client(
     helper, db_project, source_conn, schema, tmp_path
 ):
-    """A closed stderr (`2>&-`: the client's socket would take its number, and the run's
-    output would go to the helper) and a working folder that was removed: the command runs
-    in the client, as it would without the helper."""
+    """A closed stderr or stdout (`2>&-`): /dev/null takes its place before the socket could
+    take its number (the run's output would go to the helper, which would stop it), and the
+    command runs as it would without the helper. A working folder that was removed: the
+    command runs in the client."""
     _table(source_conn, schema, 20)
     db_project.write_config({"tables": [{"name": f"{schema}.orders", "mode": "full-refresh"}]})
     args = ("sync", "-q", "--project-dir", str(db_project.path))
     process = helper.cli(*args, env=_project_env(db_project), preexec_fn=lambda: os.close(2))
     process.stderr.close()
     assert process.wait(timeout=300) == 0
+    process = helper.cli(*args, env=_project_env(db_project), preexec_fn=lambda: os.close(1))
+    process.stdout.close()
+    assert process.wait(timeout=300) == 0, process.stderr.read()  # stdout closed: no output
     gone = tmp_path / "gone"
     gone.mkdir()
     process = helper.cli(*args, env=_project_env(db_project), cwd=gone, preexec_fn=gone.rmdir)
     assert process.communicate(timeout=300)[0] == "" and process.returncode == 0
-    assert helper.commands_run() == 0
+    assert helper.commands_run() == 2  # the two runs with a closed descriptor
 
 
 def test_the_run_takes_the_clients_nice_value(helper, cdc_project, writer, schema, tmp_path):

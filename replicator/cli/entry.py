@@ -13,10 +13,14 @@ project's modules (psycopg, pydantic, jinja2), which every other command loads h
 from __future__ import annotations
 
 import gc
+import os
 import sys
 
 
 def main() -> None:
+    for name in ("stdin", "stdout", "stderr"):  # closed by the caller (`>&-`): Python's None
+        if getattr(sys, name) is None:
+            setattr(sys, name, open(os.devnull, "r" if name == "stdin" else "w"))  # noqa: SIM115
     from .warm_client import run_in_helper
 
     code = run_in_helper(sys.argv[1:])
