@@ -15,6 +15,7 @@ from typing import Any
 import click
 
 from ..base.errors import ReplicatorError, UsageError
+from ..base.processes import alive
 from ..report.logs import json_output, say
 from .help_text import examples
 from .options import common, json_option, shared_options
@@ -94,7 +95,7 @@ def warm_stop(project_dir: Path) -> int:
     pid = _stop(_usable_socket_path())
     if pid is None:
         say("no warm helper running", "warm.not_running")
-    elif _alive(pid):
+    elif alive(pid):
         say(f"warm helper (pid {pid}) stops once its runs end", "warm.stopping", pid=pid)
     else:
         say(f"warm helper stopped (pid {pid})", "warm.stopped", pid=pid)
@@ -147,7 +148,7 @@ def _stop(path: str) -> int | None:
         return None
     pid = int(answer["pid"])
     deadline = time.monotonic() + STOP_SECONDS
-    while _alive(pid) and time.monotonic() < deadline:
+    while alive(pid) and time.monotonic() < deadline:
         time.sleep(0.05)
     return pid
 
@@ -170,16 +171,6 @@ def _usable_socket_path() -> str:
 
 def _log_path(path: str) -> str:
     return path.removesuffix(".sock") + ".log"
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _when(epoch: float) -> str:

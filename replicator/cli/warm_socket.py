@@ -22,8 +22,9 @@ from typing import Any
 
 import replicator
 
+from ..base.cache import cache_root
+
 OFF_ENV = "REPLICATOR_WARM"  # `off`: every command runs in its own process
-CACHE_ENV = "REPLICATOR_CACHE_DIR"  # base/cache.py's, read here without its imports
 PACKAGE_DIR = os.path.dirname(os.path.abspath(replicator.__file__))
 SOCKET_PATH_MAX = 107  # sockaddr_un's sun_path, less its terminating NUL
 _LENGTH = struct.Struct("!I")
@@ -38,10 +39,9 @@ def installation() -> dict[str, str]:
 
 def socket_path() -> str | None:
     """This installation's socket, or None when the cache is turned off."""
-    configured = os.environ.get(CACHE_ENV)
-    if configured == "off":
+    base = cache_root()
+    if base is None:
         return None
-    base = configured or os.path.join(os.path.expanduser("~"), ".cache", "replicator")
     key = zlib.crc32(f"{sys.prefix}\0{PACKAGE_DIR}".encode())
     return os.path.join(os.path.abspath(base), "warm", f"{key:08x}.sock")
 

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..base.cache import cache_dir
+from ..base.processes import alive
 from ..base.readable import readable
 
 # What the driver loads, in words: a list taken before the copy jobs went through a
@@ -111,22 +112,12 @@ def _in_progress(folder: Path, name: str) -> bool:
         match = _IN_PROGRESS.match(path.name)
         if match is None:
             continue
-        if _alive(int(match.group(1))):
+        if alive(int(match.group(1))):
             busy = busy or path.name.startswith(f"{name}.")
         else:
             with contextlib.suppress(OSError):
                 path.unlink()
     return busy
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:  # another user's process
-        return True
-    return True
 
 
 def build_archive_later(plan: ArchivePlan, jvm_pid: int | None) -> bool:
