@@ -1,6 +1,7 @@
-"""SIGTERM (systemd, Kubernetes, `timeout`) and Ctrl-C during a sync: the running source query
-is cancelled, what the run created is dropped, the table's state and the webhook say
-`interrupted`, the exit code is 143 or 130, and nothing else is printed."""
+"""SIGTERM (systemd, Kubernetes, `timeout`), Ctrl-C and a closed terminal (SIGHUP) during a
+sync: the running source query is cancelled, what the run created is dropped, the table's
+state and the webhook say `interrupted`, the exit code is 143, 130 or 129, and nothing else
+is printed. A signal the command was started ignoring (`nohup`) does not stop it."""
 
 from __future__ import annotations
 
@@ -69,7 +70,9 @@ class _Run:
     """`replicator ...` as its own process group, its output in files: a pipe would make
     reading it wait for whatever else holds the pipe open (a JVM outliving the command)."""
 
-    def __init__(self, db_project, tmp_path: Path, *args: str, env: dict[str, str]) -> None:
+    def __init__(
+        self, db_project, tmp_path: Path, *args: str, env: dict[str, str], ignoring: tuple = ()
+    ) -> None:
         self.out, self.err = tmp_path / "stdout", tmp_path / "stderr"
         with self.out.open("w") as out, self.err.open("w") as err:
             self.process = subprocess.Popen(
@@ -80,6 +83,7 @@ class _Run:
                 stdin=subprocess.DEVNULL,
                 text=True,
                 start_new_session=True,  # its own process group: what it leaves is visible
+                preexec_fn=lambda: [signal.signal(s, signal.SIG_IGN) for s in ignoring],
             )
 
     def wait(self, timeout: float) -> tuple[int, str, str]:
@@ -106,6 +110,7 @@ def test_no_process_of_a_finished_run_outlives_it(db_project, table, tmp_path):
     [
         pytest.param(signal.SIGTERM, 143, IN_PROCESS, id="term"),
         pytest.param(signal.SIGINT, 130, IN_PROCESS, id="int"),
+        pytest.param(signal.SIGHUP, 129, IN_PROCESS, id="hup"),
         pytest.param(signal.SIGTERM, 143, {"REPLICATOR_SPARK_MIN_ROWS": "0"}, id="term-spark"),
     ],
 )
@@ -150,6 +155,33 @@ def test_a_signal_mid_load_cancels_cleans_up_and_reports(
     payloads = [json.loads(request.get_data()) for request, _ in httpserver.log]
     assert payloads[-1]["status"] == "interrupted"
     assert payloads[-1]["tables"][0]["status"] == "failure"
+
+
+@pytest.mark.parametrize("signum", [signal.SIGHUP, signal.SIGINT], ids=["nohup", "background"])
+def test_a_signal_the_command_was_started_ignoring_does_not_stop_it(
+    cdc_project, table, source_conn, dest_conn, tmp_path, signum
+):
+    """`nohup replicator sync` ignores SIGHUP, a shell script's `replicator sync &` SIGINT:
+    the user asked the run to outlive them, so it goes on to the end."""
+    target = sql.Identifier(table, "t")
+    cdc_project.write_config({"tables": [{"name": f"{table}.t", "mode": "cdc"}]})
+    assert cdc_project.run("sync", env=IN_PROCESS).exit_code == 0
+    source_conn.execute(
+        sql.SQL("INSERT INTO {} SELECT g, 'new' FROM generate_series(501, 600) g").format(target)
+    )
+    pause = tmp_path / "pause"
+    env = {**IN_PROCESS, "REPLICATOR_PAUSE_AT": f"cdc-before-drain={pause}"}
+    run = _Run(cdc_project, tmp_path, "sync", env=env, ignoring=(signum,))
+    try:
+        wait_for(lambda: Path(f"{pause}.reached").exists(), 120, "the run at its drain")
+        os.kill(run.process.pid, signum)
+        pause.touch()
+    finally:
+        returncode, _, stderr = run.wait(120)
+    assert returncode == 0, stderr
+    assert "interrupted" not in stderr, stderr
+    counted = sql.SQL("SELECT count(*) FROM {}").format(target)
+    assert dest_conn.execute(counted).fetchone() == (600,)
 
 
 def test_ctrl_c_in_other_commands_exits_130_without_aborted(db_project, table):

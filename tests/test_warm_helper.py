@@ -8,6 +8,7 @@ import contextlib
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -28,8 +29,8 @@ from replicator.cli import warm_socket
 class Helper:
     """A helper of this checkout, in a cache folder of the test's own."""
 
-    def __init__(self, cache: Path) -> None:
-        self.env = {**os.environ, "REPLICATOR_CACHE_DIR": str(cache)}
+    def __init__(self, cache: Path, **env: str) -> None:
+        self.env = {**os.environ, "REPLICATOR_CACHE_DIR": str(cache), **env}
 
     def cli(self, *args: str, env: dict[str, str] | None = None, **kw) -> subprocess.Popen:
         return subprocess.Popen(
@@ -67,6 +68,33 @@ def helper(tmp_path: Path) -> Iterator[Helper]:
     assert "warm helper started" in out, out
     yield started
     started.run("warm", "stop")
+
+
+@pytest.fixture
+def copy_helper(tmp_path: Path) -> Iterator[tuple[Helper, Path]]:
+    """A helper of a copy of the package (first on PYTHONPATH), and that copy's
+    `__init__.py`: a test may change it without the helpers of tests running beside it
+    seeing their code change too."""
+    copy = tmp_path / "package"
+    shutil.copytree(
+        Path(replicator.__file__).parent,
+        copy / "replicator",
+        ignore=shutil.ignore_patterns("__pycache__"),
+    )
+    # PYTHONSAFEPATH: `python -m` must not find the checkout's package in the working folder
+    started = Helper(tmp_path / "cache", PYTHONPATH=str(copy), PYTHONSAFEPATH="1")
+    code, _, err = started.run("warm", "start")
+    assert code == 0, err
+    assert started.run("--version")[0] == 0
+    assert started.commands_run() == 1, "the clients and the helper load the same copy"
+    yield started, copy / "replicator" / "__init__.py"
+    started.run("warm", "stop")
+
+
+def _changed(module: Path) -> None:
+    """As an upgrade or an edit changes it: another mtime."""
+    before = module.stat()
+    os.utime(module, ns=(before.st_atime_ns, before.st_mtime_ns + 1_000_000_000))
 
 
 def _table(conn, schema: str, rows: int) -> None:
@@ -154,6 +182,29 @@ def test_sigterm_to_the_client_interrupts_the_run(helper, cdc_project, writer, s
     assert helper.status()["running_now"] == 0
 
 
+def test_a_signal_the_client_ignores_is_ignored_by_its_run(
+    helper, cdc_project, writer, schema, tmp_path, source_conn, dest_conn
+):
+    """`nohup replicator sync`: the client ignores SIGHUP, and so does its run, which goes on
+    to the end as it would without the helper."""
+    _cdc_table(cdc_project, writer, schema)
+    pause = tmp_path / "pause"
+    env = {**_project_env(cdc_project), "REPLICATOR_PAUSE_AT": f"cdc-before-drain={pause}"}
+    client = helper.cli(
+        "sync",
+        "--project-dir",
+        str(cdc_project.path),
+        env=env,
+        preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN),
+    )
+    wait_for(lambda: Path(f"{pause}.reached").exists(), 120, "the run at its drain")
+    client.send_signal(signal.SIGHUP)
+    pause.touch()
+    _, err = client.communicate(timeout=120)
+    assert client.returncode == 0, err
+    assert assert_same_table(source_conn, dest_conn, schema, "events") == 1003
+
+
 def test_a_client_killed_mid_run_takes_its_run_down(
     helper, cdc_project, writer, schema, tmp_path, dest_conn, source_conn
 ):
@@ -192,41 +243,33 @@ def test_the_helper_forks_from_a_single_thread(helper):
     assert os.listdir(f"/proc/{pid}/task") == [str(pid)]
 
 
-def test_the_helper_stops_once_its_code_changed(helper, db_project):
+def test_the_helper_stops_once_its_code_changed(copy_helper):
     """A module's file changed under the helper (an upgrade, an edit): the next command runs
     in its own process, with the new code, and the helper stops."""
-    module = Path(replicator.__file__)
-    before = module.stat()
-    try:
-        os.utime(module, ns=(before.st_atime_ns, before.st_mtime_ns + 1_000_000_000))
-        code, out, err = helper.run("--version")
-        assert (code, out.strip()) == (0, f"replicator, version {replicator.__version__}")
-        assert "warm helper was started before replicator or a library changed" in err, err
-        code, out, _ = helper.run("warm", "status")
-        assert code == 1, out
-        assert "not running" in out
-    finally:
-        os.utime(module, ns=(before.st_atime_ns, before.st_mtime_ns))
+    helper, module = copy_helper
+    _changed(module)
+    code, out, err = helper.run("--version")
+    assert (code, out.strip()) == (0, f"replicator, version {replicator.__version__}")
+    assert "warm helper was started before replicator or a library changed" in err, err
+    code, out, _ = helper.run("warm", "status")
+    assert code == 1, out
+    assert "not running" in out
 
 
-def test_warm_start_replaces_a_helper_of_older_code(helper):
+def test_warm_start_replaces_a_helper_of_older_code(copy_helper):
     """After an upgrade `warm status` says the helper is out of date, and `warm start`
     replaces it with one of the new code, which then runs the commands."""
-    module = Path(replicator.__file__)
-    before = module.stat()
+    helper, module = copy_helper
     old_pid = helper.status()["pid"]
-    try:
-        os.utime(module, ns=(before.st_atime_ns, before.st_mtime_ns + 1_000_000_000))
-        code, out, _ = helper.run("warm", "status")
-        assert code == 0 and "changed since it started" in out, out
-        code, out, err = helper.run("warm", "start")
-        assert code == 0 and "warm helper started" in out, (out, err)
-        status = helper.status()
-        assert status["pid"] != old_pid and status["current"], status
-        assert helper.run("--version")[0] == 0
-        assert helper.commands_run() == 1
-    finally:
-        os.utime(module, ns=(before.st_atime_ns, before.st_mtime_ns))
+    _changed(module)
+    code, out, _ = helper.run("warm", "status")
+    assert code == 0 and "changed since it started" in out, out
+    code, out, err = helper.run("warm", "start")
+    assert code == 0 and "warm helper started" in out, (out, err)
+    status = helper.status()
+    assert status["pid"] != old_pid and status["current"], status
+    assert helper.run("--version")[0] == 0
+    assert helper.commands_run() == 1
 
 
 def test_what_the_child_cannot_take_runs_in_the_client(

@@ -1,7 +1,7 @@
 """Every exception the tool raises on purpose, by the exit code it ends a command with
 (README: Exit codes): 1 `ReplicatorError` (a table or a command failed), 2 `UsageError`
 (bad usage or config, nothing touched), 75 `Busy` (someone else is at it: run again later),
-128 + the signal's number `Interrupted` (SIGINT, SIGTERM).
+128 + the signal's number `Interrupted` (SIGINT, SIGTERM, SIGHUP).
 
 Kept free of imports: Spark's Python workers import it with the copy task.
 """
@@ -102,7 +102,7 @@ class TaskError(Exception):
 
 
 class Interrupted(KeyboardInterrupt):
-    """The process received SIGINT or SIGTERM. A KeyboardInterrupt, so psycopg cancels the
+    """The process received SIGINT, SIGTERM or SIGHUP. A KeyboardInterrupt, so psycopg cancels the
     query it interrupts, and `except Exception` never swallows it."""
 
     def __init__(self, signum: int) -> None:

@@ -1,10 +1,14 @@
-"""SIGTERM and SIGINT (systemd, Kubernetes, `timeout`, Ctrl-C): stop a command cleanly.
+"""SIGTERM, SIGINT and SIGHUP (systemd, Kubernetes, `timeout`, Ctrl-C, a closed terminal):
+stop a command cleanly.
 
 The first signal cancels what is running on both databases (every connection this process
 opened is tracked), cancels the run's Spark jobs, and raises `Interrupted` in the main thread,
 so that each layer rolls back and drops what it created on its way out; `sync` then records
 and reports the interrupted run. A second signal ends the process at once. The exit code is
-128 + the signal's number: 130 for SIGINT, 143 for SIGTERM.
+128 + the signal's number: 130 for SIGINT, 143 for SIGTERM, 129 for SIGHUP.
+
+A signal the process was started with ignored stays ignored: `nohup` ignores SIGHUP, and a
+shell script's background job SIGINT, so that the command outlives them.
 
 Kept free of heavy imports: the copy tasks that Spark's Python workers run track their
 connections here too.
@@ -22,7 +26,7 @@ from typing import Any
 
 from .errors import Interrupted
 
-HANDLED = (signal.SIGINT, signal.SIGTERM)
+HANDLED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 _connections: weakref.WeakSet[Any] = weakref.WeakSet()
 _hooks: dict[int, Callable[[], None]] = {}
@@ -121,11 +125,14 @@ def _handle(signum: int, frame: Any) -> None:
 
 @contextlib.contextmanager
 def handled() -> Iterator[None]:
-    """Handle SIGINT and SIGTERM for the block (in the main thread; elsewhere a no-op)."""
+    """Handle SIGINT, SIGTERM and SIGHUP for the block (in the main thread; elsewhere a
+    no-op), except those this process ignores (`nohup`)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous = {s: signal.signal(s, _handle) for s in HANDLED}
+    previous = {
+        s: signal.signal(s, _handle) for s in HANDLED if signal.getsignal(s) != signal.SIG_IGN
+    }
     try:
         yield
     finally:

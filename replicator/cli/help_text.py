@@ -23,7 +23,8 @@ Exit codes:
   1        one or more tables failed (the others were still handled)
   2        bad usage or config; nothing was touched
   75       another replicator holds the lock (run again later)
-  130/143  interrupted by SIGINT/SIGTERM (what it had started was rolled back)"""
+  130/143  interrupted by SIGINT/SIGTERM (what it had started was rolled back)
+  129      interrupted by SIGHUP: its terminal closed (nohup ignores it)"""
 
 EXAMPLES = """\b
 Examples:

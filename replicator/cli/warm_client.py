@@ -67,7 +67,8 @@ def run_in_helper(args: list[str]) -> int | None:
         conn.settimeout(None)
         child = int(started["pid"])
         for sig in RELAYED:
-            signal.signal(sig, _relay_to(child))
+            if signal.getsignal(sig) != signal.SIG_IGN:  # ignored (nohup): the child too
+                signal.signal(sig, _relay_to(child))
         signal.signal(signal.SIGTSTP, _stop_with(child))
         finished = _next_or_none(lines)
     if finished is None:
@@ -116,6 +117,7 @@ def _this_process() -> dict:
         "nice": os.getpriority(os.PRIO_PROCESS, 0),
         "cpus": sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
         "limits": limits,
+        "ignored": [int(sig) for sig in RELAYED if signal.getsignal(sig) == signal.SIG_IGN],
         **installation(),
     }
 

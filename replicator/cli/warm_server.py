@@ -237,8 +237,14 @@ class Helper:
         code = 1
         try:
             signal.set_wakeup_fd(-1)
-            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            for sig in (
+                signal.SIGCHLD,
+                signal.SIGTERM,
+                signal.SIGHUP,
+                signal.SIGQUIT,
+                signal.SIGUSR1,
+            ):
+                signal.signal(sig, signal.SIG_DFL)  # as a new process has them, not the helper's
             signal.signal(signal.SIGINT, signal.default_int_handler)
             self.selector.close()
             self.listener.close()
@@ -266,6 +272,9 @@ def _take_place(request: dict[str, Any], fds: list[int]) -> None:
         os.close(fd)
     os.chdir(request["cwd"])
     os.umask(int(request["umask"]))
+    for signum in request.get("ignored", []):  # `nohup`: the command outlives a hangup
+        with contextlib.suppress(OSError, ValueError):
+            signal.signal(int(signum), signal.SIG_IGN)
     _take_limits(request)
     os.environ.clear()
     os.environ.update(request["env"])
