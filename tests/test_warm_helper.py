@@ -344,6 +344,40 @@ def test_warm_status_without_a_cache_folder_says_not_running(tmp_path):
     assert code == 1 and json.loads(out)["running"] is False, out
 
 
+PIDS_CGROUP = Path("/sys/fs/cgroup/pids")  # cgroup v1's process-count controller
+
+
+@contextlib.contextmanager
+def _no_more_processes(pid: int) -> Iterator[None]:
+    """The process alone in a pids cgroup with a limit of what it has: its fork fails with
+    EAGAIN, as under a user's process limit (which root, running the tests, would not get)."""
+    group = PIDS_CGROUP / f"replicator-test-{pid}"
+    try:
+        group.mkdir()
+    except OSError as exc:
+        pytest.skip(f"no pids cgroup here to limit a process's forks: {exc}")
+    try:
+        (group / "cgroup.procs").write_text(str(pid))
+        (group / "pids.max").write_text("1")
+        yield
+    finally:
+        with contextlib.suppress(OSError):  # the process may have died (the old code did)
+            (PIDS_CGROUP / "cgroup.procs").write_text(str(pid))
+        group.rmdir()
+
+
+def test_a_helper_that_cannot_fork_lets_the_command_run_by_itself(helper):
+    """At a process limit the helper cannot fork: the command runs in its client, as it
+    would without the helper, and the helper stays up for the commands after."""
+    with _no_more_processes(helper.status()["pid"]):
+        code, out, err = helper.run("--version")
+        assert (code, out.strip()) == (0, f"replicator, version {replicator.__version__}"), err
+        assert helper.status()["running"], "the helper outlived the failed fork"
+        assert helper.commands_run() == 0
+    assert helper.run("--version")[0] == 0
+    assert helper.commands_run() == 1
+
+
 def test_a_helper_whose_socket_was_removed_stops(helper):
     """No command could reach it any more (a cleaner emptied the folder): it exits rather
     than linger for good."""

@@ -193,7 +193,13 @@ class Helper:
         }
 
     def _fork(self, conn: socket.socket, request: dict[str, Any], fds: list[int]) -> None:
-        pid = os.fork()
+        try:
+            pid = os.fork()
+        except OSError as exc:  # a process limit (EAGAIN): the command runs in its client
+            print(f"a command ran without the helper: fork failed ({exc.strerror})", flush=True)
+            with conn, contextlib.suppress(OSError):
+                send_line(conn, {"refused": f"fork failed ({exc.strerror})"})
+            return
         if pid == 0:
             self._become_command(conn, request, fds)  # never returns
         self.served += 1
