@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -306,3 +307,29 @@ def test_a_signal_in_the_logs_drain_says_the_table_stopped_and_keeps_what_was_ap
     assert dest_conn.execute(counted.format(target)).fetchone() == (13500, 0)
     assert cdc_project.run("sync", env=IN_PROCESS).exit_code == 0
     assert dest_conn.execute(counted.format(target)).fetchone() == (13500, 1)
+
+
+def test_a_hangup_stops_follow_as_sigterm_does(db_project, table):
+    """`sync --follow` in a terminal that closes: SIGHUP lets the current table finish and
+    the process ends with 0, as SIGTERM does (it used to die at once)."""
+    db_project.write_config({"tables": [{"name": f"{table}.t", "mode": "full-refresh"}]})
+    command = [sys.executable, "-m", "replicator", "sync", "--follow", "--interval", "0.2"]
+    process = subprocess.Popen(
+        [*command, "--project-dir", str(db_project.path)],
+        env={**os.environ, **db_project.env, **IN_PROCESS},
+        stdin=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(process.stderr), daemon=True)
+    reader.start()
+    try:
+        wait_for(lambda: any("follow: run " in line for line in list(lines)), 120, "a first run")
+    finally:
+        process.send_signal(signal.SIGHUP)
+        process.wait(timeout=60)
+        reader.join(timeout=10)
+    stderr = "".join(lines)
+    assert process.returncode == 0, stderr[-3000:]
+    assert "follow: stopped by a signal after" in stderr, stderr[-3000:]

@@ -123,7 +123,7 @@ def compile_command(
 @click.option(
     "--follow",
     is_flag=True,
-    help="Keep syncing until SIGTERM/SIGINT (the current table finishes; exit 0).",
+    help="Keep syncing until SIGTERM/SIGINT/SIGHUP (the current table finishes; exit 0).",
 )
 @click.option(
     "--interval",

@@ -1,5 +1,5 @@
-"""`replicator sync --follow`: runs one after another until SIGTERM or SIGINT, which let the
-current table finish; then exit 0.
+"""`replicator sync --follow`: runs one after another until SIGTERM, SIGINT or SIGHUP, which
+let the current table finish; then exit 0.
 
 Its webhook must not flood the receiver with a post every few seconds: a failed run is posted
 at once, so is the first success after a failure; other successes are summed up in one post
@@ -63,7 +63,8 @@ def follow(project: Project, names: tuple[str, ...], verbose: int, interval: flo
     notifier = FollowNotifier(project)
     runs = 0
     log.info(
-        "follow: syncing every %g s until SIGTERM or SIGINT (which let the current table finish)",
+        "follow: syncing every %g s until SIGTERM, SIGINT or SIGHUP (which let the current "
+        "table finish)",
         interval,
         extra={"fields": {"event": "follow.started", "interval": interval}},
     )
