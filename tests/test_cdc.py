@@ -7,14 +7,13 @@ import json
 import os
 import resource
 import signal
-import subprocess
-import sys
 import threading
 import time
 import uuid
 
 import pytest
 from dbcompare import assert_same_table
+from following import Follow
 from psycopg import sql
 
 pytestmark = pytest.mark.spark
@@ -441,16 +440,7 @@ def test_follow_applies_changes_until_sigterm_and_sums_up_its_webhooks(
     hook = httpserver.url_for("/hook")
     _config(cdc_project, schema, "orders", webhook={"url": hook, "summary_interval": 3600})
     httpserver.expect_request("/hook", method="POST").respond_with_data("ok")
-    command = [sys.executable, "-m", "replicator", "sync", "--follow", "--interval", "0.2"]
-    process = subprocess.Popen(
-        [*command, "--project-dir", str(cdc_project.path)],
-        env={**os.environ, **cdc_project.env, "REPLICATOR_SPARK_MIN_ROWS": "10000000"},
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    lines: list[str] = []
-    reader = threading.Thread(target=lambda: lines.extend(process.stderr), daemon=True)
-    reader.start()
+    follow = Follow(cdc_project, {"REPLICATOR_SPARK_MIN_ROWS": "10000000"})
     try:
         _run(writer, schema, "DELETE FROM {t} WHERE id <= 50")
         _run(writer, schema, "INSERT INTO {t} VALUES (500, 'followed', 1, NULL)")
@@ -462,17 +452,12 @@ def test_follow_applies_changes_until_sigterm_and_sums_up_its_webhooks(
         # their successes are summed up in the post sent when the signal stops it. The run
         # that applied them may not have said it finished yet (its commit comes first): the
         # runs finished now, that one, then two more.
-        finished = len([line for line in list(lines) if "follow: run " in line])
-        while time.monotonic() < deadline and (
-            len([line for line in list(lines) if "follow: run " in line]) < finished + 3
-        ):
+        finished = follow.runs_finished()
+        while time.monotonic() < deadline and follow.runs_finished() < finished + 3:
             time.sleep(0.1)
     finally:
-        process.send_signal(signal.SIGTERM)
-        process.wait(timeout=60)
-        reader.join(timeout=10)
-    stderr = "".join(lines)
-    assert process.returncode == 0, stderr[-3000:]
+        code, stderr = follow.stop(signal.SIGTERM)
+    assert code == 0, stderr[-3000:]
     assert "follow: stopped by a signal after" in stderr
     assert "cdc: slot" in stderr and "bytes of log written since" in stderr
     posts = [request.get_json() for request, _ in httpserver.log]

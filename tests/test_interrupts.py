@@ -10,7 +10,6 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -18,6 +17,7 @@ import psycopg
 import pytest
 from dbcompare import leftovers
 from engines import IN_PROCESS
+from following import Follow
 from psycopg import sql
 from waiting import wait_for
 
@@ -313,23 +313,10 @@ def test_a_hangup_stops_follow_as_sigterm_does(db_project, table):
     """`sync --follow` in a terminal that closes: SIGHUP lets the current table finish and
     the process ends with 0, as SIGTERM does (it used to die at once)."""
     db_project.write_config({"tables": [{"name": f"{table}.t", "mode": "full-refresh"}]})
-    command = [sys.executable, "-m", "replicator", "sync", "--follow", "--interval", "0.2"]
-    process = subprocess.Popen(
-        [*command, "--project-dir", str(db_project.path)],
-        env={**os.environ, **db_project.env, **IN_PROCESS},
-        stdin=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    lines: list[str] = []
-    reader = threading.Thread(target=lambda: lines.extend(process.stderr), daemon=True)
-    reader.start()
+    follow = Follow(db_project, IN_PROCESS)
     try:
-        wait_for(lambda: any("follow: run " in line for line in list(lines)), 120, "a first run")
+        wait_for(follow.runs_finished, 120, "a first run")
     finally:
-        process.send_signal(signal.SIGHUP)
-        process.wait(timeout=60)
-        reader.join(timeout=10)
-    stderr = "".join(lines)
-    assert process.returncode == 0, stderr[-3000:]
+        code, stderr = follow.stop(signal.SIGHUP)
+    assert code == 0, stderr[-3000:]
     assert "follow: stopped by a signal after" in stderr, stderr[-3000:]
