@@ -167,11 +167,7 @@ def test_output_and_exit_codes_are_those_of_a_run_without_it(helper, db_project,
 def test_sigterm_to_the_client_interrupts_the_run(helper, cdc_project, writer, schema, tmp_path):
     """SIGTERM (cron's timeout, systemd) to the client reaches the run, which stops as it
     would alone: exit 143, its own message, no traceback. Other commands run meanwhile."""
-    _cdc_table(cdc_project, writer, schema)
-    pause = tmp_path / "pause"
-    env = {**_project_env(cdc_project), "REPLICATOR_PAUSE_AT": f"cdc-before-drain={pause}"}
-    client = helper.cli("sync", "--project-dir", str(cdc_project.path), env=env)
-    wait_for(lambda: Path(f"{pause}.reached").exists(), 120, "the run at its drain")
+    client, _, _ = _sync_at_its_drain(helper, cdc_project, writer, schema, tmp_path)
     assert helper.run("--version")[0] == 0  # another command meanwhile: its own child
     assert helper.status()["running_now"] == 1
     client.send_signal(signal.SIGTERM)
@@ -187,17 +183,14 @@ def test_a_signal_the_client_ignores_is_ignored_by_its_run(
 ):
     """`nohup replicator sync`: the client ignores SIGHUP, and so does its run, which goes on
     to the end as it would without the helper."""
-    _cdc_table(cdc_project, writer, schema)
-    pause = tmp_path / "pause"
-    env = {**_project_env(cdc_project), "REPLICATOR_PAUSE_AT": f"cdc-before-drain={pause}"}
-    client = helper.cli(
-        "sync",
-        "--project-dir",
-        str(cdc_project.path),
-        env=env,
+    client, pause, _ = _sync_at_its_drain(
+        helper,
+        cdc_project,
+        writer,
+        schema,
+        tmp_path,
         preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN),
     )
-    wait_for(lambda: Path(f"{pause}.reached").exists(), 120, "the run at its drain")
     client.send_signal(signal.SIGHUP)
     pause.touch()
     _, err = client.communicate(timeout=120)
@@ -210,11 +203,7 @@ def test_a_client_killed_mid_run_takes_its_run_down(
 ):
     """A client killed outright (SIGKILL) cannot relay anything: the helper sees it gone and
     stops its run with SIGTERM, which cleans up; the next run converges."""
-    _cdc_table(cdc_project, writer, schema)
-    pause = tmp_path / "pause"
-    env = {**_project_env(cdc_project), "REPLICATOR_PAUSE_AT": f"cdc-before-drain={pause}"}
-    client = helper.cli("sync", "--project-dir", str(cdc_project.path), env=env)
-    wait_for(lambda: Path(f"{pause}.reached").exists(), 120, "the run at its drain")
+    client, _, env = _sync_at_its_drain(helper, cdc_project, writer, schema, tmp_path)
     client.kill()
     client.wait(timeout=60)
     wait_for(lambda: helper.status()["running_now"] == 0, 120, "the helper's run to stop")
@@ -298,13 +287,9 @@ def test_what_the_child_cannot_take_runs_in_the_client(
 def test_the_run_takes_the_clients_nice_value(helper, cdc_project, writer, schema, tmp_path):
     """`nice -n 7 replicator sync` in a crontab: the child that does the work runs at nice 7,
     not at the helper's."""
-    _cdc_table(cdc_project, writer, schema)
-    pause = tmp_path / "pause"
-    env = {**_project_env(cdc_project), "REPLICATOR_PAUSE_AT": f"cdc-before-drain={pause}"}
-    client = helper.cli(
-        "sync", "--project-dir", str(cdc_project.path), env=env, preexec_fn=lambda: os.nice(7)
+    client, pause, _ = _sync_at_its_drain(
+        helper, cdc_project, writer, schema, tmp_path, preexec_fn=lambda: os.nice(7)
     )
-    wait_for(lambda: Path(f"{pause}.reached").exists(), 120, "the run at its drain")
     nice = [_nice(pid) for pid in _children(helper.status()["pid"])]
     pause.touch()
     _, err = client.communicate(timeout=120)
@@ -424,6 +409,19 @@ def _timeless(result: tuple[int, str, str]) -> tuple[int, str, str]:
     """A command's result without the time on each JSON log line."""
     code, out, err = result
     return code, out, re.sub(r'"time": "[^"]*"', '"time": ""', err)
+
+
+def _sync_at_its_drain(
+    helper: Helper, project, writer, schema: str, tmp_path: Path, **popen
+) -> tuple[subprocess.Popen, Path, dict[str, str]]:
+    """A `sync` of a new `cdc` table through the helper, waiting before its drain until the
+    test creates the pause file: the client, that file and the run's environment."""
+    _cdc_table(project, writer, schema)
+    pause = tmp_path / "pause"
+    env = {**_project_env(project), "REPLICATOR_PAUSE_AT": f"cdc-before-drain={pause}"}
+    client = helper.cli("sync", "--project-dir", str(project.path), env=env, **popen)
+    wait_for(lambda: Path(f"{pause}.reached").exists(), 120, "the run at its drain")
+    return client, pause, env
 
 
 def _cdc_table(project, writer, schema: str) -> None:

@@ -102,8 +102,8 @@ class TaskError(Exception):
 
 
 class Interrupted(KeyboardInterrupt):
-    """The process received SIGINT, SIGTERM or SIGHUP. A KeyboardInterrupt, so psycopg cancels the
-    query it interrupts, and `except Exception` never swallows it."""
+    """The process received SIGINT, SIGTERM or SIGHUP. A KeyboardInterrupt, so psycopg
+    cancels the query it interrupts, and `except Exception` never swallows it."""
 
     def __init__(self, signum: int) -> None:
         self.signum = signum

@@ -19,9 +19,16 @@ import sys
 from collections.abc import Callable
 from types import FrameType
 
-from .warm_socket import OFF_ENV, Lines, connect, installation, send_request, socket_path
+from .warm_socket import (
+    OFF_ENV,
+    RELAYED,
+    Lines,
+    connect,
+    installation,
+    send_request,
+    socket_path,
+)
 
-RELAYED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1)
 LOST = 1  # the helper died during the run and the child's own exit code never came
 ANSWER_SECONDS = 60.0  # a helper answers at once (a fork); one that does not is stuck
 OFF_VALUES = {"off", "0", "false", "no"}
@@ -67,7 +74,7 @@ def run_in_helper(args: list[str]) -> int | None:
         conn.settimeout(None)
         child = int(started["pid"])
         for sig in RELAYED:
-            if signal.getsignal(sig) != signal.SIG_IGN:  # ignored (nohup): the child too
+            if sig not in request["ignored"]:  # `nohup`: the child ignores it too
                 signal.signal(sig, _relay_to(child))
         signal.signal(signal.SIGTSTP, _stop_with(child))
         finished = _next_or_none(lines)

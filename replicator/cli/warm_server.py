@@ -29,7 +29,14 @@ import time
 import traceback
 from typing import Any
 
-from .warm_socket import PACKAGE_DIR, connect, installation, receive_request, send_line
+from .warm_socket import (
+    PACKAGE_DIR,
+    RELAYED,
+    connect,
+    installation,
+    receive_request,
+    send_line,
+)
 
 READ_SECONDS = 5.0  # a client sends its request at once; a stuck one must not stall others
 
@@ -243,15 +250,9 @@ class Helper:
         code = 1
         try:
             signal.set_wakeup_fd(-1)
-            for sig in (
-                signal.SIGCHLD,
-                signal.SIGTERM,
-                signal.SIGHUP,
-                signal.SIGQUIT,
-                signal.SIGUSR1,
-            ):
-                signal.signal(sig, signal.SIG_DFL)  # as a new process has them, not the helper's
-            signal.signal(signal.SIGINT, signal.default_int_handler)
+            for sig in (signal.SIGCHLD, *RELAYED):  # as a new process has them, not the helper's
+                signal.signal(sig, signal.SIG_DFL)
+            signal.signal(signal.SIGINT, signal.default_int_handler)  # Python's own
             self.selector.close()
             self.listener.close()
             os.close(self.wakeup_read)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import struct
 import sys
@@ -25,6 +26,9 @@ import replicator
 from ..base.cache import cache_root
 
 OFF_ENV = "REPLICATOR_WARM"  # `off`: every command runs in its own process
+# What the client passes on to its run (or, when it ignores one, asks the run to ignore too);
+# the run starts from their default handlers.
+RELAYED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1)
 PACKAGE_DIR = os.path.dirname(os.path.abspath(replicator.__file__))
 SOCKET_PATH_MAX = 107  # sockaddr_un's sun_path, less its terminating NUL
 _LENGTH = struct.Struct("!I")
