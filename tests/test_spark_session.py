@@ -36,6 +36,32 @@ def test_conf_prefers_local_jar_and_config_wins():
     assert DAEMON_MODULE_KEY not in custom
 
 
+@pytest.mark.parametrize(
+    ("configured", "collector"),
+    [(None, "UseSerialGC"), ("-Xmx2g -XX:+UseParallelGC", "UseParallelGC")],
+)
+def test_the_driver_jvm_starts_with_the_collector_the_config_names_else_the_serial_one(
+    configured, collector
+):
+    """Ours is only a default: a JVM given two collectors refuses to start."""
+    conf = {"spark.driver.extraJavaOptions": configured} if configured else {}
+    options = spark_conf(None, conf)["spark.driver.extraJavaOptions"].split()
+    java = subprocess.run(
+        ["java", *options, "-XX:+PrintFlagsFinal", "-version"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert java.returncode == 0, java.stderr
+    collectors = {"UseSerialGC", "UseParallelGC", "UseG1GC", "UseZGC", "UseShenandoahGC"}
+    chosen = [
+        fields[1]
+        for fields in (line.split() for line in java.stdout.splitlines())
+        if len(fields) > 3 and fields[1] in collectors and fields[3] == "true"
+    ]
+    assert chosen == [collector]
+
+
 def test_the_shipped_environment_joins_what_the_config_already_ships(tmp_path):
     archive = tmp_path / "env.tar.gz"
     conf = spark_conf(
@@ -181,7 +207,7 @@ def test_the_first_spark_run_leaves_the_archive_to_a_detached_build_later_runs_m
     own. The next JVM maps the archive.
 
     The suite's own cache, which starts as a new machine's does: an archive from before
-    this suite run is removed, so that every run of the suite builds one (about 40 s of
+    this suite run is removed, so that every run of the suite builds one (about 20 s of
     one core), whichever worker's run hands it the list first; a run that starts meanwhile
     goes without, as a user's does (a JVM already started keeps the archive it mapped)."""
     cache = Path(os.environ["REPLICATOR_CACHE_DIR"])
@@ -211,7 +237,7 @@ def test_the_first_spark_run_leaves_the_archive_to_a_detached_build_later_runs_m
 
 
 def test_the_archive_builder_gets_no_database_url_or_secret_from_the_run():
-    """The builder outlives the command by about 40 s: nothing of the run's environment it
+    """The builder outlives the command by about 20 s: nothing of the run's environment it
     has no use for, least of all the databases' URLs; the JVM options it does need."""
     from replicator.transfer.jvm_archive import builder_environment
 

@@ -16,7 +16,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-NICENESS = 10  # the dump takes about 40 s of one core; whatever runs meanwhile goes first
+NICENESS = 10  # the dump takes about 20 s of one core; whatever runs meanwhile goes first
 
 
 def main(argv: list[str]) -> int:

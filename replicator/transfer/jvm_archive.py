@@ -1,12 +1,12 @@
-"""A class-data archive (AppCDS) for Spark's driver JVM: with one, a local Spark run's
-start and first job took 5.0-5.6 s instead of 10.4-11.2 here (2026-11-26).
+"""A class-data archive (AppCDS) for Spark's driver JVM: with one, a `sync` of a small table
+through local Spark took 4.8-5.5 s instead of 7.8-8.5 here, the whole command (2026-11-27).
 
 No run waits for it to be written. A run that finds none has its JVM list the classes it
 loads (`-XX:DumpLoadedClassList`, which costs nothing measurable); as the run ends, a
 detached process (archive_build.py) dumps those classes into a static archive at low
-priority, about 40 s of one core, while the run's command has already exited. (Asking the
-JVM to write a dynamic archive at its exit instead cost that run 25 s, and a loaded machine
-killed the slow exit, so every run paid it again.)
+priority, about 20 s of one core here, while the run's command has already exited. (Asking
+the JVM to write a dynamic archive at its exit instead cost that run 25 s, and a loaded
+machine killed the slow exit, so every run paid it again.)
 
 The archive is keyed by everything that must match (Java binary, pyspark version, the Spark
 home its class path comes from, jars, JVM flags), lives in `$REPLICATOR_CACHE_DIR` (default
@@ -32,11 +32,14 @@ from pathlib import Path
 from ..base.cache import cache_dir
 from ..base.processes import alive
 from ..base.readable import readable
+from .spark_session import DRIVER_GC, QUICK_JIT
 
-# What the driver loads, in words: a list taken before the copy jobs went through a
-# SparkSession lacks Spark SQL's classes (the session then starts in 2.8 s instead of 1.3).
-# "static": the format, so that an archive of the earlier kind is never taken for one.
-LOADS = "SparkContext, SparkSession, Python UDF jobs; static"
+# What the driver loads and how it runs, in words: the copy jobs' classes are in the list
+# only when it is taken after them (a run's list is taken as it ends). "static": the format,
+# so that an archive of an earlier kind is never taken for one; "RDD": the classes of a run
+# without Spark SQL (task_job.py), about 8,700 instead of 13,700; then the JVM options every
+# driver gets (the config's own are part of the key apart).
+LOADS = f"SparkContext, Python RDD jobs; static; {QUICK_JIT} {DRIVER_GC}"
 # Unified-logging warnings (a stale archive, say) would go to stdout: errors only.
 QUIET_CDS = "-Xlog:cds=error,cds+dynamic=error"
 # The main class pyspark's launcher starts: the JVM's options are the arguments before it.
@@ -106,7 +109,7 @@ def plan_archive(jars: str, java_options: str) -> ArchivePlan:
 
 def _in_progress(folder: Path, name: str) -> bool:
     """Whether a live process is making this archive. Files left by a process that is gone
-    (killed, or a machine restarted) are removed: a dumped archive is about 150 MB."""
+    (killed, or a machine restarted) are removed: a dumped archive is about 85 MB."""
     busy = False
     for path in folder.glob("spark-driver-*.jsa.*-*"):
         match = _IN_PROGRESS.match(path.name)

@@ -2,7 +2,8 @@
 
 Spark is either a JVM this process starts (`spark.master`: local[*] or a cluster's master)
 or a Spark Connect server it connects to (`spark.remote`, or the project's warm server from
-`replicator spark start`). Either way the tasks run through the DataFrame API (task_job.py).
+`replicator spark start`). Either way a copy is one Spark job (task_job.py): an RDD's on a
+JVM here, a DataFrame's on a Connect server.
 Starting takes seconds (a JVM) or about a second (a Connect client): a run starts as soon as
 it knows a table needs data moved, and keeps inspecting catalogs and writing DDL meanwhile.
 A run that moves nothing never starts a JVM. Which copies go to Spark at all is
@@ -22,6 +23,7 @@ import sys
 import threading
 import time
 import uuid
+import weakref
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
@@ -41,6 +43,8 @@ from .task_job import default_parallelism, run_job
 
 _DRIVER_OPTIONS = "spark.driver.extraJavaOptions"
 log = logging.getLogger(__name__)
+# The sessions whose first job ran already: the Python workers are up.
+_WARMED: weakref.WeakSet[Any] = weakref.WeakSet()
 T = TypeVar("T")
 R = TypeVar("R")
 
@@ -128,8 +132,10 @@ class SparkRunner:
                 self._sized.set()
             if not warm:
                 # The first job forks Spark's Python workers (about half a second) and, on
-                # a JVM here, warms Spark SQL's planning (a second): do it now.
+                # a Connect server, warms Spark SQL's planning (a second): do it now.
                 run_job(session, abs, list(range(self._parallelism)), _alias())
+                if self.remote is None:
+                    _WARMED.add(session)
             self._session = session
         except BaseException as exc:  # surfaced to the table that needs Spark
             self._error = exc
@@ -166,10 +172,9 @@ class SparkRunner:
         return connect(self.remote, shipped), False
 
     def _start_jvm(self) -> tuple[Any, bool]:
-        """The session on this process's JVM, and whether it ran a job before (a process
-        that runs several commands, as the tests do, keeps its JVM and Python workers)."""
+        """This process's SparkContext, and whether it ran a job before (a process that
+        runs several commands, as the tests do, keeps its JVM and Python workers)."""
         from pyspark import SparkContext
-        from pyspark.sql import SparkSession
 
         from .spark_session import start_spark_context
 
@@ -187,10 +192,7 @@ class SparkRunner:
         # Known now: the run plans its partitions while the session gets ready.
         self._parallelism = int(context.defaultParallelism)
         self._sized.set()
-        session = SparkSession._instantiatedSession
-        if session is not None and session.sparkContext is context:
-            return session, True
-        return SparkSession(context), False
+        return context, context in _WARMED
 
     def _without_server(self) -> str:
         """Go on as a run without the warm server would; says how. Spark here starts
@@ -304,7 +306,7 @@ class SparkRunner:
                 session.removeTag(tag)
 
             return untag
-        context = session.sparkContext
+        context = session  # a SparkContext of this process
         context.setJobGroup(tag, description, interruptOnCancel=True)
         return on_interrupt(lambda: context.cancelJobGroup(tag))
 
