@@ -306,9 +306,8 @@ class SparkRunner:
                 session.removeTag(tag)
 
             return untag
-        context = session  # a SparkContext of this process
-        context.setJobGroup(tag, description, interruptOnCancel=True)
-        return on_interrupt(lambda: context.cancelJobGroup(tag))
+        session.setJobGroup(tag, description, interruptOnCancel=True)  # a SparkContext here
+        return on_interrupt(lambda: session.cancelJobGroup(tag))
 
     def _server_lost(self, session: Any) -> str:
         """The table's error once the Connect server stopped answering; what the rest of

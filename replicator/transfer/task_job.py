@@ -63,9 +63,9 @@ def run_job(session: Any, function: Callable[[T], R], tasks: list[T], alias: str
     if is_context(session):
         answers = session.parallelize(range(count), count).map(entry).collect()
     else:
+        from pyspark.sql.connect import functions
         from pyspark.sql.types import BinaryType
 
-        functions = _functions(session)
         call = functions.udf(entry, BinaryType(), useArrow=False).asNondeterministic()
         rows = session.range(0, count, 1, count).select(call(functions.col("id"))).collect()
         answers = [row[0] for row in rows]
@@ -92,14 +92,3 @@ def default_parallelism(session: Any) -> int:
     parts = session.range(0, 1 << 16).selectExpr("spark_partition_id() AS part")
     row = parts.selectExpr("max(part)").first()
     return int(row[0]) + 1
-
-
-def _functions(session: Any) -> Any:
-    """The functions module of the session's kind: pyspark's generic one picks Connect only
-    when the whole process is in Connect mode (an environment variable), and one process
-    may run both kinds (the tests do)."""
-    if type(session).__module__.startswith("pyspark.sql.connect"):
-        from pyspark.sql.connect import functions
-    else:
-        from pyspark.sql import functions
-    return functions
