@@ -123,6 +123,32 @@ def schema(
             conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(name)))
 
 
+@pytest.fixture
+def loader_role(
+    pg_servers: Servers, source_conn: psycopg.Connection[Any], schema: str
+) -> Iterator[str]:
+    """The source URL of a role that may SELECT the test schema's tables (those created
+    later too) and nothing else: no pg_monitor, no pg_read_all_stats, so it sees no other
+    role's transaction start."""
+    role = f"lp_{uuid.uuid4().hex[:8]}"
+    source_conn.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(role)))
+    source_conn.execute(
+        sql.SQL("GRANT USAGE ON SCHEMA {} TO {}").format(
+            sql.Identifier(schema), sql.Identifier(role)
+        )
+    )
+    source_conn.execute(
+        sql.SQL("ALTER DEFAULT PRIVILEGES IN SCHEMA {} GRANT SELECT ON TABLES TO {}").format(
+            sql.Identifier(schema), sql.Identifier(role)
+        )
+    )
+    try:
+        yield pg_servers.source_url.replace("//postgres@", f"//{role}@", 1)
+    finally:
+        source_conn.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(role)))
+        source_conn.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))
+
+
 @dataclass(frozen=True)
 class PasswordRole:
     """A login role that must authenticate with SCRAM and a hostile password."""

@@ -73,7 +73,7 @@ def run_checks(project: Project, ping: bool = False) -> list[Finding]:
         findings.extend(_stray_models(project))
         if source is not None:
             if any(t.mode != "cdc" and t.replication_key for t in project.config.tables):
-                findings.extend(_source_activity_visibility(source))
+                findings.extend(_cursor_protection(source))
             findings.extend(capture_findings(source, project))
         if dest is not None:
             findings.extend(_destination_privileges(dest, project))
@@ -178,28 +178,42 @@ def _connect(url: str, role: str, variable: str, findings: list[Finding]) -> Any
     return conn
 
 
-def _source_activity_visibility(conn: psycopg.Connection[Any]) -> Iterator[Finding]:
-    """Whether the sync role sees other sessions' transaction starts (pg_stat_activity)."""
-    user, sees_all = fetch_all(
+def _cursor_protection(conn: psycopg.Connection[Any]) -> Iterator[Finding]:
+    """What keeps a cursor from passing a row that a transaction open at the read commits
+    later, with this role on this server (postgres/open_transactions.py)."""
+    user, sees_all, standby = fetch_all(
         conn,
         "SELECT current_user, (SELECT rolsuper FROM pg_roles WHERE rolname = current_user) "
-        "OR pg_has_role(current_user, 'pg_read_all_stats', 'USAGE')",
+        "OR pg_has_role(current_user, 'pg_read_all_stats', 'USAGE'), pg_is_in_recovery()",
     )[0]
-    if sees_all:
-        yield Finding(
-            "ok",
-            "source",
-            f"role {user} sees every session's transaction start: "
-            "timestamp cursors advance right after a batch",
-        )
-    else:
+    role = display_ident(user)
+    if standby:
         yield Finding(
             "warn",
             "source",
-            f"role {user} cannot see other roles' transaction starts: while their writes are "
-            "open, a timestamp cursor waits for the next run to advance (rows are read again, "
-            "nothing is missed)",
-            f"GRANT pg_read_all_stats TO {display_ident(user)}",
+            "the source is a standby: a cursor waits for every transaction of the primary "
+            "that had written when it read, but one that had not written yet (BEGIN, work, "
+            "then UPDATE ... now()) cannot be seen from a standby, and only the table's "
+            "`lookback` covers it",
+            "read the primary, or set tables[].lookback above the longest transaction "
+            "that writes these tables",
+        )
+    elif sees_all:
+        yield Finding(
+            "ok",
+            "source",
+            f"role {role} sees every session's transaction start: a timestamp cursor stops "
+            "at the oldest open transaction's start and advances right after a batch; other "
+            "keys wait for every transaction open at the read to end",
+        )
+    else:
+        yield Finding(
+            "ok",
+            "source",
+            f"role {role} waits for every transaction open at the read (their locks need no "
+            "privilege): while one is open, a cursor advances one run later (rows are read "
+            "again, nothing is missed); GRANT pg_read_all_stats TO "
+            f"{role} lets a timestamp cursor stop at the oldest one's start instead",
         )
 
 

@@ -13,16 +13,9 @@ import psycopg
 from psycopg import sql
 
 from ..postgres.database import execute
+from ..postgres.open_transactions import OpenTransactions, look
 from ..project.state import Cursor, Pending, TableState, Window
 from .table_sql import TableSql, batch_query
-
-
-def in_progress_xids(conn: psycopg.Connection[Any]) -> list[str]:
-    """Transactions in progress in the current snapshot (the caller's transaction)."""
-    rows = execute(
-        conn, "SELECT x::text FROM pg_snapshot_xip(pg_current_snapshot()) AS x ORDER BY 1"
-    ).fetchall()
-    return [row[0] for row in rows]
 
 
 def rows_past(built: TableSql, cursor: Cursor | None) -> sql.Composable:
@@ -105,13 +98,17 @@ def probe(conn: psycopg.Connection[Any], built: TableSql, state: TableState) -> 
     """Has anything at or past the cursor changed since it was read? One snapshot."""
     execute(conn, "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
     try:
-        xids = set(in_progress_xids(conn))
+        seen = look(conn)
         limit = probe_limit(state)
         changed, rows = _changed(conn, built, state, limit)
     finally:
         execute(conn, "ROLLBACK")
-    pending = state.pending if state.pending and set(state.pending.xids) & xids else None
-    return ProbeResult(changed, pending, rows, rows < limit)
+    return ProbeResult(changed, still_pending(state, seen), rows, rows < limit)
+
+
+def still_pending(state: TableState, seen: OpenTransactions) -> Pending | None:
+    """The state's pending cursor while a transaction it waits for may still be open."""
+    return state.pending if state.pending and seen.still_open(state.pending) else None
 
 
 def changed_since(conn: psycopg.Connection[Any], built: TableSql, state: TableState) -> bool:

@@ -73,12 +73,7 @@ class PgCluster:
         )
 
     def start(self) -> PgCluster:
-        self.folder.mkdir(parents=True, exist_ok=True)
-        if os.geteuid() == 0:
-            # The server user must reach its folder: a private temp dir above it gets o+x.
-            parent = self.folder.parent
-            parent.chmod(parent.stat().st_mode | 0o711)
-            shutil.chown(self.folder, "postgres", "postgres")
+        self._own_folder()
         try:
             self._run(
                 "initdb",
@@ -93,6 +88,32 @@ class PgCluster:
             )
         except subprocess.CalledProcessError as exc:
             raise RuntimeError(f"initdb failed: {exc.stderr.strip()}") from None
+        return self._configure_and_start({})
+
+    def start_standby(self, primary: PgCluster | int) -> PgCluster:
+        """A hot standby of the server on `primary` (a cluster, or a port on 127.0.0.1),
+        streaming from it: a base backup of it, then started in recovery."""
+        port = primary if isinstance(primary, int) else primary.port
+        self._own_folder()
+        try:
+            self._run(
+                "pg_basebackup",
+                *("-h", "127.0.0.1", "-p", str(port), "-U", "postgres"),
+                *("-D", str(self.data), "-R", "-X", "stream", "-c", "fast"),
+            )
+        except subprocess.CalledProcessError as exc:
+            raise RuntimeError(f"pg_basebackup failed: {exc.stderr.strip()}") from None
+        return self._configure_and_start({"hot_standby": "on"})
+
+    def _own_folder(self) -> None:
+        self.folder.mkdir(parents=True, exist_ok=True)
+        if os.geteuid() == 0:
+            # The server user must reach its folder: a private temp dir above it gets o+x.
+            parent = self.folder.parent
+            parent.chmod(parent.stat().st_mode | 0o711)
+            shutil.chown(self.folder, "postgres", "postgres")
+
+    def _configure_and_start(self, extra: dict[str, str]) -> PgCluster:
         settings = {
             "listen_addresses": "'127.0.0.1'",
             "port": str(self.port),
@@ -100,6 +121,7 @@ class PgCluster:
             "max_connections": "100",
             "wal_level": "logical" if self.logical else "replica",
             "logging_collector": "off",
+            **extra,
         }
         if not self.durable:  # throwaway data: trade crash safety for speed
             settings.update(fsync="off", synchronous_commit="off", full_page_writes="off")

@@ -16,7 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
 from ..base.errors import StateError, StateWriteError
 from ..base.failpoints import failpoint
@@ -45,13 +45,27 @@ class Cursor(_Record):
 
 
 class Pending(_Record):
-    """A cursor not yet safe: source transactions (xids) were in progress when it was read.
+    """A cursor not yet safe: source transactions were open when it was read.
 
     It becomes the cursor once all of them have ended: until then one of them could still
-    commit a row with a key below it."""
+    commit a row with a key below it. They are every transaction with an xid below `before`
+    (the next xid then, as xid8 text) and the `sessions` open then (virtual transaction
+    ids, which also name those that had not written yet): postgres/open_transactions.py."""
 
     value: str
-    xids: list[str]
+    before: str
+    sessions: list[str] = []
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_xids(cls, data: Any) -> Any:
+        """A state written before `before` listed the xids in progress: waiting for every xid
+        up to the newest of them waits for at least those."""
+        if isinstance(data, dict) and "xids" in data and "before" not in data:
+            xids = [int(x) for x in data["xids"]]
+            data = {k: v for k, v in data.items() if k != "xids"}
+            data["before"] = str(max(xids, default=0) + 1)
+        return data
 
 
 class Window(_Record):

@@ -1,13 +1,15 @@
 """Where the next incremental read starts: never past a row that could still commit.
 
-Inside the extraction snapshot we know which source transactions are still in progress
-(`pg_snapshot_xip`, no privilege needed). Any of them may later commit a row whose key is
-below the maximum we read (an `updated_at` taken at its start, an id it drew from a
-sequence earlier). So the maximum read (`hwm`) only becomes the cursor once every
-transaction that was in progress when it was read has ended; until then it waits as
-`pending` and the cursor stays where it was. Temporal keys also keep a `lookback` margin
-against clock skew. Rows between the cursor and the maximum are read again next time and
-merged idempotently. Values are compared by PostgreSQL, in the key's own type.
+Right after the extraction snapshot is taken we look at the source's open transactions
+(postgres/open_transactions.py: every one, with an xid or not yet, no privilege needed).
+Any of them may later commit a row whose key is below the maximum we read (an `updated_at`
+taken at its start, an id it drew from a sequence earlier). So the maximum read (`hwm`)
+only becomes the cursor once every transaction open at the read has ended; until then it
+waits as `pending` and the cursor stays where it was. Where the role sees every session's
+start (a timestamp key on a primary), the cursor goes as far as the oldest open
+transaction's start instead. Temporal keys also keep a `lookback` margin against clock
+skew. Rows between the cursor and the maximum are read again next time and merged
+idempotently. Values are compared by PostgreSQL, in the key's own type.
 """
 
 from __future__ import annotations
@@ -19,8 +21,9 @@ from psycopg import sql
 
 from ..base.errors import ReplicatorError, UsageError
 from ..plan.table_sql import TableSql
-from ..plan.window import fingerprint, in_progress_xids
+from ..plan.window import fingerprint
 from ..postgres.database import execute
+from ..postgres.open_transactions import OpenTransactions, look
 from ..postgres.type_closure import base_type
 from ..project.state import Cursor, Pending, Window
 
@@ -79,48 +82,29 @@ def finite_test(key_type: str, ref: sql.Composable) -> sql.Composable | None:
     return None
 
 
-_OLDEST_WRITER = """
-SELECT count(a.xact_start) = cardinality(%(xids)s::text[]), min(a.xact_start)::text
-FROM pg_catalog.pg_stat_activity a
-WHERE (a.backend_xid::text)::numeric
-      = ANY (SELECT x::numeric %% 4294967296 FROM unnest(%(xids)s::text[]) AS x)
-"""
-
-
-def oldest_writer_start(conn: psycopg.Connection[Any], xids: list[str]) -> str | None:
-    """When every in-progress transaction is visible in pg_stat_activity (needs
-    pg_read_all_stats for other roles' sessions), the start of the oldest one."""
-    if not xids:
-        return None
-    seen_all, oldest = execute(conn, _OLDEST_WRITER, {"xids": xids}).fetchone()
-    return oldest if seen_all else None
-
-
 def advance(
     conn: psycopg.Connection[Any],
     key_type: str,
     old: Cursor | None,
     pending: Pending | None,
     hwm: str | None,
-    xids: list[str],
+    seen: OpenTransactions,
     lookback_seconds: int,
 ) -> tuple[Cursor | None, Pending | None]:
-    """The cursor and pending value to store after reading everything up to `hwm`."""
+    """The cursor and pending value to store after reading everything up to `hwm`, with
+    `seen` the transactions open at the read's snapshot."""
     if hwm is None:  # nothing read: nothing new to wait for
-        return old, pending if pending and set(pending.xids) & set(xids) else None
-    waiting = set(xids)
+        return old, pending if pending and seen.still_open(pending) else None
     temporal = base_type(conn, key_type).startswith(TEMPORAL_TYPES)  # a domain's too
-    oldest = oldest_writer_start(conn, xids) if temporal else None
-    if not waiting:
+    oldest = seen.oldest_start if temporal else None
+    new_pending: Pending | None = None
+    if seen.nothing_open:
         target: str | None = hwm
-    elif oldest is not None:  # no open writer can produce a key below its own start
+    elif oldest is not None:  # no open transaction can produce a key below its own start
         target = _least(conn, key_type, hwm, oldest)
-        waiting = set()
-    elif pending is not None and not set(pending.xids) & waiting:
-        target = pending.value
     else:
-        target = None
-    new_pending = Pending(value=hwm, xids=xids) if waiting else None
+        new_pending = seen.pending(hwm)
+        target = pending.value if pending is not None and not seen.still_open(pending) else None
     if target is None:
         return old, new_pending
     value = _greatest_of(conn, key_type, old, target, hwm, lookback_seconds if temporal else 0)
@@ -176,15 +160,15 @@ def canonical_value(conn: psycopg.Connection[Any], value: str, key_type: str, su
 def first_cursor(
     conn: psycopg.Connection[Any], built: TableSql
 ) -> tuple[Cursor | None, Pending | None, Window | None]:
-    """The cursor after a full load, from the load's own snapshot (cursor.py's rules)."""
+    """The cursor after a full load, from the load's own snapshot (cursor.py's rules): the
+    first thing read in it, so that its look at the open transactions comes right after the
+    snapshot (open_transactions.py)."""
     key = built.table.replication_key
     if key is None:
         return None, None, None
+    seen = look(conn)
     hwm = newest_key(conn, sql.SQL(built.model.sql), key, built.replication_key_type)
-    xids = in_progress_xids(conn)
     cursor, pending = advance(
-        conn, built.replication_key_type, None, None, hwm, xids, built.table.lookback
+        conn, built.replication_key_type, None, None, hwm, seen, built.table.lookback
     )
-    if cursor is None and hwm is not None:  # writers in progress: start over from the start
-        pending = Pending(value=hwm, xids=xids)
     return cursor, pending, fingerprint(conn, built, cursor)

@@ -18,10 +18,11 @@ from psycopg import sql
 from ..base.failpoints import failpoint
 from ..base.identifiers import TableName
 from ..plan.table_sql import TableSql, batch_query
-from ..plan.window import count_and_newest, fingerprint, in_progress_xids
+from ..plan.window import count_and_newest, fingerprint
 from ..postgres.database import execute, run_steps, transaction
 from ..postgres.endpoints import Endpoints
 from ..postgres.naming import MAX_STAGING_PARTS, staging_table, staging_tables
+from ..postgres.open_transactions import look
 from ..postgres.snapshot import ExportedSnapshot
 from ..postgres.type_closure import base_type
 from ..project.state import Cursor, Pending, TableState, Window
@@ -208,7 +209,7 @@ def _read_batch(
     staging = staging_table(built.table.target)
     with ExportedSnapshot(ends.source_url) as snap:
         assert snap.conn is not None
-        xids = in_progress_xids(snap.conn)
+        seen = look(snap.conn)  # right after the snapshot: open_transactions.py
         progress.phase("reading the batch's newest key from the model")
         hwm = newest_key(snap.conn, batch.keyed, batch.key, batch.key_type)
         load_id = new_load_id(ends.dest, built.table.target)
@@ -234,7 +235,7 @@ def _read_batch(
             return BatchRead(copied, state.cursor, state.pending, state.window, merged)
         progress.phase("computing the new cursor")
         cursor, pending = advance(
-            snap.conn, batch.key_type, state.cursor, state.pending, hwm, xids, built.table.lookback
+            snap.conn, batch.key_type, state.cursor, state.pending, hwm, seen, built.table.lookback
         )
         window = fingerprint(snap.conn, built, cursor)
     return BatchRead(copied, cursor, pending, window, merged)

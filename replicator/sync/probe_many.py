@@ -15,8 +15,9 @@ from psycopg import sql
 
 from ..base.errors import DatabaseError
 from ..plan.table_sql import TableSql
-from ..plan.window import ProbeResult, in_progress_xids, probe_limit, rows_past, window_columns
+from ..plan.window import ProbeResult, probe_limit, rows_past, still_pending, window_columns
 from ..postgres.database import execute, fetch_union
+from ..postgres.open_transactions import look
 from ..project.state import TableState, Window
 
 Item = tuple[Hashable, TableSql, TableState]
@@ -29,7 +30,7 @@ def probe_many(conn: psycopg.Connection[Any], items: Sequence[Item]) -> dict[Has
         return {}
     execute(conn, "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
     try:
-        xids = set(in_progress_xids(conn))
+        seen = look(conn)
         found = _windows(conn, items)
     except DatabaseError:
         return {}
@@ -42,8 +43,7 @@ def probe_many(conn: psycopg.Connection[Any], items: Sequence[Item]) -> dict[Has
         # fewer rows than the limit: every row past the cursor was read, so the window is
         # exact; as many: more than the last sync read there, changed
         changed = rows >= limit or Window(rows=rows, hash=digest, max=newest) != state.window
-        pending = state.pending if state.pending and set(state.pending.xids) & xids else None
-        results[key] = ProbeResult(changed, pending, rows, rows < limit)
+        results[key] = ProbeResult(changed, still_pending(state, seen), rows, rows < limit)
     return results
 
 
