@@ -159,6 +159,43 @@ def test_rows_changed_after_the_last_sync_are_not_yet_synced(
     assert verdicts[f"{schema}.orders"]["not_yet_synced"] == 0
 
 
+def test_rows_written_after_a_load_beside_an_open_transaction_are_not_yet_synced(
+    db_project, schema, source_conn, dest_conn, pg_servers, loader_role
+):
+    """A role without monitoring privileges loads the table while another transaction is
+    open: the load leaves no cursor (the next sync reads every row), so whatever the source
+    writes after it is not yet synced, never missing or different (a `sync && verify`
+    health check alarmed after every first load)."""
+    _orders(source_conn, schema)
+    db_project.env["REPLICATOR_SOURCE_URL"] = loader_role
+    db_project.write_config(
+        {"tables": [{"name": f"{schema}.orders", "replication_key": "updated_at"}]}
+    )
+    orders = sql.Identifier(schema, "orders")
+    with psycopg.connect(pg_servers.source_url) as open_one:
+        open_one.execute(sql.SQL("UPDATE {} SET note = 'late' WHERE id = 1").format(orders))
+        assert db_project.run("sync", env=IN_PROCESS).exit_code == 0
+    state = json.loads(db_project.run("state", "show", f"{schema}.orders").stdout)
+    assert state[f"{schema}.orders"]["cursor"] is None, state
+    assert state[f"{schema}.orders"]["pending"] is not None, state
+    source_conn.execute(
+        sql.SQL(
+            "UPDATE {t} SET note = 'changed', updated_at = now() WHERE id = 10; "
+            "INSERT INTO {t} VALUES (10001, 'new', 1, now())"
+        ).format(t=orders)
+    )
+    result, verdicts = _verify(db_project, env=IN_PROCESS)
+    assert result.exit_code == 0, result.output
+    verdict = verdicts[f"{schema}.orders"]
+    assert (verdict["status"], verdict["missing"], verdict["different"]) == ("equal", 0, 0)
+    assert verdict["not_yet_synced"] == 3  # the open transaction's row 1, row 10 and 10001
+    dest_conn.execute(sql.SQL("UPDATE {} SET note = 'by hand' WHERE id = 20").format(orders))
+    assert db_project.run("sync", env=IN_PROCESS).exit_code == 0
+    _, verdicts = _verify(db_project, env=IN_PROCESS)
+    assert verdicts[f"{schema}.orders"]["status"] == "equal", "the sync read every row again"
+    assert assert_same_table(source_conn, dest_conn, schema, "orders") == 10_001
+
+
 def test_a_row_changed_by_hand_at_the_cursor_is_a_difference_while_the_sync_is_a_no_op(
     db_project, schema, source_conn, dest_conn
 ):

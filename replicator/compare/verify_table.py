@@ -296,25 +296,30 @@ def _set_aside_pending(
 
 
 def _fresh(built: TableSql, state: TableState | None) -> Fresh | None:
-    """`the cursor has yet to reach this source row`, when the table has a cursor and its
-    next sync reads the rows at or past it. When nothing there changed since the last sync
-    read them (the probe a sync runs first, asked in the comparison's own snapshot), that
-    sync is a no-op: a row that differs there (one changed in the copy by hand) stays as it
-    is, so it is a difference, not a row not yet synced."""
+    """`the cursor has yet to reach this source row`, when the table has been synced and its
+    next sync reads the rows at or past its cursor (every row while it has none: a load
+    beside open transactions leaves the cursor to the next sync, which reads them all).
+    When nothing there changed since the last sync read them (the probe a sync runs first,
+    asked in the comparison's own snapshot), that sync is a no-op: a row that differs there
+    (one changed in the copy by hand) stays as it is, so it is a difference, not a row not
+    yet synced."""
     table = built.table
     key = table.replication_key
-    if key is None or table.mode == "full-refresh" or state is None or state.cursor is None:
+    if key is None or table.mode == "full-refresh" or state is None or not state.last_synced_at:
         return None
-    cursor = state.cursor.value
-    column = next(c for c in built.columns if c.name == key)
-    ref = sql.SQL("{}.{}").format(q.ident(q.ALIAS), q.ident(key))
-    test = sql.SQL("{} >= %s::{}").format(ref, sql.SQL(column.type))
-    if not column.not_null:
-        test = sql.SQL("({} OR {} IS NULL)").format(test, ref)
+    test: sql.Composable = sql.SQL("true")  # no cursor yet (a load beside open writers)
+    values: list[Any] = []
+    if state.cursor is not None:
+        column = next(c for c in built.columns if c.name == key)
+        ref = sql.SQL("{}.{}").format(q.ident(q.ALIAS), q.ident(key))
+        test = sql.SQL("{} >= %s::{}").format(ref, sql.SQL(column.type))
+        if not column.not_null:
+            test = sql.SQL("({} OR {} IS NULL)").format(test, ref)
+        values = [state.cursor.value]
 
     def on(snapshot: psycopg.Connection[Any]) -> tuple[sql.Composable, list[Any]] | None:
         assert state is not None
-        return (test, [cursor]) if changed_since(snapshot, built, state) else None
+        return (test, values) if changed_since(snapshot, built, state) else None
 
     return on
 
