@@ -103,7 +103,7 @@ def observe(
         holding: list[TableName] = []
         where = behind_cursor(built, fitting_cursor(built, state.cursor if state else None))
         if leaves.gained:  # what no read of the log or the cursor would bring
-            holding = holding_rows(source_conn, leaves.gained_names(), where)
+            holding = holding_rows(source_conn, source.name, leaves.gained_oids(), where)
         rows = "rows" if where is None else "rows behind the cursor"
         changed_leaves = partitions_change(leaves, holding, rows)
         if isinstance(changed_model, ShapingChanged):

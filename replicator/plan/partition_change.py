@@ -47,6 +47,9 @@ class LeafChanges:
     def gained_names(self) -> list[TableName]:
         return [TableName(leaf.schema, leaf.name) for leaf in self.gained]
 
+    def gained_oids(self) -> list[tuple[TableName, int]]:
+        return [(TableName(leaf.schema, leaf.name), leaf.oid) for leaf in self.gained]
+
 
 @dataclass(frozen=True)
 class PartitionsChanged(Change):

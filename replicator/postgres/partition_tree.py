@@ -79,21 +79,35 @@ def storage_digest(found: Sequence[Leaf]) -> int:
 
 def holding_rows(
     conn: psycopg.Connection[Any],
-    names: Sequence[TableName],
+    root: TableName,
+    leaves: Sequence[tuple[TableName, int]],
     where: sql.Composable | None = None,
 ) -> list[TableName]:
-    """Those of the leaves that hold at least one row (`where` it holds), one read each at
-    most. A leaf the role may not read directly (SELECT on the root does not extend to it)
-    counts as holding rows: through the root, only a full scan would tell its rows apart."""
+    """Those of the leaves (name, OID) that hold at least one row (`where` it holds), one
+    read each at most. A leaf the role may read is read itself. One it may not (a grant on
+    the schema's tables does not reach a partition created later) is read through the root,
+    which the role may read, limited to the leaf's own partition bound so that the planner
+    prunes every other partition away, and to its rows (`tableoid`)."""
     held = []
-    for name in names:
-        (readable,) = fetch_all(
-            conn, "SELECT has_table_privilege(to_regclass(%s), 'SELECT')", (name.sql(),)
+    for name, oid in leaves:
+        (readable, bound) = fetch_all(
+            conn,
+            "SELECT has_table_privilege(%s::oid, 'SELECT'), "
+            "pg_catalog.pg_get_partition_constraintdef(%s::oid)",
+            (oid, oid),
         )[0]
+        tests = [] if where is None else [where]
+        if readable:
+            table = name.identifier()
+        else:
+            table = root.identifier()
+            # PostgreSQL's own text of the bound: its identifiers come quoted by the server
+            tests += [sql.SQL(bound)] if bound else []
+            tests.append(sql.SQL("tableoid = {}").format(sql.Literal(oid)))
         query = sql.SQL("SELECT EXISTS (SELECT FROM {}{})").format(
-            name.identifier(),
-            sql.SQL(" WHERE {}").format(where) if where is not None else sql.SQL(""),
+            table,
+            sql.SQL(" WHERE {}").format(sql.SQL(" AND ").join(tests)) if tests else sql.SQL(""),
         )
-        if not readable or fetch_all(conn, query)[0][0]:
+        if fetch_all(conn, query)[0][0]:
             held.append(name)
     return held
