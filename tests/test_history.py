@@ -441,3 +441,38 @@ def test_a_destination_out_of_reach_still_gets_the_metrics_file(db_project, tabl
     found = _metrics(db_project.path / "replicator.prom")
     assert found[_key("replicator_run_tables_failed")] == 2
     assert found[_key("replicator_table_last_run_status", table=f"{tables}.a", status="failed")]
+
+
+def test_a_cdc_tables_time_is_its_own_not_the_tables_synced_before_it(
+    cdc_project, tables, writer, dest_conn
+):
+    """A `cdc` table is planned first and applied after the run's other tables: its row in
+    `_replicator.runs` (and so its duration in `status --history` and the metrics) starts
+    when its log is read, after the table synced in between has finished."""
+    writer.execute(
+        sql.SQL("CREATE TABLE {} (id int PRIMARY KEY, v text)").format(sql.Identifier(tables, "c"))
+    )
+    cdc_project.write_config(
+        {
+            "tables": [
+                {"name": f"{tables}.c", "mode": "cdc"},
+                {"name": f"{tables}.b", "mode": "full-refresh"},
+            ]
+        }
+    )
+    assert cdc_project.run("sync").exit_code == 0
+    cdc_project.write("models/" + f"{tables}/b.sql", SLOW_MODEL.replace("120", "1"))
+    writer.execute(sql.SQL("INSERT INTO {} VALUES (1, 'one')").format(sql.Identifier(tables, "c")))
+    done = cdc_project.run("sync")
+    assert done.exit_code == 0, done.output
+    (run_id,) = dest_conn.execute(
+        "SELECT run_id FROM _replicator.runs ORDER BY finished_at DESC LIMIT 1"
+    ).fetchone()
+    rows = dict(
+        (name.split(".")[1], (started, finished))
+        for name, started, finished in dest_conn.execute(
+            "SELECT table_name, started_at, finished_at FROM _replicator.runs WHERE run_id = %s",
+            (run_id,),
+        ).fetchall()
+    )
+    assert rows["c"][0] >= rows["b"][1], rows
