@@ -320,3 +320,53 @@ def test_a_hangup_stops_follow_as_sigterm_does(db_project, table):
         code, stderr = follow.stop(signal.SIGHUP)
     assert code == 0, stderr[-3000:]
     assert "follow: stopped by a signal after" in stderr, stderr[-3000:]
+
+
+def test_a_follow_run_cut_short_names_the_tables_it_skipped(
+    cdc_project, table, source_conn, httpserver
+):
+    """SIGTERM while `sync --follow` syncs the first of three tables: that one finishes, the
+    run says it was cut short and names the two it skipped (a `cdc` table among them), in
+    the log and the webhook (it said `success`, `1 of 1 table(s) ok`), and exits 0."""
+    httpserver.expect_request("/hook", method="POST").respond_with_data("ok")
+    source_conn.execute(
+        sql.SQL("CREATE TABLE {} (id int PRIMARY KEY)").format(sql.Identifier(table, "u"))
+    )
+    source_conn.execute(
+        sql.SQL("CREATE TABLE {} (id int PRIMARY KEY)").format(sql.Identifier(table, "c"))
+    )
+    cdc_project.write_config(
+        {
+            "tables": [
+                {"name": f"{table}.t", "mode": "full-refresh"},
+                {"name": f"{table}.u", "mode": "full-refresh"},
+                {"name": f"{table}.c", "mode": "cdc"},
+            ],
+            "webhook": {"url": httpserver.url_for("/hook"), "summary_interval": 3600},
+        }
+    )
+    assert cdc_project.run("sync", env=IN_PROCESS).exit_code == 0
+    slow = "SELECT t.* FROM {{ source }} AS t CROSS JOIN (SELECT pg_sleep(2)) AS slow"
+    cdc_project.write(f"models/{table}/t.sql", slow)
+    follow = Follow(cdc_project, IN_PROCESS)
+    try:
+        wait_for(
+            lambda: source_conn.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE query LIKE %s AND pid <> "
+                "pg_backend_pid()",
+                ("%pg_sleep(2)%",),
+            ).fetchone()[0],
+            120,
+            "the first table's read",
+        )
+    finally:
+        code, stderr = follow.stop(signal.SIGTERM)
+    assert code == 0, stderr[-3000:]
+    assert (
+        f"cut short by SIGTERM (`sync --follow` stopping), 2 of 3 table(s) skipped: 2 tables: "
+        f"{table}.u, {table}.c" in stderr
+    ), stderr[-3000:]
+    last = json.loads(httpserver.log[-1][0].get_data())
+    assert last["status"] == "interrupted", last
+    assert last["skipped"] == [f"{table}.u", f"{table}.c"]
+    assert "1 of 3 table(s) ok, 2 skipped" in last["text"], last["text"]

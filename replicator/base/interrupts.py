@@ -93,6 +93,11 @@ def stop_requested() -> bool:
     return bool(_state["stop"])
 
 
+def stop_signal_name() -> str | None:
+    """The signal that asked to stop (under `graceful()`), as `SIGTERM`; None without one."""
+    return signal.Signals(_state["stop"]).name if _state["stop"] else None
+
+
 def wait_unless_stopped(seconds: float) -> None:
     """Sleep, waking at once when a signal asks to stop (under `graceful()`)."""
     _stopping.wait(seconds)

@@ -70,14 +70,18 @@ class SyncOutput:
             ) as bar:
                 yield _LiveSink(bar, bar.add_task(name, total=None, line="starting"))
 
-    def summary(self, results: list[TableResult]) -> None:
+    def summary(self, results: list[TableResult], skipped: list[str] | None = None) -> None:
+        """The run's table; `skipped`: what a run cut short did not start, named at the end."""
         failed = sum(r.status == "failure" for r in results)
         if self.quiet or not (self.interactive or self.always_summarize):
             return
         from rich.markup import escape
         from rich.table import Table
 
-        table = Table(title=f"sync: {len(results) - failed} succeeded, {failed} failed")
+        title = f"sync: {len(results) - failed} succeeded, {failed} failed"
+        if skipped:
+            title += f", {len(skipped)} skipped (cut short)"
+        table = Table(title=title)
         for title in ("table", "action", "rows", "seconds", "reason or error"):
             table.add_column(title, overflow="fold")
         for group in _by_error(results):
@@ -93,6 +97,8 @@ class SyncOutput:
                 if r.status == "success"
                 else f"[red]{escape(r.error or '')}[/red]",
             )
+        if skipped:
+            table.add_row(escape(some_tables(skipped)), "-", "-", "-", "skipped: cut short")
         self.console.print(table)
 
 

@@ -44,10 +44,12 @@ def build_payload(
     status: str | None = None,
     error: str | None = None,
     warnings: list[str] | None = None,
+    skipped: list[str] | None = None,
 ) -> dict[str, Any]:
     """The payload the README's Webhook section pins; `status` is success, failure,
     interrupted, or skipped (lock held); `warnings`: what the run warned about that needs
-    someone (a replication slot holding too much WAL), whatever the status."""
+    someone (a replication slot holding too much WAL), whatever the status; `skipped`: the
+    tables a run cut short did not start (`sync --follow` stopping)."""
     failed = [r for r in results if r.status == "failure"]
     overall = status or ("failure" if failed else "success")
     tables = [
@@ -65,7 +67,10 @@ def build_payload(
         }
         for r in results
     ]
-    text = f"replicator sync {overall}: {len(results) - len(failed)} of {len(results)} table(s) ok"
+    total = len(results) + len(skipped or [])
+    text = f"replicator sync {overall}: {len(results) - len(failed)} of {total} table(s) ok"
+    if skipped:
+        text += f", {len(skipped)} skipped"
     if failed:
         text += "; failed: " + ", ".join(f"{r.name} ({r.error})" for r in failed)
     if error:
@@ -84,6 +89,8 @@ def build_payload(
     }
     if error:
         payload["error"] = error
+    if skipped:
+        payload["skipped"] = list(skipped)
     return payload
 
 

@@ -23,7 +23,7 @@ from ..base.errors import (
     TableProblem,
     one_line,
 )
-from ..base.interrupts import raise_if_requested, stop_requested
+from ..base.interrupts import raise_if_requested, stop_requested, stop_signal_name
 from ..base.redact import redact
 from ..capture.unused_slot import unused_slot
 from ..plan.decide import Plan
@@ -39,7 +39,7 @@ from ..project.runlock import run_lock
 from ..project.settings import Connections, WebhookTarget
 from ..project.state import TableState
 from ..project.templates import stray_models
-from ..report.output import SyncOutput
+from ..report.output import SyncOutput, some_tables
 from ..report.results import TableResult, utc_now
 from ..report.webhook import build_payload, post
 from .capture_run import CaptureRun
@@ -112,21 +112,33 @@ def run_sync(
         raise
     results = run.results
     failed = sum(r.status == "failure" for r in results)
-    log.info(
-        "sync finished: %d succeeded, %d failed",
+    skipped = _cut_short(tables, results)
+    status = "failure" if failed else "interrupted" if skipped else "success"
+    log.log(
+        logging.WARNING if skipped else logging.INFO,
+        "sync finished: %d succeeded, %d failed%s",
         len(results) - failed,
         failed,
+        f"; cut short by {stop_signal_name()} (`sync --follow` stopping), {len(skipped)} of "
+        f"{len(tables)} table(s) skipped: {some_tables(skipped)}"
+        if skipped
+        else "",
         extra={
             "fields": {
                 "event": "run.finished",
                 "run_id": run.run_id,
-                "status": "failure" if failed else "success",
+                "status": status,
+                **({"skipped": skipped} if skipped else {}),
             }
         },
     )
     record_run(run, tables)  # before the webhook: its receiver may query the history
-    _notify(run, results)
-    output.summary(results)
+    if skipped:
+        stopped = f"cut short by {stop_signal_name()} (`sync --follow` stopping)"
+        _notify(run, results, status=None if failed else status, error=stopped, skipped=skipped)
+    else:
+        _notify(run, results)
+    output.summary(results, skipped)
     failures = {r.name for r in results if r.status == "failure"}
     if not failures:
         return 1 if run.state_unwritten or run.slot_lost else 0
@@ -184,7 +196,7 @@ def _sync_all(
                 result = _sync_table(run, ends, table, output, capture)
                 if result is not None:  # None: a `cdc` table the drain below syncs
                     results.append(result)
-            if capture is not None:
+            if capture is not None and not stop_requested():  # else its tables wait too
                 drained, drifted = capture.drain_deferred(ends)
                 for result in drained:
                     _log_result(run, result)
@@ -199,6 +211,14 @@ def _sync_all(
         fail_the_rest(run, tables, exc)
     finally:
         run.spark.finish()
+
+
+def _cut_short(tables: tuple[TableConfig, ...], results: list[TableResult]) -> list[str]:
+    """The tables a stopping `sync --follow` did not start (none when it was not stopping)."""
+    if not stop_requested():
+        return []
+    done = {r.name for r in results}
+    return [t.written_name for t in tables if t.written_name not in done]
 
 
 def _flush_states(run: RunContext) -> None:
@@ -217,6 +237,7 @@ def _notify(
     status: str | None = None,
     error: str | None = None,
     within: float = 60.0,
+    skipped: list[str] | None = None,
 ) -> None:
     """The webhook, when one is configured; its failure never changes the exit code."""
     if run.webhook is None:
@@ -225,7 +246,9 @@ def _notify(
         status, error = "failure", error or run.slot_lost
     error = redact(error) if error else None
     warnings = [redact(w) for w in run.warnings]
-    payload = build_payload(run.run_id, run.started_at, utc_now(), results, status, error, warnings)
+    payload = build_payload(
+        run.run_id, run.started_at, utc_now(), results, status, error, warnings, skipped
+    )
     _deliver(run.webhook, run.notify, payload, within)
 
 
