@@ -135,6 +135,74 @@ def test_the_slot_moves_past_wal_its_tables_do_not_need_and_keeps_what_they_do(
     assert _retained(source_conn, cdc_project) < 2 * MB
 
 
+def _lose_the_slot(project, schema, writer, source_conn) -> None:
+    """The source removes WAL the project's slot still needs (max_slot_wal_keep_size)."""
+    try:
+        # 1MB: PostgreSQL 15 counts it in whole WAL segments (16MB), as it removes them.
+        source_conn.execute("ALTER SYSTEM SET max_slot_wal_keep_size = '1MB'")
+        source_conn.execute("SELECT pg_reload_conf()")
+
+        def lose() -> bool:
+            """A new segment and a checkpoint; the checkpointer reads the reloaded setting a
+            moment after the reload, so this may take more than one turn."""
+            writer.execute("SELECT pg_switch_wal()")
+            _run(writer, schema, "UPDATE {t} SET amount = amount + 1 WHERE id = 1")
+            source_conn.execute("CHECKPOINT")
+            return _slot_row(source_conn, project)[2] == "lost"
+
+        wait_for(lose, 60, "the slot to be lost")
+    finally:
+        source_conn.execute("ALTER SYSTEM RESET max_slot_wal_keep_size")
+        source_conn.execute("SELECT pg_reload_conf()")
+
+
+def test_a_lost_dba_slot_is_said_alike_by_status_and_sync(
+    cdc_project, schema, writer, source_conn, dest_conn
+):
+    """A slot a DBA made (`create: false`) that is lost: the tool may not make it again, so
+    the sync fails the table at every run until the DBA does, and `status` says exactly
+    that (it said the next sync makes a new slot and reloads)."""
+    slot = f"dba_{uuid.uuid4().hex[:12]}"
+    _create(writer, schema)
+    source_conn.execute(
+        sql.SQL("CREATE PUBLICATION {} FOR TABLE {}").format(
+            sql.Identifier(slot), sql.Identifier(schema, "orders")
+        )
+    )
+    source_conn.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))
+    try:
+        _config(
+            cdc_project, schema, "orders", cdc={"slot": slot, "publication": slot, "create": False}
+        )
+        _sync(cdc_project)
+        _lose_the_slot(cdc_project, schema, writer, source_conn)
+        status = json.loads(cdc_project.run("status", "--json").stdout)
+        assert status[0]["next_action"] == f"fail: replication slot {slot} is lost", status
+        shown = cdc_project.run("status").output
+        said = (
+            f"replication slot {slot} (named in tables-config.json `cdc`) is lost (its WAL was "
+            f"removed): every sync fails the cdc tables until a DBA does: drop it and create "
+            f"it again"
+        )
+        assert said in shown, shown
+        assert "makes a new slot" not in shown
+        for _ in range(2):
+            synced = cdc_project.run("sync")
+            assert synced.exit_code == 1 and said in synced.stderr, synced.stderr
+        source_conn.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
+        source_conn.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))
+        reloaded = _sync(cdc_project)
+        assert f"{schema}.orders: full_reload" in reloaded.stderr, reloaded.stderr
+        assert_same_table(source_conn, dest_conn, schema, "orders")
+    finally:
+        source_conn.execute(
+            "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots "
+            "WHERE slot_name = %s",
+            (slot,),
+        )
+        source_conn.execute(sql.SQL("DROP PUBLICATION IF EXISTS {}").format(sql.Identifier(slot)))
+
+
 def test_a_lost_slot_reloads_every_cdc_table_and_the_run_exits_1(
     cdc_project, schema, writer, source_conn, dest_conn, httpserver
 ):
@@ -148,23 +216,7 @@ def test_a_lost_slot_reloads_every_cdc_table_and_the_run_exits_1(
     _configure(cdc_project, schema, webhook={"url": httpserver.url_for("/hook")})
     _sync(cdc_project)
     _run(writer, schema, "UPDATE {t} SET note = 'before the loss'")
-    try:
-        # 1MB: PostgreSQL 15 counts it in whole WAL segments (16MB), as it removes them.
-        source_conn.execute("ALTER SYSTEM SET max_slot_wal_keep_size = '1MB'")
-        source_conn.execute("SELECT pg_reload_conf()")
-
-        def lose() -> bool:
-            """A new segment and a checkpoint; the checkpointer reads the reloaded setting a
-            moment after the reload, so this may take more than one turn."""
-            writer.execute("SELECT pg_switch_wal()")
-            _run(writer, schema, "UPDATE {t} SET amount = amount + 1 WHERE id = 1")
-            source_conn.execute("CHECKPOINT")
-            return _slot_row(source_conn, cdc_project)[2] == "lost"
-
-        wait_for(lose, 60, "the slot to be lost")
-    finally:
-        source_conn.execute("ALTER SYSTEM RESET max_slot_wal_keep_size")
-        source_conn.execute("SELECT pg_reload_conf()")
+    _lose_the_slot(cdc_project, schema, writer, source_conn)
     status = json.loads(cdc_project.run("status", "--json").stdout)
     assert status[0]["next_action"] == "full_reload: slot lost", status  # not incremental
     said = status[0]["slot_warning"]

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .slot import SlotInfo
+from .slot import SlotInfo, create_slot_statement, drop_slot_statement
 
 RESTART = "replicator cdc restart --repair"
 
@@ -33,6 +33,23 @@ def lost_text(slot: str) -> str:
         "gone: a sync makes a new slot and reloads every cdc table (reason slot lost) and "
         f"exits 1; to keep the copies in place instead, run `{RESTART}` before the next sync "
         "(a new slot, only the rows that differ written)"
+    )
+
+
+def dba_slot_text(slot: str, lost: bool) -> str:
+    """A slot a DBA made (`cdc.create` false) that is missing or lost: the tool may not make
+    it again, so every sync fails its `cdc` tables until the DBA does (`sync` and `status`
+    say the same)."""
+    create = create_slot_statement(slot)
+    if lost:
+        problem = "is lost (its WAL was removed)"
+        fix = f"drop it and create it again ({drop_slot_statement(slot)}; {create})"
+    else:
+        problem, fix = "does not exist", f"create it ({create})"
+    return (
+        f"replication slot {slot} (named in tables-config.json `cdc`) {problem}: every sync "
+        f"fails the cdc tables until a DBA does: {fix}; the next sync then reloads every cdc "
+        f"table (`{RESTART}` first keeps the copies instead)"
     )
 
 

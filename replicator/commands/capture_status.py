@@ -12,8 +12,8 @@ import psycopg
 
 from ..base.errors import ReplicatorError
 from ..capture.lsn import parse_lsn
-from ..capture.slot import create_slot_statement, flushed_lsn, slot_info
-from ..capture.slot_health import size_text, slot_alarm
+from ..capture.slot import flushed_lsn, slot_info
+from ..capture.slot_health import dba_slot_text, size_text, slot_alarm
 from ..project.capture_config import retained_limit
 from ..project.config import TableConfig
 from ..project.project import Project
@@ -57,13 +57,10 @@ def capture_notes(
         behind = max(flushed - parse_lsn(row["cursor"]), 0)
         row["slot_lag_bytes"] = behind
         row["lag"] = f"{size_text(behind)} of log"
-    if info is None and not names.created:
-        _plan_each(copies, f"fail: replication slot {names.slot} does not exist")
-        return [
-            f"cdc: replication slot {names.slot} (named in tables-config.json `cdc`) does not "
-            f"exist in the source: the next sync cannot run until a DBA creates it "
-            f"({create_slot_statement(names.slot)}); then {KEEP_COPIES}"
-        ]
+    if not names.created and (info is None or info.lost):  # the sync's own text
+        problem = "does not exist" if info is None else "is lost"
+        _plan_each(copies, f"fail: replication slot {names.slot} {problem}")
+        return [f"cdc: error: {dba_slot_text(names.slot, lost=info is not None)}"]
     if info is None:  # what the next sync does to every copy (capture_setup)
         _plan_each(copies, f"full_reload: {SLOT_DROPPED}")
         return [

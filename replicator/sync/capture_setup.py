@@ -24,7 +24,6 @@ from ..capture.preflight import (
 from ..capture.slot import (
     PLUGIN,
     create_slot,
-    create_slot_statement,
     drop_publication,
     drop_publication_statement,
     drop_slot,
@@ -34,7 +33,7 @@ from ..capture.slot import (
     wal_level_problem,
     wrong_plugin,
 )
-from ..capture.slot_health import lost_text
+from ..capture.slot_health import dba_slot_text, lost_text
 from ..plan.inspect_table import inspect_source
 from ..postgres.endpoints import Endpoints
 from ..project.capture_state import (
@@ -211,17 +210,7 @@ def _ensure_slot(
         # Whatever slot the DBA makes next starts later than the copies' positions: the
         # changes in between are in no slot, so every copy reloads (marked first).
         _mark_every_table_for_reload(project, every)
-        create = create_slot_statement(names.slot)
-        if info is None:
-            problem, fix = "does not exist", f"create it ({create})"
-        else:
-            problem = "is lost (its WAL was removed)"
-            fix = f"drop it and create it again ({drop_slot_statement(names.slot)}; {create})"
-        raise TableProblem(
-            f"replication slot {names.slot} (named in tables-config.json `cdc`) {problem}: "
-            f"{fix}; the next sync then reloads every cdc table (`replicator cdc restart "
-            "--repair` first keeps the copies instead)"
-        )
+        raise TableProblem(dba_slot_text(names.slot, lost=info is not None))
     store = project.store
     reset = info is not None or any(_in_the_log(store.read(t.name)) for t in every)
     if reset:  # a slot lost, dropped outside the tool, or older than its publication
