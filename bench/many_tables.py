@@ -11,6 +11,10 @@ rows each) in schema `many`, selected by one pattern entry (`"many.*"`). Timed, 
 Printed: seconds for each, and the ratio of the large project to the small one. The target
 (issue 27): the no-op run of 1,000 tables within 3x the no-op run of 10.
 
+With `--deletes`, the large project's no-op run is then timed with `"deletes": "delete"` on
+its pattern against the same run without, three rounds each, alternated (issue 52: at most
+1.3x): a quiet table's delete check is one row count a side, fifty tables a statement.
+
 Each command starts on a settled machine: both clusters checkpointed and every dirty page
 written out (`sync`). Without that, a command run just after the first sync of 1,000 tables
 waits on the write-back of the data that sync left behind (the clusters and the project share
@@ -78,31 +82,50 @@ def settle(*urls: str) -> None:
     os.sync()
 
 
-def timed_project(folder: Path, source: str, dest: str, schema: str) -> dict[str, float]:
-    folder.mkdir()
-    (folder / "sync-state").mkdir()
-    config = {"tables": [{"name": f"{schema}.*", "replication_key": "updated_at"}]}
-    (folder / "tables-config.json").write_text(json.dumps(config))
+def _configure(folder: Path, schema: str, **extra: str) -> None:
+    entry = {"name": f"{schema}.*", "replication_key": "updated_at", **extra}
+    (folder / "tables-config.json").write_text(json.dumps({"tables": [entry]}))
+
+
+def _timed(folder: Path, source: str, dest: str, label: str, args: tuple[str, ...]) -> float:
     env = {
         **os.environ,
         "REPLICATOR_SOURCE_URL": source,
         "REPLICATOR_DEST_URL": dest,
         "REPLICATOR_SPARK_MIN_ROWS": "100000000",
     }
-    seconds = {}
-    for label, args in COMMANDS:
-        settle(source, dest)
-        started = time.perf_counter()
-        done = subprocess.run(
-            [sys.executable, "-m", "replicator", *args, "--project-dir", str(folder)],
-            env=env,
-            capture_output=True,
-            text=True,
-        )
-        seconds[label] = time.perf_counter() - started
-        if done.returncode not in (0,) and not (label == "check" and done.returncode == 1):
-            raise SystemExit(f"{label} failed ({done.returncode}):\n{done.stderr[-3000:]}")
+    settle(source, dest)
+    started = time.perf_counter()
+    done = subprocess.run(
+        [sys.executable, "-m", "replicator", *args, "--project-dir", str(folder)],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    seconds = time.perf_counter() - started
+    if done.returncode not in (0,) and not (label == "check" and done.returncode == 1):
+        raise SystemExit(f"{label} failed ({done.returncode}):\n{done.stderr[-3000:]}")
     return seconds
+
+
+def timed_project(folder: Path, source: str, dest: str, schema: str) -> dict[str, float]:
+    folder.mkdir()
+    (folder / "sync-state").mkdir()
+    _configure(folder, schema)
+    return {label: _timed(folder, source, dest, label, args) for label, args in COMMANDS}
+
+
+def timed_deletes(folder: Path, source: str, dest: str, schema: str) -> tuple[float, float]:
+    """The best of three no-op runs without `deletes` and with `"deletes": "delete"`."""
+    without, with_deletes = [], []
+    _configure(folder, schema, deletes="delete")
+    _timed(folder, source, dest, "first delete check", ("sync", "-q"))
+    for _ in range(3):
+        _configure(folder, schema)
+        without.append(_timed(folder, source, dest, "no-op", ("sync", "-q")))
+        _configure(folder, schema, deletes="delete")
+        with_deletes.append(_timed(folder, source, dest, "no-op with deletes", ("sync", "-q")))
+    return min(without), min(with_deletes)
 
 
 def main() -> None:
@@ -110,6 +133,7 @@ def main() -> None:
     parser.add_argument("--tables", type=int, default=1000)
     parser.add_argument("--small", type=int, default=10)
     parser.add_argument("--rows", type=int, default=20)
+    parser.add_argument("--deletes", action="store_true", help="also time deletes: delete")
     args = parser.parse_args()
     base = Path(tempfile.mkdtemp(prefix="replicator-many-"))
     clusters = [PgCluster(base / "source").start(), PgCluster(base / "dest").start()]
@@ -127,6 +151,14 @@ def main() -> None:
             print(
                 f"| {label} | {small[label]:.2f} s | {large[label]:.2f} s | "
                 f"{large[label] / small[label]:.1f}x |"
+            )
+        if args.deletes:
+            plain, deleting = timed_deletes(
+                base / f"project_{args.tables}", source, dest, f"many_{args.tables}"
+            )
+            print(
+                f"\nno-op of {args.tables} tables: {plain:.2f} s; with deletes: delete "
+                f"{deleting:.2f} s ({deleting / plain:.2f}x)"
             )
     finally:
         for cluster in clusters:

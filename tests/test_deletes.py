@@ -38,6 +38,10 @@ def _source(conn, schema, statement):
     conn.execute(sql.SQL(statement).format(t=sql.Identifier(schema, "orders")))
 
 
+def _checked_at(project, name):
+    return json.loads(project.run("state", "show", name).stdout)[name]["deletes_checked_at"]
+
+
 def _count(conn, schema):
     return conn.execute(
         sql.SQL("SELECT count(*) FROM {}").format(sql.Identifier(schema, "orders"))
@@ -232,3 +236,51 @@ def test_no_delete_check_follows_a_failed_read(db_project, schema, source_conn, 
     assert failed.exit_code == 1 and "division by zero" in failed.stderr
     assert "delete check" not in failed.stderr, "the read failed: no check follows"
     assert _count(dest_conn, schema) == 2000
+
+
+@pytest.mark.parametrize("deletes", ["delete", "mark"])
+def test_a_quiet_table_of_a_pattern_still_gets_its_deletes(
+    db_project, schema, source_conn, dest_conn, deletes
+):
+    """Tenant tables under one pattern, nothing changed at or past their cursors: those
+    whose copy holds the source's row count are screened as no-ops (their delete check's
+    answer), one whose source lost a row is checked, and the row goes."""
+    for name in ("t1", "t2", "t3"):
+        table = sql.Identifier(schema, name)
+        source_conn.execute(
+            sql.SQL("CREATE TABLE {} (id int PRIMARY KEY, updated_at timestamptz NOT NULL)").format(
+                table
+            )
+        )
+        source_conn.execute(
+            sql.SQL(
+                "INSERT INTO {} SELECT g, now() - interval '1 day' + g * interval '1 s' "
+                "FROM generate_series(1, 100) g"
+            ).format(table)
+        )
+    entry = {"name": f"{schema}.t*", "replication_key": "updated_at", "deletes": deletes}
+    db_project.write_config({"tables": [entry]})
+    assert db_project.run("sync", env=IN_PROCESS).exit_code == 0
+    checked = []
+    for _ in range(2):
+        quiet = db_project.run("sync", env=IN_PROCESS)
+        assert quiet.exit_code == 0
+        assert quiet.stderr.count(": noop") == 3, quiet.stderr
+        checked.append(_checked_at(db_project, f"{schema}.t1"))
+    assert None not in checked and checked[1] > checked[0], "each run's delete check, done"
+    source_conn.execute(sql.SQL("DELETE FROM {} WHERE id = 7").format(sql.Identifier(schema, "t2")))
+    synced = db_project.run("sync", env=IN_PROCESS)
+    assert synced.exit_code == 0, synced.output
+    said = "1 row(s) no longer in the source (deleted, or out of the model)"
+    assert f"{schema}.t2: {said}" in synced.stderr, synced.stderr
+    assert synced.stderr.count(said) == 1
+    gone = dest_conn.execute(
+        sql.SQL("SELECT count(*) FROM {} WHERE id = 7{}").format(
+            sql.Identifier(schema, "t2"),
+            sql.SQL(" AND _replicator_deleted_at IS NULL") if deletes == "mark" else sql.SQL(""),
+        )
+    ).fetchone()[0]
+    assert gone == 0
+    if deletes == "delete":
+        for name in ("t1", "t2", "t3"):
+            assert_same_table(source_conn, dest_conn, schema, name)

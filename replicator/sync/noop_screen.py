@@ -3,10 +3,13 @@ planned (its catalog facts read ahead), then all probed together (probe_many.py)
 finished as a `noop` without its destination lock or a state file written on its own. A run
 of 1,000 untouched tables costs a few round trips more than a run of ten.
 
-Only the plainest case is screened: a cursor table (no `cdc`, no `deletes`) with a state,
-whose plan is incremental on a copy the tool owns, no unfinished reload, on a plain run (no
-`-f`, `--since`, `--deletes`). Everything else, and every table the screen finds changed,
-goes through the run's usual steps, planned again under its lock.
+Only the plainest case is screened: a cursor table (no `cdc`) with a state, whose plan is
+incremental on a copy the tool owns, no unfinished reload, on a plain run (no `-f`,
+`--since`, `--deletes`). A table with `deletes` whose delete check is due is screened when
+its copy holds as many rows as its model reads (probe_many.counts_match: one count a side,
+fifty tables a statement), which is its delete check's answer when nothing was deleted.
+Everything else, and every table the screen finds changed, goes through the run's usual
+steps, planned again under its lock.
 """
 
 from __future__ import annotations
@@ -18,13 +21,14 @@ from collections.abc import Sequence
 import psycopg
 
 from ..base.errors import ReplicatorError, StateError
+from ..plan.deletes_due import delete_check_due
 from ..plan.drift import plan_now
 from ..postgres.endpoints import Endpoints
 from ..project.config import TableConfig
 from ..report.output import SyncOutput
 from ..report.results import TableResult, utc_now
 from .context import RunContext, TableJob
-from .probe_many import probe_many
+from .probe_many import counts_match, probe_many
 from .resume import unfinished_targets
 from .table_actions import finish_noop
 
@@ -39,15 +43,27 @@ def screen_noops(
         return {}
     jobs = [job for table in tables if (job := _candidate(run, ends, table, output))]
     probed = probe_many(ends.source, [(job.name, job.built, job.state) for job in jobs])
+    due = [
+        job
+        for job in jobs
+        if (found := probed.get(job.name)) is not None
+        and not found.changed
+        and delete_check_due(job.table, job.state)
+    ]
+    checked = counts_match(
+        ends.source, ends.dest, [(job.name, job.built, job.state) for job in due]
+    )
+    unchecked = {job.name for job in due} - checked
     results = {}
     for job in jobs:
         found = probed.get(job.name)
         if found is not None and found.changed:  # its sync need not count its rows again
             run.screened[job.name] = (job.state, found)
-        if found is not None and not found.changed:
-            job = dataclasses.replace(job, started=time.monotonic())  # its own time alone
-            with job.built.reading_model():
-                results[job.name] = finish_noop(job, found)
+        if found is None or found.changed or job.name in unchecked:
+            continue
+        job = dataclasses.replace(job, started=time.monotonic())  # its own time alone
+        with job.built.reading_model():
+            results[job.name] = finish_noop(job, found, deletes_checked=job.name in checked)
     return results
 
 
@@ -55,7 +71,7 @@ def _candidate(
     run: RunContext, ends: Endpoints, table: TableConfig, output: SyncOutput
 ) -> TableJob | None:
     """The table's job when it may be screened; None to leave it to the usual steps."""
-    if table.mode not in CURSOR_MODES or table.deletes != "ignore" or table.problem:
+    if table.mode not in CURSOR_MODES or table.problem:
         return None
     try:
         state = run.project.store.read(table.name)

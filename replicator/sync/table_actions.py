@@ -98,9 +98,10 @@ def _catch_up(job: TableJob, state: TableState, loaded: TableResult) -> TableRes
     return result
 
 
-def finish_noop(job: TableJob, probed: ProbeResult) -> TableResult:
+def finish_noop(job: TableJob, probed: ProbeResult, deletes_checked: bool = False) -> TableResult:
     """A cursor table with nothing new: its result, and its state's note of this run (written
-    with the others' at the run's end)."""
+    with the others' at the run's end). `deletes_checked`: the screen found that nothing was
+    deleted (noop_screen.py), which counts as the table's delete check."""
     state = job.state
     assert state is not None
     before = state.cursor.value if state.cursor else None
@@ -116,6 +117,7 @@ def finish_noop(job: TableJob, probed: ProbeResult) -> TableResult:
                 "last_run": job.outcome(result, finished),
                 "holds_rows": job.observed.destination_has_rows,
                 "destination_oid": job.observed_destination_oid(),
+                **({"deletes_checked_at": finished} if deletes_checked else {}),
             }
         )
     )
