@@ -237,36 +237,42 @@ def test_a_row_changed_by_hand_at_the_cursor_is_a_difference_while_the_sync_is_a
     assert assert_same_table(source_conn, dest_conn, schema, "orders") == 10_000
 
 
-def test_a_row_added_by_hand_is_a_difference_until_the_next_delete_check_is_due(
+def test_a_row_added_by_hand_to_a_deletes_copy_is_extra_and_repaired(
     db_project, schema, source_conn, dest_conn
 ):
-    """With `deletes` set, a row only the copy has is removed by the next delete check: not
-    yet synced when the next sync runs one; a difference while `deletes_interval` defers it
-    (the next sync leaves it), which --repair removes."""
+    """With `deletes` set, a row only the copy holds is one of two things: the source's,
+    deleted there since the last delete check (not yet synced: the next check removes it),
+    or one written into the copy by hand, which the source never had: extra, whether or not
+    a delete check is due, and `--repair` removes it (it used to count as not yet synced,
+    and the repair left it there, exit 0)."""
     _orders(source_conn, schema, rows=100)
     entry = {"name": f"{schema}.orders", "replication_key": "updated_at", "deletes": "delete"}
-    db_project.write_config({"tables": [{**entry, "deletes_interval": 3600}]})
-    assert db_project.run("sync", env=IN_PROCESS).exit_code == 0  # the load
-    assert db_project.run("sync", env=IN_PROCESS).exit_code == 0  # its first delete check
+    for settings in ({"deletes_interval": 3600}, {}):
+        db_project.write_config({"tables": [{**entry, **settings}]})
+        assert db_project.run("sync", env=IN_PROCESS).exit_code == 0  # the load, or a check
+    orders = sql.Identifier(schema, "orders")
     dest_conn.execute(
         sql.SQL("INSERT INTO {} VALUES (-1, 'by hand', 1, now() - interval '40 days')").format(
-            sql.Identifier(schema, "orders")
+            orders
         )
     )
-    result, verdicts = _verify(db_project, env=IN_PROCESS)
-    assert result.exit_code == 1, result.output
-    verdict = verdicts[f"{schema}.orders"]
-    assert (verdict["extra"], verdict["not_yet_synced"]) == (1, 0)
-    db_project.write_config({"tables": [entry]})  # a delete check at every sync
-    _, verdicts = _verify(db_project, env=IN_PROCESS)
-    assert (
-        verdicts[f"{schema}.orders"]["extra"],
-        verdicts[f"{schema}.orders"]["not_yet_synced"],
-    ) == (0, 1)
-    db_project.write_config({"tables": [{**entry, "deletes_interval": 3600}]})
+    source_conn.execute(sql.SQL("DELETE FROM {} WHERE id = 7").format(orders))
+    for settings in ({"deletes_interval": 3600}, {}):
+        db_project.write_config({"tables": [{**entry, **settings}]})
+        result, verdicts = _verify(db_project, env=IN_PROCESS)
+        assert result.exit_code == 1, result.output
+        verdict = verdicts[f"{schema}.orders"]
+        due = not settings
+        assert (verdict["extra"], verdict["not_yet_synced"]) == (1 + (not due), int(due))
+        assert {"key": {"id": -1}, "kind": "extra"} in verdict["examples"]
     repaired, verdicts = _verify(db_project, "--repair", env=IN_PROCESS)
-    assert repaired.exit_code == 0 and verdicts[f"{schema}.orders"]["repaired"] == 1
-    assert assert_same_table(source_conn, dest_conn, schema, "orders") == 100
+    assert repaired.exit_code == 0, repaired.output
+    assert verdicts[f"{schema}.orders"]["repaired"] == 1
+    assert dest_conn.execute(
+        sql.SQL("SELECT count(*) FROM {} WHERE id = -1").format(orders)
+    ).fetchone() == (0,)
+    assert db_project.run("sync", env=IN_PROCESS).exit_code == 0  # its check removes row 7
+    assert assert_same_table(source_conn, dest_conn, schema, "orders") == 99
 
 
 def test_a_key_written_behind_the_cursor_is_found_and_repaired(

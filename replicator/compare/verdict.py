@@ -68,7 +68,7 @@ class Verdict:
             if self.repaired:
                 text += f", {self.repaired:,} repaired"
         if self.not_yet_synced:
-            text += f"; {self.not_yet_synced:,} not yet synced (the next sync copies them)"
+            text += f"; {self.not_yet_synced:,} not yet synced (the next sync brings them in line)"
         text += f" in {self.seconds:.1f} s"
         if self.repeated_keys:
             text += (

@@ -28,6 +28,7 @@ from ..plan.drift import Planned, plan_now
 from ..plan.table_sql import TableSql
 from ..plan.window import changed_since
 from ..postgres.endpoints import Endpoints
+from ..postgres.open_transactions import widen
 from ..postgres.snapshot import ExportedSnapshot
 from ..postgres.table_lock import table_lock
 from ..project.config import TableConfig
@@ -37,7 +38,7 @@ from ..transfer.spark_runner import SparkRunner
 from . import range_sql as q
 from .bisect import Found, Key
 from .caught_up import caught_up
-from .comparison import Fresh, compared, sides_of
+from .comparison import Fresh, Sides, compared, sides_of
 from .multiset import diff_multisets, examples, repair_multiset
 from .reader import RangeReader
 from .repair import MARK_COLUMN, repair
@@ -51,6 +52,7 @@ from .verdict import MAX_EXAMPLES, REPEATED_KEY, Verdict
 # comparison (the rows were read again since: caught_up.py).
 PendingLookup = Callable[[tuple[str, ...], list[Key], bool], Collection[Key] | None]
 _DIFFERENCES = ("missing", "extra", "different")
+MAX_KEYS_PER_READ = 10_000
 
 
 def verify_table(
@@ -209,6 +211,7 @@ def _compare(
         ),
     ):
         _set_aside_pending(table, state, planned.built.primary_key, found, pending)
+        _set_aside_deleted(table, state, found, reader, sides)
         if table.mode == "cdc" and pending is not None and found.differences:
             differing = [*found.missing, *found.extra, *found.different]
             columns = [c.name for c in built.columns]
@@ -277,22 +280,61 @@ def _set_aside_pending(
     pending: PendingLookup | None,
 ) -> None:
     """Differences the next sync resolves are not yet synced (a cursor table's rows at or
-    past its cursor were set aside while they were read, `_fresh`):
-    - `deletes: delete` or `mark`: a row gone from the source since the last delete check
-      is deleted (or marked) by the next one, when the next sync runs one (`deletes_interval`
-      passed) and they are not more than half of the copy (the check refuses those until
-      `sync --deletes --force`, so they stay differences);
-    - `cdc`: a row whose change is still in the slot.
+    past its cursor were set aside while they were read, `_fresh`; rows deleted in the
+    source, `_set_aside_deleted`): for `cdc`, a row whose change is still in the slot.
     A full-refresh table's differences stay differences: which rows changed since its
     reload cannot be told from a tampered copy (README: Verify)."""
     if not found.differences:
         return
-    if delete_check_due(table, state) and not _found_too_many(found):
-        found.set_aside(lambda _: True, ("extra",))
     if table.mode == "cdc" and pending is not None and found.differences:
         differing = [*found.missing, *found.extra, *found.different]
         waiting = pending(key, differing, False)
         found.set_aside(lambda k: waiting is None or k in waiting, _DIFFERENCES)
+
+
+def _set_aside_deleted(
+    table: TableConfig, state: TableState | None, found: Found, reader: RangeReader, sides: Sides
+) -> None:
+    """`deletes: delete` or `mark`: a row gone from the source since the copy was last made
+    exact (its last delete check, or a load) is deleted or marked by the next check, when the
+    next sync runs one (`deletes_interval` passed) and they are not more than half of the
+    copy (the check refuses those until `sync --deletes --force`, so they stay
+    differences): not yet synced. A row written into the copy since then by someone else
+    (its xmin at or past the state's `exact_xmax`) was never the source's: extra, and
+    `--repair` removes it."""
+    if not found.extra or not delete_check_due(table, state) or _found_too_many(found):
+        return
+    exact = state.exact_xmax if state is not None else None
+    if exact is None:  # not recorded yet: every such row is taken to be the source's
+        found.set_aside(lambda _: True, ("extra",))
+        return
+    written_later = set()
+    for start in range(0, len(found.extra), MAX_KEYS_PER_READ):
+        keys = found.extra[start : start + MAX_KEYS_PER_READ]
+        params: list[Any] = []
+        rows = reader.one(
+            "destination",
+            (
+                sql.SQL(
+                    "SELECT {keys}, {alias}.xmin::text, "
+                    "pg_catalog.pg_snapshot_xmax(pg_catalog.pg_current_snapshot())::text "
+                    "FROM {source} WHERE {match}"
+                ).format(
+                    keys=sides.shape.key_text(),
+                    alias=q.ident(q.ALIAS),
+                    source=sides.destination.from_clause(),
+                    match=q.keys_in(sides.shape, keys, params),
+                ),
+                params,
+            ),
+        )
+        width = len(sides.shape.key)
+        written_later.update(
+            tuple(row[:width])
+            for row in rows
+            if widen(int(row[width]), int(row[width + 1])) >= int(exact)
+        )
+    found.set_aside(lambda k: tuple(k) not in written_later, ("extra",))
 
 
 def _fresh(built: TableSql, state: TableState | None) -> Fresh | None:

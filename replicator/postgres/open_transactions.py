@@ -124,10 +124,10 @@ def look(conn: psycopg.Connection[Any]) -> OpenTransactions:
     xmin_text, xmax_text, xip, replica, next_text = execute(conn, _SNAPSHOT).fetchone()
     xmin, xmax, next_xid = int(xmin_text), int(xmax_text), int(next_text)
     held = frozenset(
-        _widen(int(xid), next_xid) for kind, _, xid, *_ in locks if kind == "transactionid"
+        widen(int(xid), next_xid) for kind, _, xid, *_ in locks if kind == "transactionid"
     )
     seen_holders = frozenset(
-        _widen(int(xid), next_xid)
+        widen(int(xid), next_xid)
         for kind, _, xid, _, seen, _, prepared in locks
         if kind == "transactionid" and seen and not prepared
     )
@@ -146,6 +146,16 @@ def look(conn: psycopg.Connection[Any]) -> OpenTransactions:
     )
 
 
-def _widen(xid: int, next_xid: int) -> int:
-    """A 32-bit xid of pg_locks as the 64-bit one: the nearest at or below `next_xid`."""
-    return next_xid - ((next_xid - xid) % _XID_SPACE)
+def snapshot_xmax(conn: psycopg.Connection[Any]) -> str:
+    """The xmax of a snapshot taken now (of the caller's transaction, in one): every row a
+    transaction at or past it writes was not there yet."""
+    (xmax,) = execute(
+        conn, "SELECT pg_catalog.pg_snapshot_xmax(pg_current_snapshot())::text"
+    ).fetchone()
+    return str(xmax)
+
+
+def widen(xid: int, near: int) -> int:
+    """A 32-bit xid (a row's xmin, pg_locks) as the 64-bit one: the nearest at or below
+    `near`, an xid8 of a snapshot taken since it was assigned."""
+    return near - ((near - xid) % _XID_SPACE)

@@ -104,6 +104,11 @@ class TableState(_Record):
     last_synced_at: str | None = None
     last_run: RunOutcome | None = None
     deletes_checked_at: str | None = None  # the last delete check (`deletes_interval`)
+    # The destination's xmax (xid8) when the copy was last made exact against the source's
+    # keys (its last delete check began, or a load swapped it in): a row only the copy holds
+    # whose xmin is older was the source's (deleted there since: the next check removes it);
+    # a newer one was written into the copy by someone else (verify: extra).
+    exact_xmax: str | None = None
     # Whether the destination table held a row after the last successful sync (None: not
     # recorded yet). A copy that held rows and holds none now was emptied behind the tool's
     # back (a TRUNCATE there): it is reloaded (plan/decide.py).

@@ -26,6 +26,7 @@ from ..plan.deletes_due import delete_check_due
 from ..plan.drift import destination_has_rows
 from ..postgres.catalog import describe_table
 from ..postgres.database import execute, transaction
+from ..postgres.open_transactions import snapshot_xmax
 from ..project.state import TableState
 from ..report.results import TableResult, utc_now
 from .context import TableJob, table_error
@@ -40,6 +41,7 @@ def propagate_deletes(job: TableJob, result: TableResult) -> TableResult:
     if not _due(job, result):
         return result
     try:
+        exact = snapshot_xmax(job.ends.dest)  # before the check reads the copy: see state.py
         deleted = _delete_gone_rows(job)
     except (ReplicatorError, psycopg.Error) as exc:
         raise_if_requested()
@@ -48,10 +50,10 @@ def propagate_deletes(job: TableJob, result: TableResult) -> TableResult:
         failure = dataclasses.replace(
             result, status="failure", error=table_error(job.table, f"delete check: {text}")
         )
-        _record(job, failure, checked=False)
+        _record(job, failure, checked=None)
         return failure
     done = dataclasses.replace(result, deleted=deleted, marked=job.table.deletes == "mark")
-    _record(job, done, checked=True)
+    _record(job, done, checked=exact)
     return done
 
 
@@ -100,9 +102,9 @@ def _delete_gone_rows(job: TableJob) -> int:
     return len(gone)
 
 
-def _record(job: TableJob, result: TableResult, *, checked: bool) -> None:
-    """The check's time (when it ran) and the run's outcome, in the state the action just
-    wrote (its cursor stays)."""
+def _record(job: TableJob, result: TableResult, *, checked: str | None) -> None:
+    """The check's time and the destination's xmax as it began (`checked`, when it ran) and
+    the run's outcome, in the state the action just wrote (its cursor stays)."""
     store = job.run.project.store
     try:
         state = store.read(job.table.name) or TableState(table=str(job.table.name))
@@ -110,8 +112,8 @@ def _record(job: TableJob, result: TableResult, *, checked: bool) -> None:
         return
     finished = utc_now()
     update: dict = {"last_run": job.outcome(result, finished)}
-    if checked:
-        update["deletes_checked_at"] = finished
+    if checked is not None:
+        update.update(deletes_checked_at=finished, exact_xmax=checked)
     if result.deleted:
         update["holds_rows"] = destination_has_rows(job.ends.dest, job.table.target)
     job.write_state(state.model_copy(update=update))

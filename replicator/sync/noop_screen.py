@@ -50,7 +50,7 @@ def screen_noops(
         and not found.changed
         and delete_check_due(job.table, job.state)
     ]
-    checked = counts_match(
+    checked, exact = counts_match(
         ends.source, ends.dest, [(job.name, job.built, job.state) for job in due]
     )
     unchecked = {job.name for job in due} - checked
@@ -63,7 +63,8 @@ def screen_noops(
             continue
         job = dataclasses.replace(job, started=time.monotonic())  # its own time alone
         with job.built.reading_model():
-            results[job.name] = finish_noop(job, found, deletes_checked=job.name in checked)
+            checked_at = exact if job.name in checked else None
+            results[job.name] = finish_noop(job, found, deletes_checked=checked_at)
     return results
 
 

@@ -18,7 +18,7 @@ from ..plan.table_sql import TableSql
 from ..plan.window import ProbeResult, probe_limit, rows_past, still_pending, window_columns
 from ..postgres.database import execute, fetch_union
 from ..postgres.naming import MARK_COLUMN
-from ..postgres.open_transactions import look
+from ..postgres.open_transactions import look, snapshot_xmax
 from ..project.state import TableState, Window
 
 Item = tuple[Hashable, TableSql, TableState]
@@ -70,16 +70,18 @@ def counts_match(
     ends_source: psycopg.Connection[Any],
     ends_dest: psycopg.Connection[Any],
     items: Sequence[Item],
-) -> set[Hashable]:
+) -> tuple[set[Hashable], str | None]:
     """Of `deletes` tables found unchanged at and past their cursors, those whose copy holds
     as many rows (not marked deleted) as their model reads: nothing was deleted there since
     the copy last matched it, so their delete check can be skipped. The copy holds every
     source row (the cursor's rule), and every row it holds more is one the source lost;
     equal counts mean there is none. A count each, fifty tables a statement on each side.
-    Any difference, or a failed count, leaves the table to its delete check."""
+    Any difference, or a failed count, leaves the table to its delete check. With the
+    tables, the destination's xmax before its counts (state.exact_xmax)."""
     if not items:
-        return set()
+        return set(), None
     try:
+        exact = snapshot_xmax(ends_dest)
         source = _counts(
             ends_source,
             [
@@ -100,8 +102,8 @@ def counts_match(
             ],
         )
     except DatabaseError:
-        return set()
-    return {key for i, (key, _, _) in enumerate(items) if source.get(i) == dest.get(i)}
+        return set(), None
+    return {key for i, (key, _, _) in enumerate(items) if source.get(i) == dest.get(i)}, exact
 
 
 def _counts(conn: psycopg.Connection[Any], queries: list[sql.Composable]) -> dict[int, int]:

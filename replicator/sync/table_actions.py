@@ -17,6 +17,7 @@ from ..plan.drift import destination_has_rows, destination_oid
 from ..plan.table_sql import batch_query
 from ..plan.window import ProbeResult, probe
 from ..postgres.database import execute
+from ..postgres.open_transactions import snapshot_xmax
 from ..project.state import LSN_CURSOR_TYPE, Cursor, Pending, TableState, Window
 from ..report.results import TableResult, utc_now
 from .capture_adopt import adopt_at_slot
@@ -98,10 +99,13 @@ def _catch_up(job: TableJob, state: TableState, loaded: TableResult) -> TableRes
     return result
 
 
-def finish_noop(job: TableJob, probed: ProbeResult, deletes_checked: bool = False) -> TableResult:
+def finish_noop(
+    job: TableJob, probed: ProbeResult, deletes_checked: str | None = None
+) -> TableResult:
     """A cursor table with nothing new: its result, and its state's note of this run (written
     with the others' at the run's end). `deletes_checked`: the screen found that nothing was
-    deleted (noop_screen.py), which counts as the table's delete check."""
+    deleted (noop_screen.py), which counts as the table's delete check: the destination's
+    xmax before it looked (state.exact_xmax)."""
     state = job.state
     assert state is not None
     before = state.cursor.value if state.cursor else None
@@ -117,7 +121,11 @@ def finish_noop(job: TableJob, probed: ProbeResult, deletes_checked: bool = Fals
                 "last_run": job.outcome(result, finished),
                 "holds_rows": job.observed.destination_has_rows,
                 "destination_oid": job.observed_destination_oid(),
-                **({"deletes_checked_at": finished} if deletes_checked else {}),
+                **(
+                    {"deletes_checked_at": finished, "exact_xmax": deletes_checked}
+                    if deletes_checked is not None
+                    else {}
+                ),
             }
         )
     )
@@ -286,6 +294,9 @@ def _write_new_state(job: TableJob, position: _Position, result: TableResult) ->
         last_run=job.outcome(result, finished),
         holds_rows=destination_has_rows(job.ends.dest, job.table.target),
         destination_oid=destination_oid(job.ends.dest, job.table.target),
+        # swapped in exact: a row only the copy holds from here is the source's deleted one,
+        # or one written into the copy after (state.py); asked only where deletes matter
+        exact_xmax=snapshot_xmax(job.ends.dest) if job.table.deletes != "ignore" else None,
     )
     job.write_state(state)
     return state
