@@ -101,7 +101,7 @@ def _errors(project, document) -> tuple[int, str]:
         pytest.param(
             {"tables": [{"name": "a.b", "mode": "incremental"}]},
             "tables[0].mode: expected one of incremental-deduped, incremental-append, "
-            "full-refresh, cdc, got 'incremental'; did you mean",
+            'full-refresh, cdc, got "incremental"; did you mean',
             id="bad-mode",
         ),
         pytest.param(
@@ -154,7 +154,7 @@ def _errors(project, document) -> tuple[int, str]:
         ),
         pytest.param(
             {"tables": [{"name": "a.b", "mode": "CDC"}]},
-            """got 'CDC'; did you mean "cdc"?""",
+            """got "CDC"; did you mean "cdc"?""",
             id="mode-in-capitals",
         ),
         pytest.param(
@@ -215,20 +215,38 @@ def _errors(project, document) -> tuple[int, str]:
             id="spark-conf",
         ),
         pytest.param(
-            '{"tables": [{"name": "a.b", "name": "a.c"}]}',
-            "duplicate key 'name'",
+            '{"tables": [{"name": "a.b", "name": "a.c", "mode": "cdc", "mode": "x"}, '
+            '{"name": "b.c", "deletes": "mark", "deletes": "delete"}]}',
+            'duplicate keys "name", "mode" in the object that begins "name": "a.b": JSON keeps '
+            "only the last value of each; give each once",
             id="duplicate-json-key",
+        ),
+        pytest.param(
+            '{"tables": [{"name": "a.b", "mode": "cdc"}, {"name": "b.c", "deletes": "mark", '
+            '"deletes": "delete"}]}',
+            'duplicate key "deletes" in the object that begins "name": "b.c"',
+            id="duplicate-json-key-in-a-second-object",
+        ),
+        pytest.param(
+            {"tables": [{"name": "a.b", "replication_key": "u", "deletes": None}]},
+            "tables[0].deletes: expected one of ignore, delete, mark, got null",
+            id="null-as-json",
+        ),
+        pytest.param(
+            {"tables": [{"name": "a.b", "replication_key": "u", "mode": True}]},
+            "got true",
+            id="true-as-json",
         ),
         pytest.param("[1, 2]", 'expected a JSON object like {"tables": [...]}', id="not-object"),
         pytest.param(
             {"tables": [{"name": "a.b", "replication_key": "u", "on_schema_change": "reload"}]},
-            "tables[0].on_schema_change: expected one of full_reload, fail, got 'reload'; "
+            'tables[0].on_schema_change: expected one of full_reload, fail, got "reload"; '
             'did you mean "full_reload"?',
             id="bad-schema-policy",
         ),
         pytest.param(
             {"tables": [{"name": "a.b", "replication_key": "u"}], "on_schema_change": "ignore"},
-            "on_schema_change: expected one of full_reload, fail, got 'ignore'",
+            'on_schema_change: expected one of full_reload, fail, got "ignore"',
             id="bad-top-schema-policy",
         ),
         pytest.param(
@@ -272,7 +290,7 @@ def _errors(project, document) -> tuple[int, str]:
         ),
         pytest.param(
             {"tables": [{"name": "a.b", "replication_key": "u", "initial_load": "none"}]},
-            "tables[0].initial_load: expected one of full, skip, got 'none'",
+            'tables[0].initial_load: expected one of full, skip, got "none"',
             id="bad-initial-load",
         ),
     ],
@@ -475,5 +493,5 @@ def test_bad_spark_min_rows_override_is_exit_2_before_anything(db_project):
     before = db_project.files()
     result = db_project.run("sync", env={"REPLICATOR_SPARK_MIN_ROWS": "lots"})
     assert result.exit_code == 2
-    assert "REPLICATOR_SPARK_MIN_ROWS must be a whole number of rows, got 'lots'" in (result.stderr)
+    assert 'REPLICATOR_SPARK_MIN_ROWS must be a whole number of rows, got "lots"' in (result.stderr)
     assert db_project.files() == before

@@ -223,7 +223,7 @@ def test_a_pattern_copies_into_another_schema_and_a_clash_fails_that_table_alone
         ),
         (
             {"name": "sales.orders", "mode": "full-refresh", "destination": "raw.*"},
-            "is a pattern, but name 'sales.orders' is one table",
+            'is a pattern, but name "sales.orders" is one table',
         ),
         (
             {"name": "sales.orders", "mode": "full-refresh", "exclude": ["sales.x"]},

@@ -217,8 +217,9 @@ def load_config(project_dir: Path) -> ProjectConfig:
 
 def parse_config(text: str, filename: str = CONFIG_FILE) -> ProjectConfig:
     """Validate the JSON text of a config file; `filename` prefixes every error."""
+    duplicates: list[tuple[list[str], str]] = []
     try:
-        document = json.loads(text, object_pairs_hook=_no_duplicate_keys)
+        document = json.loads(text, object_pairs_hook=lambda pairs: _keyed(pairs, duplicates))
     except json.JSONDecodeError as exc:
         before, after = text[: exc.pos].rstrip(), text[exc.pos :].lstrip()[:1]
         hint = ""
@@ -229,8 +230,15 @@ def parse_config(text: str, filename: str = CONFIG_FILE) -> ProjectConfig:
         raise ConfigError(
             [f"{filename}:{exc.lineno}:{exc.colno}: invalid JSON: {exc.msg}{hint}"]
         ) from None
-    except _DuplicateKey as exc:
-        raise ConfigError([f"{filename}: duplicate key {exc.args[0]!r} in one object"]) from None
+    if duplicates:  # every object's, each key once: JSON keeps only one value of each
+        raise ConfigError(
+            [
+                f"{filename}: duplicate key{'s' if len(keys) > 1 else ''} "
+                f"{', '.join(json.dumps(k, ensure_ascii=False) for k in keys)} in the object "
+                f"that begins {first}: JSON keeps only the last value of each; give each once"
+                for keys, first in duplicates
+            ]
+        )
     document = _strip_comments(document)
     if not isinstance(document, dict):
         raise ConfigError([f'{filename}: expected a JSON object like {{"tables": [...]}}'])
@@ -250,16 +258,20 @@ def parse_config(text: str, filename: str = CONFIG_FILE) -> ProjectConfig:
     return config
 
 
-class _DuplicateKey(ValueError):
-    pass
-
-
-def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+def _keyed(
+    pairs: list[tuple[str, Any]], duplicates: list[tuple[list[str], list[str]]]
+) -> dict[str, Any]:
+    """An object of the config; its keys given more than once go into `duplicates` (the
+    keys, and the object's keys for a reader to find it by)."""
     result: dict[str, Any] = {}
+    again: list[str] = []
     for key, value in pairs:
-        if key in result:
-            raise _DuplicateKey(key)
+        if key in result and key not in again:
+            again.append(key)
         result[key] = value
+    if again:
+        key, value = pairs[0]
+        duplicates.append((again, f"{json.dumps(key, ensure_ascii=False)}: {_short(value)}"))
     return result
 
 
@@ -309,7 +321,9 @@ def _describe(err: dict[str, Any], filename: str) -> str:
         )
         quoted = " or ".join(f'"{c}"' for c in close)
         hint = f"; did you mean {quoted}?" if close else ""
-        return f"{filename}: {path}: expected one of {', '.join(choices)}, got {value!r}{hint}"
+        return (
+            f"{filename}: {path}: expected one of {', '.join(choices)}, got {_short(value)}{hint}"
+        )
     if kind == "value_error":
         msg = str(err["msg"]).removeprefix("Value error, ")
         whole = isinstance(value, dict | list)  # a whole object or list: the message says

@@ -10,6 +10,7 @@ left out of the rules that read it, so one run lists every problem in the file.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -149,7 +150,8 @@ def _pattern_keys(values: Mapping[str, Any]) -> str | None:
     if isinstance(destination, str) and is_pattern(destination):
         if not named_pattern:
             return (
-                f"destination {destination!r} is a pattern, but name {name!r} is one table; "
+                f"destination {json.dumps(destination)} is a pattern, but name "
+                f"{json.dumps(name)} is one table; "
                 'write the destination as "schema.table"'
             )
         try:
@@ -158,16 +160,17 @@ def _pattern_keys(values: Mapping[str, Any]) -> str | None:
             return f"destination: {exc}"
         if parsed.literal_schema is None or not parsed.any_table:
             return (
-                f'destination {destination!r}: a pattern\'s destination is "schema.*" (each '
-                'matched table keeps its name in that schema), e.g. "raw.*"'
+                f"destination {json.dumps(destination)}: a pattern's destination is "
+                '"schema.*" (each matched table keeps its name in that schema), e.g. "raw.*"'
             )
     elif destination is not None and named_pattern:
         return (
-            f'name {name!r} is a pattern: its destination must be "schema.*" (each matched '
-            f"table keeps its name there), not the one table {destination!r}"
+            f"name {json.dumps(name)} is a pattern: its destination must be "
+            '"schema.*" (each matched table keeps its name there), not the one table '
+            f"{json.dumps(destination)}"
         )
     if values.get("exclude") and not named_pattern:
-        return f'"exclude" applies to a pattern name ("schema.*"); {name!r} is one table'
+        return f'"exclude" applies to a pattern name ("schema.*"); {json.dumps(name)} is one table'
     return None
 
 

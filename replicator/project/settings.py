@@ -7,6 +7,7 @@ registered with `redact` before anything can print it.
 from __future__ import annotations
 
 import difflib
+import json
 import logging
 import os
 from collections.abc import Mapping
@@ -305,7 +306,9 @@ def _min_rows(config: ProjectConfig, env: Environment) -> int | None:
     if value is None:
         return config.spark.min_rows
     if not value.isdigit():
-        raise ConfigError([f"{SPARK_MIN_ROWS} must be a whole number of rows, got {value!r}"])
+        raise ConfigError(
+            [f"{SPARK_MIN_ROWS} must be a whole number of rows, got {json.dumps(value)}"]
+        )
     return int(value)
 
 
@@ -347,5 +350,7 @@ def _progress_interval(env: Environment) -> float:
     except ValueError:
         seconds = 0.0
     if not seconds > 0:
-        raise ConfigError([f"{PROGRESS_INTERVAL} must be a number of seconds > 0, got {value!r}"])
+        raise ConfigError(
+            [f"{PROGRESS_INTERVAL} must be a number of seconds > 0, got {json.dumps(value)}"]
+        )
     return seconds

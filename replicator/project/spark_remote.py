@@ -3,6 +3,7 @@ checked when the settings are read: a bad one is a config error before anything 
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
@@ -26,12 +27,17 @@ class Remote:
         parts = urlsplit(url)
         if parts.scheme != "sc" or not parts.hostname:
             raise ConfigError(
-                [f"{where} must be a Spark Connect URL like sc://host:{DEFAULT_PORT}, got {url!r}"]
+                [
+                    f"{where} must be a Spark Connect URL like sc://host:{DEFAULT_PORT}, "
+                    f"got {json.dumps(url)}"
+                ]
             )
         try:
             port = parts.port or DEFAULT_PORT
         except ValueError:
-            raise ConfigError([f"{where} has a port that is not a number: {url!r}"]) from None
+            raise ConfigError(
+                [f"{where} has a port that is not a number: {json.dumps(url)}"]
+            ) from None
         return cls(url, parts.hostname, port)
 
     def __str__(self) -> str:
