@@ -234,6 +234,14 @@ def test_a_pattern_copies_into_another_schema_and_a_clash_fails_that_table_alone
             'a pattern\'s destination is "schema.*"',
         ),
         ({"name": "*", "mode": "full-refresh"}, 'expected a pattern like "schema.*"'),
+        (
+            {"name": "many.t_%", "mode": "full-refresh"},
+            'a pattern is a glob, not SQL LIKE: write "many.t_*"',
+        ),
+        (
+            {"name": "many", "mode": "full-refresh"},
+            'for every table of schema many, write "many.*"',
+        ),
     ],
 )
 def test_a_pattern_entry_that_cannot_work_is_refused_before_anything_runs(project, entry, message):

@@ -8,6 +8,7 @@ quotes keep case and allow any character, with `""` standing for one quote.
 from __future__ import annotations
 
 import functools
+import json
 import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -61,7 +62,7 @@ def split_parts(text: str) -> list[tuple[str, bool]]:
         else:
             m = _UNQUOTED.match(text, i)
             if not m:
-                raise ValueError(f"expected an identifier at position {i + 1} of {text!r}")
+                raise ValueError(f"expected an identifier at position {i + 1} of {_quoted(text)}")
             part = m.group(0).translate(ASCII_LOWER)
             i = m.end()
         parts.append((part, quoted))
@@ -75,7 +76,9 @@ def split_parts(text: str) -> list[tuple[str, bool]]:
                 if not quoted and text[i - 1] in SPACE
                 else ""
             )
-            raise ValueError(f"unexpected {text[i]!r} at position {i + 1} of {text!r}{hint}")
+            raise ValueError(
+                f"unexpected {json.dumps(text[i])} at position {i + 1} of {_quoted(text)}{hint}"
+            )
         i += 1
 
 
@@ -86,7 +89,7 @@ def read_quoted(text: str, i: int) -> tuple[str, int]:
     while True:
         k = text.find('"', j)
         if k < 0:
-            raise ValueError(f"unterminated quoted identifier in {text!r}")
+            raise ValueError(f"unterminated quoted identifier in {_quoted(text)}")
         buf.append(text[j:k])
         if text[k + 1 : k + 2] == '"':
             buf.append('"')
@@ -94,7 +97,7 @@ def read_quoted(text: str, i: int) -> tuple[str, int]:
             continue
         part = "".join(buf)
         if not part:
-            raise ValueError(f"empty quoted identifier in {text!r}")
+            raise ValueError(f"empty quoted identifier in {_quoted(text)}")
         return part, k + 1
 
 
@@ -113,7 +116,7 @@ ASCII_LOWER = str.maketrans("ABCDEFGHIJKLMNOPQRSTUVWXYZ", "abcdefghijklmnopqrstu
 def _check_length(part: str, text: str) -> None:
     if len(part.encode()) > MAX_IDENTIFIER_BYTES:
         raise ValueError(
-            f"identifier {part!r} in {text!r} is longer than PostgreSQL's "
+            f"identifier {part!r} in {_quoted(text)} is longer than PostgreSQL's "
             f"{MAX_IDENTIFIER_BYTES}-byte limit"
         )
 
@@ -122,7 +125,7 @@ def parse_column(text: str) -> str:
     """Parse one column name (`updated_at`, `"UpdatedAt"`)."""
     parts = split_name(text.strip())
     if len(parts) != 1:
-        raise ValueError(f"expected a column name, got {text!r}")
+        raise ValueError(f"expected a column name, got {_quoted(text)}")
     _check_length(parts[0], text)
     return parts[0]
 
@@ -139,7 +142,7 @@ class TableName:
         """Parse `schema.table` with PostgreSQL quoting rules; both parts are required."""
         parts = split_name(text.strip())
         if len(parts) != 2:
-            raise ValueError(f'expected "schema.table", got {text!r}')
+            raise ValueError(f'expected "schema.table", got {_quoted(text)}')
         for part in parts:
             _check_length(part, text)
         return cls(parts[0], parts[1])
@@ -165,3 +168,8 @@ class TableName:
 @functools.lru_cache(maxsize=65_536)
 def _table_sql(schema: str, name: str) -> str:
     return psql.Identifier(schema, name).as_string(None)
+
+
+def _quoted(text: str) -> str:
+    """A name as written, in a message: as JSON writes it, the way the config holds it."""
+    return json.dumps(text, ensure_ascii=False)

@@ -10,6 +10,7 @@ matches `Orders2024` and `Orders_eu` (not `orders_x`).
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
@@ -50,19 +51,21 @@ def _pattern_parts(text: str) -> list[tuple[str, bool]]:
                 continue
             m = (_PIECE if pieces else _UNQUOTED_GLOB).match(text, i)
             if not m:
-                raise ValueError(f"expected an identifier at position {i + 1} of {text!r}")
+                raise ValueError(f"expected an identifier at position {i + 1} of {_quoted(text)}")
             piece = m.group(0).translate(ASCII_LOWER)
             globbed = globbed or _has_glob(piece)
             pieces.append(piece)
             i = m.end()
         if not pieces:
-            raise ValueError(f"expected an identifier at position {i + 1} of {text!r}")
+            raise ValueError(f"expected an identifier at position {i + 1} of {_quoted(text)}")
         parts.append(("".join(pieces), globbed))
         i = skip_space(text, i)
         if i == n:
             return parts
         if text[i] != ".":
-            raise ValueError(f"unexpected {text[i]!r} at position {i + 1} of {text!r}")
+            raise ValueError(
+                f"unexpected {json.dumps(text[i])} at position {i + 1} of {_quoted(text)}"
+            )
         i = skip_space(text, i + 1)
 
 
@@ -79,7 +82,9 @@ class NamePattern:
         """Parse `schema.table` with globs; ValueError names what is wrong."""
         parts = _pattern_parts(text.strip())
         if len(parts) != 2:
-            raise ValueError(f'expected a pattern like "schema.*" or "schema.t_*", got {text!r}')
+            raise ValueError(
+                f'expected a pattern like "schema.*" or "schema.t_*", got {_quoted(text)}'
+            )
         (schema, _), (name, _) = parts
         return cls(schema, name, text.strip())
 
@@ -127,3 +132,8 @@ def destination_for(pattern_destination: NamePattern, source: TableName) -> Tabl
     schema = pattern_destination.literal_schema
     assert schema is not None and pattern_destination.any_table
     return TableName(schema, source.name)
+
+
+def _quoted(text: str) -> str:
+    """A name as written, in a message: as JSON writes it, the way the config holds it."""
+    return json.dumps(text, ensure_ascii=False)

@@ -327,7 +327,8 @@ def _describe(err: dict[str, Any], filename: str) -> str:
     if kind == "value_error":
         msg = str(err["msg"]).removeprefix("Value error, ")
         whole = isinstance(value, dict | list)  # a whole object or list: the message says
-        got = "" if "got " in msg or whole else f", got {_short(value)}"
+        said = "got " in msg or whole or _short(value) in msg  # the message shows the value
+        got = "" if said else f", got {_short(value)}"
         return f"{filename}: {path}: {msg}{got}"
     if kind == "greater_than_equal":  # the bound pydantic checked: 0 for some keys, 1 for others
         return f"{filename}: {path}: expected a number >= {err['ctx']['ge']}, got {_short(value)}"

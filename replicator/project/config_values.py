@@ -23,9 +23,27 @@ def table_name(value: Any) -> TableName:
 def table_or_pattern(value: Any) -> TableName | NamePattern:
     if isinstance(value, TableName | NamePattern):
         return value
-    if isinstance(value, str) and is_pattern(value):
-        return NamePattern.parse(value)
-    return table_name(value)
+    try:
+        if isinstance(value, str) and is_pattern(value):
+            return NamePattern.parse(value)
+        return table_name(value)
+    except ValueError as exc:
+        hint = _glob_hint(value) if isinstance(value, str) else None
+        raise ValueError(f"{exc}; {hint}" if hint else str(exc)) from None
+
+
+def _glob_hint(text: str) -> str | None:
+    """The pattern a name written another way most likely meant: SQL's LIKE (`many.t_%`),
+    or a bare schema (`many`)."""
+    unquoted = re.sub(r'"(?:[^"]|"")*"', "", text)
+    if "%" in unquoted:
+        return (
+            f'a pattern is a glob, not SQL LIKE: write "{text.replace("%", "*")}" (* stands '
+            "for any run of characters, ? for one)"
+        )
+    if "." not in unquoted and '"' not in text and text.strip():
+        return f'for every table of schema {text.strip()}, write "{text.strip()}.*"'
+    return None
 
 
 def column(value: Any) -> str:
