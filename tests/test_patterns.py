@@ -455,3 +455,27 @@ def test_a_patterns_excluded_column_stays_in_the_source_wherever_a_table_has_it(
     assert modelled.exit_code == 1, modelled.output
     assert "reads excluded column(s) password_hash" in modelled.stderr, modelled.stderr
     assert "password_hash" not in columns("orders")
+
+
+def test_ls_writes_key_columns_as_it_writes_names(project):
+    """`ls --json` gave `name` as written in SQL (quotes where needed) and the key columns
+    bare: a column with capitals read as another one."""
+    project.write_config(
+        {
+            "tables": [
+                {
+                    "name": '"Sales".Orders',
+                    "replication_key": '"UpdatedAt"',
+                    "primary_key": ['"ID"', "line"],
+                }
+            ]
+        }
+    )
+    listed = project.run("ls", "--json")
+    assert listed.exit_code == 0, listed.output
+    (row,) = json.loads(listed.stdout)
+    assert (row["name"], row["replication_key"], row["primary_key"]) == (
+        '"Sales".Orders',
+        '"UpdatedAt"',
+        ['"ID"', "line"],
+    )

@@ -11,6 +11,7 @@ from rich.console import Console
 from rich.table import Table
 
 from ..base.errors import ReplicatorError
+from ..base.identifiers import display_ident
 from ..plan.table_key import preferred_key
 from ..postgres.catalog import describe_table
 from ..postgres.database import connect
@@ -28,8 +29,11 @@ def list_tables(project: Project, names: tuple[str, ...], as_json: bool) -> int:
             "name": t.written_name,
             "destination": str(t.target),
             "mode": t.mode,
-            "replication_key": t.replication_key,
-            "primary_key": list(keys[t.source]) if keys.get(t.source) else None,
+            # written as `name` is: a column that needs quotes in SQL has them
+            "replication_key": display_ident(t.replication_key) if t.replication_key else None,
+            "primary_key": [display_ident(c) for c in keys[t.source]]
+            if keys.get(t.source)
+            else None,
             "entry": t.entry,
             "pattern": t.pattern,
         }
