@@ -9,6 +9,7 @@ import shlex
 import socket
 import subprocess
 import sys
+from typing import Any
 
 import psycopg
 import pytest
@@ -317,3 +318,73 @@ def test_a_cdc_load_waiting_for_an_open_source_transaction_says_so(
             open_one.commit()
             assert run.wait(timeout=120) == 0, log.read_text()
     assert f"{schema}.logged: full_reload" in log.read_text()
+
+
+@pytest.fixture
+def own_destination():
+    """A destination server of the test's own, to restart."""
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    from replicator.postgres.pgcluster import PgCluster
+
+    base = Path(tempfile.mkdtemp(prefix="replicator-test-pg-"))
+    cluster = PgCluster(base / "dest")
+    try:
+        yield cluster.start()
+    finally:
+        cluster.destroy()
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def test_a_destination_restarted_mid_run_costs_only_the_table_it_was_writing(
+    db_project, source_conn, schema, own_destination
+):
+    """The destination restarts while the first of two tables is read: that table fails,
+    the run connects again and the second is copied (it failed with `the connection is
+    closed`); what the run says counts the table that failed."""
+    for name in ("a", "b"):
+        table = sql.Identifier(schema, name)
+        source_conn.execute(sql.SQL("CREATE TABLE {} (id int PRIMARY KEY)").format(table))
+        source_conn.execute(sql.SQL("INSERT INTO {} SELECT generate_series(1, 50)").format(table))
+    db_project.env.update(IN_PROCESS, REPLICATOR_DEST_URL=own_destination.url())
+    db_project.write_config(
+        {"tables": [{"name": f"{schema}.{n}", "mode": "full-refresh"} for n in ("a", "b")]}
+    )
+    slow = "SELECT t.* FROM {{ source }} AS t CROSS JOIN (SELECT pg_sleep(120)) AS s"
+    db_project.write(f"models/{schema}/a.sql", slow)
+
+    def run_while(outage: Any) -> tuple[int, str]:
+        """A sync, and the outage while it reads table a (then a's read is cancelled)."""
+        run = subprocess.Popen(
+            [sys.executable, "-m", "replicator", "sync", "--project-dir", str(db_project.path)],
+            env={**os.environ, **db_project.env},
+            stdin=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            sleeping = (
+                "SELECT pid FROM pg_stat_activity WHERE query LIKE '%%pg_sleep(120)%%' "
+                "AND pid <> pg_backend_pid()"
+            )
+            wait_for(lambda: source_conn.execute(sleeping).fetchall(), 120, "table a's read")
+            outage()
+            source_conn.execute(f"SELECT pg_cancel_backend(pid) FROM ({sleeping}) AS s")
+            _, stderr = run.communicate(timeout=120)
+        finally:
+            run.kill()
+        return run.returncode, stderr
+
+    code, stderr = run_while(own_destination.restart)
+    assert code == 1, stderr
+    assert f"{schema}.a: failed after" in stderr
+    assert "destination: the connection was lost; connecting again" in stderr
+    assert f"{schema}.b: full_reload, 50 rows" in stderr, stderr
+    assert "sync finished: 1 succeeded, 1 failed" in stderr
+    with psycopg.connect(own_destination.url()) as dest:
+        copied = dest.execute(
+            sql.SQL("SELECT count(*) FROM {}").format(sql.Identifier(schema, "b"))
+        )
+        assert copied.fetchone() == (50,)

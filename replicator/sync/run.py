@@ -8,6 +8,8 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from contextlib import ExitStack
+from dataclasses import replace
 from traceback import format_exception
 from typing import Any
 
@@ -168,10 +170,9 @@ def _sync_all(
         },
     )
     try:
-        with (
-            connect(connections.source, "source") as source,
-            connect(connections.destination, "destination") as dest,
-        ):
+        with ExitStack() as opened:
+            source = opened.enter_context(connect(connections.source, "source"))
+            dest = opened.enter_context(connect(connections.destination, "destination"))
             ends = Endpoints(source, dest, connections.source, connections.destination)
             # before a table (or the capture's set-up) creates the registry again
             run.bookkeeping_gone = bookkeeping_gone(dest)
@@ -193,10 +194,12 @@ def _sync_all(
                     _log_result(run, result)
                     results.append(result)
                     continue
+                ends = _reconnected(ends, opened)
                 result = _sync_table(run, ends, table, output, capture)
                 if result is not None:  # None: a `cdc` table the drain below syncs
                     results.append(result)
             if capture is not None and not stop_requested():  # else its tables wait too
+                ends = _reconnected(ends, opened)
                 drained, drifted = capture.drain_deferred(ends)
                 for result in drained:
                     _log_result(run, result)
@@ -211,6 +214,24 @@ def _sync_all(
         fail_the_rest(run, tables, exc)
     finally:
         run.spark.finish()
+
+
+def _reconnected(ends: Endpoints, opened: ExitStack) -> Endpoints:
+    """The run's two connections, each opened again if it was lost (a server restarted, a
+    session terminated): the table that was using it failed, the next ones go on. One that
+    cannot be opened again fails the rest of the run (`fail_the_rest`)."""
+    source, dest = ends.source, ends.dest
+    if source.closed or source.broken:
+        log.warning("source: the connection was lost; connecting again")
+        source = opened.enter_context(connect(ends.source_url, "source"))
+    if dest.closed or dest.broken:
+        log.warning("destination: the connection was lost; connecting again")
+        dest = opened.enter_context(connect(ends.dest_url, "destination"))
+    return (
+        ends
+        if (source, dest) == (ends.source, ends.dest)
+        else replace(ends, source=source, dest=dest)
+    )
 
 
 def _cut_short(tables: tuple[TableConfig, ...], results: list[TableResult]) -> list[str]:

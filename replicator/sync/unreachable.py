@@ -24,10 +24,11 @@ def fail_the_rest(run: RunContext, tables: tuple[TableConfig, ...], exc: Replica
         result = failure(table, str(exc), 0.0)
         _record_unreachable(run, table, result)
         run.results.append(result)
+    failed = sum(r.status == "failure" for r in run.results)  # those before it too
     log.error(
         "%s; %d of %d table(s) not synced: the next run tries them again",
         redact(str(exc)),
-        len(rest),
+        failed,
         len(tables),
         extra={
             "fields": {
