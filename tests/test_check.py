@@ -206,3 +206,31 @@ def test_ping_sends_the_webhook_a_test_payload(db_project, tables, httpserver):
     assert posted["event"] == "check.ping"
     assert posted["text"] == "replicator check --ping: a test post, no sync ran", "not a sync's"
     assert db_project.run("check").exit_code == 0 and len(httpserver.log) == 1
+
+
+def test_the_tables_of_a_pattern_are_summed_up_unless_verbose(db_project, source_conn, schema):
+    """Tenant tables under one pattern, each without an index on its key: one line says it
+    of all of them (it was one line per table, 350 lines for 94 tables), `-v` lists each."""
+    for i in range(6):
+        source_conn.execute(
+            sql.SQL("CREATE TABLE {} (id int PRIMARY KEY, updated_at timestamptz NOT NULL)").format(
+                sql.Identifier(schema, f"t_{i}")
+            )
+        )
+    db_project.write_config(
+        {"tables": [{"name": f"{schema}.t_*", "replication_key": "updated_at"}]}
+    )
+    summed = db_project.run("check")
+    assert summed.exit_code == 0, summed.output
+    lines = [line for line in summed.stdout.splitlines() if f"{schema}.t_" in line]
+    pattern = f"{schema}.t_* (6 tables: {schema}.t_0, {schema}.t_1, {schema}.t_2 and 3 more)"
+    assert (
+        f"warn  {pattern}: replication key updated_at has no index: every sync will scan the "
+        'whole table; fix: CREATE INDEX ON <table> ("updated_at"), for each' in lines
+    ), summed.stdout
+    assert f"ok    {pattern}: next sync: full_reload" in lines
+    assert len(lines) <= 5, lines  # the pattern's match line, and one per kind of finding
+    assert "6 warning(s)" in summed.stdout
+    each = db_project.run("check", "-v")
+    for i in range(6):
+        assert f"warn  {schema}.t_{i}: replication key updated_at has no index" in each.stdout

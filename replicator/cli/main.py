@@ -348,12 +348,14 @@ def adopt(project_dir: Path, tables: tuple[str, ...]) -> int:
 def check(project_dir: Path, ping: bool) -> int:
     """Check the config, both connections and the privileges a sync needs, each table (its
     source, keys, indexes, model and destination, and the next sync's plan), Java and the
-    JDBC driver, and a cluster's Spark master. One line per finding, with its fix; exit 1
+    JDBC driver, and a cluster's Spark master. One line per finding, with its fix; the
+    tables of a pattern summed up where they say the same (-v: one line per table); exit 1
     when one is an error, 2 when the config itself cannot be read. Nothing is written."""
     from ..commands.check import print_checks
     from ..project.project import Project
 
-    return print_checks(Project.load(project_dir), ping)
+    verbose = click.get_current_context().meta.get("replicator.verbose", 0)
+    return print_checks(Project.load(project_dir), ping, verbose)
 
 
 for group in (state, cdc, spark, warm):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from typing import Any
 
 import click
@@ -37,14 +37,16 @@ from ..report.webhook import build_payload, post
 from .check_capture import capture_findings
 from .check_spark import spark_findings
 from .check_types import extension_findings
-from .findings import Finding
+from .findings import Finding, summed_up
 
 
-def print_checks(project: Project, ping: bool = False) -> int:
+def print_checks(project: Project, ping: bool = False, verbose: int = 0) -> int:
     """Run the checks and print one line per finding (a JSON object each under --log-format
-    json; errors and warnings only under -q), then the count; 1 when any is an error."""
+    json; errors and warnings only under -q), then the count; 1 when any is an error. The
+    tables of one pattern entry are summed up (findings.summed_up) unless `verbose`."""
     findings = run_checks(project, ping)
-    for finding in findings:
+    shown = findings if verbose or json_output() else summed_up(findings)
+    for finding in shown:
         if quiet() and finding.level == "ok":
             continue
         if json_output():
@@ -81,20 +83,21 @@ def run_checks(project: Project, ping: bool = False) -> list[Finding]:
         if source is not None:
             read_ahead(source, dest, project.config.tables)
         for table in project.config.tables:
-            findings.extend(_check_state(project, table))
+            found = list(_check_state(project, table))
             if source is not None:
-                findings.extend(_check_table(source, table, project))
+                found.extend(_check_table(source, table, project))
             if source is not None and dest is not None:
-                failing = any(
+                failing = any(f.level == "error" for f in found) or any(
                     f.level == "error" and f.subject == table.written_name for f in findings
                 )
                 # the plan of a table found failing is not what its next sync does: it fails
-                findings.extend(
+                found.extend(
                     f
                     for f in _check_plan(source, dest, table, project)
                     if not failing or f.level != "ok"
                 )
-                findings.extend(extension_findings(source, dest, table, project))
+                found.extend(extension_findings(source, dest, table, project))
+            findings.extend(replace(f, pattern=table.pattern) for f in found)
     finally:
         for conn in (source, dest):
             if conn is not None:
