@@ -17,6 +17,8 @@ from replicator.base.errors import DatabaseError
 from replicator.base.identifiers import TableName
 from replicator.postgres.ownership import classify, read_many_records, read_records
 from replicator.postgres.swap import swap_in
+from replicator.project.identity import PROJECT_SETTING, read_identity
+from replicator.project.settings import with_setting
 
 pytestmark = pytest.mark.spark
 
@@ -276,7 +278,52 @@ def test_a_plan_that_read_the_table_before_another_runs_swap_still_finds_it_the_
     assert db_project.run("sync", env=IN_PROCESS).exit_code == 0  # the other run's swap
     (now,) = dest_conn.execute("SELECT %s::regclass::oid", (target.sql(),)).fetchone()
     assert now != described
-    if many:
-        read_many_records(dest_conn, {target: described})
-    records = read_records(dest_conn, target, described)
+    identity = read_identity(db_project.path / "sync-state")
+    url = with_setting(db_project.env["REPLICATOR_DEST_URL"], PROJECT_SETTING, identity)
+    with psycopg.connect(url, autocommit=True) as as_the_project:  # as its runs connect
+        if many:
+            read_many_records(as_the_project, {target: described})
+        records = read_records(as_the_project, target, described)
     assert classify(True, records, None) == "owned"
+
+
+def test_a_second_project_on_the_same_destination_is_refused_its_copies(
+    db_project, source_conn, dest_conn, schema, tmp_path
+):
+    """Two projects (two sync-state folders) pointed at one destination: the second used to
+    take the first's copies over as `no state`, and the first then reloaded them all. Now
+    the second's sync of such a table fails with the fix; the first goes on (a no-op);
+    `adopt` in the second hands the copy over, and then the first is refused."""
+    source_conn.execute(
+        sql.SQL("CREATE TABLE {} (id int PRIMARY KEY, updated_at int NOT NULL)").format(
+            sql.Identifier(schema, "t")
+        )
+    )
+    source_conn.execute(
+        sql.SQL("INSERT INTO {} SELECT g, g FROM generate_series(1, 10) g").format(
+            sql.Identifier(schema, "t")
+        )
+    )
+    config = {"tables": [{"name": f"{schema}.t", "replication_key": "updated_at"}]}
+    db_project.env.update(IN_PROCESS)
+    db_project.write_config(config)
+    assert db_project.run("sync").exit_code == 0
+    second = type(db_project)(tmp_path / "second", dict(db_project.env))
+    (second.path / "sync-state").mkdir(parents=True)
+    second.write_config(config)
+    refused = second.run("sync")
+    assert refused.exit_code == 1, refused.output
+    said = "destination table is the copy another replicator project keeps"
+    assert f"{schema}.t: failed after" in refused.stderr and said in refused.stderr
+    assert "one project per copy" in refused.stderr, refused.stderr
+    assert f"`replicator adopt {schema}.t`" in refused.stderr
+    assert f"error {schema}.t: {said}; fix: one project per copy" in second.run("check").stdout
+    first = db_project.run("sync")
+    assert first.exit_code == 0 and f"{schema}.t: noop" in first.stderr, first.stderr
+    handed = second.run("adopt", f"{schema}.t")
+    assert handed.exit_code == 0, handed.output
+    assert "was the copy another replicator project kept" in handed.stderr
+    assert second.run("sync").exit_code == 0
+    again = db_project.run("sync")
+    assert again.exit_code == 1 and said in again.stderr, again.stderr
+    assert_same_table(source_conn, dest_conn, schema, "t")

@@ -22,6 +22,7 @@ log = logging.getLogger(__name__)
 def adopt_tables(project: Project, names: tuple[str, ...]) -> int:
     """`replicator adopt`: let replicator replace and update these existing tables."""
     tables = project.select(names)
+    project.claim_identity()  # the copies become this project's (project/identity.py)
     connections = project.connections()
     with (
         run_lock(project.state_dir),
@@ -51,9 +52,17 @@ def _adopt(
             "cannot replace it; drop it or choose another destination"
         )
     state = project.store.read(table.name)
-    if classify(True, read_records(dest, table.target, info.oid), state) == "owned":
+    ownership = classify(True, read_records(dest, table.target, info.oid), state)
+    if ownership == "owned":
         return f"{table.written_name}: {table.target} is already replicator's"
     take_ownership(dest, table)
+    if ownership == "taken":
+        log.warning(
+            "%s: %s was the copy another replicator project kept: it is this project's "
+            "now, and that project's syncs of it fail until it is handed back",
+            table.written_name,
+            table.target,
+        )
     plan = plan_now(source, dest, table, project.templates, state).plan
     return (
         f"{table.written_name}: adopted {table.target}; replicator may now replace and update "

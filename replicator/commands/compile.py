@@ -83,7 +83,7 @@ def compile_tables(
 @contextlib.contextmanager
 def _destination(project: Project) -> Iterator[tuple[psycopg.Connection[Any] | None, str | None]]:
     """The destination, to look at its tables; compile still works without it."""
-    url = project.env.optional_connection(DEST_URL)
+    url = project.optional_destination()
     if url is None:
         yield None, f"destination not inspected: {DEST_URL} is not set"
         return

@@ -188,7 +188,7 @@ def _observe_live(
     """Fill in the next action (the sync's own plan), lag and destination rows from the
     databases; without them, the next action comes from sync-state alone, with a note."""
     source_url = project.env.optional_source()
-    dest_url = project.env.optional_connection(DEST_URL)
+    dest_url = project.optional_destination()
     notes: list[str] = []
     with (
         _connected(source_url, SOURCE_URL, "source", notes) as source,

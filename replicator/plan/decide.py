@@ -39,6 +39,7 @@ def plan_table(
     destination_replaced: bool = False,
     pattern: str | None = None,
     partitions_change: str | None = None,
+    taken: str | None = None,
 ) -> Plan:
     """Full reload when anything says so, else incremental from the stored cursor.
 
@@ -51,7 +52,8 @@ def plan_table(
     (plan/partition_change.py); `destination_change` how the destination table differs from
     what the tool created;
     `not_owned` is the fix when the destination table exists but is not the tool's: only a
-    start without backfill (which adopts a matching table) may touch it. `name` is the table
+    start without backfill (which adopts a matching table) may touch it; `taken` the fix
+    when it is the copy another project keeps: nothing may. `name` is the table
     as the config writes it, for the fixes; `pattern` the pattern that chose it, if one did."""
     plan = _plan(
         mode,
@@ -84,6 +86,8 @@ def plan_table(
             "(a TRUNCATE or DELETE there); no cursor brings them back",
         )
 
+    if taken is not None:
+        return Plan("fail", "destination table is the copy another replicator project keeps", taken)
     if not_owned is not None and plan.action != "skip_backfill":
         return Plan("fail", "destination table exists and was not created by replicator", not_owned)
     return plan

@@ -16,7 +16,7 @@ from ..postgres import prefetch
 from ..postgres.catalog import TableInfo, describe_table
 from ..postgres.database import execute
 from ..postgres.naming import MARK_COLUMN
-from ..postgres.ownership import Ownership, classify, not_owned_fix, read_records
+from ..postgres.ownership import Ownership, classify, not_owned_fix, read_records, taken_fix
 from ..postgres.partition_tree import holding_rows
 from ..project.config import TableConfig
 from ..project.state import TableState
@@ -178,6 +178,9 @@ def plan_observed(
             not_owned_fix(table.target, table.written_name)
             if observed.ownership == "foreign"
             else None
+        ),
+        taken=(
+            taken_fix(table.target, table.written_name) if observed.ownership == "taken" else None
         ),
         name=table.written_name,
         pattern=table.pattern,

@@ -27,7 +27,8 @@ MARKER_DDL = sql.SQL(
 ).format(MARKER_TABLE.identifier())
 OWNED_DDL = sql.SQL(
     "CREATE TABLE IF NOT EXISTS {} (table_oid oid PRIMARY KEY, schema_name text NOT NULL, "
-    "table_name text NOT NULL, recorded_at timestamptz NOT NULL DEFAULT now())"
+    "table_name text NOT NULL, recorded_at timestamptz NOT NULL DEFAULT now(), "
+    "project_id text)"
 ).format(OWNED_TABLE.identifier())
 
 RESUME_DDL = sql.SQL(

@@ -2,7 +2,9 @@
 
 A table the tool creates (a full load's swap, a start without backfill) or that a user hands
 over (`replicator adopt`, `initial_load: skip` on a matching table) is recorded in
-`_replicator.owned_tables` by OID, in the transaction that puts it in place. A destination
+`_replicator.owned_tables` by OID, in the transaction that puts it in place, with the
+project that keeps it (its identity, project/identity.py): another project finds it
+`taken`, and its sync of that table fails with the fix instead of loading it over. A destination
 table that exists without such a record was made by someone else: its sync fails with the fix
 instead of replacing it. OIDs, not names: a table dropped and created again by hand under the
 same name is not the tool's any more.
@@ -35,15 +37,24 @@ from .naming import OWNED_TABLE
 log = logging.getLogger(__name__)
 
 # missing: no destination table; owned: recorded as the tool's; legacy: loaded by an earlier
-# version (see above); foreign: someone else's, never replaced.
-Ownership = Literal["missing", "owned", "legacy", "foreign"]
+# version (see above); foreign: someone else's, never replaced; taken: the tool's, recorded
+# as the copy another project keeps (another sync-state folder: one project per copy).
+Ownership = Literal["missing", "owned", "legacy", "foreign", "taken"]
+
+# This project's identity, which every destination session holds (project/identity.py);
+# NULL in a session without one (a project before its first sync).
+_OURS = "nullif(pg_catalog.current_setting('replicator.project', true), '')"
 
 # The table now at the name and the registry, read in one statement, so in one snapshot: an
 # OID read earlier (the plan's description of the table) may be the table another run's swap
 # has just replaced, and that run's record names the new one (in a fresh clone's CI run, two
 # project copies syncing together: the second failed as if someone else's table were there).
-_RECORDS = """
-SELECT o.table_oid IS NOT NULL, o.table_oid IS NOT NULL OR named.table_name IS NOT NULL
+_RECORDS = (
+    """
+SELECT o.table_oid IS NOT NULL, o.table_oid IS NOT NULL OR named.table_name IS NOT NULL,
+       o.project_id IS DISTINCT FROM """
+    + _OURS
+    + """ AND o.project_id IS NOT NULL
 FROM unnest(%(schemas)s::text[], %(names)s::text[])
     WITH ORDINALITY AS w (schema_name, table_name, i)
 LEFT JOIN pg_catalog.pg_namespace n ON n.nspname = w.schema_name
@@ -53,6 +64,7 @@ LEFT JOIN (SELECT DISTINCT schema_name, table_name FROM {registry}) AS named
     ON named.schema_name = w.schema_name AND named.table_name = w.table_name
 ORDER BY w.i
 """
+)
 
 
 @dataclass(frozen=True)
@@ -61,6 +73,7 @@ class Records:
 
     this_oid: bool  # the table that exists now is recorded
     same_name: bool  # some table of this name was recorded (maybe one dropped since)
+    other_project: bool = False  # ... as the copy another project keeps
 
 
 def classify(exists: bool, records: Records, state: TableState | None) -> Ownership:
@@ -68,7 +81,7 @@ def classify(exists: bool, records: Records, state: TableState | None) -> Owners
     if not exists:
         return "missing"
     if records.this_oid:
-        return "owned"
+        return "taken" if records.other_project else "owned"
     loaded_before = state is not None and state.last_synced_at is not None
     if loaded_before and state.schema_signature is not None and not records.same_name:
         return "legacy"
@@ -106,7 +119,8 @@ def _read(dest: psycopg.Connection[Any], targets: list[TableName]) -> list[Recor
         return [Records(False, False) for _ in targets]
     query = sql.SQL(_RECORDS).format(registry=OWNED_TABLE.identifier())
     params = {"schemas": [t.schema for t in targets], "names": [t.name for t in targets]}
-    return [Records(bool(this), bool(same)) for this, same in fetch_all(dest, query, params)]
+    rows = fetch_all(dest, query, params)
+    return [Records(bool(this), bool(same), bool(other)) for this, same, other in rows]
 
 
 def record_owned(dest: psycopg.Connection[Any], target: TableName) -> None:
@@ -132,9 +146,9 @@ def record_owned_steps(target: TableName) -> list[Step]:
         Step(
             "destination",
             sql.SQL(
-                "INSERT INTO {r} (table_oid, schema_name, table_name) VALUES "
-                "(%(table)s::regclass, %(schema)s, %(name)s)"
-            ).format(r=registry),
+                "INSERT INTO {r} (table_oid, schema_name, table_name, project_id) VALUES "
+                "(%(table)s::regclass, %(schema)s, %(name)s, {ours})"
+            ).format(r=registry, ours=sql.SQL(_OURS)),
             {"table": target.sql(), "schema": target.schema, "name": target.name},
         ),
     ]
@@ -147,6 +161,16 @@ def not_owned_fix(target: TableName, written_name: str) -> str:
         f"`replicator adopt {written_name}` to hand it over (the next sync reloads it from "
         'the source), or set "initial_load": "skip" for the table to keep its rows and '
         "continue from the source's newest key (its columns must match the source's)"
+    )
+
+
+def taken_fix(target: TableName, written_name: str) -> str:
+    """What to do about a copy another project keeps (another sync-state folder)."""
+    return (
+        f"one project per copy: give this project's table another destination "
+        f"(`destination`), leave {written_name} to the project that keeps {target}, or hand "
+        f"the copy over to this one with `replicator adopt {written_name}` (the other project "
+        "then refuses it)"
     )
 
 

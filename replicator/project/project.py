@@ -12,7 +12,8 @@ from ..base.errors import ConfigError
 from ..base.identifiers import TableName, split_name
 from .capture_state import CaptureState, read_capture_state, rejoin_mark, resolve_names
 from .config import CONFIG_FILE, ProjectConfig, TableConfig, load_config
-from .settings import Connections, Environment, Settings
+from .identity import PROJECT_SETTING, ensure_identity, read_identity
+from .settings import DEST_URL, Connections, Environment, Settings, with_setting
 from .state import STATE_DIR, StateStore, TableState
 from .templates import Templates
 
@@ -82,7 +83,21 @@ class Project:
         return Settings.resolve(self.config, self.env, self.root)
 
     def connections(self) -> Connections:
-        return Connections.from_environment(self.env)
+        return Connections.from_environment(self.env, read_identity(self.state_dir))
+
+    def optional_destination(self) -> str | None:
+        """The destination's connection string as `connections` gives it (with the project's
+        identity), or None when it is not set (`status` and `compile` go on without it)."""
+        url = self.env.optional_connection(DEST_URL)
+        return (
+            None
+            if url is None
+            else with_setting(url, PROJECT_SETTING, read_identity(self.state_dir))
+        )
+
+    def claim_identity(self) -> str:
+        """The project's identity, made now on its first sync (project/identity.py)."""
+        return ensure_identity(self.state_dir)
 
     def planning_state(self, table: TableConfig) -> TableState | None:
         """The table's state as its next sync plans from it: a `cdc` table back in the

@@ -24,6 +24,7 @@ from ..base.libpq_options import option_setting
 from ..base.redact import register_connection_string, register_secret
 from .config import ProjectConfig
 from .connection_string import option_problems, unparsed, uri_userinfo_problem
+from .identity import PROJECT_SETTING
 from .metrics_config import textfile_path
 from .spark_remote import Remote
 from .spark_server_state import ServerState, code_fingerprint, running, settings_fingerprint
@@ -175,7 +176,9 @@ class Connections:
     destination: str
 
     @classmethod
-    def from_environment(cls, env: Environment) -> Connections:
+    def from_environment(cls, env: Environment, project_id: str | None = None) -> Connections:
+        """`project_id`: the project's identity (project/identity.py), which every
+        destination session carries (None before the project has one)."""
         problems: list[str] = []
         urls: dict[str, str] = {}
         for name in (SOURCE_URL, DEST_URL):
@@ -185,17 +188,24 @@ class Connections:
                 problems.extend(exc.problems)
         if problems:
             raise ConfigError(problems)
-        return cls(salted(urls[SOURCE_URL], env.get(HASH_SALT)), urls[DEST_URL])
+        destination = with_setting(urls[DEST_URL], PROJECT_SETTING, project_id)
+        return cls(salted(urls[SOURCE_URL], env.get(HASH_SALT)), destination)
 
 
 def salted(conninfo: str, salt: str | None) -> str:
     """The source's connection string with the hash salt as a session setting (libpq's
     `options`, `-c replicator.hash_salt=...`): every session opened from it, Spark's tasks
     included, hashes with it, and no statement holds it."""
-    if not salt:
+    return with_setting(conninfo, SALT_SETTING, salt)
+
+
+def with_setting(conninfo: str, name: str, value: str | None) -> str:
+    """The connection string with a session setting added to libpq's `options` (none when
+    `value` is None or empty)."""
+    if not value:
         return conninfo
     options = conninfo_to_dict(conninfo).get("options") or ""
-    setting = option_setting(SALT_SETTING, salt)
+    setting = option_setting(name, value)
     return make_conninfo(conninfo, options=f"{options} {setting}".strip())
 
 

@@ -86,6 +86,7 @@ def run_sync(
         )
     if check_deletes and all(t.deletes == "ignore" for t in tables):
         log.warning("--deletes: no selected table has `deletes` set: there is nothing to check")
+    project.claim_identity()  # whose copies this run's loads are (project/identity.py)
     connections = project.connections()
     resync = resync_bounds(tables, names, full_refresh, since, until, connections.source)
     run = RunContext(
