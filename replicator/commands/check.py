@@ -179,7 +179,39 @@ def _connect(url: str, role: str, variable: str, findings: list[Finding]) -> Any
         return None
     (version,) = execute(conn, "SHOW server_version").fetchone()
     findings.append(Finding("ok", role, f"connected (PostgreSQL {version})"))
+    transport = _transport(conn, role, variable)
+    if transport is not None:
+        findings.append(transport)
     return conn
+
+
+LOCAL_HOSTS = frozenset({"localhost", "127.0.0.1", "::1"})
+
+
+def _transport(conn: psycopg.Connection[Any], role: str, variable: str) -> Finding | None:
+    """A server on another host reached without `sslmode=verify-full`: its rows (and the
+    role's password, unless SCRAM) cross the network readable, or to a server that only
+    claims to be it. None for a local one (a Unix socket, loopback)."""
+    host = conn.info.host
+    if host.startswith("/") or host in LOCAL_HOSTS:
+        return None
+    options = {o.keyword.decode(): o.val for o in conn.pgconn.info}
+    mode = (options.get("sslmode") or b"prefer").decode()
+    if mode == "verify-full":
+        return None
+    state = (
+        "encrypted, but nothing checks that the server is the one named"
+        if conn.pgconn.ssl_in_use
+        else "not encrypted"
+    )
+    return Finding(
+        "warn",
+        role,
+        f"host {host} is reached with sslmode {mode} ({state}): the rows cross the "
+        "network where a machine in between may read them or pose as the server",
+        f"add sslmode=verify-full and sslrootcert=<the CA's certificate file> to {variable} "
+        "(every Spark executor needs that file at the same path: README, TLS)",
+    )
 
 
 def _cursor_protection(conn: psycopg.Connection[Any]) -> Iterator[Finding]:
