@@ -8,12 +8,12 @@ rows each) in schema `many`, selected by one pattern entry (`"many.*"`). Timed, 
 2. a no-op sync (nothing changed: every table probed, none copied);
 3. `status`, `check`, `compile` and `ls`.
 
-Printed: seconds for each, and the ratio of the large project to the small one. The target
-(issue 27): the no-op run of 1,000 tables within 3x the no-op run of 10.
+Printed: seconds for each, and the ratio of the large project to the small one. The target:
+the no-op run of 1,000 tables within 3x the no-op run of 10.
 
 With `--deletes`, the large project's no-op run is then timed with `"deletes": "delete"` on
-its pattern against the same run without, three rounds each, alternated (issue 52: at most
-1.3x): a quiet table's delete check is one row count a side, fifty tables a statement.
+its pattern against the same run without, three rounds each, alternated (the target: at
+most 1.3x): a quiet table's delete check is one row count a side, fifty tables a statement.
 
 Each command starts on a settled machine: both clusters checkpointed and every dirty page
 written out (`sync`). Without that, a command run just after the first sync of 1,000 tables

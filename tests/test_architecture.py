@@ -1,6 +1,7 @@
 """The package's shape, read from its own files: imports only point down the layers, no
-import cycles, no module over 400 lines, and what an import scan cannot see (a module named
-in a string, package resources, package-data) still points at real files."""
+import cycles, no module over 600 lines (enough for a concept to stay whole), and what an
+import scan cannot see (a module named in a string, package resources, package-data) still
+points at real files."""
 
 from __future__ import annotations
 
@@ -32,7 +33,7 @@ LAYERS = [
 ]
 # The package's face: the only modules at its root.
 ROOT_MODULES = {"__init__", "__main__"}
-MAX_LINES = 400
+MAX_LINES = 600
 
 
 def module_name(path: Path) -> str:
@@ -113,7 +114,7 @@ def test_the_package_root_holds_only_its_face():
     assert {p.stem for p in PACKAGE.glob("*.py")} == ROOT_MODULES
 
 
-def test_no_module_is_over_400_lines():
+def test_no_module_is_over_600_lines():
     long = {
         str(p.relative_to(ROOT)): n
         for p in PACKAGE.rglob("*.py")

@@ -229,6 +229,7 @@ def _apply(
             end if record else None,
             table.label,
             keys_may_repeat=table.keys_may_repeat,
+            where=table.where,
         )
     except (ReplicatorError, psycopg.Error) as exc:
         raise_if_requested()

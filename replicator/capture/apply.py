@@ -29,6 +29,7 @@ from .apply_sql import (
     after_truncate,
     delete_statement,
     equal,
+    filter_statement,
     match,
     nested_loop,
     reduce_statement,
@@ -62,11 +63,14 @@ def apply_stage(
     name: str,
     *,
     keys_may_repeat: bool = False,
+    where: str | None = None,
 ) -> Applied:
     """Apply the staged changes and record `lsn` as the table's applied position (None: a
     part of a batch, inside the transaction its last part commits: no position yet).
     `keys_may_repeat`: the key is the config's `primary_key` (REPLICA IDENTITY FULL), which
-    the source does not hold unique: rows that share it are said, as a full load says them."""
+    the source does not hold unique: rows that share it are said, as a full load says them.
+    `where`: the table's filter when the apply runs it (apply_sql.filter_statement), before
+    the unchanged TOASTed values are looked for: a row it drops needs none."""
     target = stage.target
     after = after_truncate(stage.truncated_at)
     truncated = stage.truncated_at or 0
@@ -90,8 +94,13 @@ def apply_stage(
         updates: int | None = stage.updates  # as staged: every key once, each row applied
         if not stage.simple:
             execute(dest, reduce_statement(stage.name, key, after))
+            if where is not None:
+                execute(dest, filter_statement(LAST, where, after))
             _fill_unchanged(dest, stage, key, after, name)
             rows, updates = LAST, None
+        elif where is not None:  # the updates it turns into deletes are counted again
+            execute(dest, filter_statement(rows, where, after))
+            updates = None
         deleted = execute(dest, delete_statement(target, rows, key, after, stage.equals)).rowcount
         upserted = _write(dest, stage, rows, key, after, updates)
         if not stage.simple:  # ON COMMIT DROP is too late inside a batch's open transaction

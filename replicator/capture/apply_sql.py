@@ -109,6 +109,16 @@ def _differs(
     return sql.SQL("ROW({})::record *<> ROW({})::record").format(row(left, True), row(right, False))
 
 
+def filter_statement(rows: sql.Composable, where: str, after: sql.Composable) -> sql.Composable:
+    """A change whose new row the table's `where` does not keep becomes a delete of its key
+    (the copy holds exactly the rows it keeps; a key it never held is deleted in vain): the
+    filter the apply runs when the publication cannot (preflight.applied_where)."""
+    return sql.SQL(
+        "UPDATE {rows} SET {op} = 'D' WHERE {op} <> 'D' AND {after} AND NOT coalesce(({where}\n), "
+        "false)"
+    ).format(rows=rows, op=_OP, after=after, where=sql.SQL(where))
+
+
 def updates_query(rows: sql.Composable, after: sql.Composable) -> sql.Composable:
     """How many of the rows are updates (each is expected to find its row in the copy)."""
     return sql.SQL("SELECT count(*) FROM {rows} WHERE {op} = 'U' AND {after}").format(
@@ -233,6 +243,7 @@ def apply_steps(
     keys_may_repeat: bool,
     undomained: dict[str, str] | None = None,
     equals: Equals | None = None,
+    where: str | None = None,
 ) -> list[Step]:
     """A batch's apply as `compile` shows it: one that holds a key more than once and no
     TRUNCATE (a TRUNCATE first empties the table and only the changes after it count; a
@@ -243,13 +254,15 @@ def apply_steps(
     Unchanged TOASTed values are filled in from earlier changes or the copy between the
     reduction and the writes; `<lsn>` is the end of the batch's last commit. `undomained`:
     the domain columns' staged base types (type_closure.staged_base); `equals`: the key
-    columns' equality operators where `=` may not find them (key_equality.py)."""
+    columns' equality operators where `=` may not find them (key_equality.py); `where`: the
+    table's filter when the apply runs it (filter_statement, after the reduction)."""
     after = after_truncate(None)
     steps = [Step("destination", sql.SQL("BEGIN"))]
     if keys_may_repeat:
         steps.append(Step("destination", repeated_keys_query(target, STAGE, key, after, equals)))
     writes = [
         reduce_statement(STAGE, key, after),
+        *([filter_statement(LAST, where, after)] if where is not None else []),
         delete_statement(target, LAST, key, after, equals),
         updates_query(LAST, after),
         *nested_loop(True),

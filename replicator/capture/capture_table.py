@@ -34,6 +34,9 @@ class CaptureTable:
     # the shape of the relation the log described last
     shaping: LogShaping | None = None
     shape: LogShape | None = None
+    # the `where` its apply runs over each change's new row (preflight.applied_where): the
+    # publication sends every row of such a table
+    where: str | None = None
 
     def __post_init__(self) -> None:
         names = list(self.columns)

@@ -331,12 +331,14 @@ def shaping_problem(
     identity, keys = replica_identity(source, info)
     used = where_columns(source, info, shaping.where)
     beyond = [c for c in used if c not in keys]
-    if identity != "f" and beyond:
+    unfit = applied_filter_problem(source, info, built, used) if beyond else None
+    if identity != "f" and unfit is not None:
         return (
             f"{name}: where reads {', '.join(map(display_ident, beyond))}, which the log's "
             f"old rows do not carry (replica identity {IDENTITY_NAMES.get(identity)}): the "
             "publication's row filter needs them to tell when an update takes a row out of "
-            "the filter, and PostgreSQL would refuse the source's UPDATEs and DELETEs; run "
+            "the filter, and PostgreSQL would refuse the source's UPDATEs and DELETEs; nor "
+            f"can the apply run it over each change's new row: {unfit}; run "
             f"`ALTER TABLE {built.table.name} REPLICA IDENTITY FULL` in the source"
         )
     refused = row_filter_problem(source, info, shaping.where)
@@ -347,3 +349,58 @@ def shaping_problem(
             "mode for this table"
         )
     return None
+
+
+# The table's columns (and its partitions', at any depth: the log's rows come from them)
+# among these that a value may be TOASTed in: stored otherwise than plain.
+_NOT_PLAIN = """
+SELECT DISTINCT a.attname::text FROM pg_catalog.pg_attribute a
+WHERE (a.attrelid = %(table)s::oid OR a.attrelid IN
+       (SELECT relid FROM pg_catalog.pg_partition_tree(%(table)s::oid::regclass)))
+  AND a.attname = ANY(%(columns)s) AND a.attstorage <> 'p' AND NOT a.attisdropped
+ORDER BY 1
+"""
+
+
+def applied_filter_problem(
+    source: psycopg.Connection[Any], info: TableInfo, built: TableSql, used: list[str]
+) -> str | None:
+    """Why the table's apply cannot run its `where` over each change's new row, which is
+    where it runs when the publication cannot (it reads columns outside the replica
+    identity); None when it can: every column it reads is staged as the source holds it
+    (neither excluded nor hashed) and stored plain, so that every change carries its value
+    (an update leaves out a TOASTed value it did not change)."""
+    shaping = built.shaping
+    staged = {c.name for c in built.columns} - set(shaping.hash if shaping else ())
+    unstaged = [c for c in used if c not in staged]
+    if unstaged:
+        return (
+            f"the copy does not hold {', '.join(map(display_ident, unstaged))} as the source "
+            "does (excluded or hashed)"
+        )
+    found = fetch_all(source, _NOT_PLAIN, {"table": info.oid, "columns": used})
+    toasted = [row[0] for row in found]
+    if toasted:
+        return (
+            f"{', '.join(map(display_ident, toasted))} may hold TOASTed values, which an "
+            "update that leaves them as they were does not carry"
+        )
+    return None
+
+
+def applied_where(source: psycopg.Connection[Any], info: TableInfo, built: TableSql) -> str | None:
+    """The table's `where` when its apply runs it, over each change's new row: a row a
+    change takes out of it is deleted by key, as the publication's row filter would. That
+    is where it runs when it reads a column outside the replica identity (the log's old
+    rows do not carry it) and `applied_filter_problem` finds nothing against it; None when
+    the publication runs it (or there is none)."""
+    shaping = built.shaping
+    if shaping is None or shaping.where is None:
+        return None
+    identity, keys = replica_identity(source, info)
+    if identity == "f":
+        return None
+    used = where_columns(source, info, shaping.where)
+    if all(c in keys for c in used):
+        return None
+    return shaping.where

@@ -13,7 +13,7 @@ from ..base.errors import ReplicatorError
 from ..base.identifiers import TableName, display_ident
 from ..capture.dba_publication import publication_problem, via_root_problem
 from ..capture.log_filter import PublishedAs
-from ..capture.preflight import IDENTITY_NAMES, capture_problem, replica_identity
+from ..capture.preflight import IDENTITY_NAMES, applied_where, capture_problem, replica_identity
 from ..capture.slot import (
     PLUGIN,
     WAL_LEVEL_FIX,
@@ -231,7 +231,8 @@ def _table(
         shaping = built.shaping
         excluded = shaping.exclude if shaping else ()
         columns = [c.name for c in info.columns if c.name not in excluded]
-        where = shaping.where if shaping else None
+        applied = applied_where(source, info, built)  # the apply's: not the publication's
+        where = shaping.where if shaping and not applied else None
         withheld = publication_problem(
             source, names.publication, table.name, columns, where, info.has_children
         )
@@ -265,10 +266,11 @@ def _table(
             "run ALTER TABLE <partition> REPLICA IDENTITY FULL as each partition is created "
             "(in the same transaction)",
         )
-    yield from _shaping_findings(table.written_name, built, identity)
+    applied = applied_where(source, info, built) is not None
+    yield from _shaping_findings(table.written_name, built, identity, applied)
 
 
-def _shaping_findings(name: str, built: Any, identity: str) -> Iterator[Finding]:
+def _shaping_findings(name: str, built: Any, identity: str, applied: bool) -> Iterator[Finding]:
     """What the log does with the table's `columns` and `where` (preflight refused what it
     cannot do): where an excluded column goes, and who filters the rows."""
     shaping = built.shaping
@@ -302,7 +304,16 @@ def _shaping_findings(name: str, built: Any, identity: str) -> Iterator[Finding]
             name,
             f"excluded column(s) {excluded} stay in the source (the publication's column list)",
         )
-    if shaping.where:
+    if shaping.where and applied:
+        yield Finding(
+            "ok",
+            name,
+            "where runs at the apply, over each change's new row (it reads columns outside "
+            "the replica identity, each stored plain: every change carries them): the "
+            "publication sends every row, and a row an update takes out of it is deleted by "
+            "key",
+        )
+    elif shaping.where:
         yield Finding(
             "ok",
             name,

@@ -22,7 +22,7 @@ from ..base.errors import ReplicatorError, TableProblem
 from ..base.identifiers import display_ident
 from ..base.redact import redact
 from ..capture.apply_sql import apply_steps
-from ..capture.preflight import capture_problem
+from ..capture.preflight import applied_where, capture_problem
 from ..plan.drift import Planned, plan_now
 from ..plan.read_ahead import read_ahead
 from ..postgres.database import Step, connect, display, render
@@ -107,6 +107,7 @@ class CompiledTable:
         conn: psycopg.Connection[Any],
     ) -> None:
         self.built, self.observed, self.plan = planned.built, planned.observed, planned.plan
+        self.source = planned.source
         self.scripts, self.cursor, self.conn = scripts, cursor, conn
 
     def _lines(self, items: list[Item] | None) -> list[str]:
@@ -162,8 +163,9 @@ class CompiledTable:
         }
         undomained = {name: base for name, base in staged.items() if base is not None}
         equals = key_equality(self.conn, built.table.source, built.primary_key)
+        where = applied_where(self.conn, self.source, built)
         return apply_steps(
-            built.table.target, columns, built.primary_key, repeat, undomained, equals
+            built.table.target, columns, built.primary_key, repeat, undomained, equals, where
         )
 
     def as_json(self, dest_note: str | None) -> dict[str, Any]:

@@ -27,7 +27,7 @@ from ..capture.capture_table import CaptureTable
 from ..capture.dba_publication import publication_problem, via_root_problem
 from ..capture.drain import drain
 from ..capture.lsn import lsn_text, parse_lsn
-from ..capture.preflight import capture_problem
+from ..capture.preflight import applied_where, capture_problem
 from ..capture.shaped_log import log_shaping
 from ..capture.slot import (
     add_table_statement,
@@ -130,7 +130,9 @@ class CaptureRun:
                     for c in planned.source.columns
                     if not shaping or c.name not in shaping.exclude
                 ],
-                shaping.where if shaping else None,
+                None
+                if shaping is None or applied_where(ends.source, planned.source, planned.built)
+                else shaping.where,
                 alone,
             )
             if withheld is not None:
@@ -207,6 +209,7 @@ class CaptureRun:
                 job.built,
                 self.positions[job.table.target],
                 shaping=log_shaping(ends.source, job.built, job.planned.source, salt),
+                where=applied_where(ends.source, job.planned.source, job.built),
             )
             for job in jobs
         ]

@@ -16,6 +16,7 @@ from ..base.identifiers import TableName
 from ..capture.applied import ensure_applied_table, forget_applied
 from ..capture.log_filter import PublishedAs, published_as
 from ..capture.preflight import (
+    applied_where,
     capture_problem,
     refused_in_publication,
     refuses_changes,
@@ -186,7 +187,9 @@ def _listing(
             return PublishedAs(alone=info.has_children), False
         identity, _ = replica_identity(ends.source, info)
         listed = bool(shaping.include)
-        return published_as(identity, info, shaping.exclude, shaping.where, listed), False
+        # a `where` the apply runs is no row filter: the publication sends every row
+        where = None if applied_where(ends.source, info, built) else shaping.where
+        return published_as(identity, info, shaping.exclude, where, listed), False
     except (ReplicatorError, psycopg.Error):
         return None, False
 

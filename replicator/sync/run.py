@@ -86,7 +86,6 @@ def run_sync(
         )
     if check_deletes and all(t.deletes == "ignore" for t in tables):
         log.warning("--deletes: no selected table has `deletes` set: there is nothing to check")
-    project.claim_identity()  # whose copies this run's loads are (project/identity.py)
     connections = project.connections()
     resync = resync_bounds(tables, names, full_refresh, since, until, connections.source)
     run = RunContext(
@@ -102,6 +101,8 @@ def run_sync(
     project.store.remember(True)  # this run's states, read back by record_run
     try:
         with run_lock(project.state_dir), lock_connections():
+            project.claim_identity()  # made by its first sync (project/identity.py), and
+            connections = project.connections()  # carried by its destination sessions
             try:
                 _sync_all(run, tables, connections, output)
             finally:
