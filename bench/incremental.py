@@ -14,7 +14,7 @@ lookback re-reads only the last seconds of a cron interval).
 `--spark` adds two rows, each with its own 1% round: the batch through a cold local Spark
 (spark.min_rows 0: the run starts its JVM) and with the project's warm Spark server up
 (`replicator spark start` before the rounds; spark.min_rows unset, so the run picks the
-engine as transfer/engine_choice.py says: the server must never make a run slower than the
+engine as spark/engine_choice.py says: the server must never make a run slower than the
 in-process copy, whether or not the run uses it). The in-process
 and cold runs use another cache folder, where no warm server is recorded (so they do not
 find it), with the JVM's class archive built by an untimed run first, as on any machine

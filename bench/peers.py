@@ -23,7 +23,7 @@ bench/incremental.py), and four workloads (`--workloads`, run in this order):
   `id`, update key `updated_at`) and replicator `sync`, each into its own copy, in turns; and
   a `sync --follow` process (bench/follow_tick.py), whose catching-up run is timed by its own
   `follow.run` figure: a process kept running pays Python's start and imports once; and the
-  same cron run with the warm helper up (`replicator warm start`, cli/warm_server.py), which
+  same cron run with the warm helper up (`replicator warm start`, cli/warm/helper.py), which
   has them loaded.
   replicator's table has `lookback: 0`, as in bench/incremental.py: a round's changes are
   written within a second, so the default 5 s lookback would re-read the whole previous round

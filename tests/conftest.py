@@ -189,7 +189,7 @@ def password_role(source_conn: psycopg.Connection[Any]) -> Iterator[PasswordRole
 @pytest.fixture(scope="session")
 def spark() -> Iterator[Any]:
     """The run's local Spark session (local[2], UI off), started on first use."""
-    from replicator.transfer.spark_session import start_spark
+    from replicator.spark.session import start_spark
 
     session = start_spark("local[2]", {"spark.sql.shuffle.partitions": "2"})
     yield session
@@ -301,7 +301,7 @@ def cdc_project(db_project, source_conn):
 # The longest files, started first: `make test`'s two workers take whole files in collection
 # order, and a long file collected last would keep one worker busy after the other is done.
 # The suite's first Spark run: it leaves the driver's class archive to a detached build that
-# takes a minute of one core (transfer/jvm_archive.py), and until it is there every driver
+# takes a minute of one core (spark/jvm_archive.py), and until it is there every driver
 # JVM starts without it (5 s more each).
 FIRST = "test_the_first_spark_run_leaves_the_archive_to_a_detached_build_later_runs_map"
 LONGEST_FIRST = (

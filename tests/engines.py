@@ -1,4 +1,4 @@
-"""Which engine a test's copies take (transfer/engine_choice.py).
+"""Which engine a test's copies take (spark/engine_choice.py).
 
 The suite sends every copy through Spark (conftest.py sets REPLICATOR_SPARK_MIN_ROWS=0): its
 tables are small. A test whose point does not depend on the engine (a failpoint after the

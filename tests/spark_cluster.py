@@ -20,7 +20,7 @@ from pathlib import Path
 import pyspark
 
 from replicator.postgres.pgcluster import free_port
-from replicator.transfer.spark_session import QUICK_JIT
+from replicator.spark.session import QUICK_JIT
 
 SPARK_HOME = Path(pyspark.__file__).parent
 SYSTEM_PYTHON = "/usr/bin/python3"

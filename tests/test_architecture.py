@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from replicator.transfer.spark_session import LOCAL_DAEMON_MODULE
+from replicator.spark.session import LOCAL_DAEMON_MODULE
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "replicator"
@@ -24,8 +24,9 @@ LAYERS = [
     "postgres",
     "plan",
     "transfer",
+    "spark",
     "compare",
-    "capture",
+    "cdc",
     "report",
     "sync",
     "commands",
@@ -135,7 +136,7 @@ def test_what_an_import_scan_does_not_see_is_there():
     assert importlib.util.find_spec(LOCAL_DAEMON_MODULE) is not None
     macros = resources.files("replicator.project") / "macros"
     assert sorted(p.name for p in macros.iterdir() if p.name.endswith(".sql"))
-    assert (resources.files("replicator.transfer") / "log4j2.properties").is_file()
+    assert (resources.files("replicator.spark") / "log4j2.properties").is_file()
     data = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
     for package, patterns in data["package-data"].items():
         folder = ROOT / Path(*package.split("."))

@@ -1,7 +1,7 @@
-"""Log capture with values in their types' binary form (capture/binary_values.py): every
+"""Log capture with values in their types' binary form (cdc/rows/binary_values.py): every
 built-in type the drain reads that way arrives as the source has it, in a batch big enough
-to be staged many rows at once (capture/binary_block.py) and one change at a time
-(capture/binary_rows.py); a drain that stages any other type reads text, as before."""
+to be staged many rows at once (cdc/rows/binary_block.py) and one change at a time
+(cdc/rows/binary_rows.py); a drain that stages any other type reads text, as before."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from dbcompare import assert_same_table
 from psycopg import sql
 from waiting import wait_for
 
-from replicator.capture.binary_values import BINARY_TYPES
+from replicator.cdc.rows.binary_values import BINARY_TYPES
 
 pytestmark = pytest.mark.spark
 

@@ -174,7 +174,7 @@ def test_a_column_named_like_the_applys_own_aliases_takes_unchanged_toasted_valu
 def test_a_big_batch_with_values_copy_must_escape_arrives_whole(
     cdc_project, schema, writer, source_conn, dest_conn
 ):
-    """A batch of a thousand changes or more is staged many rows at once (capture/
+    """A batch of a thousand changes or more is staged many rows at once (cdc/
     copy_block.py), the changes it cannot take one by one: tabs, newlines and backslashes,
     empty strings and NULLs, unchanged TOASTed values and moved keys among plain changes
     all arrive as the source has them."""
@@ -213,7 +213,7 @@ def test_small_batches_applied_while_the_next_is_read_keep_commit_order(
     """Many batches and reads: each batch is staged on one session while the one before is
     applied on the other; a row's later change (a TOASTed value kept across a move, a delete
     then a re-insert) lands after its earlier one, in another batch."""
-    monkeypatch.setattr("replicator.capture.drain.BATCH_CHANGES", 4)
+    monkeypatch.setattr("replicator.cdc.drain.BATCH_CHANGES", 4)
     _create(writer, schema, "orders", rows=20)
     _create(writer, schema, "items", rows=20)
     big = "".join(uuid.uuid4().hex for _ in range(600))  # stored out of line
@@ -245,7 +245,7 @@ def test_a_transaction_bigger_than_a_batch_is_applied_in_parts_and_committed_onc
     the rest is read, in one destination transaction. A row's later change in a later part
     (a TOASTed value kept across a move, a delete then a re-insert, a TRUNCATE of the other
     table, and changes after it) lands after its earlier one."""
-    monkeypatch.setattr("replicator.capture.drain.BATCH_CHANGES", 4)
+    monkeypatch.setattr("replicator.cdc.drain.BATCH_CHANGES", 4)
     _create(writer, schema, "orders", rows=20)
     _create(writer, schema, "items", rows=20)
     _create(writer, schema, "extra", rows=5)  # its first change comes in a late part
@@ -590,7 +590,7 @@ def test_a_table_that_cannot_apply_reloads_and_does_not_stop_the_others(
 def test_a_table_left_out_by_select_does_not_stop_the_one_selected(
     cdc_project, schema, writer, source_conn, dest_conn, monkeypatch
 ):
-    monkeypatch.setattr("replicator.capture.drain.BATCH_CHANGES", 5)  # many small batches
+    monkeypatch.setattr("replicator.cdc.drain.BATCH_CHANGES", 5)  # many small batches
     _create(writer, schema, "orders")
     _create(writer, schema, "items")
     _config(cdc_project, schema, "orders", "items")
@@ -638,9 +638,9 @@ def test_a_shape_change_seen_only_in_the_log_reloads_the_table(
     """DDL committed after a run planned the table but before its drain: the log's own
     Relation message says the table changed shape; that table is reloaded, none lost."""
     from replicator.base.identifiers import TableName
-    from replicator.capture.capture_table import CaptureTable
-    from replicator.capture.drain import drain
-    from replicator.capture.slot import flushed_lsn, slot_info
+    from replicator.cdc.capture_table import CaptureTable
+    from replicator.cdc.drain import drain
+    from replicator.cdc.source.slot import flushed_lsn, slot_info
     from replicator.plan.inspect_table import inspect_source
     from replicator.project.project import Project
 
@@ -1284,7 +1284,8 @@ def test_a_long_apply_keeps_the_stream_alive(
     transaction)."""
     import psycopg
 
-    from replicator.capture import drain, stage
+    from replicator.cdc import drain
+    from replicator.cdc.rows import stage
 
     monkeypatch.setattr(stage, "PING_EVERY_S", 0.2)
     monkeypatch.setattr(drain, "BATCH_CHANGES", 1)  # the stream goes on after the wait
@@ -1332,7 +1333,7 @@ def test_a_transaction_committed_after_the_reading_point_is_the_next_runs(
     returns, and the next run applies it once."""
     import psycopg
 
-    from replicator.capture import drain
+    from replicator.cdc import drain
 
     _create(writer, schema)
     _config(cdc_project, schema, "orders")

@@ -252,7 +252,7 @@ def test_with_include_a_column_the_log_gains_mid_drain_is_dropped_not_a_drift():
     """A column added between a run's plan and the drain's read of it (REPLICA IDENTITY
     FULL: no column list keeps it out of the log) is dropped under `include`; under
     `exclude` it is a drift, and the table reloads."""
-    from replicator.capture.shaped_log import LogShape, LogShaping
+    from replicator.cdc.rows.shaped_log import LogShape, LogShaping
 
     logged = [("id", 23), ("name", 25), ("card", 25)]
     copied = {"columns": ("id", "name"), "types": {"id": 23, "name": 25}}

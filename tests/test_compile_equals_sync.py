@@ -146,7 +146,7 @@ def test_the_comparison_sees_a_statement_compile_does_not_print(
 ):
     """The test is not vacuous: an action that runs one statement more than its builders
     say is caught."""
-    from replicator.sync import full_load
+    from replicator.sync.full_load import load as full_load
 
     _config(db_project, shop)
     compiled = _compiled(db_project, "full_reload")

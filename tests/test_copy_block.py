@@ -1,4 +1,4 @@
-"""capture/copy_block.py against the per-message path it stands in for: the same COPY rows
+"""cdc/rows/copy_block.py against the per-message path it stands in for: the same COPY rows
 for every plain change, every other message left to the per-message path."""
 
 from __future__ import annotations
@@ -8,12 +8,12 @@ import struct
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from replicator.capture.binary_block import binary_block
-from replicator.capture.binary_rows import change as binary_change
-from replicator.capture.copy_block import plain_block
-from replicator.capture.copy_rows import plain_line
-from replicator.capture.pgoutput import UNCHANGED as UNCHANGED_VALUE
-from replicator.capture.pgoutput import Delete, decode
+from replicator.cdc.rows.binary_block import binary_block
+from replicator.cdc.rows.binary_rows import change as binary_change
+from replicator.cdc.rows.copy_block import plain_block
+from replicator.cdc.rows.copy_rows import plain_line
+from replicator.cdc.source.pgoutput import UNCHANGED as UNCHANGED_VALUE
+from replicator.cdc.source.pgoutput import Delete, decode
 
 UNCHANGED = object()
 OID = struct.pack(">I", 16384)

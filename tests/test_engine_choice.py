@@ -8,7 +8,7 @@ import pytest
 from dbcompare import assert_same_table
 from psycopg import sql
 
-from replicator.transfer.engine_choice import IN_PROCESS, EngineChoice
+from replicator.spark.engine_choice import IN_PROCESS, EngineChoice
 
 LOCAL = "Spark (local[*])"
 

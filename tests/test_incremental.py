@@ -14,10 +14,10 @@ from engines import IN_PROCESS
 from psycopg import sql
 
 from replicator.base.identifiers import TableName
+from replicator.plan.cursor import newest_key
 from replicator.plan.table_sql import batch_query
 from replicator.postgres.naming import staging_table
-from replicator.sync.cursor import newest_key
-from replicator.sync.incremental import _split_batch
+from replicator.sync.incremental.batch import _split_batch
 
 pytestmark = pytest.mark.spark
 
@@ -448,7 +448,7 @@ def test_kill_after_merge_before_state_write_converges(db_project, source_conn, 
 
 def test_small_copies_run_in_process_without_a_jvm(db_project, source_conn, dest_conn, schema):
     """With spark.min_rows unset, small full loads and batches are copied by the replicator
-    process itself (transfer/engine_choice.py): a JAVA_HOME that cannot work does not
+    process itself (spark/engine_choice.py): a JAVA_HOME that cannot work does not
     matter."""
     table = _orders(source_conn, schema, rows=300)
     _config(db_project, schema)

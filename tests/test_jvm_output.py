@@ -10,7 +10,7 @@ import re
 import pytest
 from psycopg import sql
 
-from replicator.transfer.jvm_output import Records
+from replicator.spark.jvm_output import Records
 
 pytestmark = pytest.mark.spark
 

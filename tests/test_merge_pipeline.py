@@ -1,6 +1,6 @@
 """A big batch copied in the replicator process is staged and merged in parts, in one
-destination transaction (sync/merge_pipeline.py): the copy ends equal to the source, and a
-run killed part-way leaves the copy exactly as it was."""
+destination transaction (sync/incremental/merge_pipeline.py): the copy ends equal to the
+source, and a run killed part-way leaves the copy exactly as it was."""
 
 from __future__ import annotations
 

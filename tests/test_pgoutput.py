@@ -8,8 +8,8 @@ import uuid
 import pytest
 from psycopg import sql
 
-from replicator.capture.copy_rows import DELETE, INSERT, UPDATE, change, plain_line
-from replicator.capture.pgoutput import (
+from replicator.cdc.rows.copy_rows import DELETE, INSERT, UPDATE, change, plain_line
+from replicator.cdc.source.pgoutput import (
     UNCHANGED,
     Begin,
     Commit,

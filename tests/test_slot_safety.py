@@ -13,8 +13,8 @@ from psycopg import sql
 from test_cdc import _config, _create, _run, _slot, _sync
 from waiting import wait_for
 
-from replicator.capture.slot import SlotInfo
-from replicator.capture.slot_health import slot_alarm
+from replicator.cdc.source.slot import SlotInfo
+from replicator.cdc.source.slot_health import slot_alarm
 
 pytestmark = pytest.mark.spark
 

@@ -424,7 +424,7 @@ def test_the_warm_server_killed_mid_run_fails_one_table_and_the_run_goes_on_with
 
 GRPC_CLOSE_RACE = """
 import threading
-from replicator.transfer.connect_session import _quiet_channel_thread
+from replicator.spark.connect_session import _quiet_channel_thread
 
 _quiet_channel_thread()
 # gRPC's channel thread meeting its closed channel, as it fails inside grpc/_channel.py

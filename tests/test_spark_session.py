@@ -11,13 +11,8 @@ import pytest
 from psycopg import sql
 from waiting import wait_for
 
-from replicator.transfer.spark_session import (
-    DAEMON_MODULE_KEY,
-    jdbc_jar,
-    spark_conf,
-    with_task_retries,
-)
-from replicator.transfer.spark_worker_daemon import prefer_installed_pyspark
+from replicator.spark.session import DAEMON_MODULE_KEY, jdbc_jar, spark_conf, with_task_retries
+from replicator.spark.worker_daemon import prefer_installed_pyspark
 
 pytestmark = pytest.mark.spark
 
@@ -32,7 +27,7 @@ def test_conf_prefers_local_jar_and_config_wins():
     custom = spark_conf("spark://h:7077", {"spark.jars.packages": "org.postgresql:postgresql:1"})
     assert custom["spark.master"] == "spark://h:7077" and "spark.jars" not in custom
     # Only a local run's workers can rely on this process's pyspark being installed.
-    assert conf[DAEMON_MODULE_KEY] == "replicator.transfer.spark_worker_daemon"
+    assert conf[DAEMON_MODULE_KEY] == "replicator.spark.worker_daemon"
     assert DAEMON_MODULE_KEY not in custom
 
 
@@ -76,7 +71,7 @@ def test_the_shipped_environment_joins_what_the_config_already_ships(tmp_path):
 def test_the_archive_holds_replicator_and_its_dependencies_but_not_spark(tmp_path, monkeypatch):
     import tarfile
 
-    from replicator.transfer.executor_env import executor_archive
+    from replicator.spark.executor_env import executor_archive
 
     monkeypatch.setenv("REPLICATOR_CACHE_DIR", str(tmp_path))
     built = executor_archive()
@@ -158,7 +153,7 @@ def test_a_driver_archive_is_offered_only_to_the_spark_home_it_was_written_for(
     without a word, and every driver would start seconds slower, for good."""
     from pyspark.find_spark_home import _find_spark_home
 
-    from replicator.transfer.jvm_archive import discard_archive, plan_archive
+    from replicator.spark.jvm_archive import discard_archive, plan_archive
 
     monkeypatch.setenv("REPLICATOR_CACHE_DIR", str(tmp_path / "cache"))
     home = _find_spark_home()
@@ -180,7 +175,7 @@ def test_one_run_at_a_time_lists_its_classes_for_the_driver_archive(tmp_path, mo
     """A run that starts while another one (or its builder) makes the archive goes
     without; once that process is gone without publishing one (killed), the next run lists
     its classes, and a run that hands nothing on leaves nothing behind."""
-    from replicator.transfer.jvm_archive import build_archive_later, discard_archive, plan_archive
+    from replicator.spark.jvm_archive import build_archive_later, discard_archive, plan_archive
 
     monkeypatch.setenv("REPLICATOR_CACHE_DIR", str(tmp_path))
     listing = plan_archive(JAR, "")
@@ -239,7 +234,7 @@ def test_the_first_spark_run_leaves_the_archive_to_a_detached_build_later_runs_m
 def test_the_archive_builder_gets_no_database_url_or_secret_from_the_run():
     """The builder outlives the command by about 20 s: nothing of the run's environment it
     has no use for, least of all the databases' URLs; the JVM options it does need."""
-    from replicator.transfer.jvm_archive import builder_environment
+    from replicator.spark.jvm_archive import builder_environment
 
     run = {
         "REPLICATOR_SOURCE_URL": "postgresql://app:s3cret@db/shop",
@@ -258,9 +253,9 @@ def test_the_archive_builder_gets_no_database_url_or_secret_from_the_run():
 _MAPS_ARCHIVE = """
 from pathlib import Path
 from pyspark import SparkContext
-from replicator.transfer.jvm_archive import plan_archive
-from replicator.transfer.spark_session import jdbc_jar, start_spark_context
-from replicator.transfer.jvm_stop import stop_jvm
+from replicator.spark.jvm_archive import plan_archive
+from replicator.spark.session import jdbc_jar, start_spark_context
+from replicator.spark.jvm_stop import stop_jvm
 context = start_spark_context(driver_options=plan_archive(str(jdbc_jar() or ""), "").options)
 maps = Path(f"/proc/{SparkContext._gateway.proc.pid}/maps").read_text().split()
 stop_jvm(context, graceful=True)

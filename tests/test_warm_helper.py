@@ -23,7 +23,7 @@ from waiting import wait_for
 
 import replicator
 from replicator.base.identifiers import TableName
-from replicator.cli import warm_socket
+from replicator.cli.warm import wire
 
 
 class Helper:
@@ -379,7 +379,7 @@ def test_another_installation_never_reaches_this_helper(helper, tmp_path):
             sys.executable,
             "-c",
             "import sys; sys.prefix = '/opt/other'; "
-            "from replicator.cli import warm_socket; print(warm_socket.socket_path())",
+            "from replicator.cli.warm import wire; print(wire.socket_path())",
         ],
         env=helper.env,
         capture_output=True,
@@ -402,7 +402,7 @@ def test_warm_start_says_why_it_cannot_start(tmp_path):
     code, _, err = long.run("warm", "start")
     assert code == 2 and "set REPLICATOR_CACHE_DIR to a shorter folder" in err, err
     assert not (deep / "warm").exists() or not any((deep / "warm").glob("*.sock"))
-    assert warm_socket.SOCKET_PATH_MAX == 107
+    assert wire.SOCKET_PATH_MAX == 107
 
 
 def _timeless(result: tuple[int, str, str]) -> tuple[int, str, str]:

@@ -18,7 +18,7 @@ CACHE_ENV = "REPLICATOR_CACHE_DIR"
 
 def cache_root() -> str | None:
     """Where the folder is, not created; None when turned off. Needs only `os`: the warm
-    helper's client (cli/warm_socket.py) reads it before anything else is loaded."""
+    helper's client (cli/warm/wire.py) reads it before anything else is loaded."""
     configured = os.environ.get(CACHE_ENV)
     if configured == "off":
         return None

@@ -21,7 +21,7 @@ def main() -> None:
     for name in ("stdin", "stdout", "stderr"):  # closed by the caller (`>&-`): Python's None
         if getattr(sys, name) is None:
             setattr(sys, name, open(os.devnull, "r" if name == "stdin" else "w"))  # noqa: SIM115
-    from .warm_client import run_in_helper
+    from .warm.client import run_in_helper
 
     code = run_in_helper(sys.argv[1:])
     if code is not None:
@@ -32,7 +32,7 @@ def main() -> None:
         from .main import main as run
 
         if {*CONTEXT["help_option_names"], "--version"}.isdisjoint(sys.argv[1:]):
-            from ..project import project  # noqa: F401  (what every command imports)
+            pass
     finally:
         gc.freeze()
         gc.enable()

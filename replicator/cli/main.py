@@ -15,7 +15,8 @@ import click
 from .. import __version__
 from ..base.errors import UsageError
 from ..report.logs import configure_logging, error_line, json_output, say
-from ..transfer.jvm_stop import stop_spark_on_exit
+from ..spark.jvm_stop import stop_spark_on_exit
+from .groups import cdc, state
 from .help_text import ENVIRONMENT, EXAMPLES, EXIT_CODES, examples
 from .options import (
     common,
@@ -26,8 +27,7 @@ from .options import (
     shared_options,
 )
 from .spark_commands import spark
-from .state_commands import cdc, state
-from .warm_commands import warm
+from .warm.group import warm
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
@@ -278,7 +278,7 @@ def status(project_dir: Path, names: tuple[str, ...], history: int | None, as_js
 
     project = Project.load(project_dir)
     if history is not None:
-        from ..commands.history import print_history
+        from ..commands.status_history import print_history
 
         return print_history(project, names, history, as_json or json_output())
     from ..commands.status import print_status
@@ -351,7 +351,7 @@ def check(project_dir: Path, ping: bool) -> int:
     JDBC driver, and a cluster's Spark master. One line per finding, with its fix; the
     tables of a pattern summed up where they say the same (-v: one line per table); exit 1
     when one is an error, 2 when the config itself cannot be read. Nothing is written."""
-    from ..commands.check import print_checks
+    from ..commands.check.checks import print_checks
     from ..project.project import Project
 
     verbose = click.get_current_context().meta.get("replicator.verbose", 0)

@@ -3,12 +3,12 @@ source, so an abandoned project stops holding WAL there. The `cdc` tables then r
 full at their next sync (from a new slot), which their sync-state says.
 
 `replicator cdc restart [--repair]`: a new slot, with the copies repaired to its snapshot
-or marked to reload (sync/capture_restart.py)."""
+or marked to reload (sync/cdc/restart.py)."""
 
 from __future__ import annotations
 
 from ..base.errors import ReplicatorError, UsageError
-from ..capture.slot import (
+from ..cdc.source.slot import (
     drop_publication,
     drop_publication_statement,
     drop_slot,
@@ -18,13 +18,13 @@ from ..capture.slot import (
 from ..postgres.database import connect
 from ..postgres.endpoints import Endpoints
 from ..postgres.table_lock import lock_connections
-from ..project.capture_state import forget_capture_state, read_capture_state
+from ..project.cdc_state import forget_capture_state, read_capture_state
 from ..project.project import Project
 from ..project.runlock import run_lock
 from ..report.logs import say
-from ..sync.capture_restart import Restarted, restart_capture
-from ..sync.capture_setup import SLOT_DROPPED as DROPPED
-from ..transfer.spark_runner import SparkRunner
+from ..spark.runner import SparkRunner
+from ..sync.cdc.restart import Restarted, restart_capture
+from ..sync.cdc.setup import SLOT_DROPPED as DROPPED
 
 
 def drop_capture(project: Project) -> int:

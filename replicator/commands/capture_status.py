@@ -1,6 +1,6 @@
 """What `status` shows of log capture: each `cdc` table's distance from the log's end
 (`slot_lag_bytes`, and `lag` in the grid), and the slot's retained WAL, with the warning a
-sync gives (capture/slot_health.py): past `cdc.max_retained_wal`, or `wal_status`
+sync gives (cdc/source/slot_health.py): past `cdc.max_retained_wal`, or `wal_status`
 unreserved (an abandoned slot keeps WAL until the source's disk fills); a lost slot makes
 the next sync reload every `cdc` table and exit 1: the plan says so, with the sync's text."""
 
@@ -11,14 +11,14 @@ from typing import Any
 import psycopg
 
 from ..base.errors import ReplicatorError
-from ..capture.lsn import parse_lsn
-from ..capture.slot import flushed_lsn, slot_info
-from ..capture.slot_health import dba_slot_text, size_text, slot_alarm
-from ..project.capture_config import retained_limit
+from ..cdc.source.lsn import parse_lsn
+from ..cdc.source.slot import flushed_lsn, slot_info
+from ..cdc.source.slot_health import dba_slot_text, size_text, slot_alarm
+from ..project.cdc_config import retained_limit
 from ..project.config import TableConfig
 from ..project.project import Project
 from ..project.state import LSN_CURSOR_TYPE
-from ..sync.capture_setup import SLOT_DROPPED, SLOT_LOST
+from ..sync.cdc.setup import SLOT_DROPPED, SLOT_LOST
 
 KEEP_COPIES = (
     "`replicator cdc restart --repair` starts a new slot and keeps the copies (only the rows "

@@ -21,13 +21,13 @@ import psycopg
 from ..base.errors import ReplicatorError, TableProblem
 from ..base.identifiers import display_ident
 from ..base.redact import redact
-from ..capture.apply_sql import apply_steps
-from ..capture.preflight import applied_where, capture_problem
+from ..cdc.apply.apply_sql import apply_steps
+from ..cdc.preflight import applied_where, capture_problem
 from ..plan.drift import Planned, plan_now
 from ..plan.read_ahead import read_ahead
 from ..postgres.database import Step, connect, display, render
-from ..postgres.key_equality import key_equality
-from ..postgres.type_closure import staged_base
+from ..postgres.types.key_equality import key_equality
+from ..postgres.types.type_closure import staged_base
 from ..project.config import TableConfig
 from ..project.project import Project
 from ..project.settings import DEST_URL
@@ -35,7 +35,7 @@ from ..project.state import TableState
 from ..report.logs import json_output
 from ..sync.action_scripts import ActionScripts, Inputs, Item, Tasks, action_scripts
 from ..sync.context import KeyBounds
-from ..sync.resync import resync_bounds
+from ..sync.incremental.resync import resync_bounds
 
 
 def compile_tables(
@@ -151,7 +151,7 @@ class CompiledTable:
         }
 
     def cdc_apply(self) -> list[Step] | None:
-        """A `cdc` table's apply of a batch of changes (capture/apply_sql.py)."""
+        """A `cdc` table's apply of a batch of changes (cdc/apply/apply_sql.py)."""
         built = self.built
         if built.table.mode != "cdc":
             return None

@@ -11,7 +11,7 @@ from ..base.errors import UsageError
 from ..project.project import Project
 from ..report.html_page import render, table_view
 from ..report.logs import say
-from .history import selected_runs
+from .status_history import selected_runs
 
 DEFAULT_FILE = "report.html"
 

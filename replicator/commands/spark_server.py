@@ -1,5 +1,5 @@
 """`replicator spark start|stop|status`: the project's warm Spark server (a Spark Connect
-server kept running between cron runs; transfer/warm_server.py starts and stops it)."""
+server kept running between cron runs; spark/connect_server.py starts and stops it)."""
 
 from __future__ import annotations
 
@@ -18,8 +18,8 @@ from ..project.spark_server_state import (
     server_dir,
 )
 from ..report.logs import json_output, say
-from ..transfer import warm_server
-from ..transfer.engine_choice import EngineChoice
+from ..spark import connect_server as warm_server
+from ..spark.engine_choice import EngineChoice
 
 
 def start_server(project: Project) -> int:

@@ -12,6 +12,7 @@ from psycopg import sql
 
 from ..base.errors import ReplicatorError, StateError, UsageError
 from ..base.identifiers import display_ident
+from ..plan.cursor import canonical_value, newest_key
 from ..plan.inspect_table import inspect_table
 from ..plan.selection import expanded_or_known
 from ..postgres.catalog import describe_table
@@ -21,7 +22,6 @@ from ..project.project import Project
 from ..project.runlock import run_lock
 from ..project.state import Cursor, TableState
 from ..report.logs import json_output, say
-from ..sync.cursor import canonical_value, newest_key
 
 log = logging.getLogger(__name__)
 

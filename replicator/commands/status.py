@@ -25,22 +25,22 @@ from rich.table import Table
 
 from ..base.errors import DatabaseError, ReplicatorError, StateError, TableProblem
 from ..base.redact import redact
-from ..capture.preflight import capture_problem
-from ..capture.unused_slot import unused_slot
+from ..cdc.preflight import capture_problem
+from ..cdc.source.unused_slot import unused_slot
 from ..plan import selection
+from ..plan.cursor import where_finite
 from ..plan.decide import Plan, plan_table
 from ..plan.drift import Planned, plan_now
 from ..plan.read_ahead import read_ahead
 from ..plan.table_sql import MODEL_ALIAS, TableSql, fitting_cursor
 from ..postgres.database import connect, execute
-from ..postgres.type_closure import base_type
+from ..postgres.types.type_closure import base_type
 from ..project.config import TableConfig
 from ..project.project import Project
 from ..project.settings import DEST_URL, SOURCE_URL
 from ..project.state import TableState
 from ..report.logs import json_output
-from ..sync.cursor import where_finite
-from ..sync.resume import outlook, resumable
+from ..sync.full_load.resume import outlook, resumable
 from .capture_status import capture_notes
 
 log = logging.getLogger(__name__)
@@ -265,7 +265,7 @@ def _show_resumable(
     planned: Planned,
     row: dict[str, Any],
 ) -> None:
-    """An unfinished full load, and whether the next sync resumes it (sync/resume.py)."""
+    """An unfinished full load, and whether the next sync resumes it (sync/full_load/resume.py)."""
     table = planned.built.table
     if not resumable(table.mode, table.replication_key):
         return

@@ -16,9 +16,9 @@ from rich.table import Table
 
 from ..base.errors import ReplicatorError, StateError
 from ..base.redact import redact
-from ..capture.applied import applied_positions
-from ..capture.pending import Key, pending_keys
-from ..capture.preflight import capture_problem
+from ..cdc.apply.applied import applied_positions
+from ..cdc.pending import Key, pending_keys
+from ..cdc.preflight import capture_problem
 from ..compare.verdict import REPEATED_KEY, Verdict
 from ..compare.verify_table import PendingLookup, verify_table
 from ..plan.inspect_table import inspect_source
@@ -31,7 +31,7 @@ from ..report.logs import json_output, quiet
 from ..report.output import some_tables
 from ..report.results import utc_now
 from ..report.webhook import build_verify_payload, post
-from ..transfer.spark_runner import SparkRunner
+from ..spark.runner import SparkRunner
 
 log = logging.getLogger("replicator.verify")
 

@@ -3,5 +3,5 @@ ranges that differ, the row-by-row diff of small ranges, and the repair of exact
 (`verify`, and the delete checks of cursor tables). The first pass over a large table runs as
 Spark tasks (range_task, kept light for Spark's Python workers).
 
-May import: base, project, postgres, plan, transfer.
+May import: base, project, postgres, plan, transfer, spark.
 """

@@ -19,7 +19,7 @@ from ..postgres.database import execute
 from ..postgres.endpoints import Endpoints
 from ..postgres.snapshot import ExportedSnapshot, ImportedSnapshot
 from ..project.config import TableConfig
-from ..transfer.spark_runner import SparkRunner
+from ..spark.runner import SparkRunner
 from . import range_sql as q
 from .bisect import Found, find_differences
 from .reader import RangeReader

@@ -14,7 +14,7 @@ from ..base.errors import ReplicatorError, TaskError
 from ..base.interrupts import raise_if_requested
 from ..postgres.database import execute
 from ..postgres.snapshot import ExportedSnapshot
-from ..transfer.spark_runner import SparkRunner
+from ..spark.runner import SparkRunner
 from .range_task import QueryTask, exact, run_query_task
 
 Query = tuple[sql.Composable, list[Any]]

@@ -34,7 +34,7 @@ from ..postgres.table_lock import table_lock
 from ..project.config import TableConfig
 from ..project.state import TableState
 from ..project.templates import Templates
-from ..transfer.spark_runner import SparkRunner
+from ..spark.runner import SparkRunner
 from . import range_sql as q
 from .bisect import Found, Key
 from .caught_up import caught_up
@@ -45,7 +45,7 @@ from .repair import MARK_COLUMN, repair
 from .thresholds import INTEGER_TYPES, estimated_rows
 from .verdict import MAX_EXAMPLES, REPEATED_KEY, Verdict
 
-# A `cdc` table's keys that changes in the slot, not yet applied, touch (capture/pending.py;
+# A `cdc` table's keys that changes in the slot, not yet applied, touch (cdc/pending.py;
 # commands/verify.py binds it): given the key's columns and the differing keys, those with
 # a pending change, or None when a pending TRUNCATE touches them all. The third argument:
 # changes count from the table's applied position now, not the one read before the

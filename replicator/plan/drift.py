@@ -25,12 +25,7 @@ from .column_rewrite import rewritten_columns
 from .decide import Plan, plan_table
 from .inspect_table import inspect_source
 from .model_change import ChildTablesChanged, ModelChanged, ShapingChanged, model_change
-from .partition_change import (
-    PartitionsChanged,
-    behind_cursor,
-    leaf_changes,
-    partitions_change,
-)
+from .partition_change import PartitionsChanged, behind_cursor, leaf_changes, partitions_change
 from .schema_diff import Change, MarkColumnChanged, describe, diff
 from .signature import Signature, destination_signature, read_signature
 from .table_sql import TableSql, fitting_cursor

@@ -9,7 +9,7 @@ import psycopg
 
 from ..base.errors import DatabaseError
 from ..postgres.catalog import Column, TableInfo, describe_query, describe_table
-from ..postgres.type_closure import holds_text_copied
+from ..postgres.types.type_closure import holds_text_copied
 from ..project.config import TableConfig
 from ..project.templates import Templates
 from .shaping import Shaping, readable_columns, shape_model, shaping_of

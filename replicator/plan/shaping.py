@@ -10,7 +10,7 @@ use any column of the table, excluded ones included; a project's model becomes
 `SELECT <columns> FROM (<model>) AS _replicator_model WHERE (<where>)`, the filter over
 the model's columns. The salt (`REPLICATOR_HASH_SALT`) never appears in a statement: each
 source session holds it in the `replicator.hash_salt` setting (project/settings.py).
-`cdc` tables get the same result from the log: capture/shaped_log.py.
+`cdc` tables get the same result from the log: cdc/rows/shaped_log.py.
 """
 
 from __future__ import annotations

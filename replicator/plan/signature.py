@@ -19,8 +19,8 @@ from typing import Any
 import psycopg
 
 from ..postgres.catalog import TableInfo
-from ..postgres.dest_types import describe_types
 from ..postgres.partition_tree import PARTITIONED, leaves
+from ..postgres.types.dest_types import describe_types
 from ..project.templates import Model, canonical_sql
 from .table_sql import TableSql
 

@@ -1,7 +1,8 @@
 """Talking to PostgreSQL: the one executor (database), session settings, catalogs, DDL,
-derived names, exported snapshots, the per-table advisory lock, destination types, schemas
-and bookkeeping tables, ownership records, dependent views, the atomic swap, and throwaway
-clusters for tests and the demo.
+derived names, exported snapshots, the open transactions a read must wait for, the
+per-table advisory lock, schemas and bookkeeping tables, ownership records, dependent views,
+the atomic swap, throwaway clusters for tests and the demo, and the destination's types in a
+room of their own (`types/`).
 
 May import: base, project.
 """

@@ -10,7 +10,7 @@ from psycopg import sql
 
 from ..base.errors import TableProblem
 from .database import fetch_all
-from .type_alignment import drop_by_hand, qualified_rows
+from .types.type_alignment import drop_by_hand, qualified_rows
 
 # A range type's definition, as CREATE TYPE ... AS RANGE takes it (functions and names printed
 # under search_path pg_catalog: a user's qualified, a built-in one bare).

@@ -12,7 +12,7 @@ from ..base.identifiers import INTERNAL_SCHEMA, MAX_IDENTIFIER_BYTES, TableName
 
 # The bookkeeping tables in `_replicator`: a load's finished partitions (so a retried task
 # loads its rows once), the destination tables replicator owns, the full loads a killed
-# run left to resume (sync/resume.py), and the history of runs (report/history.py).
+# run left to resume (sync/full_load/resume.py), and the history of runs (report/history.py).
 MARKER_TABLE = TableName(INTERNAL_SCHEMA, "loaded_partitions")
 OWNED_TABLE = TableName(INTERNAL_SCHEMA, "owned_tables")
 RESUME_TABLE = TableName(INTERNAL_SCHEMA, "resumable_loads")
@@ -41,7 +41,7 @@ def staging_table(target: TableName) -> TableName:
 
 
 # At most this many staging tables per batch: a big batch copied in this process is staged
-# and merged in parts (sync/merge_pipeline.py).
+# and merged in parts (sync/incremental/merge_pipeline.py).
 MAX_STAGING_PARTS = 4
 
 

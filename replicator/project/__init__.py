@@ -3,6 +3,6 @@ models and macros (templates), sync-state (state), the run lock and the `init` s
 
 May import: base only (errors, identifiers, failpoints, interrupts, redact, cache): no
 database, no Spark. The layers, lowest first: base, project, postgres, plan, transfer,
-compare, capture, report, sync, commands, cli; a module imports from its own layer and the
-ones before it (docs/architecture.md).
+spark, compare, cdc, report, sync, commands, cli; a module imports from its own layer and
+the ones before it (docs/architecture.md).
 """

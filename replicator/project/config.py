@@ -24,7 +24,7 @@ from pydantic import (
 from ..base.errors import ConfigError
 from ..base.identifiers import TableName
 from ..base.name_patterns import NamePattern
-from .capture_config import CdcConfig
+from .cdc_config import CdcConfig
 from .config_rules import rule_problems
 from .config_values import (
     column,
@@ -158,7 +158,7 @@ class SparkConfig(_Frozen):
     remote: Annotated[str, AfterValidator(checked_url)] | None = None  # wins over master
     # Batches (and tables) estimated below this many rows are copied by the replicator
     # process itself, with the same COPY streaming: no JVM start for a small batch. Unset:
-    # chosen from what this host measured (transfer/engine_choice.py).
+    # chosen from what this host measured (spark/engine_choice.py).
     min_rows: Annotated[int, Field(ge=0)] | None = None
     conf: Annotated[dict[str, str], AfterValidator(spark_keys)] = Field(default_factory=dict)
     # Ship replicator and its dependencies to a cluster's executors or a Connect server

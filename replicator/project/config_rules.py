@@ -16,7 +16,7 @@ from typing import Any
 
 from ..base.identifiers import INTERNAL_SCHEMA, TableName, parse_column
 from ..base.name_patterns import NamePattern, is_pattern
-from .capture_config import check_cdc_table
+from .cdc_config import check_cdc_table
 
 # A table's keys that a rule cannot trust: by table index (pydantic refused them).
 Unsure = Mapping[int, set[str]]

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from ..base.errors import ConfigError
 from ..base.identifiers import TableName, split_name
-from .capture_state import CaptureState, read_capture_state, rejoin_mark, resolve_names
+from .cdc_state import CaptureState, read_capture_state, rejoin_mark, resolve_names
 from .config import CONFIG_FILE, ProjectConfig, TableConfig, load_config
 from .identity import PROJECT_SETTING, ensure_identity, read_identity
 from .settings import DEST_URL, Connections, Environment, Settings, with_setting
@@ -61,7 +61,7 @@ class Project:
     @cached_property
     def cdc_tables(self) -> frozenset[TableName]:
         """The source tables of the config's `cdc` tables, once per (expanded) project: a
-        partition of one of them cannot be captured too (capture/preflight.py)."""
+        partition of one of them cannot be captured too (cdc/preflight.py)."""
         return frozenset(t.name for t in self.config.tables if t.mode == "cdc")
 
     @cached_property

@@ -227,7 +227,7 @@ class Settings:
     spark_conf: Mapping[str, str]
     ship_environment: bool
     # spark.min_rows when set; None: the choice follows this host's measurements
-    # (transfer/engine_choice.py), with or without the warm server.
+    # (spark/engine_choice.py), with or without the warm server.
     min_rows: int | None
     webhook: WebhookTarget | None
     progress_interval: float

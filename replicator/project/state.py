@@ -118,7 +118,7 @@ class TableState(_Record):
     # copy, or another source's load replaced it) is reloaded: the cursor is not its.
     destination_oid: int | None = None
     # The rows the last incremental batch read, kept through the no-op runs after it: the
-    # size a batch the probe did not count is taken to be (sync/merge_pipeline.py).
+    # size a batch the probe did not count is taken to be (sync/incremental/merge_pipeline.py).
     batch_rows: int | None = None
 
 

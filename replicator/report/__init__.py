@@ -1,5 +1,5 @@
 """Telling people and machines what happened: table results, the terminal and log output
 (progress, summary), the webhook, and the log formats.
 
-May import: base, project, postgres, plan, transfer, compare, capture.
+May import: base, project, postgres, plan, transfer, spark, compare, cdc.
 """

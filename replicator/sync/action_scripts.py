@@ -23,13 +23,12 @@ from ..postgres.naming import default_key_name
 from ..postgres.swap import SwapFacts, read_facts, swap_script
 from ..project.settings import Settings
 from ..project.state import TableState
+from ..spark.engine_choice import EngineChoice, local_slots
 from ..transfer.copy_stream import task_steps
-from ..transfer.engine_choice import EngineChoice, local_slots
 from ..transfer.stream_steps import stream_steps
 from .context import KeyBounds
-from .incremental import batch_for, batch_tasks
-from .load_parts import estimated_rows, part_tasks, plan_parts
-from .resume import (
+from .full_load.parts import estimated_rows, part_tasks, plan_parts
+from .full_load.resume import (
     Found,
     abandon_steps,
     can_resume,
@@ -41,6 +40,7 @@ from .resume import (
     start_over_steps,
     unfinished_targets,
 )
+from .incremental.batch import batch_for, batch_tasks
 from .scripts import (
     DestinationFacts,
     end_load_steps,
@@ -186,7 +186,7 @@ def _full_reload(
             Tasks([task_steps(task, version) for task in parts]),
             *finish,
         ]
-    # A cursor table's load is noted as resumable before its tasks (sync/resume.py).
+    # A cursor table's load is noted as resumable before its tasks (sync/full_load/resume.py).
     noted = (
         [record_step(target, LOAD_ID, RESUME_PLAN)] if resumes and can_resume(built, plan) else []
     )

@@ -23,7 +23,7 @@ from ..project.project import Project
 from ..project.state import RunOutcome, TableState
 from ..report.output import SyncOutput
 from ..report.results import TableResult, utc_now
-from ..transfer.spark_runner import SparkRunner
+from ..spark.runner import SparkRunner
 
 log = logging.getLogger("replicator.sync")
 

@@ -28,8 +28,8 @@ from ..project.config import TableConfig
 from ..report.output import SyncOutput
 from ..report.results import TableResult, utc_now
 from .context import RunContext, TableJob
+from .full_load.resume import unfinished_targets
 from .probe_many import counts_match, probe_many
-from .resume import unfinished_targets
 from .table_actions import finish_noop
 
 CURSOR_MODES = ("incremental-deduped", "incremental-append")

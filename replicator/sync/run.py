@@ -27,7 +27,7 @@ from ..base.errors import (
 )
 from ..base.interrupts import raise_if_requested, stop_requested, stop_signal_name
 from ..base.redact import redact
-from ..capture.unused_slot import unused_slot
+from ..cdc.source.unused_slot import unused_slot
 from ..plan.decide import Plan
 from ..plan.drift import plan_now
 from ..plan.read_ahead import read_ahead
@@ -44,10 +44,10 @@ from ..project.templates import stray_models
 from ..report.output import SyncOutput, some_tables
 from ..report.results import TableResult, utc_now
 from ..report.webhook import build_payload, post
-from .capture_run import CaptureRun
+from .cdc.cdc_run import CaptureRun
 from .context import RunContext, TableJob, failure, record_failure
+from .incremental.resync import resync_bounds
 from .noop_screen import screen_noops
-from .resync import resync_bounds
 from .run_record import record_run
 from .run_tables import expanded
 from .table_actions import carry_out

@@ -15,14 +15,14 @@ import psycopg
 from psycopg import sql
 
 from ..base.identifiers import INTERNAL_SCHEMA, TableName
-from ..capture.applied import record_applied_step
+from ..cdc.apply.applied import record_applied_step
 from ..plan.table_sql import TableSql
 from ..postgres import ddl
 from ..postgres.database import Step
 from ..postgres.dest_schema import bookkeeping_steps, missing_schemas, schema_steps
-from ..postgres.dest_types import type_work
 from ..postgres.naming import derived_name, retired_table, staging_tables
 from ..postgres.ownership import record_owned_steps
+from ..postgres.types.dest_types import type_work
 from ..transfer.markers import forget_loads_step, forget_markers_step
 
 MAINTENANCE_WORK_MEM = "512MB"
@@ -155,8 +155,9 @@ def end_load_steps(load_id: str) -> list[Step]:
 
 
 def staging_steps(built: TableSql, facts: DestinationFacts, parts: int = 1) -> list[Step]:
-    """Empty UNLOGGED staging tables for the batch, one per part (sync/merge_pipeline.py);
-    a killed run's are dropped first, with a replaced table a killed swap left aside."""
+    """Empty UNLOGGED staging tables for the batch, one per part
+    (sync/incremental/merge_pipeline.py); a killed run's are dropped first, with a replaced
+    table a killed swap left aside."""
     target = built.table.target
     return [
         *bookkeeping_steps(facts.missing),
@@ -169,7 +170,7 @@ def staging_steps(built: TableSql, facts: DestinationFacts, parts: int = 1) -> l
     ]
 
 
-# A batch merged in parts (sync/merge_pipeline.py): its transaction must see each part
+# A batch merged in parts (sync/incremental/merge_pipeline.py): its transaction must see each part
 # committed after it began, whatever isolation the server defaults to, and must not be ended
 # by the server's idle timeout while the next part copies.
 PARTS_BEGIN = "BEGIN ISOLATION LEVEL READ COMMITTED"
@@ -178,7 +179,7 @@ PARTS_NEVER_IDLE_OUT = "SET LOCAL idle_in_transaction_session_timeout = 0"
 
 def merge_steps(built: TableSql, merged: int = 1, staged: int = 1) -> list[Step]:
     """The merge macro in one destination transaction, once for each of the first `merged`
-    staging tables (a batch in parts: sync/merge_pipeline.py), then the `staged` ones
+    staging tables (a batch in parts: sync/incremental/merge_pipeline.py), then the `staged` ones
     dropped."""
     tables = staging_tables(built.table.target, merged)
     merges = [built.merge_from(table) for table in tables]

@@ -15,6 +15,7 @@ from typing import Any
 import psycopg
 
 from ..base.errors import TableProblem
+from ..plan.cursor import first_cursor
 from ..plan.schema_diff import describe, diff
 from ..plan.signature import Signature, destination_signature
 from ..plan.table_sql import TableSql
@@ -22,7 +23,6 @@ from ..postgres.catalog import TableInfo
 from ..postgres.database import execute, run_steps
 from ..postgres.endpoints import Endpoints
 from ..project.state import Cursor, Pending, Window
-from .cursor import first_cursor
 from .scripts import DestinationFacts, start_steps
 
 

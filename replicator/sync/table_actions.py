@@ -11,7 +11,7 @@ from typing import Protocol
 from psycopg import sql
 
 from ..base.failpoints import failpoint
-from ..capture.lsn import lsn_text
+from ..cdc.source.lsn import lsn_text
 from ..plan.decide import Plan
 from ..plan.drift import destination_has_rows, destination_oid
 from ..plan.table_sql import batch_query
@@ -20,12 +20,12 @@ from ..postgres.database import execute
 from ..postgres.open_transactions import snapshot_xmax
 from ..project.state import LSN_CURSOR_TYPE, Cursor, Pending, TableState, Window
 from ..report.results import TableResult, utc_now
-from .capture_adopt import adopt_at_slot
+from .cdc.adopt_at_slot import adopt_at_slot
 from .context import TableJob
-from .deletes import propagate_deletes
-from .full_load import full_reload
-from .incremental import batch_size, incremental_sync
-from .resume import abandon, resumable
+from .full_load.load import full_reload
+from .full_load.resume import abandon, resumable
+from .incremental.batch import batch_size, incremental_sync
+from .incremental.deletes import propagate_deletes
 from .skip_backfill import start_without_backfill
 
 log = logging.getLogger("replicator.sync")

@@ -277,7 +277,7 @@ def stream_in_parts(
     """One COPY out of the source (the tasks share it, their snapshot and connections), its
     rows into each task's table in turn: `part_rows` rows each, the rest into the last. Each
     part commits, then `landed(part)` tells. `stop` set ends it early. No markers: a batch
-    copied in this process is not retried (sync/merge_pipeline.py)."""
+    copied in this process is not retried (sync/incremental/merge_pipeline.py)."""
     started = time.monotonic()
     with task_errors(tasks[0]):
         rows, size = _stream_parts(tasks, part_rows, landed, stop)

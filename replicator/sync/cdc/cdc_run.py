@@ -1,0 +1,334 @@
+"""The `cdc` tables of one run (README: How cdc works).
+
+1. Set-up, once (capture_setup.py): the slot and publication names (sync-state/cdc.json),
+   the publication listing the `cdc` tables, the slot (created when missing; a lost one is
+   made again and every `cdc` table reloads with reason `slot lost`).
+2. Each selected table is planned like any other (run.py); a full reload loads it from a
+   snapshot with its log position (cdc/source/slot_snapshot.py), one that goes on from the log
+   is deferred here.
+3. Once every table was planned: one drain of the slot for the deferred tables
+   (cdc/drain.py); each gets its result and state; a table the log shows changed shape
+   is reloaded right after.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from contextlib import ExitStack
+from dataclasses import replace
+
+import psycopg
+
+from ...base.errors import Interrupted, ReplicatorError, TableLocked, TableProblem, one_line
+from ...cdc.apply.applied import applied_positions, forget_applied
+from ...cdc.capture_table import CaptureTable
+from ...cdc.drain import drain
+from ...cdc.preflight import applied_where, capture_problem
+from ...cdc.rows.shaped_log import log_shaping
+from ...cdc.source.dba_publication import publication_problem, via_root_problem
+from ...cdc.source.lsn import lsn_text, parse_lsn
+from ...cdc.source.slot import (
+    add_table_statement,
+    emit_heartbeat,
+    flushed_lsn,
+    published_tables,
+    slot_info,
+)
+from ...cdc.source.slot_health import slot_alarm
+from ...plan.decide import Plan
+from ...plan.drift import Planned, destination_has_rows
+from ...postgres.endpoints import Endpoints
+from ...postgres.partition_tree import PARTITIONED
+from ...postgres.table_lock import table_lock
+from ...project.cdc_config import retained_limit
+from ...project.cdc_state import CaptureState
+from ...project.config import TableConfig
+from ...project.settings import HASH_SALT
+from ...project.state import LSN_CURSOR_TYPE, Cursor, TableState
+from ...report.results import TableResult, utc_now
+from ..context import RunContext, TableJob, failure, record_failure
+from .leftover_side import drop_leftover_sides
+from .setup import set_up_capture
+
+log = logging.getLogger("replicator.sync")
+
+
+class CaptureRun:
+    """What a run's `cdc` tables share: the set-up, the deferred tables, the drain."""
+
+    def __init__(self, run: RunContext) -> None:
+        self.run = run
+        self.names: CaptureState | None = None
+        self.setup_error: str | None = None
+        self.positions: dict = {}
+        self.deferred: list[TableJob] = []
+
+    # ------------------------------------------------------------ 1. set-up
+
+    def set_up(self, ends: Endpoints, selected: tuple[TableConfig, ...]) -> None:
+        """Names, publication and slot (capture_setup.py); an error here fails every
+        selected `cdc` table. A run that selects none only reads the names: its drain
+        moves the slot past what no copy needs (drain_deferred)."""
+        if not any(t.mode == "cdc" for t in selected):
+            try:
+                self.names = self.run.project.capture_names()
+            except ReplicatorError as exc:
+                log.warning("cdc: the replication slot is not moved: %s", one_line(exc))
+            return
+        try:
+            self.names, lost = set_up_capture(self.run.project, ends, selected)
+            if lost is not None:  # remade, its copies reloading: said, and the run exits 1
+                self.run.slot_lost = lost
+                self.run.warnings.append(lost)
+            self.positions = applied_positions(ends.dest)
+        except (ReplicatorError, psycopg.Error) as exc:
+            self.setup_error = f"log capture set-up: {one_line(exc)}"
+            log.error("%s", self.setup_error)
+            with contextlib.suppress(ReplicatorError):  # the slot still moves, if it exists
+                self.names = self.run.project.capture_names()
+
+    # ------------------------------------------------------------ 2. planning
+
+    def adjust(self, ends: Endpoints, planned: Planned, state: TableState | None) -> Planned:
+        """A `cdc` table's plan: the set-up's failure, a table the log cannot carry, a
+        reload whose reason the log gives (`slot lost`, a shape change it showed), a copy
+        whose position is not in the destination."""
+        table = planned.built.table
+        captured = self.run.project.cdc_tables  # a partition of one cannot be captured too
+        problem = capture_problem(ends.source, planned.source, planned.built, captured)
+        if problem is not None:  # the table's own reason first: the set-up may fail for it
+            raise TableProblem(problem)
+        if self.setup_error is not None:
+            raise TableProblem(f"{table.written_name}: {self.setup_error}")
+        names = self.names
+        foreign = names is not None and not names.created
+        if foreign and planned.source.kind == PARTITIONED:
+            via_root = via_root_problem(ends.source, names.publication, table.name)
+            if via_root is not None:  # its changes pass under its partitions' names
+                forget_applied(ends.dest, table.target)
+                raise TableProblem(f"{table.written_name}: {via_root[0]}: {via_root[1]}")
+        alone = planned.source.has_children
+        if foreign and table.name not in published_tables(ends.source, names.publication):
+            # Its changes are not in the log from here on: when the DBA adds it back, its
+            # copy must reload, not continue from a position with a gap after it.
+            forget_applied(ends.dest, table.target)
+            raise TableProblem(
+                f"{table.written_name}: not in publication {names.publication} (named in "
+                "tables-config.json `cdc`): its changes would never arrive; add it "
+                f"({add_table_statement(names.publication, table.name, alone)})"
+            )
+        if foreign:
+            shaping = planned.built.shaping
+            withheld = publication_problem(
+                ends.source,
+                names.publication,
+                table.name,
+                [
+                    c.name
+                    for c in planned.source.columns
+                    if not shaping or c.name not in shaping.exclude
+                ],
+                None
+                if shaping is None or applied_where(ends.source, planned.source, planned.built)
+                else shaping.where,
+                alone,
+            )
+            if withheld is not None:
+                raise TableProblem(f"{table.written_name}: {withheld[0]}: {withheld[1]}")
+        plan = planned.plan
+        if plan.action == "incremental":
+            position = self.positions.get(table.target)
+            if position is None:
+                plan = Plan("full_reload", "no log position in the destination")
+            else:  # the copy holds every commit before both (the state's moves every run)
+                reached = parse_lsn(state.cursor.value) if state and state.cursor else 0
+                plan = Plan("incremental", f"lsn {lsn_text(max(position, reached))}")
+        return replace(planned, plan=plan)
+
+    def defer(self, job: TableJob) -> None:
+        self.deferred.append(job)
+
+    # ------------------------------------------------------------ 3. the drain
+
+    def drain_deferred(self, ends: Endpoints) -> tuple[list[TableResult], list[TableConfig]]:
+        """Apply the log to every deferred table: their results, and the tables the log
+        shows changed shape (to reload now). Without any (none selected, or each failed
+        before), the slot still moves up to the first change a copy needs. Then what the
+        slot holds is checked (cdc/source/slot_health.py)."""
+        if not self.deferred:
+            if self.names is not None:
+                self._drain(ends, [], [])
+                self._check_slot(ends)
+            return [], []
+        assert self.names is not None
+        results: list[TableResult] = []
+        with ExitStack() as locks:
+            jobs = []
+            for job in self.deferred:
+                try:
+                    locks.enter_context(table_lock(ends.dest_url, job.table.target, job.name))
+                    jobs.append(job)
+                except TableLocked as exc:
+                    self.run.locked.add(job.name)
+                    results.append(failure(job.table, str(exc), 0.0))
+            self.run.draining.update(job.name for job in jobs)
+            drifted = self._drain(ends, jobs, results)
+            drop_leftover_sides(ends.dest, jobs)
+        self._check_slot(ends)
+        return results, drifted
+
+    def _check_slot(self, ends: Endpoints) -> None:
+        """After the drain: a slot that still holds too much WAL is a warning, in the log
+        and the webhook (a lost one failed the run's cdc tables at the set-up)."""
+        assert self.names is not None
+        try:
+            info = slot_info(ends.source, self.names.slot)
+        except psycopg.Error as exc:
+            log.warning("cdc: replication slot %s not checked: %s", self.names.slot, exc)
+            return
+        if info is None or (info.lost and self.setup_error is not None):
+            return
+        alarm = slot_alarm(info, *retained_limit(self.run.project.config.cdc))
+        if alarm is not None:
+            log.warning("source: %s", alarm.text)
+            self.run.warnings.append(alarm.text)
+
+    def _drain(
+        self, ends: Endpoints, jobs: list[TableJob], results: list[TableResult]
+    ) -> list[TableConfig]:
+        assert self.names is not None
+        names = self.names
+        # Read again: a table loaded earlier in this run has its position only now.
+        self.positions = applied_positions(ends.dest)
+        salt = self.run.project.env.get(HASH_SALT)
+        tables = [
+            CaptureTable(
+                job.table.name,
+                job.built,
+                self.positions[job.table.target],
+                shaping=log_shaping(ends.source, job.built, job.planned.source, salt),
+                where=applied_where(ends.source, job.planned.source, job.built),
+            )
+            for job in jobs
+        ]
+        tables += self._watched(jobs)
+        # Each table's run is the drain's: timed from here, not from its planning, which
+        # came before every other table the run synced (its `1 rows in 4.6 s` was theirs).
+        begun, begun_at = time.monotonic(), utc_now()
+        jobs = [replace(job, started=begun, started_at=begun_at) for job in jobs]
+        for job in jobs:
+            job.started_log("incremental", f"applying the log ({job.plan.reason})")
+        try:
+            info = slot_info(ends.source, names.slot)
+            if not jobs and (info is None or info.lost):
+                return []  # nothing to move (a lost slot failed the set-up, or is said after)
+            if info is None or info.confirmed is None:
+                raise TableProblem(f"replication slot {names.slot} disappeared during the run")
+            emit_heartbeat(ends.source)
+            upto = flushed_lsn(ends.source)
+            drained = drain(
+                ends.source_url,
+                ends.dest_url,
+                names.slot,
+                names.publication,
+                tables,
+                info.confirmed,
+                upto,
+            )
+        except Interrupted:
+            raise
+        except (ReplicatorError, psycopg.Error) as exc:
+            if not jobs:
+                log.warning("cdc: replication slot %s not moved: %s", names.slot, one_line(exc))
+            for job in jobs:
+                result = failure(job.table, one_line(exc), 0.0, "incremental", job.plan.reason)
+                record_failure(self.run, job.table, job.state, job.started_at, result)
+                results.append(result)
+            return []
+        behind = max(flushed_lsn(ends.source) - drained.end, 0)
+        log.info(
+            "cdc: slot %s read up to %s in %d batch(es); %d bytes of log written since",
+            names.slot,
+            lsn_text(drained.end),
+            drained.batches,
+            behind,
+            extra={
+                "fields": {
+                    "event": "cdc.drained",
+                    "lsn": lsn_text(drained.end),
+                    "lag_bytes": behind,
+                }
+            },
+        )
+        drifted = []
+        for job, table in zip(jobs, drained.tables, strict=False):
+            if table.drift is not None and table.error is None:
+                self._mark_drifted(job, table.drift)
+                drifted.append(job.table)
+            else:
+                results.append(self._finish(job, table))
+        return drifted
+
+    def _watched(self, jobs: list[TableJob]) -> list[CaptureTable]:
+        """`cdc` tables with a copy that this drain does not apply to (not selected, loaded
+        earlier in this run, or locked by another run): the slot keeps their changes."""
+        selected = {job.table.name for job in jobs}
+        watched = []
+        for table in self.run.project.config.tables:
+            if table.mode != "cdc" or table.name in selected:
+                continue
+            position = self.positions.get(table.target)
+            if position is not None:
+                watched.append(CaptureTable(table.name, None, position, apply=False))
+        return watched
+
+    def _mark_drifted(self, job: TableJob, drift: str) -> None:
+        """The log shows the table changed shape: it is reloaded right after the drain (and
+        by the next run, if that reload cannot run now)."""
+        assert job.state is not None
+        log.info("%s: the log shows a schema change (%s): reloading it", job.name, drift)
+        job.write_state(
+            job.state.model_copy(
+                update={"pending_full_reload": True, "pending_reason": f"schema changed: {drift}"}
+            )
+        )
+
+    def _finish(self, job: TableJob, table: CaptureTable) -> TableResult:
+        """The table's result and state after the drain."""
+        run, state = self.run, job.state
+        assert state is not None
+        # The later of sync-state's cursor (it moves on with the slot while the table has
+        # no changes) and the copy's position when the drain began (a run killed after an
+        # apply, before its state write, left the cursor behind that).
+        known = [parse_lsn(state.cursor.value)] if state.cursor else []
+        known += [p for p in (self.positions.get(job.table.target),) if p is not None]
+        before = lsn_text(max(known)) if known else lsn_text(table.applied)
+        if table.error is not None:
+            result = failure(job.table, table.error, 0.0, "incremental", job.plan.reason)
+            record_failure(run, job.table, state, job.started_at, result)
+            return result
+        after = lsn_text(table.position)
+        finished = utc_now()
+        update: dict = {
+            "cursor": Cursor(value=after, type=LSN_CURSOR_TYPE),
+            "schema_signature": job.observed.signature.as_json(),
+            "last_synced_at": finished,
+            "holds_rows": (
+                destination_has_rows(job.ends.dest, job.table.target)
+                if table.changes
+                else job.observed.destination_has_rows
+            ),
+            "destination_oid": job.observed_destination_oid(),
+        }
+        action = "incremental" if table.changes else "noop"
+        reason = f"lsn {before} -> {after}" if table.changes else f"lsn {after}"
+        if table.truncated:  # the log's TRUNCATE emptied the copy before the changes after it
+            reason += "; truncated"
+        result = job.success(action, table.changes, reason, 0, before, after)
+        result = replace(result, deleted=table.deleted)
+        job.write_state(
+            state.model_copy(update={**update, "last_run": job.outcome(result, finished)})
+        )
+        return result
