@@ -1,7 +1,8 @@
 """The package's shape, read from its own files: imports only point down the layers, no
-import cycles, no module over 600 lines (enough for a concept to stay whole), and what an
-import scan cannot see (a module named in a string, package resources, package-data) still
-points at real files."""
+import cycles, no module over 600 lines (enough for a concept to stay whole), few closets
+(modules too small to hold a concept of their own), no two modules of one name, every room
+saying what it holds and may import, and what an import scan cannot see (a module named in
+a string, package resources, package-data) still points at real files."""
 
 from __future__ import annotations
 
@@ -35,6 +36,10 @@ LAYERS = [
 # The package's face: the only modules at its root.
 ROOT_MODULES = {"__init__", "__main__"}
 MAX_LINES = 600
+# Modules under SMALL lines (the package's faces aside) are closets: a piece that belongs in
+# the module it serves, unless it must stand alone (a process's entry point, a module Spark
+# names in a string, one its Python workers import cheaply).
+SMALL, MAX_SMALL = 40, 10
 
 
 def module_name(path: Path) -> str:
@@ -124,9 +129,32 @@ def test_no_module_is_over_600_lines():
     assert long == {}
 
 
-@pytest.mark.parametrize("package", sorted({m.split(".")[1] for m in GRAPH if m.count(".") >= 2}))
-def test_each_subpackage_says_what_lives_there_and_what_it_may_import(package):
-    doc = ast.get_docstring(ast.parse((PACKAGE / package / "__init__.py").read_text()))
+def test_few_modules_are_closets():
+    small = sorted(
+        f"{p.relative_to(ROOT)} ({n})"
+        for p in PACKAGE.rglob("*.py")
+        if p.stem not in ROOT_MODULES and (n := len(p.read_text().splitlines())) < SMALL
+    )
+    assert len(small) <= MAX_SMALL, small
+
+
+def test_no_two_modules_share_a_name():
+    """A name says what a module holds: two of one name hold two things, and a reader
+    looking for one finds the other."""
+    seen: dict[str, list[str]] = {}
+    for p in PACKAGE.rglob("*.py"):
+        if p.stem not in ROOT_MODULES:
+            seen.setdefault(p.name, []).append(str(p.relative_to(ROOT)))
+    assert {name: paths for name, paths in seen.items() if len(paths) > 1} == {}
+
+
+@pytest.mark.parametrize(
+    "room", sorted(str(p.parent.relative_to(PACKAGE)) for p in PACKAGE.rglob("__init__.py"))
+)
+def test_each_room_says_what_lives_there_and_what_it_may_import(room):
+    if room == ".":
+        return  # the package's face: its version
+    doc = ast.get_docstring(ast.parse((PACKAGE / room / "__init__.py").read_text()))
     assert doc and "May import" in doc
 
 

@@ -35,8 +35,7 @@ from .capture_table import CaptureTable
 from .read import Read, read_changes
 from .rows.binary_values import binary_values
 from .source.log_stream import LogStream
-from .source.lsn import lsn_text
-from .source.slot import advance_slot, slot_info
+from .source.slot import advance_slot, lsn_text, slot_info
 
 log = logging.getLogger("replicator.cdc")
 

@@ -15,8 +15,7 @@ from ..cdc.source.slot import (
     drop_slot_statement,
     slot_info,
 )
-from ..postgres.database import connect
-from ..postgres.endpoints import Endpoints
+from ..postgres.database import Endpoints, connect
 from ..postgres.table_lock import lock_connections
 from ..project.cdc_state import forget_capture_state, read_capture_state
 from ..project.project import Project

@@ -11,8 +11,7 @@ from typing import Any
 import psycopg
 
 from ..base.errors import ReplicatorError
-from ..cdc.source.lsn import parse_lsn
-from ..cdc.source.slot import flushed_lsn, slot_info
+from ..cdc.source.slot import flushed_lsn, parse_lsn, slot_info
 from ..cdc.source.slot_health import dba_slot_text, size_text, slot_alarm
 from ..project.cdc_config import retained_limit
 from ..project.config import TableConfig

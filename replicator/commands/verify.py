@@ -22,8 +22,7 @@ from ..cdc.preflight import capture_problem
 from ..compare.verdict import REPEATED_KEY, Verdict
 from ..compare.verify_table import PendingLookup, verify_table
 from ..plan.inspect_table import inspect_source
-from ..postgres.database import connect
-from ..postgres.endpoints import Endpoints
+from ..postgres.database import Endpoints, connect
 from ..postgres.table_lock import lock_connections
 from ..project.config import TableConfig
 from ..project.project import Project

@@ -18,8 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Sequence
 
 from ..base.failpoints import pause_point
-from ..postgres.database import execute
-from ..postgres.endpoints import Endpoints
+from ..postgres.database import Endpoints, execute
 from . import range_sql as q
 from .bisect import Key
 from .comparison import Sides

@@ -15,8 +15,7 @@ from psycopg import sql
 from ..base.errors import DatabaseError
 from ..plan.table_sql import TableSql
 from ..postgres.catalog import Column
-from ..postgres.database import execute
-from ..postgres.endpoints import Endpoints
+from ..postgres.database import Endpoints, execute
 from ..postgres.snapshot import ExportedSnapshot, ImportedSnapshot
 from ..project.config import TableConfig
 from ..spark.runner import SparkRunner

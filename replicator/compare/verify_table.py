@@ -23,11 +23,11 @@ from psycopg import sql
 
 from ..base.errors import ReplicatorError, TableProblem, one_line
 from ..base.interrupts import raise_if_requested
-from ..plan.deletes_due import delete_check_due
+from ..plan.cursor import changed_since
+from ..plan.decide import delete_check_due
 from ..plan.drift import Planned, plan_now
 from ..plan.table_sql import TableSql
-from ..plan.window import changed_since
-from ..postgres.endpoints import Endpoints
+from ..postgres.database import Endpoints
 from ..postgres.open_transactions import widen
 from ..postgres.snapshot import ExportedSnapshot
 from ..postgres.table_lock import table_lock

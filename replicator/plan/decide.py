@@ -6,8 +6,10 @@ The reason strings start with the stable phrases the webhook contract pins (READ
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Literal
 
+from ..project.config import TableConfig
 from ..project.state import LSN_CURSOR_TYPE, TableState
 
 # "fail": the source schema changed and the table's on_schema_change is "fail".
@@ -144,3 +146,16 @@ def _log_position(state: TableState | None) -> bool:
     """Whether a `cdc` table's state holds a log position (a table whose mode was switched
     to cdc has a cursor, or none, from its earlier mode: it is loaded again from a slot)."""
     return state is not None and state.cursor is not None and state.cursor.type == LSN_CURSOR_TYPE
+
+
+def delete_check_due(table: TableConfig, state: TableState | None) -> bool:
+    """The interval since the last delete check has passed (none set: every sync)."""
+    if table.deletes == "ignore":
+        return False
+    if table.deletes_interval == 0:
+        return True
+    last = state.deletes_checked_at if state else None
+    if last is None:
+        return True
+    elapsed = datetime.now(UTC) - datetime.fromisoformat(last.replace("Z", "+00:00"))
+    return elapsed.total_seconds() >= table.deletes_interval

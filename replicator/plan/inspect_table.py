@@ -2,18 +2,20 @@
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Sequence
 from typing import Any
 
 import psycopg
 
 from ..base.errors import DatabaseError
+from ..base.identifiers import TableName
 from ..postgres.catalog import Column, TableInfo, describe_query, describe_table
 from ..postgres.types.type_closure import holds_text_copied
 from ..project.config import TableConfig
 from ..project.templates import Templates
+from .selection import source_tables
 from .shaping import Shaping, readable_columns, shape_model, shaping_of
-from .table_hint import near_table
 from .table_sql import TableProblem, TableSql, build_table_sql
 
 
@@ -69,3 +71,19 @@ def _fitted(
     if shaping is not None and table.pattern is not None:
         shaping = shaping.where_present({c.name for c in columns})
     return shaping.resolved(source) if shaping is not None else None
+
+
+def near_table(conn: psycopg.Connection[Any], missing: TableName) -> TableName | None:
+    """The source's table a typo (or another case) away from `missing`, if one is close.
+    Schema and table are compared apart: a long schema name shared by two tables would
+    make any two of their names look close."""
+
+    def close(a: str, b: str) -> float:
+        return difflib.SequenceMatcher(None, a.lower(), b.lower()).ratio()
+
+    scored = [
+        (close(missing.schema, t.schema) * close(missing.name, t.name), str(t), t)
+        for t in source_tables(conn)
+    ]
+    best = max(scored, default=None)
+    return best[2] if best is not None and best[0] >= 0.75 else None

@@ -25,7 +25,6 @@ from psycopg import pq, sql
 from ..base.errors import DatabaseError
 from ..base.interrupts import track
 from ..base.redact import redact
-from .pgsession import SESSION_SETTINGS
 
 if TYPE_CHECKING:
     from sqlglot import exp
@@ -33,6 +32,17 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 Statement = Union[str, sql.Composable, "exp.Expression"]
+
+# Settings that change how values are printed as text: pinned on both sides, so the
+# text hashed and compared (md5 of every row, cursors) is the same whatever the servers say.
+SESSION_SETTINGS: Mapping[str, str] = {
+    "DateStyle": "ISO, YMD",
+    "IntervalStyle": "postgres",
+    "TimeZone": "UTC",
+    "extra_float_digits": "3",
+    "bytea_output": "hex",
+    "lc_monetary": "C",
+}
 
 # What the server's error code says to do, where the tool knows better than the message.
 FIXES: Mapping[str, str] = {
@@ -225,3 +235,14 @@ def captured() -> Iterator[list[Executed]]:
 def _message(exc: psycopg.Error) -> str:
     text = str(exc).strip().splitlines()
     return redact(text[0] if text else type(exc).__name__)
+
+
+@dataclass(frozen=True)
+class Endpoints:
+    """The two databases one table's work talks to: open connections for the catalog and
+    small statements, URLs for what opens its own (snapshots, Spark tasks, locks)."""
+
+    source: psycopg.Connection[Any]
+    dest: psycopg.Connection[Any]
+    source_url: str
+    dest_url: str

@@ -24,8 +24,7 @@ from ..postgres.swap import SwapFacts, read_facts, swap_script
 from ..project.settings import Settings
 from ..project.state import TableState
 from ..spark.engine_choice import EngineChoice, local_slots
-from ..transfer.copy_stream import task_steps
-from ..transfer.stream_steps import stream_steps
+from ..transfer.copy_stream import stream_steps, task_steps
 from .context import KeyBounds
 from .full_load.parts import estimated_rows, part_tasks, plan_parts
 from .full_load.resume import (

@@ -12,12 +12,12 @@ from typing import Any
 
 from ..base.errors import StateWriteError
 from ..base.redact import mask_values, redact
+from ..plan.cursor import ProbeResult
 from ..plan.decide import Plan
 from ..plan.drift import Observed, Planned
 from ..plan.table_sql import TableSql
-from ..plan.window import ProbeResult
 from ..postgres.catalog import TableInfo
-from ..postgres.endpoints import Endpoints
+from ..postgres.database import Endpoints
 from ..project.config import TableConfig
 from ..project.project import Project
 from ..project.state import RunOutcome, TableState

@@ -21,9 +21,9 @@ from collections.abc import Sequence
 import psycopg
 
 from ..base.errors import ReplicatorError, StateError
-from ..plan.deletes_due import delete_check_due
+from ..plan.decide import delete_check_due
 from ..plan.drift import plan_now
-from ..postgres.endpoints import Endpoints
+from ..postgres.database import Endpoints
 from ..project.config import TableConfig
 from ..report.output import SyncOutput
 from ..report.results import TableResult, utc_now

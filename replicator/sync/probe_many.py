@@ -14,8 +14,8 @@ import psycopg
 from psycopg import sql
 
 from ..base.errors import DatabaseError
+from ..plan.cursor import ProbeResult, probe_limit, rows_past, still_pending, window_columns
 from ..plan.table_sql import TableSql
-from ..plan.window import ProbeResult, probe_limit, rows_past, still_pending, window_columns
 from ..postgres.database import execute, fetch_union
 from ..postgres.naming import MARK_COLUMN
 from ..postgres.open_transactions import look, snapshot_xmax

@@ -31,8 +31,7 @@ from ..cdc.source.unused_slot import unused_slot
 from ..plan.decide import Plan
 from ..plan.drift import plan_now
 from ..plan.read_ahead import read_ahead
-from ..postgres.database import connect
-from ..postgres.endpoints import Endpoints
+from ..postgres.database import Endpoints, connect
 from ..postgres.ownership import adopt_legacy, bookkeeping_gone
 from ..postgres.table_lock import lock_connections, table_lock
 from ..project.config import TableConfig

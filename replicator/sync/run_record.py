@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 
 from ..base.errors import ReplicatorError, StateError
-from ..cdc.source.retained_wal import retained_wal_bytes
+from ..cdc.source.slot_health import retained_wal_bytes
 from ..postgres.database import connect
 from ..project.config import TableConfig
 from ..project.project import Project

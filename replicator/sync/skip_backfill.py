@@ -20,8 +20,7 @@ from ..plan.schema_diff import describe, diff
 from ..plan.signature import Signature, destination_signature
 from ..plan.table_sql import TableSql
 from ..postgres.catalog import TableInfo
-from ..postgres.database import execute, run_steps
-from ..postgres.endpoints import Endpoints
+from ..postgres.database import Endpoints, execute, run_steps
 from ..project.state import Cursor, Pending, Window
 from .scripts import DestinationFacts, start_steps
 

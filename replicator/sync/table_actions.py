@@ -11,11 +11,11 @@ from typing import Protocol
 from psycopg import sql
 
 from ..base.failpoints import failpoint
-from ..cdc.source.lsn import lsn_text
+from ..cdc.source.slot import lsn_text
+from ..plan.cursor import ProbeResult, probe
 from ..plan.decide import Plan
 from ..plan.drift import destination_has_rows, destination_oid
 from ..plan.table_sql import batch_query
-from ..plan.window import ProbeResult, probe
 from ..postgres.database import execute
 from ..postgres.open_transactions import snapshot_xmax
 from ..project.state import LSN_CURSOR_TYPE, Cursor, Pending, TableState, Window

@@ -14,7 +14,7 @@ from psycopg import sql
 from ...base.identifiers import INTERNAL_SCHEMA, TableName
 from ...postgres.database import Step, execute, fetch_all
 from ...postgres.dest_schema import ensure_bookkeeping
-from ..source.lsn import lsn_text
+from ..source.slot import lsn_text
 
 APPLIED_TABLE = TableName(INTERNAL_SCHEMA, "cdc_applied")
 APPLIED_DDL = sql.SQL(

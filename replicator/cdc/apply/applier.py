@@ -40,7 +40,7 @@ from ...postgres.database import execute
 from ..capture_table import CaptureTable
 from ..rows.stage import Stager, wait_for
 from ..rows.table_stage import TableStage
-from ..source.lsn import lsn_text
+from ..source.slot import lsn_text
 from .applied import forget_applied, record_applied_step
 from .table_apply import apply_stage
 

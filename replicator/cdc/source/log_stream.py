@@ -34,8 +34,8 @@ from ...base.interrupts import raise_if_requested
 from ...base.libpq_options import option_setting
 from ...base.readable import readable
 from ...base.redact import redact
-from ...postgres.pgsession import SESSION_SETTINGS
-from .lsn import lsn_text
+from ...postgres.database import SESSION_SETTINGS
+from .slot import lsn_text
 
 _XLOG_DATA, _KEEPALIVE = ord("w"), ord("k")
 _BEGIN, _COMMIT = ord("B"), ord("C")

@@ -28,7 +28,6 @@ from ...base.identifiers import TableName
 from ...postgres.database import execute, fetch_all, transaction
 from ...project.cdc_state import CaptureState
 from .log_filter import PublishedAs
-from .lsn import lsn_text
 
 log = logging.getLogger("replicator.cdc")
 
@@ -348,3 +347,14 @@ def via_root_statement(publication: str) -> str:
 
 def drop_publication_statement(publication: str) -> str:
     return sql.SQL("DROP PUBLICATION {}").format(sql.Identifier(publication)).as_string(None)
+
+
+def lsn_text(lsn: int) -> str:
+    """A log position (an integer) in PostgreSQL's notation, `16/B374D848`."""
+    return f"{lsn >> 32:X}/{lsn & 0xFFFFFFFF:X}"
+
+
+def parse_lsn(text: str) -> int:
+    """PostgreSQL's notation of a log position as the integer it stands for."""
+    high, low = text.split("/")
+    return (int(high, 16) << 32) | int(low, 16)

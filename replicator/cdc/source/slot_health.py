@@ -6,8 +6,13 @@ from it without a gap, so the sync reloads every `cdc` table and exits 1."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
+import psycopg
+
+from ...postgres.database import fetch_all
 from .slot import SlotInfo, create_slot_statement, drop_slot_statement
 
 RESTART = "replicator cdc restart --repair"
@@ -73,3 +78,15 @@ def slot_alarm(info: SlotInfo, limit_bytes: int, limit_text: str) -> SlotAlarm |
             "cdc.max_retained_wal, or drop an abandoned slot with `replicator cdc drop`",
         )
     return None
+
+
+def retained_wal_bytes(source: psycopg.Connection[Any], slots: Sequence[str]) -> dict[str, int]:
+    """By slot name, `pg_current_wal_lsn() - restart_lsn` in bytes (0 for a slot that holds
+    none); a slot that does not exist is left out."""
+    rows = fetch_all(
+        source,
+        "SELECT slot_name, coalesce(pg_current_wal_lsn() - restart_lsn, 0) "
+        "FROM pg_catalog.pg_replication_slots WHERE slot_name = ANY(%s)",
+        (list(slots),),
+    )
+    return {name: max(int(size), 0) for name, size in rows}

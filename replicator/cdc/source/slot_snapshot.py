@@ -27,8 +27,7 @@ from ...base.errors import DatabaseError
 from ...base.failpoints import failpoint
 from ...base.redact import redact
 from ...postgres.snapshot import ExportedSnapshot, import_snapshot
-from .lsn import parse_lsn
-from .slot import PLUGIN
+from .slot import PLUGIN, parse_lsn
 
 
 class SlotSnapshot(ExportedSnapshot):

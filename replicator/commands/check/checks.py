@@ -14,12 +14,11 @@ from psycopg import sql
 from ...base.errors import ReplicatorError
 from ...base.identifiers import display_ident
 from ...base.redact import redact
-from ...plan.cursor_limits import cursor_limits
+from ...plan.cursor import cursor_limits
 from ...plan.drift import plan_now
-from ...plan.inspect_table import inspect_table
+from ...plan.inspect_table import inspect_table, near_table
 from ...plan.read_ahead import read_ahead
 from ...plan.selection import expand_project, has_patterns, without_patterns
-from ...plan.table_hint import near_table
 from ...postgres.catalog import TableInfo, describe_table, leading_index_columns
 from ...postgres.database import connect, execute, fetch_all
 from ...postgres.dependent_views import reload_problem

@@ -13,13 +13,11 @@ in the transaction that records the table as the tool's.
 from __future__ import annotations
 
 from ...base.errors import TableProblem
-from ...cdc.source.lsn import lsn_text
-from ...cdc.source.slot import slot_info
+from ...cdc.source.slot import lsn_text, slot_info
 from ...plan.signature import Signature
 from ...plan.table_sql import TableSql
 from ...postgres.catalog import TableInfo
-from ...postgres.database import run_steps
-from ...postgres.endpoints import Endpoints
+from ...postgres.database import Endpoints, run_steps
 from ...project.state import LSN_CURSOR_TYPE, Cursor
 from ..scripts import DestinationFacts, start_steps
 from ..skip_backfill import StartResult, require_same_shape

@@ -16,30 +16,36 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
+from collections.abc import Sequence
 from contextlib import ExitStack
 from dataclasses import replace
+from typing import Any
 
 import psycopg
 
 from ...base.errors import Interrupted, ReplicatorError, TableLocked, TableProblem, one_line
+from ...base.identifiers import INTERNAL_SCHEMA
 from ...cdc.apply.applied import applied_positions, forget_applied
 from ...cdc.capture_table import CaptureTable
 from ...cdc.drain import drain
 from ...cdc.preflight import applied_where, capture_problem
 from ...cdc.rows.shaped_log import log_shaping
 from ...cdc.source.dba_publication import publication_problem, via_root_problem
-from ...cdc.source.lsn import lsn_text, parse_lsn
 from ...cdc.source.slot import (
     add_table_statement,
     emit_heartbeat,
     flushed_lsn,
+    lsn_text,
+    parse_lsn,
     published_tables,
     slot_info,
 )
 from ...cdc.source.slot_health import slot_alarm
 from ...plan.decide import Plan
 from ...plan.drift import Planned, destination_has_rows
-from ...postgres.endpoints import Endpoints
+from ...postgres import ddl
+from ...postgres.catalog import taken_names
+from ...postgres.database import Endpoints, execute
 from ...postgres.partition_tree import PARTITIONED
 from ...postgres.table_lock import table_lock
 from ...project.cdc_config import retained_limit
@@ -49,7 +55,7 @@ from ...project.settings import HASH_SALT
 from ...project.state import LSN_CURSOR_TYPE, Cursor, TableState
 from ...report.results import TableResult, utc_now
 from ..context import RunContext, TableJob, failure, record_failure
-from .leftover_side import drop_leftover_sides
+from ..scripts import side_table
 from .setup import set_up_capture
 
 log = logging.getLogger("replicator.sync")
@@ -332,3 +338,21 @@ class CaptureRun:
             state.model_copy(update={**update, "last_run": job.outcome(result, finished)})
         )
         return result
+
+
+def drop_leftover_sides(dest: psycopg.Connection[Any], jobs: Sequence[TableJob]) -> None:
+    """Drop the side tables these (locked) `cdc` tables' killed reloads left. A `cdc` table's
+    reload killed before its swap leaves its side table: no `cdc` load resumes, and the copy
+    goes on from the log, so nothing would drop it until the table's next reload. The drain
+    drops it, holding the table's lock (another run's load of the table would hold it too)."""
+    sides = {side_table(job.table.target).name: job for job in jobs}
+    if not sides:
+        return
+    for name in sorted(taken_names(dest, INTERNAL_SCHEMA, list(sides))):
+        execute(dest, ddl.drop_table(side_table(sides[name].table.target)))
+        log.info(
+            "%s: dropped the side table a reload killed before its swap left (%s.%s)",
+            sides[name].name,
+            INTERNAL_SCHEMA,
+            name,
+        )

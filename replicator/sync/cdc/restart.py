@@ -25,21 +25,20 @@ from dataclasses import dataclass
 
 from ...base.errors import ReplicatorError, UsageError
 from ...cdc.apply.applied import ensure_applied_table, forget_applied, record_applied_step
-from ...cdc.source.lsn import lsn_text
 from ...cdc.source.slot import (
     SlotInfo,
     create_slot,
     create_slot_statement,
     drop_slot,
     drop_slot_statement,
+    lsn_text,
     publication_exists,
     slot_info,
 )
 from ...cdc.source.slot_snapshot import SlotSnapshot
 from ...compare.verdict import Verdict
 from ...compare.verify_table import verify_table
-from ...postgres.database import run_steps, transaction
-from ...postgres.endpoints import Endpoints
+from ...postgres.database import Endpoints, run_steps, transaction
 from ...project.cdc_state import CaptureState
 from ...project.config import TableConfig
 from ...project.project import Project

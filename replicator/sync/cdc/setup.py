@@ -36,7 +36,7 @@ from ...cdc.source.slot import (
 )
 from ...cdc.source.slot_health import dba_slot_text, lost_text
 from ...plan.inspect_table import inspect_source
-from ...postgres.endpoints import Endpoints
+from ...postgres.database import Endpoints
 from ...project.cdc_state import (
     CaptureState,
     read_capture_state,

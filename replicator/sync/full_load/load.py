@@ -26,9 +26,8 @@ from ...cdc.source.slot_snapshot import SlotSnapshot
 from ...plan.cursor import first_cursor
 from ...plan.table_sql import TableSql
 from ...postgres.catalog import TableInfo
-from ...postgres.database import execute, render, run_steps
+from ...postgres.database import Endpoints, execute, render, run_steps
 from ...postgres.dependent_views import reload_problem
-from ...postgres.endpoints import Endpoints
 from ...postgres.naming import MARKER_TABLE
 from ...postgres.snapshot import ExportedSnapshot
 from ...postgres.swap import swap_in

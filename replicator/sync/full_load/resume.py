@@ -29,8 +29,7 @@ from ...base.identifiers import TableName
 from ...plan.table_sql import TableSql
 from ...postgres import ddl, partition_tree
 from ...postgres.catalog import TableInfo
-from ...postgres.database import Step, execute, run_steps, transaction
-from ...postgres.endpoints import Endpoints
+from ...postgres.database import Endpoints, Step, execute, run_steps, transaction
 from ...postgres.naming import MARKER_TABLE, RESUME_TABLE
 from ...project.state import Cursor, Pending, Window
 from ...transfer.leaf_parts import LeafPages, LeafRange

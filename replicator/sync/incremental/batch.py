@@ -17,11 +17,9 @@ from psycopg import sql
 
 from ...base.failpoints import failpoint
 from ...base.identifiers import TableName
-from ...plan.cursor import advance, newest_key, set_and_finite
+from ...plan.cursor import advance, count_and_newest, fingerprint, newest_key, set_and_finite
 from ...plan.table_sql import TableSql, batch_query
-from ...plan.window import count_and_newest, fingerprint
-from ...postgres.database import execute, run_steps, transaction
-from ...postgres.endpoints import Endpoints
+from ...postgres.database import Endpoints, execute, run_steps, transaction
 from ...postgres.naming import MAX_STAGING_PARTS, staging_table, staging_tables
 from ...postgres.open_transactions import look
 from ...postgres.snapshot import ExportedSnapshot

@@ -22,7 +22,7 @@ from ...base.failpoints import failpoint
 from ...base.interrupts import raise_if_requested
 from ...compare.comparison import compared, sides_of
 from ...compare.repair import remove
-from ...plan.deletes_due import delete_check_due
+from ...plan.decide import delete_check_due
 from ...plan.drift import destination_has_rows
 from ...postgres.catalog import describe_table
 from ...postgres.database import execute, transaction
