@@ -11,6 +11,7 @@ The schedules that used to lose the late row, exit 0:
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -202,3 +203,42 @@ def test_check_says_which_protection_the_role_gets(
         "waits for every transaction open at the read"
         in db_project.run("check", env={"REPLICATOR_SOURCE_URL": loader_role}).stdout
     )
+
+
+def test_a_cursor_held_back_says_so_in_the_log_and_status(
+    db_project, source_conn, schema, pg_servers, loader_role
+):
+    """An open transaction holds the cursor back: the sync says so, naming its session, and
+    `status` shows it, until the transaction ends (a session left idle in a transaction held
+    every cursor back without a word)."""
+    table = _table(source_conn, schema)
+    _configure(db_project, schema, loader_role)
+    _sync(db_project)
+    idle = psycopg.connect(pg_servers.source_url)
+    try:
+        idle.execute("SELECT 1")  # idle in a transaction, as a forgotten session is
+        (pid,) = idle.execute("SELECT pg_backend_pid()").fetchone()
+        source_conn.execute(
+            sql.SQL("UPDATE {} SET v = 5, updated_at = clock_timestamp() WHERE id = 3").format(
+                table
+            )
+        )
+        held = db_project.run("sync")
+        assert held.exit_code == 0, held.output
+        assert f"{schema}.events: the cursor waits at " in held.stderr, held.stderr
+        assert f"(pid {pid})" in held.stderr
+        (row,) = json.loads(db_project.run("status", "--json").stdout)
+        assert row["cursor_waits"]["pids"] == [pid] and row["cursor_waits"]["since"], row
+        assert (
+            "the cursor waits for transactions open when its last batch"
+            in db_project.run("status").output
+        )
+    finally:
+        idle.close()
+    source_conn.execute(
+        sql.SQL("UPDATE {} SET v = 6, updated_at = clock_timestamp() WHERE id = 4").format(table)
+    )
+    moved = db_project.run("sync")
+    assert moved.exit_code == 0 and "the cursor waits" not in moved.stderr, moved.stderr
+    (row,) = json.loads(db_project.run("status", "--json").stdout)
+    assert row["cursor_waits"] is None, row

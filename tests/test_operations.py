@@ -294,7 +294,8 @@ def test_a_cdc_load_waiting_for_an_open_source_transaction_says_so(
     cdc_project.env.update(IN_PROCESS)
     cdc_project.write_config({"tables": [{"name": f"{schema}.logged", "mode": "cdc"}]})
     said = (
-        "creating replication slot",  # the project's slot, at the first sync
+        # the project's slot, at the first sync: what it waits for, by pid
+        "still waiting after 0 s for the transaction(s) open in the source: pid ",
         "waiting for the source's open transactions (a log snapshot waits)",  # the reload
     )
     cli = [sys.executable, "-m", "replicator"]

@@ -98,6 +98,8 @@ def table_status(project: Project, table: TableConfig) -> tuple[dict[str, Any], 
         "slot_lag_bytes": None,  # a `cdc` table: log written since its copy's position
         "slot_warning": None,  # a `cdc` table: what its slot holds, as sync warns of it
         "resumable": None,  # an unfinished full load: {"loaded": k, "partitions": n}
+        # a cursor the source's open transactions hold back: {"to", "since", "pids"}
+        "cursor_waits": None,
     }
     try:
         state = project.planning_state(table)
@@ -111,6 +113,9 @@ def table_status(project: Project, table: TableConfig) -> tuple[dict[str, Any], 
         return row, None
     if state.cursor is not None:
         row.update(cursor=state.cursor.value, cursor_type=state.cursor.type)
+    if state.pending is not None:
+        waits = state.pending
+        row["cursor_waits"] = {"to": waits.value, "since": waits.since, "pids": waits.pids}
     row["last_synced_at"] = state.last_synced_at
     if state.last_run is not None:
         row.update(
@@ -135,6 +140,7 @@ def print_status(project: Project, as_json: bool, names: tuple[str, ...] = ()) -
     read = [table_status(project, t) for t in tables]
     rows = [row for row, _ in read]
     notes += _observe_live(project, tables, read)
+    notes += [_waiting_note(row) for row in rows if row["cursor_waits"] is not None]
     if as_json:
         # One line under --log-format json (every line printed is one JSON value).
         print(json.dumps(rows, indent=None if json_output() else 2, ensure_ascii=False))
@@ -143,6 +149,18 @@ def print_status(project: Project, as_json: bool, names: tuple[str, ...] = ()) -
     else:
         _print_grid(rows, notes)
     return 1 if any(r["last_status"] == "error" for r in rows) else 0
+
+
+def _waiting_note(row: dict[str, Any]) -> str:
+    """A cursor held back by transactions that were open when its table's batch was read."""
+    waits = row["cursor_waits"]
+    pids = f" (pid {', '.join(map(str, waits['pids']))})" if waits["pids"] else ""
+    since = f" since {waits['since']}" if waits["since"] else ""
+    return (
+        f"{row['name']}: the cursor waits for transactions open when its last batch was "
+        f"read{pids}{since}: it moves to {waits['to']} once they end (a session idle in a "
+        "transaction holds it back: pg_stat_activity shows it)"
+    )
 
 
 def expanded_or_known(project: Project) -> tuple[Project, list[str]]:

@@ -27,6 +27,7 @@ or in a daylight-saving fall-back hour.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 import psycopg
@@ -116,12 +117,47 @@ def advance(
     elif oldest is not None:  # no open transaction can produce a key below its own start
         target = _least(conn, key_type, hwm, oldest)
     else:
-        new_pending = seen.pending(hwm)
-        target = pending.value if pending is not None and not seen.still_open(pending) else None
+        stuck = pending is not None and seen.still_open(pending)
+        since = (pending.since if stuck and pending is not None else None) or _now()
+        new_pending = seen.pending(hwm, since)
+        target = pending.value if pending is not None and not stuck else None
     if target is None:
         return old, new_pending
     value = _greatest_of(conn, key_type, old, target, hwm, lookback_seconds if temporal else 0)
     return Cursor(value=value, type=key_type), new_pending
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
+# A cursor held back this long by the same transactions is said as a warning: a session left
+# idle in a transaction (an application's pool, a forgotten psql) holds every cursor of the
+# source back, and each batch reads again all that came since.
+LONG_WAIT_SECONDS = 3600
+
+
+def waiting_line(name: str, cursor: Cursor | None, pending: Pending) -> tuple[bool, str]:
+    """What a sync says of a cursor that waits (`pending`): whether it has waited long (a
+    warning), and the line."""
+    since = pending.since or _now()
+    waited = (
+        datetime.now(UTC) - datetime.fromisoformat(since.replace("Z", "+00:00"))
+    ).total_seconds()
+    sessions = f" (pid {', '.join(map(str, pending.pids))})" if pending.pids else ""
+    at = cursor.value if cursor is not None else "the start (no cursor yet)"
+    text = (
+        f"{name}: the cursor waits at {at} for the transactions open when the batch was read"
+        f"{sessions}, since {since}: it moves to {pending.value} once they end (the rows "
+        "between are read again meanwhile, nothing is missed)"
+    )
+    long = waited >= LONG_WAIT_SECONDS
+    if long:
+        text += (
+            f"; it has waited {waited / 3600:.1f} h: a session idle in a transaction "
+            "(pg_stat_activity state 'idle in transaction') holds it back"
+        )
+    return long, text
 
 
 def _least(conn: psycopg.Connection[Any], key_type: str, a: str, b: str) -> str:

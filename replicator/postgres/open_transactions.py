@@ -23,14 +23,20 @@ holds it at 1. The order matters: the next xid is read after the locks.
 
 from __future__ import annotations
 
+import contextlib
+import logging
+import threading
+import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 import psycopg
 
+from ..base.errors import ReplicatorError
 from ..project.state import Pending
-from .database import execute
+from .database import connect, execute, fetch_all
 
 # The open transactions, one row per lock: its own virtual id (`virtualxid`) or its xid
 # (`transactionid`, also held by a prepared transaction, which has no session). `here`: in
@@ -40,7 +46,7 @@ from .database import execute
 _LOCKS = """
 SELECT l.locktype, l.virtualxid, l.transactionid::text,
        a.pid IS NULL OR a.datname IS NULL OR a.datname = current_database(),
-       a.state IS NOT NULL, a.xact_start, l.pid IS NULL
+       a.state IS NOT NULL, a.xact_start, l.pid IS NULL, l.pid
 FROM pg_catalog.pg_locks AS l
 LEFT JOIN pg_catalog.pg_stat_activity AS a ON a.pid = l.pid
 WHERE l.granted AND l.mode = 'ExclusiveLock'
@@ -68,6 +74,7 @@ FROM (
 """
 
 _XID_SPACE = 1 << 32
+log = logging.getLogger("replicator.sync")
 
 
 @dataclass(frozen=True)
@@ -82,6 +89,7 @@ class OpenTransactions:
     starts: tuple[datetime, ...] | None  # their starts; None where one is hidden or unknown
     holders_seen: bool  # every xid of `running` is held by a session this role sees
     replica: bool  # the source is a standby: its primary's sessions cannot be seen
+    pids: frozenset[int] = frozenset()  # the open transactions' sessions, here
 
     @property
     def nothing_open(self) -> bool:
@@ -99,9 +107,16 @@ class OpenTransactions:
             return None
         return min(self.starts).isoformat()
 
-    def pending(self, value: str) -> Pending:
-        """`value` waits for every transaction open at the snapshot to end."""
-        return Pending(value=value, before=str(self.next_xid), sessions=sorted(self.sessions))
+    def pending(self, value: str, since: str) -> Pending:
+        """`value` waits for every transaction open at the snapshot to end (`since`: when
+        the cursor began waiting for them)."""
+        return Pending(
+            value=value,
+            before=str(self.next_xid),
+            sessions=sorted(self.sessions),
+            since=since,
+            pids=sorted(self.pids),
+        )
 
     def still_open(self, pending: Pending) -> bool:
         """Whether a transaction `pending` waits for may still be open at this snapshot.
@@ -128,7 +143,7 @@ def look(conn: psycopg.Connection[Any]) -> OpenTransactions:
     )
     seen_holders = frozenset(
         widen(int(xid), next_xid)
-        for kind, _, xid, _, seen, _, prepared in locks
+        for kind, _, xid, _, seen, _, prepared, _ in locks
         if kind == "transactionid" and seen and not prepared
     )
     mine = [row for row in locks if row[0] == "virtualxid" and row[3]]
@@ -143,6 +158,7 @@ def look(conn: psycopg.Connection[Any]) -> OpenTransactions:
         starts=None if any(not row[4] or row[5] is None for row in mine) else starts,
         holders_seen=running <= seen_holders,
         replica=bool(replica),
+        pids=frozenset() if replica else frozenset(row[7] for row in mine),
     )
 
 
@@ -159,3 +175,57 @@ def widen(xid: int, near: int) -> int:
     """A 32-bit xid (a row's xmin, pg_locks) as the 64-bit one: the nearest at or below
     `near`, an xid8 of a snapshot taken since it was assigned."""
     return near - ((near - xid) % _XID_SPACE)
+
+
+# The transactions with an xid, oldest first: those a slot's creation (and a log snapshot)
+# waits for, the snapshot's builder waiting until every one that was running has ended.
+_WRITERS = """
+SELECT pid, state, xact_start::text
+FROM pg_catalog.pg_stat_activity
+WHERE backend_xid IS NOT NULL AND pid <> pg_catalog.pg_backend_pid()
+ORDER BY age(backend_xid) DESC
+LIMIT 5
+"""
+
+
+@contextlib.contextmanager
+def waits_said(url: str, what: str, every: float = 10.0) -> Iterator[None]:
+    """While the block waits for the source's open transactions (a replication slot's
+    creation, a log snapshot), say every `every` seconds which ones: their pid, and where the
+    role may see them, their state and start. A session idle in a transaction would make it
+    wait without a word otherwise."""
+    stop = threading.Event()
+
+    def watch() -> None:
+        started = time.monotonic()
+        conn = None  # opened only once the wait is long enough to be said
+        try:
+            while not stop.wait(every):
+                conn = conn or connect(url, "source")
+                rows = fetch_all(conn, _WRITERS)
+                log.info(
+                    "source: %s: still waiting after %.0f s for the transaction(s) open in "
+                    "the source: %s",
+                    what,
+                    time.monotonic() - started,
+                    ", ".join(_session(*row) for row in rows) or "none left",
+                )
+        except ReplicatorError as exc:  # saying it must never fail what it watches
+            log.debug("source: %s: waits not watched: %s", what, exc)
+        finally:
+            if conn is not None:
+                conn.close()
+
+    watcher = threading.Thread(target=watch, name="replicator-waits", daemon=True)
+    watcher.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        watcher.join(timeout=5)
+
+
+def _session(pid: int, state: str | None, start: str | None) -> str:
+    if state is None:  # another role's session, not shown to this one
+        return f"pid {pid}"
+    return f"pid {pid} ({state}, its transaction since {start})"

@@ -55,6 +55,11 @@ class Pending(_Record):
     value: str
     before: str
     sessions: list[str] = []
+    # when the cursor began waiting for these transactions (they, or some of them, were
+    # already open at the reads before), and the pids of the sessions they are: what
+    # `status` and the sync's log name when one is held open for long
+    since: str | None = None
+    pids: list[int] = []
 
     @model_validator(mode="before")
     @classmethod

@@ -12,7 +12,7 @@ from psycopg import sql
 
 from ..base.failpoints import failpoint
 from ..cdc.source.slot import lsn_text
-from ..plan.cursor import ProbeResult, probe
+from ..plan.cursor import ProbeResult, probe, waiting_line
 from ..plan.decide import Plan
 from ..plan.drift import destination_has_rows, destination_oid
 from ..plan.table_sql import batch_query
@@ -66,6 +66,7 @@ def _full_reload(job: TableJob) -> TableResult:
     new = loaded.cursor.value if loaded.cursor else None
     result = job.success("full_reload", loaded.rows, job.plan.reason, loaded.bytes, old, new)
     state = _write_new_state(job, loaded, result)
+    _say_waiting(job, loaded.cursor, loaded.pending)
     if loaded.resumed is None:
         return result
     return _catch_up(job, state, result)
@@ -174,7 +175,17 @@ def _incremental(job: TableJob) -> TableResult:
             }
         )
     )
+    _say_waiting(job, synced.cursor, synced.pending)
     return result
+
+
+def _say_waiting(job: TableJob, cursor: Cursor | None, pending: Pending | None) -> None:
+    """A cursor the source's open transactions hold back, said (a warning when the same ones
+    have held it for long: plan/cursor.waiting_line)."""
+    if pending is None:
+        return
+    long, line = waiting_line(job.name, cursor, pending)
+    (log.warning if long else log.info)(line)
 
 
 def _warn_of_vanished_rows(job: TableJob, state: TableState, rows: int) -> None:

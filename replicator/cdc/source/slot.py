@@ -26,6 +26,7 @@ from psycopg import sql
 from ...base.errors import DatabaseError, TableProblem
 from ...base.identifiers import TableName
 from ...postgres.database import execute, fetch_all, transaction
+from ...postgres.open_transactions import waits_said
 from ...project.cdc_state import CaptureState
 from .log_filter import PublishedAs
 
@@ -236,18 +237,21 @@ def ensure_publication(
     return False
 
 
-def create_slot(source: psycopg.Connection[Any], slot: str) -> int:
-    """A new logical slot; its position (changes committed after it are kept for us)."""
+def create_slot(source: psycopg.Connection[Any], slot: str, url: str, every: float = 10.0) -> int:
+    """A new logical slot; its position (changes committed after it are kept for us). The
+    wait for the source's open transactions is said every `every` seconds (`url`: the
+    source's, for the connection that looks)."""
     log.info(
         "source: creating replication slot %s (it waits for the transactions open in the "
         "source to end)",
         slot,
     )
-    (lsn,) = execute(
-        source,
-        "SELECT lsn - '0/0'::pg_lsn FROM pg_catalog.pg_create_logical_replication_slot(%s, %s)",
-        (slot, PLUGIN),
-    ).fetchone()
+    with waits_said(url, f"creating replication slot {slot}", every):
+        (lsn,) = execute(
+            source,
+            "SELECT lsn - '0/0'::pg_lsn FROM pg_catalog.pg_create_logical_replication_slot(%s, %s)",
+            (slot, PLUGIN),
+        ).fetchone()
     log.info("source: created replication slot %s at %s", slot, lsn_text(int(lsn)))
     return int(lsn)
 

@@ -26,6 +26,7 @@ from psycopg import pq, sql
 from ...base.errors import DatabaseError
 from ...base.failpoints import failpoint
 from ...base.redact import redact
+from ...postgres.open_transactions import waits_said
 from ...postgres.snapshot import ExportedSnapshot, import_snapshot
 from .slot import PLUGIN, parse_lsn
 
@@ -59,7 +60,8 @@ class SlotSnapshot(ExportedSnapshot):
                 "`replicator check` says which)"
             ) from None
         try:
-            self._create_slot()
+            with waits_said(self.source_url, "taking the load's log snapshot"):
+                self._create_slot()
             self.conn = import_snapshot(self.source_url, "source", self.snapshot_id)
         except BaseException:
             self.__exit__(None, None, None)

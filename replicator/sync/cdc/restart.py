@@ -80,7 +80,9 @@ def restart_capture(
     if names.created:
         drop_slot(ends.source, names.slot)
         if not repair:
-            create_slot(ends.source, names.slot)
+            create_slot(
+                ends.source, names.slot, ends.source_url, project.settings.progress_interval
+            )
             return names.slot, [Restarted(t.written_name, True) for t in copies]
     elif not repair:
         return names.slot, [Restarted(t.written_name, True) for t in copies]

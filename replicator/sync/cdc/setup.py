@@ -228,7 +228,7 @@ def _ensure_slot(
                 names.slot,
             )
         drop_slot(ends.source, names.slot)
-    create_slot(ends.source, names.slot)
+    create_slot(ends.source, names.slot, ends.source_url, project.settings.progress_interval)
     return lost
 
 
