@@ -479,3 +479,35 @@ def test_ls_writes_key_columns_as_it_writes_names(project):
         '"UpdatedAt"',
         ['"ID"', "line"],
     )
+
+
+def test_a_pattern_written_wrong_that_leaves_copies_behind_fails_the_run(
+    db_project, schema, source_conn, httpserver
+):
+    """`orders` written `order` in a pattern: it matches nothing, and the tables it copied
+    are kept current no more. The run said `0 table(s)`, exit 0; now it names them, offers
+    the pattern meant, and exits 1 (check says it as an error, the webhook as a warning)."""
+    for name in ("orders", "orders_eu"):
+        source_conn.execute(
+            sql.SQL("CREATE TABLE {} (id int PRIMARY KEY, updated_at int NOT NULL)").format(
+                sql.Identifier(schema, name)
+            )
+        )
+    db_project.write_config(
+        {"tables": [{"name": f"{schema}.orders*", "replication_key": "updated_at"}]}
+    )
+    assert db_project.run("sync").exit_code == 0
+    httpserver.expect_request("/hook", method="POST").respond_with_data("ok")
+    typo = {"tables": [{"name": f"{schema}.ordr*", "replication_key": "updated_at"}]}
+    db_project.write_config({**typo, "webhook": {"url": httpserver.url_for("/hook")}})
+    failed = db_project.run("sync")
+    assert failed.exit_code == 1, failed.output
+    said = (
+        f"tables[0] ({schema}.ordr*) matches no table in the source, and sync-state holds 2 "
+        f"table(s) it copied that no entry selects now ({schema}.orders, {schema}.orders_eu): "
+        f"their copies are no longer kept current; did you mean {schema}.orders?"
+    )
+    assert said in failed.stderr, failed.stderr
+    assert said in httpserver.log[-1][0].get_json()["warnings"]
+    checked = db_project.run("check")
+    assert f"error tables: {said}" in checked.stdout, checked.stdout

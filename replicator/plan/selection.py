@@ -12,12 +12,14 @@ sync-state says a pattern chose it but which the source no longer has is reporte
 from __future__ import annotations
 
 import dataclasses
+import difflib
+from fnmatch import fnmatchcase
 from typing import Any
 
 import psycopg
 
 from ..base.errors import ReplicatorError, one_line
-from ..base.identifiers import INTERNAL_SCHEMA, TableName
+from ..base.identifiers import INTERNAL_SCHEMA, TableName, display_ident
 from ..base.name_patterns import NamePattern, destination_for
 from ..postgres.database import connect, fetch_all
 from ..project.config import TableConfig
@@ -57,16 +59,68 @@ def expand_project(
     tables = expand_tables(entries, catalog)
     vanished = vanished_tables(entries, tables, catalog, project.store)
     chosen = {t.entry for t in tables}
+    empty = [e for e in entries if e.is_pattern and e.entry not in chosen]
+    abandoned = _abandoned(project.store, tables, vanished) if empty else ()
     unmatched = tuple(
         f"tables[{e.entry}] ({e.written_name}) matches no table in the source"
         + _capitals_hint(e.written_name)
-        for e in entries
-        if e.is_pattern and e.entry not in chosen
+        + _abandoned_hint(e, abandoned)
+        for e in empty
     )
     config = project.config.model_copy(update={"tables": tables})
     return dataclasses.replace(
-        project, config=config, expanded=True, vanished=vanished, unmatched=unmatched
+        project,
+        config=config,
+        expanded=True,
+        vanished=vanished,
+        unmatched=unmatched,
+        abandoned=abandoned,
     )
+
+
+def _abandoned(
+    store: StateStore, tables: tuple[TableConfig, ...], vanished: tuple[Vanished, ...]
+) -> tuple[TableName, ...]:
+    """The tables sync-state has copied that no entry selects now and that the source still
+    has (a vanished one is said apart)."""
+    selected = {t.source for t in tables} | {v.name for v in vanished}
+    return tuple(
+        name
+        for path in sorted(store.directory.glob("*.json"))
+        if (name := store.name_in(path)) is not None
+        and name not in selected
+        and store.ever_synced(path)
+    )
+
+
+def _abandoned_hint(entry: TableConfig, abandoned: tuple[TableName, ...]) -> str:
+    """What an entry that matches nothing leaves behind, and the pattern it most likely
+    meant: one whose other part already matches a table left behind, and whose mistyped
+    part is close to that table's."""
+    if not abandoned:
+        return ""
+    assert isinstance(entry.name, NamePattern)
+    pattern, names = entry.name, sorted(abandoned)
+    meant = None
+    for name in names:
+        if fnmatchcase(name.schema, pattern.schema) and _close(pattern.name, name.name):
+            meant = f"{entry.written_name.rsplit('.', 1)[0]}.{display_ident(name.name)}"
+            break
+        if fnmatchcase(name.name, pattern.name) and _close(pattern.schema, name.schema):
+            meant = f"{display_ident(name.schema)}.{entry.written_name.rsplit('.', 1)[1]}"
+            break
+    shown = ", ".join(map(str, names[:3])) + (
+        f" and {len(names) - 3} more" if len(names) > 3 else ""
+    )
+    hint = f"; did you mean {meant}?" if meant else ""
+    return (
+        f", and sync-state holds {len(names)} table(s) it copied that no entry selects now "
+        f"({shown}): their copies are no longer kept current{hint}"
+    )
+
+
+def _close(written: str, actual: str) -> bool:
+    return difflib.SequenceMatcher(None, written.replace("*", ""), actual).ratio() >= 0.75
 
 
 def without_patterns(project: Project) -> Project:

@@ -46,6 +46,9 @@ class Project:
     expanded: bool = False
     vanished: tuple[Vanished, ...] = ()
     unmatched: tuple[str, ...] = ()  # a line for each pattern that matched no table
+    # ...and, when one did, the tables sync-state has copied that no entry selects now: a
+    # pattern written wrong (`orders` as `order`) leaves them behind, which is an error
+    abandoned: tuple[TableName, ...] = ()
 
     @classmethod
     def load(cls, root: Path) -> Project:

@@ -75,7 +75,8 @@ def run_sync(
     of posting every run (`sync --follow`): it gets the payload and whether the run failed."""
     project = expanded(project, names, lambda payload: _deliver_to(project, notify, payload))
     for line in [*project.unmatched, *(v.line() for v in project.vanished)]:
-        log.warning("%s", line)
+        # a pattern that matches nothing while tables it copied are left behind: an error
+        (log.error if project.abandoned and line in project.unmatched else log.warning)("%s", line)
     tables = project.select(names)
     for path, near in stray_models(project.templates, [t.name for t in project.config.tables]):
         log.warning(
@@ -96,6 +97,8 @@ def run_sync(
         force_deletes=force_deletes,
     )
     run.notify = notify
+    if project.abandoned:  # the run exits 1, and the webhook says why
+        run.warnings.extend(project.unmatched)
     output = SyncOutput(always_summarize, project.settings.progress_interval)
     project.store.remember(True)  # this run's states, read back by record_run
     try:
@@ -144,7 +147,7 @@ def run_sync(
     output.summary(results, skipped)
     failures = {r.name for r in results if r.status == "failure"}
     if not failures:
-        return 1 if run.state_unwritten or run.slot_lost else 0
+        return 1 if run.state_unwritten or run.slot_lost or project.abandoned else 0
     # Every failure was a table another host is syncing: "try again later", like the run lock.
     return TableLocked.exit_code if failures <= run.locked else 1
 

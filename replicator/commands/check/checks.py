@@ -133,7 +133,8 @@ def _expanded(
                 f"table(s): {', '.join(matched[:5])}{more}"
             )
             findings.append(Finding("ok", "tables", message))
-    findings.extend(Finding("warn", "tables", line) for line in expanded.unmatched)
+    level = "error" if expanded.abandoned else "warn"  # it leaves copies behind: sync exits 1
+    findings.extend(Finding(level, "tables", line) for line in expanded.unmatched)
     findings.extend(Finding("warn", "tables", v.line()) for v in expanded.vanished)
     return expanded
 
