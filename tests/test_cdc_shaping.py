@@ -337,8 +337,10 @@ def test_a_where_beyond_the_replica_identity_runs_at_the_apply(
         f"ok    {schema}.events: where runs at the apply, over each change's new row"
         in checked.stdout
     ), checked.stdout
+    assert f"warn  {schema}.events: column(s) note may hold TOASTed values" in checked.stdout
     compiled = cdc_project.run("compile", "-s", f"{schema}.events")
     assert "SET \"_replicator_op\" = 'D' WHERE" in compiled.stdout, compiled.stdout
+    assert "-- where runs at the apply, over each change's new row" in compiled.stdout
 
     def copy():
         return dest_conn.execute(sql.SQL("SELECT * FROM {} ORDER BY id").format(table)).fetchall()
@@ -379,3 +381,39 @@ def test_a_where_beyond_the_replica_identity_runs_at_the_apply(
     verified = cdc_project.run("verify", "--json")
     assert verified.exit_code == 0, verified.output
     assert json.loads(verified.stdout)[0]["status"] == "equal"
+
+    # A row out of the filter with a TOASTed note, brought in by an update that leaves the
+    # note as it was: neither the log nor the copy holds it. The table fails, says why and
+    # the fix, and its next sync reloads it with that reason (status says so meanwhile).
+    big = "(SELECT string_agg(md5(g::text), '') FROM generate_series(1, 300) AS g)"
+    writer.execute(
+        sql.SQL("UPDATE {} SET active = false, note = " + big + " WHERE id = 30").format(table)
+    )
+    assert cdc_project.run("sync").exit_code == 0
+    writer.execute(sql.SQL("UPDATE {} SET active = true, tier = 3 WHERE id = 30").format(table))
+    failed = cdc_project.run("sync")
+    assert failed.exit_code == 1, failed.output
+    assert "left a TOASTed value as it was" in failed.stderr, failed.stderr
+    assert "(the first: id 30)" in failed.stderr and "REPLICA IDENTITY FULL" in failed.stderr
+    (row,) = json.loads(cdc_project.run("status", "--json").stdout)
+    assert row["next_action"].startswith("full_reload: the log could not be applied"), row
+    reloaded = cdc_project.run("sync")
+    assert reloaded.exit_code == 0, reloaded.output
+    assert "reason: the log could not be applied" in reloaded.stderr
+    assert copy() == expected()
+
+
+def test_a_where_the_apply_runs_is_not_held_to_a_row_filters_limits(cdc_project, schema, writer):
+    """A cast (`tier::text = '2'`) is no expression a publication's row filter takes; a filter
+    the apply runs is not one (it was refused as 'invalid publication WHERE expression')."""
+    writer.execute(
+        sql.SQL("CREATE TABLE {} (id int PRIMARY KEY, tier int NOT NULL)").format(
+            sql.Identifier(schema, "tiers")
+        )
+    )
+    cdc_project.write_config(
+        {"tables": [{"name": f"{schema}.tiers", "mode": "cdc", "where": "tier::text = '2'"}]}
+    )
+    checked = cdc_project.run("check")
+    assert checked.exit_code == 0, checked.stdout
+    assert f"ok    {schema}.tiers: where runs at the apply" in checked.stdout

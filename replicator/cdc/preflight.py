@@ -332,6 +332,8 @@ def shaping_problem(
     used = where_columns(source, info, shaping.where)
     beyond = [c for c in used if c not in keys]
     unfit = applied_filter_problem(source, info, built, used) if beyond else None
+    if identity != "f" and beyond and unfit is None:
+        return None  # the apply runs it: a publication's limits on a row filter do not apply
     if identity != "f" and unfit is not None:
         return (
             f"{name}: where reads {', '.join(map(display_ident, beyond))}, which the log's "
@@ -378,14 +380,26 @@ def applied_filter_problem(
             f"the copy does not hold {', '.join(map(display_ident, unstaged))} as the source "
             "does (excluded or hashed)"
         )
-    found = fetch_all(source, _NOT_PLAIN, {"table": info.oid, "columns": used})
-    toasted = [row[0] for row in found]
+    toasted = _not_plain(source, info, used)
     if toasted:
         return (
             f"{', '.join(map(display_ident, toasted))} may hold TOASTed values, which an "
             "update that leaves them as they were does not carry"
         )
     return None
+
+
+def _not_plain(source: psycopg.Connection[Any], info: TableInfo, columns: list[str]) -> list[str]:
+    return [
+        row[0] for row in fetch_all(source, _NOT_PLAIN, {"table": info.oid, "columns": columns})
+    ]
+
+
+def toastable_columns(
+    source: psycopg.Connection[Any], info: TableInfo, built: TableSql
+) -> list[str]:
+    """The copied columns whose values may be TOASTed (stored otherwise than plain)."""
+    return _not_plain(source, info, [c.name for c in built.columns])
 
 
 def applied_where(source: psycopg.Connection[Any], info: TableInfo, built: TableSql) -> str | None:

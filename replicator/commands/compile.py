@@ -150,6 +150,21 @@ class CompiledTable:
             else [],
         }
 
+    def _where_lines(self) -> list[str]:
+        """Where a `cdc` table's `where` runs: the publication's row filter, or the apply."""
+        shaping = self.built.shaping
+        if shaping is None or shaping.where is None:
+            return []
+        if applied_where(self.conn, self.source, self.built) is not None:
+            return [
+                "-- where runs at the apply, over each change's new row (it reads columns",
+                "--   outside the replica identity): the publication sends every row, and a",
+                "--   change whose new row it does not keep deletes its key (the UPDATE of",
+                "--   replicator_last below)",
+                "",
+            ]
+        return ["-- where is the publication's row filter: the source sends only its rows", ""]
+
     def cdc_apply(self) -> list[Step] | None:
         """A `cdc` table's apply of a batch of changes (cdc/apply/apply_sql.py)."""
         built = self.built
@@ -272,6 +287,7 @@ class CompiledTable:
                 "--   ON CONFLICT DO UPDATE where rows differ) that also records the position,",
                 "--   then confirms that position to the slot.",
                 "",
+                *self._where_lines(),
                 "-- cdc apply of a batch (staged in replicator_stage_N)",
                 *_terminated(self._lines(list(self.cdc_apply() or []))),
             ]

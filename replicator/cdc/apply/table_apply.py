@@ -223,16 +223,21 @@ def _fill_unchanged(
             ),
         )
     if positions:
-        (missing,) = execute(
+        keys = sql.SQL(", ").join(sql.SQL("{}::text").format(sql.Identifier(k)) for k in key)
+        missing = execute(
             dest,
             sql.SQL(
-                "SELECT count(*) FROM {last} WHERE {op} <> 'D' AND cardinality({u}) > 0"
-            ).format(last=LAST, op=sql.Identifier(OP), u=unchanged),
+                "SELECT count(*) OVER (), {keys} FROM {last} "
+                "WHERE {op} <> 'D' AND cardinality({u}) > 0 LIMIT 1"
+            ).format(keys=keys, last=LAST, op=sql.Identifier(OP), u=unchanged),
         ).fetchone()
         if missing:
+            first = ", ".join(f"{k} {v}" for k, v in zip(key, missing[1:], strict=True))
             raise TableProblem(
-                f"{missing} updated row(s) kept a TOASTed value the destination does not have "
-                "(the copy is not what the source was): its next sync reloads it"
+                f"{missing[0]} updated row(s) (the first: {first}) left a TOASTed value as it "
+                "was, which the copy does not hold either (a row its `where` let in, or a copy "
+                "that is not what the source was): its next sync reloads it; under REPLICA "
+                "IDENTITY FULL the log carries such values"
             )
 
 

@@ -11,7 +11,13 @@ import psycopg
 
 from ...base.errors import ReplicatorError
 from ...base.identifiers import TableName, display_ident
-from ...cdc.preflight import IDENTITY_NAMES, applied_where, capture_problem, replica_identity
+from ...cdc.preflight import (
+    IDENTITY_NAMES,
+    applied_where,
+    capture_problem,
+    replica_identity,
+    toastable_columns,
+)
 from ...cdc.source.dba_publication import publication_problem, via_root_problem
 from ...cdc.source.log_filter import PublishedAs
 from ...cdc.source.slot import (
@@ -267,10 +273,13 @@ def _table(
             "(in the same transaction)",
         )
     applied = applied_where(source, info, built) is not None
-    yield from _shaping_findings(table.written_name, built, identity, applied)
+    toastable = toastable_columns(source, info, built) if applied else []
+    yield from _shaping_findings(table.written_name, built, identity, applied, toastable)
 
 
-def _shaping_findings(name: str, built: Any, identity: str, applied: bool) -> Iterator[Finding]:
+def _shaping_findings(
+    name: str, built: Any, identity: str, applied: bool, toastable: list[str]
+) -> Iterator[Finding]:
     """What the log does with the table's `columns` and `where` (preflight refused what it
     cannot do): where an excluded column goes, and who filters the rows."""
     shaping = built.shaping
@@ -313,6 +322,17 @@ def _shaping_findings(name: str, built: Any, identity: str, applied: bool) -> It
             "publication sends every row, and a row an update takes out of it is deleted by "
             "key",
         )
+        if toastable:
+            yield Finding(
+                "warn",
+                name,
+                f"column(s) {', '.join(map(display_ident, toastable))} may hold TOASTed values "
+                "(over about 2 kB): an update that brings a row into the filter and leaves "
+                "such a value as it was fails the table until its reload (nothing in the log "
+                "or the copy holds that value)",
+                f"ALTER TABLE {built.table.name} REPLICA IDENTITY FULL: the publication then "
+                "filters, and the log carries whole rows",
+            )
     elif shaping.where:
         yield Finding(
             "ok",

@@ -313,6 +313,11 @@ class CaptureRun:
         before = lsn_text(max(known)) if known else lsn_text(table.applied)
         if table.error is not None:
             result = failure(job.table, table.error, 0.0, "incremental", job.plan.reason)
+            if table.forgotten:  # its position is gone: the next sync reloads it, and why
+                reason = f"the log could not be applied: {table.error}"
+                state = state.model_copy(
+                    update={"pending_full_reload": True, "pending_reason": reason}
+                )
             record_failure(run, job.table, state, job.started_at, result)
             return result
         after = lsn_text(table.position)
