@@ -217,15 +217,21 @@ def _errors(project, document) -> tuple[int, str]:
         pytest.param(
             '{"tables": [{"name": "a.b", "name": "a.c", "mode": "cdc", "mode": "x"}, '
             '{"name": "b.c", "deletes": "mark", "deletes": "delete"}]}',
-            'duplicate keys "name", "mode" in the object that begins "name": "a.b": JSON keeps '
-            "only the last value of each; give each once",
+            'tables[0]: keys "name", "mode" given more than once: JSON keeps only the last '
+            "value of each; give each once",
             id="duplicate-json-key",
         ),
         pytest.param(
             '{"tables": [{"name": "a.b", "mode": "cdc"}, {"name": "b.c", "deletes": "mark", '
             '"deletes": "delete"}]}',
-            'duplicate key "deletes" in the object that begins "name": "b.c"',
+            'tables[1]: key "deletes" given more than once',
             id="duplicate-json-key-in-a-second-object",
+        ),
+        pytest.param(
+            '{"tables": [{"name": "a.b", "replication_key": "u", "lookback": "x", '
+            '"lookback": "y"}]}',
+            'tables[0].lookback: expected a whole number, got "y"',  # checked all the same
+            id="a-duplicate-hides-no-other-error",
         ),
         pytest.param(
             {"tables": [{"name": "a.b", "replication_key": "u", "deletes": None}]},

@@ -217,7 +217,7 @@ def load_config(project_dir: Path) -> ProjectConfig:
 
 def parse_config(text: str, filename: str = CONFIG_FILE) -> ProjectConfig:
     """Validate the JSON text of a config file; `filename` prefixes every error."""
-    duplicates: list[tuple[list[str], str]] = []
+    duplicates: list[tuple[dict[str, Any], list[str]]] = []
     try:
         document = json.loads(text, object_pairs_hook=lambda pairs: _keyed(pairs, duplicates))
     except json.JSONDecodeError as exc:
@@ -230,15 +230,14 @@ def parse_config(text: str, filename: str = CONFIG_FILE) -> ProjectConfig:
         raise ConfigError(
             [f"{filename}:{exc.lineno}:{exc.colno}: invalid JSON: {exc.msg}{hint}"]
         ) from None
-    if duplicates:  # every object's, each key once: JSON keeps only one value of each
-        raise ConfigError(
-            [
-                f"{filename}: duplicate key{'s' if len(keys) > 1 else ''} "
-                f"{', '.join(json.dumps(k, ensure_ascii=False) for k in keys)} in the object "
-                f"that begins {first}: JSON keeps only the last value of each; give each once"
-                for keys, first in duplicates
-            ]
-        )
+    # every object's, each key once; the rest of the file is checked all the same, with the
+    # value JSON keeps (the last)
+    doubled = [
+        f"{filename}: {json_path(_path_of(document, holder))}: "
+        f"{'keys' if len(keys) > 1 else 'key'} {', '.join(map(_quoted, keys))} given more than "
+        "once: JSON keeps only the last value of each; give each once"
+        for holder, keys in duplicates
+    ]
     document = _strip_comments(document)
     if not isinstance(document, dict):
         raise ConfigError([f'{filename}: expected a JSON object like {{"tables": [...]}}'])
@@ -248,7 +247,7 @@ def parse_config(text: str, filename: str = CONFIG_FILE) -> ProjectConfig:
         errors: list[Any] = []
     except ValidationError as exc:
         config, errors = None, exc.errors()
-    problems = [_describe(err, filename) for err in errors]
+    problems = [*doubled, *(_describe(err, filename) for err in errors)]
     problems += [f"{filename}: {p}" for p in rule_problems(document, _unsure_keys(errors))]
     if problems or config is None:
         raise ConfigError(problems)
@@ -259,10 +258,10 @@ def parse_config(text: str, filename: str = CONFIG_FILE) -> ProjectConfig:
 
 
 def _keyed(
-    pairs: list[tuple[str, Any]], duplicates: list[tuple[list[str], list[str]]]
+    pairs: list[tuple[str, Any]], duplicates: list[tuple[dict[str, Any], list[str]]]
 ) -> dict[str, Any]:
-    """An object of the config; its keys given more than once go into `duplicates` (the
-    keys, and the object's keys for a reader to find it by)."""
+    """An object of the config; its keys given more than once go into `duplicates`, with
+    the object itself (its place in the document is found once it is whole: _path_of)."""
     result: dict[str, Any] = {}
     again: list[str] = []
     for key, value in pairs:
@@ -270,9 +269,29 @@ def _keyed(
             again.append(key)
         result[key] = value
     if again:
-        key, value = pairs[0]
-        duplicates.append((again, f"{json.dumps(key, ensure_ascii=False)}: {_short(value)}"))
+        duplicates.append((result, again))
     return result
+
+
+def _quoted(key: str) -> str:
+    return json.dumps(key, ensure_ascii=False)
+
+
+def _path_of(document: Any, wanted: dict[str, Any], here: tuple[int | str, ...] = ()) -> tuple:
+    """Where the object `wanted` (that very one) stands in the parsed document."""
+    if document is wanted:
+        return here
+    children = (
+        document.items()
+        if isinstance(document, dict)
+        else enumerate(document)
+        if isinstance(document, list)
+        else ()
+    )
+    for key, value in children:
+        if isinstance(value, dict | list) and (found := _path_of(value, wanted, (*here, key))):
+            return found
+    return ()
 
 
 def _strip_comments(value: Any) -> Any:
