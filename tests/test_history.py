@@ -223,7 +223,8 @@ def test_status_history_shows_each_tables_last_runs(db_project, tables, dest_con
         (f"{tables}.b", "full_reload"),
     ]
     assert rows[0]["started_at"] > rows[1]["started_at"], "newest first"
-    assert set(rows[0]) == set(_runs(dest_conn, tables)[0])  # every column
+    # every column but the project's, which the rows shown share
+    assert set(rows[0]) == set(_runs(dest_conn, tables)[0]) - {"project_id"}
     one = json.loads(db_project.run("status", "--history", "--json", "-s", "b").stdout)
     assert [r["table_name"] for r in one] == [f"{tables}.b"] * 3  # default 10: all three
     grid = db_project.run("status", "--history")
@@ -476,3 +477,22 @@ def test_a_cdc_tables_time_is_its_own_not_the_tables_synced_before_it(
         ).fetchall()
     )
     assert rows["c"][0] >= rows["b"][1], rows
+
+
+def test_projects_that_share_a_destination_see_their_own_runs(db_project, tables, tmp_path):
+    """Two projects on one destination (each its own copies): `status --history` and the
+    report of one never show the other's runs (its refused tables showed as failures)."""
+    db_project.write_config({"tables": [{"name": f"{tables}.b", "mode": "full-refresh"}]})
+    assert db_project.run("sync").exit_code == 0
+    other = type(db_project)(tmp_path / "other", dict(db_project.env))
+    (other.path / "sync-state").mkdir(parents=True)
+    other.write_config({"tables": [{"name": f"{tables}.b", "mode": "full-refresh"}]})
+    refused = other.run("sync")
+    assert refused.exit_code == 1, "the copy is the first project's"
+    shown = json.loads(db_project.run("status", "--history", "5", "--json").stdout)
+    assert [row["status"] for row in shown] == ["success"], shown
+    theirs = json.loads(other.run("status", "--history", "5", "--json").stdout)
+    assert [row["status"] for row in theirs] == ["failed"], theirs
+    page = tmp_path / "report.html"
+    assert db_project.run("report", "-o", str(page)).exit_code == 0
+    assert "another replicator project keeps" not in page.read_text()

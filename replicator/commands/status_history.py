@@ -34,7 +34,8 @@ def selected_runs(
     reach)."""
     project, notes = expanded_or_known(project)
     tables = project.select(names)
-    with connect(project.env.connection(DEST_URL), "destination") as dest:
+    url = project.optional_destination() or project.env.connection(DEST_URL)  # exit 2 unset
+    with connect(url, "destination") as dest:
         found = history.recent(dest, [str(t.name) for t in tables], per_table)
     order = {str(t.name): i for i, t in enumerate(tables)}
     found.sort(key=lambda row: order[row.table_name])  # stable: newest first stays

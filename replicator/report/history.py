@@ -1,4 +1,6 @@
-"""`_replicator.runs` in the destination: one row per table per run, queryable with SQL.
+"""`_replicator.runs` in the destination: one row per table per run, queryable with SQL,
+each row with the project it is of (`project_id`: projects that share a destination see and
+prune their own runs only).
 
 A run writes all its rows in one statement (an INSERT over `unnest` of one array per column:
 one round trip for a project of 1,000 tables) and deletes the rows older than `history_days`
@@ -49,6 +51,12 @@ _NOT_NULL = {"run_id", "table_name", "started_at", "finished_at", "status"}
 _TIMEOUTS = ("SET LOCAL lock_timeout = '5s'", "SET LOCAL statement_timeout = '60s'")
 
 
+# The project a row is of (project/identity.py), from the destination session's setting:
+# two projects that share a destination each read and prune their own runs only.
+OURS = sql.SQL("nullif(pg_catalog.current_setting('replicator.project', true), '')")
+PROJECT = sql.SQL("project_id IS NOT DISTINCT FROM {}").format(OURS)
+
+
 def table_ddl() -> list[sql.Composed]:
     """The table and its two indexes (a table's latest rows; the pruning), if missing."""
     runs = RUNS_TABLE.identifier()
@@ -61,9 +69,10 @@ def table_ddl() -> list[sql.Composed]:
         for name, kind in TYPES.items()
     )
     return [
-        sql.SQL("CREATE TABLE IF NOT EXISTS {} ({}, PRIMARY KEY (run_id, table_name))").format(
-            runs, columns
-        ),
+        sql.SQL(
+            "CREATE TABLE IF NOT EXISTS {} ({}, project_id text DEFAULT {}, "
+            "PRIMARY KEY (run_id, table_name))"
+        ).format(runs, columns, OURS),
         sql.SQL(
             "CREATE INDEX IF NOT EXISTS runs_table_started ON {} (table_name, started_at)"
         ).format(runs),
@@ -81,9 +90,11 @@ def insert_statement() -> sql.Composed:
 
 
 def prune_statement() -> sql.Composed:
-    return sql.SQL("DELETE FROM {} WHERE finished_at < now() - make_interval(days => %s)").format(
-        RUNS_TABLE.identifier()
-    )
+    """The project's rows past its `history_days`, and any of no project (written by hand)."""
+    return sql.SQL(
+        "DELETE FROM {} WHERE finished_at < now() - make_interval(days => %s) "
+        "AND ({} OR project_id IS NULL)"
+    ).format(RUNS_TABLE.identifier(), PROJECT)
 
 
 def record(dest_url: str, rows: Sequence[RunRow], history_days: int) -> bool:
@@ -134,7 +145,7 @@ def recent(dest: psycopg.Connection[Any], tables: Sequence[str], per_table: int)
     query = sql.SQL(
         "SELECT {names} FROM (SELECT {names}, row_number() OVER (PARTITION BY table_name "
         "ORDER BY started_at DESC, finished_at DESC) AS newest FROM {runs} "
-        "WHERE table_name = ANY(%s)) AS r WHERE newest <= %s "
+        "WHERE table_name = ANY(%s) AND {ours}) AS r WHERE newest <= %s "
         "ORDER BY table_name, started_at DESC, finished_at DESC"
-    ).format(names=names, runs=RUNS_TABLE.identifier())
+    ).format(names=names, runs=RUNS_TABLE.identifier(), ours=PROJECT)
     return [RunRow(*row) for row in fetch_all(dest, query, (list(tables), per_table))]
