@@ -511,3 +511,23 @@ def test_a_pattern_written_wrong_that_leaves_copies_behind_fails_the_run(
     assert said in httpserver.log[-1][0].get_json()["warnings"]
     checked = db_project.run("check")
     assert f"error tables: {said}" in checked.stdout, checked.stdout
+
+
+def test_a_pattern_selects_tables_on_the_command_line(db_project, schema, source_conn):
+    """`-s 'tenant_*.orders'` for a hundred tenants (each had to be typed), and `adopt` the
+    same way; a pattern that selects nothing is exit 2."""
+    for name in ("t_1", "t_2", "u_1"):
+        source_conn.execute(
+            sql.SQL("CREATE TABLE {} (id int PRIMARY KEY)").format(sql.Identifier(schema, name))
+        )
+    db_project.write_config({"tables": [{"name": f"{schema}.*", "mode": "full-refresh"}]})
+    synced = db_project.run("sync", "-s", f"{schema}.t_*")
+    assert synced.exit_code == 0, synced.output
+    assert "sync started: 2 table(s)" in synced.stderr, synced.stderr
+    listed = json.loads(db_project.run("ls", "--json", "-s", f"{schema}.t_*").stdout)
+    assert [r["name"] for r in listed] == [f"{schema}.t_1", f"{schema}.t_2"]
+    adopted = db_project.run("adopt", f"{schema}.t_*")
+    assert adopted.exit_code == 0 and adopted.stdout.count("already replicator's") == 2
+    nothing = db_project.run("sync", "-s", f"{schema}.x_*")
+    assert nothing.exit_code == 2
+    assert f"{schema}.x_* matches no table of tables-config.json" in nothing.stderr

@@ -118,7 +118,10 @@ select_option = click.option(
     "names",
     multiple=True,
     metavar="TABLE",
-    help="Only these tables (repeatable; the schema may be left out when the name is unique).",
+    help=(
+        "Only these tables (repeatable; the schema may be left out when the name is unique; "
+        "a pattern such as 'tenant_*.orders' selects every configured table it matches)."
+    ),
 )
 json_option = click.option(
     "--json", "as_json", is_flag=True, help="Machine-readable output (also with --log-format json)."

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from ..base.errors import ConfigError
 from ..base.identifiers import TableName, split_name
+from ..base.name_patterns import NamePattern, is_pattern
 from .cdc_state import CaptureState, read_capture_state, rejoin_mark, resolve_names
 from .config import CONFIG_FILE, ProjectConfig, TableConfig, load_config
 from .identity import PROJECT_SETTING, ensure_identity, read_identity
@@ -128,11 +129,33 @@ class Project:
         return find_table(self.config.tables, text)
 
     def select(self, names: tuple[str, ...]) -> tuple[TableConfig, ...]:
-        """The tables named on the command line in config order; all of them when none."""
+        """The tables named on the command line in config order; all of them when none. A
+        name may be a pattern (`tenant_*.orders`, as in tables-config.json): every table the
+        config selects that it matches."""
         if not names:
             return self.config.tables
-        chosen = {self.find(n).name for n in names}
+        chosen: set[TableName | NamePattern] = set()
+        for text in names:
+            if is_pattern(text):
+                chosen |= {t.name for t in match_tables(self.config.tables, text)}
+            else:
+                chosen.add(self.find(text).name)
         return tuple(t for t in self.config.tables if t.name in chosen)
+
+
+def match_tables(tables: tuple[TableConfig, ...], text: str) -> list[TableConfig]:
+    """The configured tables a pattern named on the command line matches; exit 2 when it is
+    no pattern or matches none."""
+    try:
+        pattern = NamePattern.parse(text)
+    except ValueError as exc:
+        raise ConfigError([f"{text}: {exc}"]) from None
+    found = [t for t in tables if isinstance(t.name, TableName) and pattern.matches(t.name)]
+    if not found:
+        raise ConfigError(
+            [f"{text} matches no table of {CONFIG_FILE} (`replicator ls` lists them)"]
+        )
+    return found
 
 
 def find_table(tables: tuple[TableConfig, ...], text: str) -> TableConfig:
