@@ -228,9 +228,12 @@ def test_the_tables_of_a_pattern_are_summed_up_unless_verbose(db_project, source
         f"warn  {pattern}: replication key updated_at has no index: every sync will scan the "
         'whole table; fix: CREATE INDEX ON <table> ("updated_at"), for each' in lines
     ), summed.stdout
-    assert f"ok    {pattern}: next sync: full_reload" in lines
+    reason = f"next sync: full_reload (no state: new table matched {schema}.t_*)"
+    assert f"ok    {pattern}: {reason}" in lines  # the same reason for each: said
+    assert "6 warning(s) (on 1 line(s): -v lists each)" in summed.stdout
     assert len(lines) <= 5, lines  # the pattern's match line, and one per kind of finding
-    assert "6 warning(s)" in summed.stdout
     each = db_project.run("check", "-v")
     for i in range(6):
         assert f"warn  {schema}.t_{i}: replication key updated_at has no index" in each.stdout
+    assert " sql: " not in each.stderr, "-v: the lines, -vv: the statements too"
+    assert " sql: " in db_project.run("check", "-vv").stderr

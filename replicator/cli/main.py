@@ -349,12 +349,16 @@ def check(project_dir: Path, ping: bool) -> int:
     """Check the config, both connections and the privileges a sync needs, each table (its
     source, keys, indexes, model and destination, and the next sync's plan), Java and the
     JDBC driver, and a cluster's Spark master. One line per finding, with its fix; the
-    tables of a pattern summed up where they say the same (-v: one line per table); exit 1
+    tables of a pattern summed up where they say the same (-v: one line per table, -vv: and
+    the statements run); exit 1
     when one is an error, 2 when the config itself cannot be read. Nothing is written."""
     from ..commands.check.checks import print_checks
     from ..project.project import Project
+    from ..report.logs import configure_logging, json_output, quiet
 
     verbose = click.get_current_context().meta.get("replicator.verbose", 0)
+    if verbose:  # -v: a line per table; -vv: the statements too, as -v gives elsewhere
+        configure_logging(verbose - 1, quiet(), "json" if json_output() else "text")
     return print_checks(Project.load(project_dir), ping, verbose)
 
 

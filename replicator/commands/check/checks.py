@@ -57,7 +57,9 @@ def print_checks(project: Project, ping: bool = False, verbose: int = 0) -> int:
     if json_output():
         click.echo(json.dumps({"event": "check.finished", "errors": errors, "warnings": warnings}))
     else:
-        click.echo(f"{errors} error(s), {warnings} warning(s)")
+        lines = sum(f.level in ("error", "warn") for f in shown)
+        summed = "" if lines == errors + warnings else f" (on {lines} line(s): -v lists each)"
+        click.echo(f"{errors} error(s), {warnings} warning(s){summed}")
     return 1 if errors else 0
 
 
@@ -284,23 +286,32 @@ def _destination_privileges(conn: psycopg.Connection[Any], project: Project) -> 
             usable.append(display_ident(schema))
     if usable:
         yield Finding(
-            "ok", "destination", f"role {role} may create tables in schemas {', '.join(usable)}"
+            "ok", "destination", f"role {role} may create tables in schemas {some(usable)}"
         )
-    for schema in missing:
+    if missing and may_create_schemas:  # one line for a hundred tenants' schemas
+        names = [display_ident(schema) for schema in missing]
+        yield Finding(
+            "ok",
+            "destination",
+            f"schema {names[0]} is missing; role {role} may create it"
+            if len(names) == 1
+            else f"schemas {some(names)} are missing; role {role} may create them",
+        )
+    for schema in missing if not may_create_schemas else ():
         name = display_ident(schema)
-        if may_create_schemas:
-            yield Finding(
-                "ok", "destination", f"schema {name} is missing; role {role} may create it"
-            )
-        else:
-            yield Finding(
-                "error",
-                "destination",
-                f"schema {name} does not exist and role {role} may not create schemas in "
-                f"database {db}",
-                f"CREATE SCHEMA {name} AUTHORIZATION {role}, or GRANT CREATE ON DATABASE {db} "
-                f"TO {role}",
-            )
+        yield Finding(
+            "error",
+            "destination",
+            f"schema {name} does not exist and role {role} may not create schemas in database {db}",
+            f"CREATE SCHEMA {name} AUTHORIZATION {role}, or GRANT CREATE ON DATABASE {db} "
+            f"TO {role}",
+        )
+
+
+def some(names: list[str], most: int = 5) -> str:
+    """`a, b, c, d, e and 95 more`."""
+    more = f" and {len(names) - most} more" if len(names) > most else ""
+    return ", ".join(names[:most]) + more
 
 
 def _check_state(project: Project, table: TableConfig) -> Iterator[Finding]:

@@ -57,6 +57,9 @@ def summed_up(findings: list[Finding]) -> list[Finding]:
             out.append(found[0])
             continue
         pattern, level, message, fix = item
+        whole = {_generic(f.message, f.subject) for f in found}
+        if len(whole) == 1:  # they say the same in full (an ok line's reason too)
+            message = whole.pop()
         subject = f"{pattern} ({some_tables([f.subject for f in found])})"
         out.append(Finding(level, subject, message, f"{fix}, for each" if fix else None, pattern))
     return out
