@@ -36,6 +36,9 @@ def list_tables(project: Project, names: tuple[str, ...], as_json: bool) -> int:
             else None,
             "entry": t.entry,
             "pattern": t.pattern,
+            "deletes": t.deletes,
+            "where": t.where,
+            "columns": t.columns.model_dump(exclude_defaults=True) if t.columns else None,
         }
         for t in tables
     ]

@@ -141,7 +141,8 @@ def check_replication_key(table: TableConfig, source: TableInfo) -> Column | Non
         raise TableProblem(
             f"{table.written_name}: replication key column "
             f"{display_ident(table.replication_key)} does not exist in the source table"
-            f"{columns_hint([table.replication_key], source)}{table.pattern_fix()}"
+            f"{columns_hint([table.replication_key], source)}; set replication_key to one of "
+            f"its columns{table.pattern_fix()}"
         )
     return column
 
