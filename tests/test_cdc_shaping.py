@@ -62,21 +62,23 @@ def _copy(conn, schema, name):
     ).fetchall()
 
 
-def _writes(stop, url, schema):
-    """Updates moving rows in and out of the filter while a sync runs."""
+def _writes(stop, url, schema, table="people", rows=200, update=None):
+    """Updates moving rows in and out of the filter while a sync runs: `update` (a
+    statement of {} the table, %(n)s the update's number and %(id)s its row)."""
     import psycopg
 
+    update = update or (
+        "UPDATE {} SET status = CASE status WHEN 'test' THEN 'live' ELSE 'test' END, "
+        "email = email || 'x' WHERE id = %(id)s"
+    )
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute("SET synchronous_commit = on")
         n = 0
         while not stop.is_set():
             n += 1
             conn.execute(
-                sql.SQL(
-                    "UPDATE {} SET status = CASE status WHEN 'test' THEN 'live' ELSE 'test' END, "
-                    "email = email || 'x' WHERE id = %s"
-                ).format(sql.Identifier(schema, "people")),
-                (n % 200 + 1,),
+                sql.SQL(update).format(sql.Identifier(schema, table)),
+                {"n": n, "id": n % rows + 1},
             )
 
 
@@ -289,22 +291,11 @@ def test_an_include_of_every_column_still_lists_them_so_a_new_one_stays_out(
     assert copied[:6] == [(1, "x"), (2, "x"), (3, "x"), (4, "x"), (5, "x"), (6, "n")], copied
 
 
-def _events_writes(stop, url, schema):
-    """Updates moving rows in and out of `active AND tier >= 2`, while a sync runs."""
-    import psycopg
-
-    with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute("SET synchronous_commit = on")
-        n = 0
-        while not stop.is_set():
-            n += 1
-            conn.execute(
-                sql.SQL(
-                    "UPDATE {} SET tier = (tier + 1) %% 4, active = NOT active, "
-                    "note = 'w' || %s::text WHERE id = %s"
-                ).format(sql.Identifier(schema, "events")),
-                (n, n % 300 + 1),
-            )
+# Rows moved in and out of `active AND tier >= 2` while a sync runs.
+EVENTS_UPDATE = (
+    "UPDATE {} SET tier = (tier + 1) %% 4, active = NOT active, note = 'w' || %(n)s::text "
+    "WHERE id = %(id)s"
+)
 
 
 def test_a_where_beyond_the_replica_identity_runs_at_the_apply(
@@ -367,7 +358,9 @@ def test_a_where_beyond_the_replica_identity_runs_at_the_apply(
     )
     writer.execute(sql.SQL("DELETE FROM {} WHERE id IN (14, 15)").format(table))
     stop = threading.Event()
-    live = threading.Thread(target=_events_writes, args=(stop, pg_servers.source_url, schema))
+    live = threading.Thread(
+        target=_writes, args=(stop, pg_servers.source_url, schema, "events", 300, EVENTS_UPDATE)
+    )
     live.start()
     try:
         during = cdc_project.run("sync")

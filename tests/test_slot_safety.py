@@ -10,7 +10,7 @@ import uuid
 import pytest
 from dbcompare import assert_same_table
 from psycopg import sql
-from test_cdc import _config, _create, _run, _slot, _sync
+from test_cdc import _config, _create, _dba_slot, _drop_dba_slots, _run, _slot, _sync
 from waiting import wait_for
 
 from replicator.cdc.source.slot import SlotInfo
@@ -164,12 +164,7 @@ def test_a_lost_dba_slot_is_said_alike_by_status_and_sync(
     that (it said the next sync makes a new slot and reloads)."""
     slot = f"dba_{uuid.uuid4().hex[:12]}"
     _create(writer, schema)
-    source_conn.execute(
-        sql.SQL("CREATE PUBLICATION {} FOR TABLE {}").format(
-            sql.Identifier(slot), sql.Identifier(schema, "orders")
-        )
-    )
-    source_conn.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))
+    _dba_slot(source_conn, schema, slot, "orders")
     try:
         _config(
             cdc_project, schema, "orders", cdc={"slot": slot, "publication": slot, "create": False}
@@ -195,12 +190,7 @@ def test_a_lost_dba_slot_is_said_alike_by_status_and_sync(
         assert f"{schema}.orders: full_reload" in reloaded.stderr, reloaded.stderr
         assert_same_table(source_conn, dest_conn, schema, "orders")
     finally:
-        source_conn.execute(
-            "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots "
-            "WHERE slot_name = %s",
-            (slot,),
-        )
-        source_conn.execute(sql.SQL("DROP PUBLICATION IF EXISTS {}").format(sql.Identifier(slot)))
+        _drop_dba_slots(source_conn, slot)
 
 
 def test_a_lost_slot_reloads_every_cdc_table_and_the_run_exits_1(
