@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: test demo soak lint format system-deps bench clean
+.PHONY: test demo soak lint format docs system-deps bench clean
 
 # --no-compile: Python compiles a module when it is first imported instead. pip compiled every
 # module it installed (pyspark's thousands, most never imported here): the install took 31 s
@@ -26,9 +26,14 @@ format: $(STAMP)
 	$(BIN)/ruff format .
 	$(BIN)/ruff check --fix .
 
+# The manual (docs/, mkdocs-material), built strictly: a broken link or anchor, or a page
+# missing from the nav, fails it. `$(BIN)/mkdocs serve` shows it while you write.
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet --site-dir site
+
 # Three workers by default (TEST_JOBS=1 for one process); a file's tests stay on one worker.
 TEST_JOBS ?= 3
-test: system-deps $(STAMP) lint
+test: system-deps $(STAMP) lint docs
 	$(BIN)/pytest -q -n $(TEST_JOBS) --dist loadfile --durations=15
 
 # The long soak (writers + killed syncs; `make test` runs a 30-second version).
@@ -38,7 +43,7 @@ soak: system-deps $(STAMP)
 
 demo: system-deps $(STAMP)
 	$(BIN)/replicator demo --project-dir .
-	@echo "The command is $(BIN)/replicator (source $(BIN)/activate puts it on PATH); for your own project see the README, Install it for your own project."
+	@echo "The command is $(BIN)/replicator (source $(BIN)/activate puts it on PATH); for your own project see docs/getting-started.md."
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache *.egg-info
+	rm -rf $(VENV) .pytest_cache .ruff_cache *.egg-info site

@@ -83,6 +83,7 @@ def main() -> None:
     parser.add_argument("--changed", type=int, default=10)
     parser.add_argument("--rows", type=int, default=1000)
     parser.add_argument("--top", type=int, default=15)
+    parser.add_argument("--dump", help="write every statement of the run to this file")
     args = parser.parse_args()
     base = Path(tempfile.mkdtemp(prefix="replicator-statements-"))
     clusters = [PgCluster(base / "source").start(), PgCluster(base / "dest").start()]
@@ -104,6 +105,8 @@ def main() -> None:
         change(source, args.tables, args.changed)
         log = run(folder, env, "sync", "-v")
         statements = [m.group(1) for line in log.splitlines() if (m := SQL_LINE.search(line))]
+        if args.dump:
+            Path(args.dump).write_text("\n".join(" ".join(s.split()) for s in statements) + "\n")
         kinds = collections.Counter(" ".join(s.split()[:3]) for s in statements)
         print(
             f"{len(statements)} statements for {args.tables} changed tables: "

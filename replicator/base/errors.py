@@ -1,5 +1,5 @@
 """Every exception the tool raises on purpose, by the exit code it ends a command with
-(README: Exit codes): 1 `ReplicatorError` (a table or a command failed), 2 `UsageError`
+(docs/commands.md: Exit codes): 1 `ReplicatorError` (a table or a command failed), 2 `UsageError`
 (bad usage or config, nothing touched), 75 `Busy` (someone else is at it: run again later),
 128 + the signal's number `Interrupted` (SIGINT, SIGTERM, SIGHUP).
 

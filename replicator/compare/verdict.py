@@ -1,5 +1,5 @@
 """What `verify` says of one table: the object `verify --json` prints and the
-`verify.finished` webhook carries (README: Verify)."""
+`verify.finished` webhook carries (docs/guides/verify.md)."""
 
 from __future__ import annotations
 

@@ -283,7 +283,7 @@ def _set_aside_pending(
     past its cursor were set aside while they were read, `_fresh`; rows deleted in the
     source, `_set_aside_deleted`): for `cdc`, a row whose change is still in the slot.
     A full-refresh table's differences stay differences: which rows changed since its
-    reload cannot be told from a tampered copy (README: Verify)."""
+    reload cannot be told from a tampered copy (docs/guides/verify.md)."""
     if not found.differences:
         return
     if table.mode == "cdc" and pending is not None and found.differences:

@@ -18,7 +18,7 @@ PostgreSQL, in the key's own type.
 cursor; a run skips the table when the probe finds the same (a no-op), and `verify` counts a
 row there that differs as not yet synced only when the next sync reads them again.
 
-**What a cursor cannot see** (`cursor_limits`; README: What a cursor cannot see): rows
+**What a cursor cannot see** (docs/how-it-works/incremental.md): rows
 deleted in the source never pass it, a key that can be NULL is read again by every sync,
 and a `timestamp without time zone` key goes backwards when the source's TimeZone changes
 or in a daylight-saving fall-back hour.

@@ -1,6 +1,6 @@
 """What to do with each table this run: a pure function of what was observed.
 
-The reason strings start with the stable phrases the webhook contract pins (README: Webhook).
+The reason strings start with the stable phrases the webhook contract pins (docs/guides/webhook.md).
 """
 
 from __future__ import annotations

@@ -56,7 +56,7 @@ def _some_tables(tables: tuple[TableConfig, ...]) -> tuple[TableConfig, ...]:
 
 
 TableNameField = Annotated[TableName, BeforeValidator(table_name)]
-# A table's name or a pattern of names (`sales.*`): project/selection.py expands it.
+# A table's name or a pattern of names (`sales.*`): plan/selection.py expands it.
 NameOrPattern = Annotated[TableName | NamePattern, BeforeValidator(table_or_pattern)]
 ColumnField = Annotated[str, BeforeValidator(column)]
 # strict=False: a JSON list becomes the tuple (a string is still refused).
@@ -102,7 +102,7 @@ class TableConfig(_Frozen):
     deletes_interval: Annotated[int, Field(ge=0, le=31_536_000)] = 0  # seconds; 0: every sync
     # The name exactly as written in the config: the webhook and logs use it.
     written_name: str = Field(default="", exclude=True)
-    # Set on the tables a pattern entry expands to (project/selection.py): the index of the
+    # Set on the tables a pattern entry expands to (plan/selection.py): the index of the
     # entry in `tables`, its pattern as written, and a problem that fails the table alone.
     entry: int = Field(default=0, exclude=True)
     pattern: str | None = Field(default=None, exclude=True)

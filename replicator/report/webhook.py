@@ -46,7 +46,7 @@ def build_payload(
     warnings: list[str] | None = None,
     skipped: list[str] | None = None,
 ) -> dict[str, Any]:
-    """The payload the README's Webhook section pins; `status` is success, failure,
+    """The payload docs/guides/webhook.md pins; `status` is success, failure,
     interrupted, or skipped (lock held); `warnings`: what the run warned about that needs
     someone (a replication slot holding too much WAL), whatever the status; `skipped`: the
     tables a run cut short did not start (`sync --follow` stopping)."""

@@ -1,7 +1,7 @@
 """`replicator sync`: every selected table, one at a time, failures isolated.
 
-The steps of each table's sync are in the README (How a full load works, How an incremental
-sync works); an interrupted run is recorded and reported before the process exits."""
+The steps of each table's sync are in docs/how-it-works/ (full-load.md, incremental.md,
+cdc.md); an interrupted run is recorded and reported before the process exits."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """One table's staged changes into its destination table, in one transaction with the log
 position they reach (so a crash leaves both old or both new).
 
-The rules (README: How cdc applies changes):
+The rules (docs/how-it-works/cdc.md):
 - a TRUNCATE in the batch empties the table; only changes after the last one count;
 - per key, the last change wins: a delete deletes, an update updates the row of its key (or
   inserts it, where the copy lacks it), an insert upserts; the rows are written only where

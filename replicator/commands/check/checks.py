@@ -212,7 +212,7 @@ def _transport(conn: psycopg.Connection[Any], role: str, variable: str) -> Findi
         f"host {host} is reached with sslmode {mode} ({state}): the rows cross the "
         "network where a machine in between may read them or pose as the server",
         f"add sslmode=verify-full and sslrootcert=<the CA's certificate file> to {variable} "
-        "(every Spark executor needs that file at the same path: README, TLS)",
+        "(every Spark executor needs that file at the same path: docs/configuration.md, TLS)",
     )
 
 

@@ -1,4 +1,4 @@
-"""The `cdc` tables of one run (README: How cdc works).
+"""The `cdc` tables of one run (docs/how-it-works/cdc.md).
 
 1. Set-up, once (capture_setup.py): the slot and publication names (sync-state/cdc.json),
    the publication listing the `cdc` tables, the slot (created when missing; a lost one is

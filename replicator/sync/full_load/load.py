@@ -203,7 +203,7 @@ def _load_and_swap(
     lost = _own_indexes(ends.dest, target)
     lock_seconds = swap_in(ends.dest, side, target, side_key_name(built), also)
     phases.mark(f"swapped (table lock held {lock_seconds * 1000:.0f} ms)")
-    if lost:  # the reload builds its table anew: only its primary key (README: full loads)
+    if lost:  # the reload builds its table anew: only its primary key (how-it-works/full-load)
         log.warning(
             "%s: the reload left out index(es) made on the copy by hand: %s; create them "
             "again (after each reload)",
