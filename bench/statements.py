@@ -31,6 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from replicator.postgres.pgcluster import PgCluster
 
 SQL_LINE = re.compile(r" debug +sql: (.*)")
+RECORD = re.compile(r"\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d")
 
 
 def make_tables(url: str, count: int, rows: int) -> None:
@@ -63,6 +64,22 @@ def change(url: str, count: int, changed: int) -> None:
                 ).format(sql.Identifier("shop", f"t_{i:03d}")),
                 (changed,),
             )
+
+
+def sql_lines(log: str) -> list[str]:
+    """Each statement the log shows, its continuation lines (a multi-line statement's)
+    joined to it: a line that starts no log record continues the one before."""
+    statements: list[str] = []
+    inside = False
+    for line in log.splitlines():
+        if m := SQL_LINE.search(line):
+            statements.append(m.group(1))
+            inside = True
+        elif RECORD.match(line):
+            inside = False
+        elif inside:
+            statements[-1] += " " + line
+    return [" ".join(s.split()) for s in statements]
 
 
 def run(folder: Path, env: dict[str, str], *args: str) -> str:
@@ -104,9 +121,9 @@ def main() -> None:
         run(folder, env, "sync", "-q")
         change(source, args.tables, args.changed)
         log = run(folder, env, "sync", "-v")
-        statements = [m.group(1) for line in log.splitlines() if (m := SQL_LINE.search(line))]
+        statements = sql_lines(log)
         if args.dump:
-            Path(args.dump).write_text("\n".join(" ".join(s.split()) for s in statements) + "\n")
+            Path(args.dump).write_text("\n".join(statements) + "\n")
         kinds = collections.Counter(" ".join(s.split()[:3]) for s in statements)
         print(
             f"{len(statements)} statements for {args.tables} changed tables: "

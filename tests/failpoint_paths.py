@@ -13,15 +13,18 @@ FULL_RELOAD_POINTS = (
 # A full load of several partitions, in-process: killed at its third partition's commit or
 # in its second partition's copy, the committed ones stay for the next run to resume.
 RESUME_POINTS = ("task-before-commit@3", "mid-extract@2")
+# An incremental batch this process copies whole (sync/incremental/batch.py, the direct
+# way: the run's own sessions, a temporary staging table).
 INCREMENTAL_POINTS = (
-    "after-snapshot-export",
     "mid-extract",
-    "task-before-commit",
     "after-staging-copy",
     "mid-merge",
     "after-merge-before-state",
     "state-before-rename",
 )
+# The same batch the general way, on Spark: an exported snapshot, a staging table of
+# `_replicator` that a kill after the copy leaves behind.
+GENERAL_BATCH_POINTS = ("after-snapshot-export", "after-staging-copy")
 # A `cdc` table's run, draining the slot (its loads pass FULL_RELOAD_POINTS).
 CAPTURE_POINTS = (
     "cdc-after-stage",

@@ -4,8 +4,9 @@ Each case: a first sync, changes in the source, a sync killed (SIGKILL) at the p
 process of its own), then a sync to completion. After it the destination equals the source
 row for row (md5 of each row by key), no key appears twice, `_replicator` holds no side or
 staging table, and the state file parses. Copies run in the replicator process here (fast,
-and the kill hits the process that runs the point); the Spark path's executor-side kill
-has its own case.
+and the kill hits the process that runs the point), but for the incremental batch's general
+way, which the killed run takes on Spark; the Spark path's executor-side kill has its own
+case.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import json
 import pytest
 from dbcompare import assert_same_table, leftovers
 from engines import IN_PROCESS
-from failpoint_paths import FULL_RELOAD_POINTS, INCREMENTAL_POINTS
+from failpoint_paths import FULL_RELOAD_POINTS, GENERAL_BATCH_POINTS, INCREMENTAL_POINTS
 from psycopg import sql
 
 from replicator.base.identifiers import TableName
@@ -23,11 +24,20 @@ from replicator.base.identifiers import TableName
 pytestmark = pytest.mark.spark
 
 
+SPARK = "on-spark"
 CASES = [
-    *[("full-refresh", p) for p in FULL_RELOAD_POINTS],
-    *[("incremental-deduped", p) for p in INCREMENTAL_POINTS],
-    *[("incremental-append", p) for p in INCREMENTAL_POINTS],
+    *[("full-refresh", p, "") for p in FULL_RELOAD_POINTS],
+    *[("incremental-deduped", p, "") for p in INCREMENTAL_POINTS],
+    *[("incremental-append", p, "") for p in INCREMENTAL_POINTS],
+    *[("incremental-deduped", p, SPARK) for p in GENERAL_BATCH_POINTS],
 ]
+# Where the killed run leaves a table of its own behind (the next run drops it).
+LEAVES_A_TABLE = {
+    ("after-staging-copy", SPARK),
+    ("after-load-before-swap", ""),
+    ("task-before-commit", ""),
+    ("after-swap-commit", ""),
+}
 
 
 def _create(source_conn, schema: str) -> None:
@@ -66,8 +76,12 @@ def _leftovers(dest_conn, schema: str) -> list[str]:
     return leftovers(dest_conn, [TableName(schema, "t")])
 
 
-@pytest.mark.parametrize(("mode", "point"), CASES, ids=[f"{m}-{p}" for m, p in CASES])
-def test_a_kill_at_the_point_converges(db_project, source_conn, dest_conn, schema, mode, point):
+@pytest.mark.parametrize(
+    ("mode", "point", "engine"), CASES, ids=["-".join(filter(None, case)) for case in CASES]
+)
+def test_a_kill_at_the_point_converges(
+    db_project, source_conn, dest_conn, schema, mode, point, engine
+):
     _create(source_conn, schema)
     table = {"name": f"{schema}.t", "mode": mode}
     if mode != "full-refresh":
@@ -76,14 +90,10 @@ def test_a_kill_at_the_point_converges(db_project, source_conn, dest_conn, schem
     first = db_project.run("sync", env=IN_PROCESS)  # only the killed run needs its process
     assert first.exit_code == 0, first.output
     _change(source_conn, schema, mode)
-    killed = db_project.run_process("sync", env={**IN_PROCESS, "REPLICATOR_FAILPOINT": point})
+    on = {} if engine == SPARK else IN_PROCESS
+    killed = db_project.run_process("sync", env={**on, "REPLICATOR_FAILPOINT": point})
     assert killed.returncode == -9, f"the run did not reach {point}: {killed.stderr}"
-    if point in (
-        "after-staging-copy",
-        "after-load-before-swap",
-        "task-before-commit",
-        "after-swap-commit",
-    ):
+    if (point, engine) in LEAVES_A_TABLE:
         assert _leftovers(dest_conn, schema), "the killed run left its table behind"
     again = db_project.run("sync", env=IN_PROCESS)
     assert again.exit_code == 0, again.output
@@ -101,15 +111,14 @@ def test_a_kill_at_the_point_converges(db_project, source_conn, dest_conn, schem
 def test_a_reload_after_a_killed_batch_leaves_no_staging_table(
     db_project, source_conn, dest_conn, schema
 ):
-    """An incremental run killed with its staging table in place, then a full reload and
-    no-ops (the soak found this order): nothing is left behind."""
+    """An incremental run killed with its staging table in place (the general way, on
+    Spark), then a full reload and no-ops (the soak found this order): nothing is left
+    behind."""
     _create(source_conn, schema)
     db_project.write_config({"tables": [{"name": f"{schema}.t", "replication_key": "updated_at"}]})
     assert db_project.run("sync", env=IN_PROCESS).exit_code == 0
     _change(source_conn, schema, "incremental-deduped")
-    killed = db_project.run_process(
-        "sync", env={**IN_PROCESS, "REPLICATOR_FAILPOINT": "after-staging-copy"}
-    )
+    killed = db_project.run_process("sync", env={"REPLICATOR_FAILPOINT": "after-staging-copy"})
     assert killed.returncode == -9 and _leftovers(dest_conn, schema)
     assert db_project.run("sync", "-f", env=IN_PROCESS).exit_code == 0
     assert db_project.run("sync", env=IN_PROCESS).exit_code == 0

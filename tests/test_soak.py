@@ -25,6 +25,7 @@ from failpoint_paths import (
     DELETE_POINTS,
     EXECUTOR_POINTS,
     FULL_RELOAD_POINTS,
+    GENERAL_BATCH_POINTS,
     INCREMENTAL_POINTS,
     RESUME_POINTS,
 )
@@ -77,7 +78,9 @@ def _one_sync(
         kill_after = rng.uniform(0.1, 0.95) * log.typical_seconds[spark]
     elif roll < 0.42:
         point = rng.choice(
-            FULL_RELOAD_POINTS if refresh else INCREMENTAL_POINTS + DELETE_POINTS + CAPTURE_POINTS
+            FULL_RELOAD_POINTS
+            if refresh
+            else INCREMENTAL_POINTS + GENERAL_BATCH_POINTS + DELETE_POINTS + CAPTURE_POINTS
         )
         run_env["REPLICATOR_FAILPOINT"] = point
     started = time.monotonic()

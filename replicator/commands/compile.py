@@ -58,8 +58,8 @@ def compile_tables(
     ):
         if dest_note and not as_json:
             click.echo(f"-- {dest_note}\n")
-        inputs = Inputs(conn, dest, (source_url, ""), project.settings)
-        read_ahead(conn, dest, tables)
+        ahead = read_ahead(conn, dest, tables)
+        inputs = Inputs(conn, dest, (source_url, ""), project.settings, ahead)
         for table in tables:
             try:
                 compiled = _compile_table(project, inputs, table, resync)
@@ -335,7 +335,9 @@ def _compile_table(
     resync: KeyBounds | None,
 ) -> CompiledTable:
     state = project.planning_state(table)
-    planned = plan_now(inputs.source, inputs.dest, table, project.templates, state)
+    planned = plan_now(
+        inputs.source, inputs.dest, table, project.templates, state, ahead=inputs.ahead
+    )
     if table.mode == "cdc":  # what the sync fails such a table for, before any plan
         problem = capture_problem(
             inputs.source,

@@ -215,7 +215,7 @@ def _observe_live(
         if source is None:
             notes.append("next action, lag and source_max from sync-state alone (see above)")
             return notes
-        read_ahead(source, dest, tables)
+        ahead = read_ahead(source, dest, tables)
         # The newest keys come from the models: a slow one must not make status hang. Set
         # once for the session, not per table (four statements a table became one).
         execute(
@@ -228,7 +228,7 @@ def _observe_live(
             if row["last_status"] == "error":
                 continue
             try:
-                planned = plan_now(source, dest, table, project.templates, state)
+                planned = plan_now(source, dest, table, project.templates, state, ahead=ahead)
                 if table.mode == "cdc":  # what the sync fails such a table for, first
                     problem = capture_problem(
                         source, planned.source, planned.built, project.cdc_tables

@@ -5,18 +5,25 @@ action from that."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import psycopg
 from psycopg import sql
 
+from ..base.errors import DatabaseError
 from ..base.identifiers import TableName
-from ..postgres import prefetch
 from ..postgres.catalog import TableInfo, describe_table
 from ..postgres.database import execute
 from ..postgres.naming import MARK_COLUMN
-from ..postgres.ownership import Ownership, classify, not_owned_fix, read_records, taken_fix
+from ..postgres.ownership import (
+    Ownership,
+    classify,
+    not_owned_fix,
+    read_records,
+    records_now,
+    taken_fix,
+)
 from ..postgres.partition_tree import holding_rows
 from ..project.config import TableConfig
 from ..project.state import TableState
@@ -26,6 +33,7 @@ from .decide import Plan, plan_table
 from .inspect_table import inspect_source
 from .model_change import ChildTablesChanged, ModelChanged, ShapingChanged, model_change
 from .partition_change import PartitionsChanged, behind_cursor, leaf_changes, partitions_change
+from .read_ahead import NOTHING_READ, ReadAhead
 from .schema_diff import Change, MarkColumnChanged, describe, diff
 from .signature import Signature, destination_signature, read_signature
 from .table_sql import TableSql, fitting_cursor
@@ -72,14 +80,22 @@ def observe(
     built: TableSql,
     source: TableInfo,
     state: TableState | None,
+    ahead: ReadAhead = NOTHING_READ,
 ) -> Observed:
     """The source's signature now, the destination table, and how both drifted (the
-    destination is not looked at without a connection to it)."""
+    destination is not looked at without a connection to it); what `ahead` read is not
+    read again."""
     signature = read_signature(source_conn, source, built)
-    destination = describe_table(dest_conn, table.target) if dest_conn is not None else None
+    target = table.target
+    known = ahead.destinations is not None and target in ahead.destinations
+    destination = None
+    if dest_conn is not None:
+        destination = ahead.destinations[target] if known else describe_table(dest_conn, target)
     ownership: Ownership = "missing"
     if dest_conn is not None and destination is not None:
-        records = read_records(dest_conn, table.target, destination.oid)
+        records = ahead.records.get(target) if known else None
+        if records is None:
+            records = read_records(dest_conn, target, destination.oid)
         ownership = classify(True, records, state)
     schema_changes: list[Change] = []
     destination_changes: list[Change] = []
@@ -87,7 +103,9 @@ def observe(
     changed_leaves = None
     has_rows = None
     if dest_conn is not None and destination is not None and table.mode != "full-refresh":
-        has_rows = destination_has_rows(dest_conn, table.target)
+        has_rows = ahead.has_rows.get(target) if known else None
+        if has_rows is None:
+            has_rows = destination_has_rows(dest_conn, target)
     stored = state.schema_signature if state else None
     if stored and table.mode != "full-refresh":
         before = Signature.from_json(stored)
@@ -127,9 +145,6 @@ def observe(
 
 def destination_has_rows(dest_conn: psycopg.Connection[Any], target: TableName) -> bool:
     """Whether the destination table holds at least one row (reads one, at most)."""
-    found, has_rows = prefetch.take(dest_conn, "has_rows", target)
-    if found:
-        return bool(has_rows)
     (found,) = execute(
         dest_conn, sql.SQL("SELECT EXISTS (SELECT FROM {})").format(target.identifier())
     ).fetchone()
@@ -199,12 +214,40 @@ def plan_now(
     templates: Templates,
     state: TableState | None,
     full_refresh: bool = False,
+    ahead: ReadAhead = NOTHING_READ,
 ) -> Planned:
     """Inspect the table and its model on the source, observe the destination (when
-    connected) and decide: what `sync` will do, as `compile`, `status` and `check` show it."""
-    source, built = inspect_source(source_conn, table, templates)
-    observed = observe(source_conn, dest_conn, table, built, source, state)
+    connected) and decide: what `sync` will do, as `compile`, `status` and `check` show it.
+    What `ahead` read for the whole run is taken from it."""
+    source, built = inspect_source(source_conn, table, templates, ahead)
+    observed = observe(source_conn, dest_conn, table, built, source, state, ahead)
     plan = plan_observed(
         table, state, observed, full_refresh, destination_known=dest_conn is not None
     )
     return Planned(source, built, observed, plan)
+
+
+def recheck(
+    dest_conn: psycopg.Connection[Any],
+    table: TableConfig,
+    state: TableState | None,
+    planned: Planned,
+    full_refresh: bool = False,
+) -> Planned | None:
+    """A plan made earlier in the run (the no-op screen's), brought up to date under the
+    table's lock: what can change in between is read again, in one statement: whose the
+    destination table is, and whether it holds rows. None: plan the table again, because
+    its destination table is not the one planned (dropped, replaced), or its source is
+    partitioned (leaves may have come or gone since)."""
+    observed = planned.observed
+    destination = observed.destination
+    if destination is None or planned.source.kind == "partitioned table":
+        return None
+    try:
+        oid, has_rows, records = records_now(dest_conn, table.target)
+    except DatabaseError:  # the table, or replicator's registry, is gone
+        return None
+    if oid != destination.oid:
+        return None
+    now = replace(observed, ownership=classify(True, records, state), destination_has_rows=has_rows)
+    return replace(planned, observed=now, plan=plan_observed(table, state, now, full_refresh))

@@ -14,6 +14,7 @@ from ..postgres.catalog import Column, TableInfo, describe_query, describe_table
 from ..postgres.types.type_closure import holds_text_copied
 from ..project.config import TableConfig
 from ..project.templates import Templates
+from .read_ahead import NOTHING_READ, ReadAhead
 from .selection import source_tables
 from .shaping import Shaping, readable_columns, shape_model, shaping_of
 from .table_sql import TableProblem, TableSql, build_table_sql
@@ -27,12 +28,19 @@ def inspect_table(
 
 
 def inspect_source(
-    conn: psycopg.Connection[Any], table: TableConfig, templates: Templates
+    conn: psycopg.Connection[Any],
+    table: TableConfig,
+    templates: Templates,
+    ahead: ReadAhead = NOTHING_READ,
 ) -> tuple[TableInfo, TableSql]:
-    """The source table as the catalog describes it, and the table's statements."""
+    """The source table as the catalog describes it (or as `ahead` read it), and the
+    table's statements."""
     if table.problem is not None:  # a pattern's match that cannot be synced (selection.py)
         raise TableProblem(table.problem)
-    source = describe_table(conn, table.source)
+    sources = ahead.sources
+    source = (
+        sources[table.source] if table.source in sources else describe_table(conn, table.source)
+    )
     if source is None:
         near = near_table(conn, table.source)
         fix = f"did you mean {near}? Fix its name" if near else "create it, or fix its name"

@@ -15,7 +15,6 @@ from psycopg import sql
 
 from ..base.errors import DatabaseError
 from ..base.identifiers import TableName
-from . import prefetch
 from .database import execute, fetch_all, transaction
 
 
@@ -186,9 +185,6 @@ KINDS = {
 def describe_table(conn: psycopg.Connection[Any], name: TableName) -> TableInfo | None:
     """The table's columns and primary key (else its usable unique index); None when it
     does not exist."""
-    found, info = prefetch.take(conn, "table", name)
-    if found:
-        return info
     rows = fetch_all(conn, _DESCRIBE, (name.schema, name.name))
     if not rows:
         return None
@@ -198,17 +194,14 @@ def describe_table(conn: psycopg.Connection[Any], name: TableName) -> TableInfo 
 def describe_tables(
     conn: psycopg.Connection[Any], names: Sequence[TableName]
 ) -> dict[TableName, TableInfo | None]:
-    """Describe these tables in one round trip; each `describe_table` of one of them then
-    takes its description (once) instead of reading the catalog."""
+    """`describe_table` of these tables in one round trip."""
     if not names:
         return {}
     rows = fetch_all(conn, _DESCRIBE_MANY, ([n.schema for n in names], [n.name for n in names]))
     found = {
         TableName(row[0], row[1]): _info(conn, TableName(row[0], row[1]), *row[2:]) for row in rows
     }
-    described = {name: found.get(name) for name in names}
-    prefetch.put_many(conn, "table", described)
-    return described
+    return {name: found.get(name) for name in names}
 
 
 def _info(

@@ -52,3 +52,17 @@ def drop_table(name: TableName, *, if_exists: bool = True) -> sql.Composed:
     return sql.SQL("DROP TABLE {}{}").format(
         sql.SQL("IF EXISTS " if if_exists else ""), name.identifier()
     )
+
+
+def drop_tables(names: Iterable[TableName]) -> sql.Composed:
+    """One DROP TABLE IF EXISTS of them all."""
+    return sql.SQL("DROP TABLE IF EXISTS {}").format(
+        sql.SQL(", ").join(name.identifier() for name in names)
+    )
+
+
+def create_temporary_table(name: str, columns: Iterable[Column]) -> sql.Composed:
+    """A table of the session's own, dropped as its transaction ends (COMMIT or not)."""
+    return sql.SQL("CREATE TEMPORARY TABLE {} ({}) ON COMMIT DROP").format(
+        sql.Identifier(name), sql.SQL(", ").join(column_def(c) for c in columns)
+    )

@@ -16,7 +16,8 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from .database import Step, fetch_all, run_steps
+from ..base.identifiers import TableName
+from .database import Step, execute, fetch_all, run_steps
 from .ddl import create_schema
 from .naming import INTERNAL_SCHEMA, MARKER_TABLE, OWNED_TABLE, RESUME_TABLE
 
@@ -47,19 +48,48 @@ def missing_schemas(conn: psycopg.Connection[Any], schemas: Iterable[str]) -> li
     return [s for s in wanted if s not in existing]
 
 
+BOOKKEEPING = ((MARKER_TABLE, MARKER_DDL), (OWNED_TABLE, OWNED_DDL), (RESUME_TABLE, RESUME_DDL))
+
+
+def missing_objects(
+    conn: psycopg.Connection[Any], schemas: Iterable[str]
+) -> tuple[list[str], list[TableName]]:
+    """The schemas of `schemas` that do not exist, in the order given, and the bookkeeping
+    tables that do not, in one statement."""
+    wanted = list(dict.fromkeys(schemas))
+    existing, absent = execute(
+        conn,
+        "SELECT ARRAY(SELECT nspname::text FROM pg_catalog.pg_namespace "
+        "WHERE nspname = ANY(%s)), "
+        "ARRAY(SELECT t FROM unnest(%s::text[]) AS t WHERE to_regclass(t) IS NULL)",
+        (wanted, [table.sql() for table, _ in BOOKKEEPING]),
+    ).fetchone()
+    gone = set(absent)
+    return (
+        [s for s in wanted if s not in set(existing)],
+        [table for table, _ in BOOKKEEPING if table.sql() in gone],
+    )
+
+
 def schema_steps(missing: Iterable[str]) -> list[Step]:
     """CREATE SCHEMA for each schema found missing (only those need CREATE on the database)."""
     return [Step("destination", create_schema(schema)) for schema in missing]
 
 
-def bookkeeping_steps(missing: Iterable[str]) -> list[Step]:
-    """`_replicator` (when it is among the missing schemas) with its marker and ownership
-    tables."""
+def bookkeeping_steps(
+    missing: Iterable[str], tables: Iterable[TableName] | None = None
+) -> list[Step]:
+    """`_replicator` (when it is among the missing schemas) with the bookkeeping `tables`
+    found missing (`missing_objects`; all three when not looked for): created once per
+    database, not once per table."""
+    absent = None if tables is None else set(tables)
     return [
         *schema_steps(s for s in missing if s == INTERNAL_SCHEMA),
-        Step("destination", MARKER_DDL),
-        Step("destination", OWNED_DDL),
-        Step("destination", RESUME_DDL),
+        *(
+            Step("destination", ddl)
+            for table, ddl in BOOKKEEPING
+            if absent is None or table in absent
+        ),
     ]
 
 
@@ -69,5 +99,5 @@ def ensure_schemas(conn: psycopg.Connection[Any], schemas: Iterable[str]) -> Non
 
 
 def ensure_bookkeeping(conn: psycopg.Connection[Any]) -> None:
-    """`_replicator` with its marker and ownership tables."""
-    run_steps(conn, bookkeeping_steps(missing_schemas(conn, [INTERNAL_SCHEMA])))
+    """`_replicator` with its bookkeeping tables, each created where it is missing."""
+    run_steps(conn, bookkeeping_steps(*missing_objects(conn, [INTERNAL_SCHEMA])))

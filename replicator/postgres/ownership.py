@@ -29,7 +29,6 @@ from psycopg import sql
 from ..base.identifiers import INTERNAL_SCHEMA, TableName
 from ..project.config import TableConfig
 from ..project.state import TableState
-from . import prefetch
 from .database import Step, execute, fetch_all, run_steps, transaction
 from .dest_schema import ensure_bookkeeping
 from .naming import OWNED_TABLE
@@ -91,9 +90,6 @@ def classify(exists: bool, records: Records, state: TableState | None) -> Owners
 def read_records(dest: psycopg.Connection[Any], target: TableName, oid: int | None) -> Records:
     """The registry's rows for the table now at `target` (none when the registry does not
     exist yet, or `oid` says there is no table)."""
-    found, records = prefetch.take(dest, "records", (target, oid))
-    if found:
-        return records
     if oid is None:
         return Records(False, False)
     return _read(dest, [target])[0]
@@ -101,15 +97,11 @@ def read_records(dest: psycopg.Connection[Any], target: TableName, oid: int | No
 
 def read_many_records(
     dest: psycopg.Connection[Any], tables: Mapping[TableName, int | None]
-) -> None:
-    """`read_records` of these (destination table, OID) pairs in one statement; each is
-    then taken once instead of read."""
+) -> dict[TableName, Records]:
+    """`read_records` of these (destination table, OID) pairs in one statement."""
     present = [target for target, oid in tables.items() if oid is not None]
     found = dict(zip(present, _read(dest, present), strict=True)) if present else {}
-    records = {
-        (target, oid): found.get(target, Records(False, False)) for target, oid in tables.items()
-    }
-    prefetch.put_many(dest, "records", records)
+    return {target: found.get(target, Records(False, False)) for target in tables}
 
 
 def _read(dest: psycopg.Connection[Any], targets: list[TableName]) -> list[Records]:
@@ -121,6 +113,24 @@ def _read(dest: psycopg.Connection[Any], targets: list[TableName]) -> list[Recor
     params = {"schemas": [t.schema for t in targets], "names": [t.name for t in targets]}
     rows = fetch_all(dest, query, params)
     return [Records(bool(this), bool(same), bool(other)) for this, same, other in rows]
+
+
+# `_RECORDS` of one table, with the OID of the table now at its name and whether it holds a
+# row: an error (undefined table) when the table or the registry is gone.
+_RECORDS_NOW = _RECORDS.replace(
+    "SELECT o.table_oid", "SELECT c.oid, EXISTS (SELECT FROM {target}), o.table_oid", 1
+)
+
+
+def records_now(dest: psycopg.Connection[Any], target: TableName) -> tuple[int, bool, Records]:
+    """The OID of the table at `target`, whether it holds a row, and the registry's records
+    of it, in one statement; a DatabaseError when the table or the registry is gone."""
+    query = sql.SQL(_RECORDS_NOW).format(
+        registry=OWNED_TABLE.identifier(), target=target.identifier()
+    )
+    params = {"schemas": [target.schema], "names": [target.name]}
+    oid, has_rows, this, same, other = fetch_all(dest, query, params)[0]
+    return int(oid), bool(has_rows), Records(bool(this), bool(same), bool(other))
 
 
 def record_owned(dest: psycopg.Connection[Any], target: TableName) -> None:

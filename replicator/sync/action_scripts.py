@@ -16,6 +16,7 @@ import psycopg
 from psycopg import sql
 
 from ..plan.decide import Plan
+from ..plan.read_ahead import NOTHING_READ, ReadAhead
 from ..plan.table_sql import TableSql, fitting_cursor
 from ..postgres.catalog import TableInfo
 from ..postgres.database import Step, execute
@@ -42,6 +43,7 @@ from .full_load.resume import (
 from .incremental.batch import batch_for, batch_tasks
 from .scripts import (
     DestinationFacts,
+    direct_batch,
     end_load_steps,
     key_steps,
     merge_steps,
@@ -88,6 +90,7 @@ class Inputs:
     dest: psycopg.Connection[Any] | None
     urls: tuple[str, str]
     settings: Settings
+    ahead: ReadAhead = NOTHING_READ  # the catalogs read for all the command's tables
 
 
 def action_scripts(
@@ -216,12 +219,15 @@ def _incremental(
     in_process = not choice.spark_for(rows)
     # sync counts the batch only where Spark may take it (table_actions._incremental)
     batch = batch_for(built, state, rows if choice.spark_for(1 << 62) else 0, in_process, resync)
+    target = built.table.target
+    unfinished_steps = abandon_steps(target) if unfinished else []  # sync drops it first
+    if batch.direct:
+        return [*unfinished_steps, *direct_batch(built, batch.query, inputs.ahead.leftovers).steps]
     parallelism = 1 if in_process else _spark_cores(inputs.settings, ActionScripts([]))
     tasks = batch_tasks(inputs.source, SNAPSHOT, inputs.urls, built, batch, LOAD_ID, parallelism)
-    target = built.table.target
     merged = len(tasks) if batch.parts > 1 else 1  # in parts: each merged as it lands
     return [
-        *(abandon_steps(target) if unfinished else []),  # sync drops it first
+        *unfinished_steps,
         *staging_steps(built, facts, batch.parts),
         *start_load_steps(built.table.target),
         Tasks(

@@ -15,6 +15,7 @@ from ..base.redact import mask_values, redact
 from ..plan.cursor import ProbeResult
 from ..plan.decide import Plan
 from ..plan.drift import Observed, Planned
+from ..plan.read_ahead import NOTHING_READ, ReadAhead
 from ..plan.table_sql import TableSql
 from ..postgres.catalog import TableInfo
 from ..postgres.database import Endpoints
@@ -34,6 +35,18 @@ class KeyBounds:
 
     since: str
     until: str | None = None
+
+
+@dataclass(frozen=True)
+class EarlyPlan:
+    """A table planned before its turn: by the no-op screen, which found it changed
+    (sync/noop_screen.py, with its probe), or by the capture's set-up (sync/cdc/setup.py).
+    The table's sync takes the plan while its state is still `state`, and reads again under
+    its lock only what can change meanwhile (plan/drift.recheck)."""
+
+    state: TableState | None
+    planned: Planned
+    probe: ProbeResult | None = None
 
 
 class RunContext:
@@ -75,13 +88,24 @@ class RunContext:
         self.said_gone = False
         self.state_unwritten = False  # the run's deferred states could not be written
         self.warnings: list[str] = []  # for someone to act on: in the webhook too
-        # tables the screen found changed (sync/noop_screen.py): the state it probed from,
-        # and the probe, which the table's sync uses when its state is still that one
-        self.screened: dict[str, tuple[TableState, ProbeResult]] = {}
+        # tables planned before their turn, by written name
+        self.early: dict[str, EarlyPlan] = {}
+        # the catalogs read for all the run's tables at once (plan/read_ahead.py), and the
+        # tables whose first plan took its facts
+        self.ahead: ReadAhead = NOTHING_READ
+        self._planned: set[str] = set()
         # the tool's slot was found lost (its copies reload): the run exits 1 all the same
         self.slot_lost: str | None = None
         # `sync --follow`: decides whether a run's webhook is posted (follow.py)
         self.notify: Callable[[dict[str, Any], bool], None] | None = None
+
+    def ahead_for(self, table: TableConfig) -> ReadAhead:
+        """The read-ahead facts for a table's first plan in the run; a later plan of it
+        (after its reload in this run, say) reads the catalogs again."""
+        if table.written_name in self._planned:
+            return NOTHING_READ
+        self._planned.add(table.written_name)
+        return self.ahead
 
 
 @dataclass(frozen=True)

@@ -8,8 +8,9 @@ incremental on a copy the tool owns, no unfinished reload, on a plain run (no `-
 `--since`, `--deletes`). A table with `deletes` whose delete check is due is screened when
 its copy holds as many rows as its model reads (probe_many.counts_match: one count a side,
 fifty tables a statement), which is its delete check's answer when nothing was deleted.
-Everything else, and every table the screen finds changed, goes through the run's usual
-steps, planned again under its lock.
+Everything else goes through the run's usual steps, planned under its lock; a table the
+screen finds changed keeps the screen's plan, and only what can change is read again under
+its lock (plan/drift.recheck).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from ..postgres.database import Endpoints
 from ..project.config import TableConfig
 from ..report.output import SyncOutput
 from ..report.results import TableResult, utc_now
-from .context import RunContext, TableJob
+from .context import EarlyPlan, RunContext, TableJob
 from .full_load.resume import unfinished_targets
 from .probe_many import counts_match, probe_many
 from .table_actions import finish_noop
@@ -58,7 +59,7 @@ def screen_noops(
     for job in jobs:
         found = probed.get(job.name)
         if found is not None and found.changed:  # its sync need not count its rows again
-            run.screened[job.name] = (job.state, found)
+            run.early[job.name] = EarlyPlan(job.state, job.planned, found)
         if found is None or found.changed or job.name in unchecked:
             continue
         job = dataclasses.replace(job, started=time.monotonic())  # its own time alone
@@ -84,7 +85,9 @@ def _candidate(
     try:
         if table.target.sql() in unfinished_targets(ends.dest):
             return None
-        planned = plan_now(ends.source, ends.dest, table, run.project.templates, state)
+        planned = plan_now(
+            ends.source, ends.dest, table, run.project.templates, state, ahead=run.ahead_for(table)
+        )
     except (ReplicatorError, psycopg.Error):
         return None  # its own sync says why
     if planned.plan.action != "incremental" or planned.observed.ownership != "owned":

@@ -29,7 +29,7 @@ from ..base.interrupts import raise_if_requested, stop_requested, stop_signal_na
 from ..base.redact import redact
 from ..cdc.source.unused_slot import unused_slot
 from ..plan.decide import Plan
-from ..plan.drift import plan_now
+from ..plan.drift import plan_now, recheck
 from ..plan.read_ahead import read_ahead
 from ..postgres.database import Endpoints, connect
 from ..postgres.ownership import adopt_legacy, bookkeeping_gone
@@ -180,7 +180,7 @@ def _sync_all(
             ends = Endpoints(source, dest, connections.source, connections.destination)
             # before a table (or the capture's set-up) creates the registry again
             run.bookkeeping_gone = bookkeeping_gone(dest)
-            read_ahead(source, dest, tables)
+            run.ahead = read_ahead(source, dest, tables)
             cdc = any(t.mode == "cdc" for t in run.project.config.tables)
             capture = CaptureRun(run) if cdc else None
             if not cdc and (unused := unused_slot(source, run.project)) is not None:
@@ -360,6 +360,8 @@ def _sync_table(
     except ReplicatorError as exc:  # the lock's own connection
         result = failure(table, one_line(exc), time.monotonic() - started)
         record_failure(run, table, state, started_at, result)
+    finally:
+        run.early.pop(table.written_name, None)  # planned again if it comes round again
     _log_result(run, result)
     return result
 
@@ -381,14 +383,26 @@ def _sync_locked_table(
     output: SyncOutput,
     capture: CaptureRun | None,
 ) -> TableResult | None:
-    """Plan the table and carry the plan out (its destination lock held); a failure is
-    recorded in its state and returned as the result. None: a `cdc` table that goes on from
-    the log, deferred to the run's drain (capture_run.py)."""
+    """Plan the table (or bring the screen's plan up to date) and carry the plan out, its
+    destination lock held; a failure is recorded in its state and returned as the result.
+    None: a `cdc` table that goes on from the log, deferred to the run's drain
+    (cdc/cdc_run.py)."""
     plan: Plan | None = None
     try:
-        planned = plan_now(
-            ends.source, ends.dest, table, run.project.templates, state, run.full_refresh
-        )
+        early = run.early.get(table.written_name)
+        planned = None
+        if early is not None and early.state == state:
+            planned = recheck(ends.dest, table, state, early.planned, run.full_refresh)
+        if planned is None:
+            planned = plan_now(
+                ends.source,
+                ends.dest,
+                table,
+                run.project.templates,
+                state,
+                run.full_refresh,
+                ahead=run.ahead_for(table),
+            )
         plan = planned.plan
         if plan.action == "fail":
             raise TableProblem(f"{table.written_name}: {plan.reason}; {plan.fix}")

@@ -8,6 +8,7 @@ align) are gathered first, into `DestinationFacts`; values known only while a ru
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,10 +20,12 @@ from ..cdc.apply.applied import record_applied_step
 from ..plan.table_sql import TableSql
 from ..postgres import ddl
 from ..postgres.database import Step
-from ..postgres.dest_schema import bookkeeping_steps, missing_schemas, schema_steps
-from ..postgres.naming import derived_name, retired_table, staging_tables
+from ..postgres.dest_schema import bookkeeping_steps, missing_objects, schema_steps
+from ..postgres.naming import derived_name, retired_table, staging_table, staging_tables
 from ..postgres.ownership import record_owned_steps
 from ..postgres.types.dest_types import type_work
+from ..transfer.copy_stream import SOURCE_BEGIN
+from ..transfer.copy_tasks import copy_tasks
 from ..transfer.markers import forget_loads_step, forget_markers_step
 
 MAINTENANCE_WORK_MEM = "512MB"
@@ -34,6 +37,7 @@ class DestinationFacts:
 
     missing: tuple[str, ...]  # schemas to create: the table's, its types', `_replicator`
     types: tuple[Step, ...]  # the table's user-defined types, created or aligned
+    bookkeeping: tuple[TableName, ...] | None = None  # missing ones (None: not looked for)
 
     @classmethod
     def read(
@@ -48,10 +52,12 @@ class DestinationFacts:
         Without `types` (an incremental batch, which creates no type), only `_replicator`
         is looked for."""
         if not types:
-            return cls(tuple(missing_schemas(dest, [INTERNAL_SCHEMA])), ())
+            schemas, tables = missing_objects(dest, [INTERNAL_SCHEMA])
+            return cls(tuple(schemas), (), tuple(tables))
         work = type_work(source, dest, built.columns)
         wanted = [built.table.target.schema, *work.schemas, INTERNAL_SCHEMA]
-        return cls(tuple(missing_schemas(dest, wanted)), tuple(work.steps))
+        schemas, tables = missing_objects(dest, wanted)
+        return cls(tuple(schemas), tuple(work.steps), tuple(tables))
 
     @property
     def user_schemas(self) -> list[str]:
@@ -103,7 +109,7 @@ def prepare_steps(
     )
     return [
         *schema_steps(facts.user_schemas),
-        *bookkeeping_steps(facts.missing),
+        *bookkeeping_steps(facts.missing, facts.bookkeeping),
         *facts.types,
         _destination(ddl.drop_table(retired_table(target))),
         # an incremental run killed after creating its staging table, whose next actions
@@ -160,7 +166,7 @@ def staging_steps(built: TableSql, facts: DestinationFacts, parts: int = 1) -> l
     table a killed swap left aside."""
     target = built.table.target
     return [
-        *bookkeeping_steps(facts.missing),
+        *bookkeeping_steps(facts.missing, facts.bookkeeping),
         _destination(ddl.drop_table(retired_table(target))),
         *(_destination(ddl.drop_table(table)) for table in staging_tables(target)),
         *(
@@ -192,6 +198,64 @@ def merge_steps(built: TableSql, merged: int = 1, staged: int = 1) -> list[Step]
     ]
 
 
+# A batch staged in a temporary table: the session's own schema, whatever its number.
+TEMPORARY_SCHEMA = "pg_temp"
+
+
+@dataclass(frozen=True)
+class DirectBatch:
+    """The statements of a batch this process copies whole on the run's own two sessions
+    (sync/incremental/direct_batch.py), each kept apart for the sync to run in its place.
+    `steps` is the order they run in, as `compile` prints it; the reads between them (the
+    open transactions, the newest key, the new cursor's fingerprint) are not part of it."""
+
+    drop: Step | None  # what a killed run of the general way left (the run's read ahead)
+    create: Step  # the temporary staging table, dropped as the merge's transaction ends
+    copy_in: Step
+    copy_out: Step
+    merge: Step
+    staging: TableName  # the temporary table, as the merge and the checks name it
+    origin: str  # the model the rows come from, for a copy's errors
+
+    @property
+    def steps(self) -> list[Step]:
+        return [
+            *([self.drop] if self.drop is not None else []),
+            _destination("BEGIN"),
+            self.create,
+            Step("source", SOURCE_BEGIN),
+            self.copy_in,
+            self.copy_out,
+            Step("source", "ROLLBACK"),
+            self.merge,
+            _destination("COMMIT"),
+        ]
+
+
+def direct_batch(
+    built: TableSql, query: sql.Composable, leftovers: Iterable[TableName]
+) -> DirectBatch:
+    """A batch's statements when this process copies it whole (`query`: its rows)."""
+    target = built.table.target
+    staging = TableName(TEMPORARY_SCHEMA, staging_table(target).name)
+    (task,) = copy_tasks(
+        "", "", "", "", [query], (staging.schema, staging.name), [c.name for c in built.columns]
+    )
+    merge = built.merge_from(staging)
+    assert merge is not None
+    left = set(leftovers)
+    gone = [t for t in (retired_table(target), *staging_tables(target)) if t in left]
+    return DirectBatch(
+        drop=_destination(ddl.drop_tables(gone)) if gone else None,
+        create=_destination(ddl.create_temporary_table(staging.name, built.columns)),
+        copy_in=_destination(task.copy_in),
+        copy_out=Step("source", task.copy_out),
+        merge=_destination(merge),
+        staging=staging,
+        origin=built.model.origin,
+    )
+
+
 def drop_staging_steps(built: TableSql, parts: int = 1) -> list[Step]:
     return [
         _destination(ddl.drop_table(table)) for table in staging_tables(built.table.target, parts)
@@ -217,7 +281,7 @@ def start_steps(
         ]
     )
     return [
-        *bookkeeping_steps(facts.missing),
+        *bookkeeping_steps(facts.missing, facts.bookkeeping),
         _destination("BEGIN"),
         *create,
         *record_owned_steps(built.table.target),

@@ -139,9 +139,9 @@ def _incremental(job: TableJob) -> TableResult:
     assert state is not None
     before = state.cursor.value if state.cursor else None
     signature = job.observed.signature.as_json()
-    screened = job.run.screened.pop(job.name, None)
-    if screened is not None and screened[0] == state:  # changed since, under the lock, or not
-        probed = screened[1]  # the screen's count, a moment old: the batch reads what is there
+    early = job.run.early.pop(job.name, None)
+    if early is not None and early.probe is not None and early.state == state:
+        probed = early.probe  # the screen's count, a moment old: the batch reads all there
     else:
         probed = probe(job.ends.source, job.built, state)
     if not probed.changed:
@@ -153,7 +153,15 @@ def _incremental(job: TableJob) -> TableResult:
         spark = job.run.spark
         rows = batch_size(job.ends.source, job.built, state) if spark.may_choose() else 0
     with job.output.progress(job.name) as progress:
-        synced = incremental_sync(job.ends, job.built, state, job.run.spark, rows, progress)
+        synced = incremental_sync(
+            job.ends,
+            job.built,
+            state,
+            job.run.spark,
+            rows,
+            progress,
+            leftovers=job.run.ahead.leftovers,
+        )
     after = synced.cursor.value if synced.cursor else None
     reason = f"cursor {before or 'none'} -> {after or 'none'}"
     result = job.success("incremental", synced.rows_read, reason, synced.bytes, before, after)
@@ -271,7 +279,16 @@ def _resync(job: TableJob) -> TableResult:
         job.ends.source, sql.SQL("SELECT count(*) FROM ({}) AS b").format(batch)
     ).fetchone()
     with job.output.progress(job.name) as progress:
-        synced = incremental_sync(job.ends, job.built, state, job.run.spark, rows, progress, bounds)
+        synced = incremental_sync(
+            job.ends,
+            job.built,
+            state,
+            job.run.spark,
+            rows,
+            progress,
+            bounds,
+            job.run.ahead.leftovers,
+        )
     reason = f"cursor {cursor} kept; re-sync {span}"
     result = job.success("incremental", synced.rows_read, reason, synced.bytes, cursor, cursor)
     job.write_state(state.model_copy(update={"last_run": job.outcome(result, utc_now())}))

@@ -35,7 +35,7 @@ _FINISHED = sql.SQL(
 ).format(MARKER_TABLE.identifier())
 _RUNNING = (
     "SELECT coalesce(sum(tuples_processed), 0), coalesce(sum(bytes_processed), 0) "
-    "FROM pg_catalog.pg_stat_progress_copy WHERE relid = to_regclass(%s)"
+    "FROM pg_catalog.pg_stat_progress_copy WHERE relid = to_regclass(%s) OR pid = %s"
 )
 
 
@@ -86,12 +86,15 @@ def watch_copy(
     parts: int,
     estimated_rows: int | None,
     sink: Sink,
+    *,
+    pid: int | None = None,
 ) -> Iterator[None]:
-    """Report the copy into `table` to `sink` until the block ends."""
+    """Report the copy into `table` to `sink` until the block ends. `pid`: the session that
+    copies, for a temporary table (which no other session finds by its name)."""
     if not sink.active:
         yield
         return
-    watcher = _Watcher(dest_url, table, load_id, parts, estimated_rows, sink)
+    watcher = _Watcher(dest_url, table, load_id, parts, estimated_rows, sink, pid)
     watcher.start()
     try:
         yield
@@ -108,8 +111,9 @@ class _Watcher:
         parts: int,
         estimated_rows: int | None,
         sink: Sink,
+        pid: int | None = None,
     ) -> None:
-        self.dest_url, self.table, self.load_id = dest_url, table, load_id
+        self.dest_url, self.table, self.load_id, self.pid = dest_url, table, load_id, pid
         self.parts, self.estimated_rows, self.sink = parts, estimated_rows, sink
         self.started = time.monotonic()
         self.best = (0, 0)  # counts only grow: a task that just finished is in neither view
@@ -125,8 +129,11 @@ class _Watcher:
         self._thread.join(timeout=5)
 
     def _run(self) -> None:
+        if self._stop.wait(POLL_SECONDS):  # a copy over by its first poll needs no session
+            return
         try:
             with connect(self.dest_url, "destination") as conn:
+                self.sink.update(self._poll(conn))
                 while not self._stop.wait(POLL_SECONDS):
                     self.sink.update(self._poll(conn))
         except (ReplicatorError, psycopg.Error) as exc:  # progress is never worth a failure
@@ -135,7 +142,7 @@ class _Watcher:
     def _poll(self, conn: psycopg.Connection[Any]) -> Counts:
         done, rows, size = fetch_all(conn, _FINISHED, (self.load_id,))[0]
         try:
-            running_rows, running_bytes = fetch_all(conn, _RUNNING, (self.table.sql(),))[0]
+            running_rows, running_bytes = fetch_all(conn, _RUNNING, (self.table.sql(), self.pid))[0]
         except ReplicatorError:  # PostgreSQL before 14 has no COPY progress view
             running_rows = running_bytes = 0
         return self._counts(int(rows + running_rows), int(size + running_bytes), int(done))

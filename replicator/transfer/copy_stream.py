@@ -128,10 +128,15 @@ def run_copy_task(task: CopyTask) -> CopyResult:
         return _copy_once(task)
 
 
+def task_errors(task: CopyTask) -> contextlib.AbstractContextManager[None]:
+    """A task's failure as a TaskError that names its side (and the model read)."""
+    return copy_errors(task.origin)
+
+
 @contextlib.contextmanager
-def task_errors(task: CopyTask) -> Iterator[None]:
-    """A copy's failure as a TaskError that names its side (and the model read)."""
-    where = f" (reading {task.origin})" if task.origin else ""
+def copy_errors(origin: str) -> Iterator[None]:
+    """A copy's failure as a TaskError that names its side (and `origin`, the model read)."""
+    where = f" (reading {origin})" if origin else ""
     try:
         yield
     except _SourceFailure as exc:
@@ -203,43 +208,51 @@ def _source_snapshot(task: CopyTask) -> Iterator[psycopg.Connection]:
 
 
 def _stream(task: CopyTask, dest: psycopg.Connection) -> tuple[int, int]:
-    """Read COPY data with libpq directly and write it on in 1 MiB blocks.
-
-    psycopg's Copy iterator costs Python work per row; raw get_copy_data() plus large
-    writes halves the CPU a task spends, which is what limits a load on a small machine.
-    Errors of the source's libpq calls become _SourceFailure; the rest are the destination's.
-    """
-    size = 0
+    """The task's partition, read inside the run's snapshot and written into `dest`."""
     with _source_snapshot(task) as source:
         if task.names:
             (schemas,) = execute(source, SCHEMAS).fetchone()
             execute(dest, SEARCH_PATH, (_quoted_path(schemas),))
-        in_cursor = dest.cursor()
-        note(dest, task.copy_in)
-        with in_cursor.copy(task.copy_in) as into:
-            pgconn = _start_copy_out(source, task.copy_out)
-            buffer, read, consume = bytearray(), pgconn.get_copy_data, pgconn.consume_input
-            while True:
-                try:
-                    count, data = read(1)
-                    if count == 0:  # libpq's buffer is empty: wait for the socket
-                        _wait_readable(pgconn)
-                        consume()
-                        continue
-                except psycopg.Error as exc:
-                    raise _source_failure(exc) from None
-                if count < 0:
-                    break
-                buffer += data
-                if len(buffer) >= WRITE_BLOCK:
-                    size += len(buffer)
-                    into.write(buffer)
-                    buffer = bytearray()
-            failpoint("mid-extract")  # read, not all of it written: outside the hot loop
-            if buffer:
+        return stream_between(source, dest, task.copy_out, task.copy_in)
+
+
+def stream_between(
+    source: psycopg.Connection, dest: psycopg.Connection, copy_out: str, copy_in: str
+) -> tuple[int, int]:
+    """Run `copy_out` on the source and `copy_in` on the destination, each in the
+    transaction its connection is in, the bytes passed on unparsed; the rows and bytes.
+
+    Read with libpq directly and written on in 1 MiB blocks: psycopg's Copy iterator costs
+    Python work per row, and raw get_copy_data() plus large writes halves the CPU a copy
+    spends, which is what limits a load on a small machine. Errors of the source's libpq
+    calls become _SourceFailure; the rest are the destination's."""
+    size = 0
+    in_cursor = dest.cursor()
+    note(dest, copy_in)
+    with in_cursor.copy(copy_in) as into:
+        pgconn = _start_copy_out(source, copy_out)
+        buffer, read, consume = bytearray(), pgconn.get_copy_data, pgconn.consume_input
+        while True:
+            try:
+                count, data = read(1)
+                if count == 0:  # libpq's buffer is empty: wait for the socket
+                    _wait_readable(pgconn)
+                    consume()
+                    continue
+            except psycopg.Error as exc:
+                raise _source_failure(exc) from None
+            if count < 0:
+                break
+            buffer += data
+            if len(buffer) >= WRITE_BLOCK:
                 size += len(buffer)
                 into.write(buffer)
-            _end_copy_out(pgconn)
+                buffer = bytearray()
+        failpoint("mid-extract")  # read, not all of it written: outside the hot loop
+        if buffer:
+            size += len(buffer)
+            into.write(buffer)
+        _end_copy_out(pgconn)
     return in_cursor.rowcount, size
 
 

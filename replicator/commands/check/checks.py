@@ -17,7 +17,7 @@ from ...base.redact import redact
 from ...plan.cursor import cursor_limits
 from ...plan.drift import plan_now
 from ...plan.inspect_table import inspect_table, near_table
-from ...plan.read_ahead import read_ahead
+from ...plan.read_ahead import NOTHING_READ, ReadAhead, read_ahead
 from ...plan.selection import expand_project, has_patterns, without_patterns
 from ...postgres.catalog import TableInfo, describe_table, leading_index_columns
 from ...postgres.database import connect, execute, fetch_all
@@ -81,8 +81,7 @@ def run_checks(project: Project, ping: bool = False) -> list[Finding]:
             findings.extend(capture_findings(source, project))
         if dest is not None:
             findings.extend(_destination_privileges(dest, project))
-        if source is not None:
-            read_ahead(source, dest, project.config.tables)
+        ahead = read_ahead(source, dest, project.config.tables) if source is not None else None
         for table in project.config.tables:
             found = list(_check_state(project, table))
             if source is not None:
@@ -94,7 +93,7 @@ def run_checks(project: Project, ping: bool = False) -> list[Finding]:
                 # the plan of a table found failing is not what its next sync does: it fails
                 found.extend(
                     f
-                    for f in _check_plan(source, dest, table, project)
+                    for f in _check_plan(source, dest, table, project, ahead or NOTHING_READ)
                     if not failing or f.level != "ok"
                 )
                 found.extend(extension_findings(source, dest, table, project))
@@ -441,13 +440,14 @@ def _check_plan(
     dest: psycopg.Connection[Any],
     table: TableConfig,
     project: Project,
+    ahead: ReadAhead,
 ) -> Iterator[Finding]:
     """The table's next sync as `sync` will decide it; a planned failure (a destination
     table replicator does not own, a schema change under on_schema_change fail) is an
     error with its fix. Problems on the source side were reported above."""
     try:
         state = project.store.read(table.name)
-        planned = plan_now(source, dest, table, project.templates, state)
+        planned = plan_now(source, dest, table, project.templates, state, ahead=ahead)
     except ReplicatorError:
         return
     plan = planned.plan

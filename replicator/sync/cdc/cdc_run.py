@@ -1,9 +1,10 @@
 """The `cdc` tables of one run (docs/how-it-works/cdc.md).
 
-1. Set-up, once (capture_setup.py): the slot and publication names (sync-state/cdc.json),
-   the publication listing the `cdc` tables, the slot (created when missing; a lost one is
-   made again and every `cdc` table reloads with reason `slot lost`).
-2. Each selected table is planned like any other (run.py); a full reload loads it from a
+1. Set-up, once (setup.py): the slot and publication names (sync-state/cdc.json), the
+   publication listing the `cdc` tables, the slot (created when missing; a lost one is
+   made again and every `cdc` table reloads with reason `slot lost`). Each selected table
+   is planned for it, and the plan kept for the table's turn (context.EarlyPlan).
+2. Each selected table's plan is carried out like any other (run.py); a full reload loads it from a
    snapshot with its log position (cdc/source/slot_snapshot.py), one that goes on from the log
    is deferred here.
 3. Once every table was planned: one drain of the slot for the deferred tables
@@ -24,7 +25,7 @@ from typing import Any
 import psycopg
 
 from ...base.errors import Interrupted, ReplicatorError, TableLocked, TableProblem, one_line
-from ...base.identifiers import INTERNAL_SCHEMA
+from ...base.identifiers import INTERNAL_SCHEMA, TableName
 from ...cdc.apply.applied import applied_positions, forget_applied
 from ...cdc.capture_table import CaptureTable
 from ...cdc.drain import drain
@@ -42,7 +43,7 @@ from ...cdc.source.slot import (
 )
 from ...cdc.source.slot_health import slot_alarm
 from ...plan.decide import Plan
-from ...plan.drift import Planned, destination_has_rows
+from ...plan.drift import Planned, destination_has_rows, plan_now
 from ...postgres import ddl
 from ...postgres.catalog import taken_names
 from ...postgres.database import Endpoints, execute
@@ -54,7 +55,7 @@ from ...project.config import TableConfig
 from ...project.settings import HASH_SALT
 from ...project.state import LSN_CURSOR_TYPE, Cursor, TableState
 from ...report.results import TableResult, utc_now
-from ..context import RunContext, TableJob, failure, record_failure
+from ..context import EarlyPlan, RunContext, TableJob, failure, record_failure
 from ..scripts import side_table
 from .setup import set_up_capture
 
@@ -84,7 +85,8 @@ class CaptureRun:
                 log.warning("cdc: the replication slot is not moved: %s", one_line(exc))
             return
         try:
-            self.names, lost = set_up_capture(self.run.project, ends, selected)
+            planned = self._plan(ends, selected)
+            self.names, lost = set_up_capture(self.run.project, ends, selected, planned)
             if lost is not None:  # remade, its copies reloading: said, and the run exits 1
                 self.run.slot_lost = lost
                 self.run.warnings.append(lost)
@@ -94,6 +96,30 @@ class CaptureRun:
             log.error("%s", self.setup_error)
             with contextlib.suppress(ReplicatorError):  # the slot still moves, if it exists
                 self.names = self.run.project.capture_names()
+
+    def _plan(self, ends: Endpoints, selected: tuple[TableConfig, ...]) -> dict[TableName, Planned]:
+        """The selected `cdc` tables planned once, for the set-up and for their turn; a
+        table that cannot be is left to its turn, which says why."""
+        run = self.run
+        planned: dict[TableName, Planned] = {}
+        for table in selected:
+            if table.mode != "cdc":
+                continue
+            try:
+                state = run.project.store.read(table.name)
+                early = plan_now(
+                    ends.source,
+                    ends.dest,
+                    table,
+                    run.project.templates,
+                    state,
+                    ahead=run.ahead_for(table),
+                )
+            except (ReplicatorError, psycopg.Error):
+                continue
+            run.early[table.written_name] = EarlyPlan(state, early)
+            planned[table.name] = early
+        return planned
 
     # ------------------------------------------------------------ 2. planning
 

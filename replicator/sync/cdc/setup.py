@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import logging
 import shlex
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 
 import psycopg
 
@@ -35,6 +35,7 @@ from ...cdc.source.slot import (
     wrong_plugin,
 )
 from ...cdc.source.slot_health import dba_slot_text, lost_text
+from ...plan.drift import Planned
 from ...plan.inspect_table import inspect_source
 from ...postgres.database import Endpoints
 from ...project.cdc_state import (
@@ -80,12 +81,16 @@ def _in_the_log(state: TableState | None) -> bool:
 
 
 def set_up_capture(
-    project: Project, ends: Endpoints, selected: tuple[TableConfig, ...]
+    project: Project,
+    ends: Endpoints,
+    selected: tuple[TableConfig, ...],
+    planned: Mapping[TableName, Planned],
 ) -> tuple[CaptureState, str | None]:
     """Names, publication and slot, ready for the run's drain, and what to say of the tool's
     slot when it was found lost and made again (its copies reload; the run exits 1);
     ReplicatorError (or a database error) when they cannot be, which fails every selected
-    `cdc` table."""
+    `cdc` table. `planned`: the selected tables' plans (a table without one is inspected
+    here)."""
     problem = wal_level_problem(ends.source)
     if problem is not None:
         raise TableProblem(problem)
@@ -105,7 +110,7 @@ def set_up_capture(
         _warn_abandoned(stored, names)
         names = names.model_copy(update={"tables": followed})
         write_capture_state(project.state_dir, names)
-    listed = {t.name: _listing(project, ends, t) for t in selected}
+    listed = {t.name: _listing(project, ends, t, planned.get(t.name)) for t in selected}
     listings = {name: listing for name, (listing, _) in listed.items()}
     ready = [name for name, listing in listings.items() if listing is not None]
     # A table the source would refuse UPDATEs of while published (a partition created
@@ -173,13 +178,16 @@ def _rejoined(
 
 
 def _listing(
-    project: Project, ends: Endpoints, table: TableConfig
+    project: Project, ends: Endpoints, table: TableConfig, planned: Planned | None
 ) -> tuple[PublishedAs | None, bool]:
     """How the table joins the publication (its column list and row filter); None when it
     may not (run.py reports why, later), with whether the source would then refuse its (or
     a partition's) UPDATEs while it is published."""
     try:
-        info, built = inspect_source(ends.source, table, project.templates)
+        if planned is not None:
+            info, built = planned.source, planned.built
+        else:
+            info, built = inspect_source(ends.source, table, project.templates)
         if capture_problem(ends.source, info, built, project.cdc_tables) is not None:
             return None, refuses_changes(ends.source, info)
         shaping = built.shaping

@@ -1,14 +1,23 @@
-"""A table's incremental sync: probe without Spark, read the batch in one snapshot with
-Spark into a staging table, merge it in one destination transaction.
+"""A table's incremental batch: the rows at or past its cursor read in one snapshot, staged
+in the destination and merged in one destination transaction, and where the cursor goes.
 
-The probe compares a fingerprint of the source rows at or past the cursor with the one
-stored when they were last read: unchanged means a no-op, with no JVM started and nothing
-written in the destination.
+Two ways. The direct one, for a batch this process copies whole: the source reads it in one
+REPEATABLE READ transaction of the run's own session (no other session joins the read, so no
+snapshot is exported), and the destination stages it in a temporary table inside the merge's
+own transaction, dropped as that transaction ends: no staging table to create beforehand,
+drop afterwards or leave behind when the run is killed, and no marker, since nothing retries
+the copy. The general one, for a batch copied on Spark, in COPY's text form (whose names
+need the source's search_path on the destination) or staged in parts (merge_pipeline.py):
+an exported snapshot the copy tasks import, UNLOGGED staging tables in `_replicator`, a
+marker per task. Either way the open transactions are looked at right after the snapshot,
+then the newest key is read, the rows copied, and the new cursor and its fingerprint taken
+in the same snapshot.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,12 +37,24 @@ from ...project.state import Cursor, Pending, TableState, Window
 from ...spark.engine_choice import IN_PROCESS
 from ...spark.runner import SparkRunner
 from ...transfer.copy_progress import NO_PROGRESS, Sink, watch_copy
-from ...transfer.copy_stream import CopyResult, CopyTask
+from ...transfer.copy_stream import (
+    SOURCE_BEGIN,
+    CopyResult,
+    CopyTask,
+    copy_errors,
+    stream_between,
+)
 from ...transfer.copy_tasks import copy_tasks
 from ...transfer.markers import discard, forget_markers, new_load_id
 from ...transfer.partitions import KeyRange, range_predicate
 from ..context import KeyBounds
-from ..scripts import DestinationFacts, drop_staging_steps, staging_steps
+from ..scripts import (
+    DestinationFacts,
+    DirectBatch,
+    direct_batch,
+    drop_staging_steps,
+    staging_steps,
+)
 from .merge_pipeline import copy_and_merge, merge_errors, part_rows
 
 log = logging.getLogger(__name__)
@@ -73,6 +94,7 @@ class Batch:
     rows: int
     in_process: bool
     part_rows: int = 0
+    direct: bool = False  # copied whole by this process, on the run's sessions
 
     @property
     def parts(self) -> int:
@@ -106,7 +128,8 @@ def batch_for(
     query = batch_query(built.model.sql, key, key_type, since, until, with_nulls=with_nulls)
     keyed = batch_query(built.model.sql, key, key_type, since, until) if with_nulls else query
     each = part_rows(built, rows or _previous_batch(state), in_process)
-    return Batch(query, keyed, key, key_type, rows, in_process, each)
+    direct = in_process and not each and not built.copies_as_text
+    return Batch(query, keyed, key, key_type, rows, in_process, each, direct)
 
 
 def _previous_batch(state: TableState) -> int:
@@ -124,13 +147,18 @@ def incremental_sync(
     batch_rows: int,
     progress: Sink = NO_PROGRESS,
     resync: KeyBounds | None = None,
+    leftovers: frozenset[TableName] = frozenset(),
 ) -> IncrementalResult:
     """Read the batch (rows at or past the cursor) and merge it; return the new cursor.
 
     With `resync`, read that key range instead and leave cursor, pending and window as the
-    state has them (a bounded re-sync never moves the cursor)."""
+    state has them (a bounded re-sync never moves the cursor). `leftovers`: the staging
+    tables and retired copies a killed run left (plan/read_ahead.py), which the direct way
+    drops (the general way drops them whether they are there or not)."""
     assert built.merge is not None
     batch = batch_for(built, state, batch_rows, not spark.needed_for(batch_rows), resync)
+    if batch.direct:
+        return _direct(ends, built, state, batch, progress, resync, leftovers)
     if not batch.in_process:
         spark.warm_up()  # the JVM starts while the staging table is prepared
     facts = DestinationFacts.read(ends.source, ends.dest, built, types=False)
@@ -150,6 +178,59 @@ def incremental_sync(
     return IncrementalResult(
         copied.rows, merged, copied.bytes, read.cursor, read.pending, read.window
     )
+
+
+def _direct(
+    ends: Endpoints,
+    built: TableSql,
+    state: TableState,
+    batch: Batch,
+    progress: Sink,
+    resync: KeyBounds | None,
+    leftovers: frozenset[TableName],
+) -> IncrementalResult:
+    """The direct way: copied and merged on the run's two sessions (see above)."""
+    script = direct_batch(built, batch.query, leftovers)
+    dest, source = ends.dest, ends.source
+    if script.drop is not None:
+        run_steps(dest, [script.drop])
+    with transaction(dest):
+        run_steps(dest, [script.create])
+        with transaction(source, SOURCE_BEGIN, rollback=True):
+            seen = look(source)  # right after the snapshot: open_transactions.py
+            progress.phase("reading the batch's newest key from the model")
+            hwm = newest_key(source, batch.keyed, batch.key, batch.key_type)
+            progress.phase("copying")
+            copied = _copy_directly(ends, script, batch.rows, progress)
+            cursor, pending, window = state.cursor, state.pending, state.window
+            if resync is None:
+                progress.phase("computing the new cursor")
+                cursor, pending = advance(
+                    source, batch.key_type, cursor, pending, hwm, seen, built.table.lookback
+                )
+                window = fingerprint(source, built, cursor)
+        failpoint("after-staging-copy")
+        progress.phase("merging")
+        _say_repeated_keys(dest, built, script.staging)
+        with merge_errors(built):
+            merged = execute(dest, script.merge.statement).rowcount
+            failpoint("mid-merge")
+    log.debug("%s: merged, %d row(s) inserted or changed", built.table.written_name, merged)
+    return IncrementalResult(copied.rows, merged, copied.bytes, cursor, pending, window)
+
+
+def _copy_directly(ends: Endpoints, script: DirectBatch, rows: int, progress: Sink) -> CopyResult:
+    """The batch streamed from the source's transaction into the destination's."""
+    started = time.monotonic()
+    pid = ends.dest.info.backend_pid  # a temporary table: the watcher finds its COPY so
+    with (
+        watch_copy(ends.dest_url, script.staging, "", 1, rows, progress, pid=pid),
+        copy_errors(script.origin),
+    ):
+        copied, size = stream_between(
+            ends.source, ends.dest, script.copy_out.text, script.copy_in.text
+        )
+    return CopyResult(0, copied, size, time.monotonic() - started)
 
 
 def batch_tasks(
