@@ -7,8 +7,7 @@ STAMP := $(VENV)/.installed
 .PHONY: test demo soak lint format docs system-deps bench clean
 
 # --no-compile: Python compiles a module when it is first imported instead. pip compiled every
-# module it installed (pyspark's thousands, most never imported here): the install took 31 s
-# with that, 16 s without.
+# module it installed (pyspark's thousands, most never imported here): half the install.
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip

@@ -54,7 +54,7 @@ CREATE TABLE bench_orders (
   id bigint PRIMARY KEY, created_at timestamptz NOT NULL, customer_id int NOT NULL,
   note text, amount numeric(12,2), payload jsonb)
 """
-# About 350 bytes a row: the 1.7 GB, 5M-row table of ../shared/SPARK-NOTES.md.
+# About 350 bytes a row: 5M rows make a 1.7 GB table.
 FILL = """
 INSERT INTO bench_orders
 SELECT g, timestamptz '2026-01-01' + g * interval '1 second', g %% 100000,

@@ -298,11 +298,10 @@ def cdc_project(db_project, source_conn):
         )
 
 
-# The longest files, started first: `make test`'s two workers take whole files in collection
-# order, and a long file collected last would keep one worker busy after the other is done.
-# The suite's first Spark run: it leaves the driver's class archive to a detached build that
-# takes a minute of one core (spark/jvm_archive.py), and until it is there every driver
-# JVM starts without it (5 s more each).
+# The longest files, started first: `make test`'s workers take whole files in collection
+# order, and a long file collected last would keep one worker busy after the others are done.
+# The suite's first Spark run: it leaves the driver's class archive to a detached build
+# (spark/jvm_archive.py), and until it is there every driver JVM starts without it, slower.
 FIRST = "test_the_first_spark_run_leaves_the_archive_to_a_detached_build_later_runs_map"
 LONGEST_FIRST = (
     "test_spark_session.py",  # FIRST's file: the archive's build under way early

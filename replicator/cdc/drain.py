@@ -42,7 +42,7 @@ log = logging.getLogger("replicator.cdc")
 BATCH_CHANGES = 200_000  # messages per applied batch: the slot moves after each
 RELEASE_WAIT_S = 15
 # WAL enough for a table's changes to be made into rows many at once (cdc/rows/copy_block.py,
-# whose numpy takes about 0.18 s to import): it is imported beside the drain's start
+# whose numpy is a slow import): it is imported beside the drain's start
 BLOCK_WAL = 1 << 20
 
 

@@ -3,11 +3,11 @@ one is up (warm_client.py), else the CLI loaded here with the garbage collector 
 
 Loading the CLI creates hundreds of thousands of objects (modules, classes, pydantic models)
 and none of them is garbage, yet the collector would scan them again and again as they
-arrive: paused, a start took 0.43 s instead of 0.54 s here. They are then frozen (never
-scanned again) and the collector runs as usual for the command itself.
+arrive: paused, a start takes a fifth less. They are then frozen (never scanned again) and
+the collector runs as usual for the command itself.
 
-`--help` and `--version` need click alone: 0.07-0.09 s here instead of 0.36 with the
-project's modules (psycopg, pydantic, jinja2), which every other command loads here.
+`--help` and `--version` need click alone, a fraction of a start with the project's modules
+(psycopg, pydantic, jinja2), which every other command loads here.
 """
 
 from __future__ import annotations

@@ -52,8 +52,8 @@ def newest_key(
 
     Asked as the first row in descending order rather than as max(): right after a big
     write the planner's statistics say the batch has one row, and it then prefers an
-    aggregate over every row of the batch (a heap fetch each, 0.3-0.5 s for 60,000 rows)
-    to the index's last entry, which ORDER BY ... LIMIT 1 takes. Same order either way:
+    aggregate over every row of the batch (a heap fetch each) to the index's last
+    entry, which ORDER BY ... LIMIT 1 takes. Same order either way:
     both use the type's default ordering and the column's collation."""
     alias = sql.Identifier("_replicator_rows")
     ref = sql.SQL("{}.{}").format(alias, sql.Identifier(key))

@@ -133,12 +133,12 @@ def _plan(
         return Plan("full_reload", f"destination table altered: {destination_change}")
     if state.cursor is None:  # the last load found the source table empty
         return Plan("incremental", "cursor none (source was empty)")
-    if state.cursor.value.lower() in _NOT_FINITE:  # an older version's: no row is above it
+    if state.cursor.value.lower() in _NOT_FINITE:  # set by hand (--force): no row is above it
         return Plan("full_reload", f"cursor {state.cursor.value}: no later row could be read")
     return Plan("incremental", f"cursor {state.cursor.value}")
 
 
-# A cursor earlier versions could store from a key of `infinity` or NaN (sync/cursor.where_finite).
+# A cursor no key can pass: a sync never stores one (plan/cursor.finite_test), a hand may.
 _NOT_FINITE = frozenset(("infinity", "nan"))
 
 

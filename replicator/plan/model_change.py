@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from .salt import older_form, shown
+from .salt import shown
 from .schema_diff import Change
 from .signature import DEFAULT_MODEL, DEFAULT_MODEL_ALONE, Signature
 
@@ -68,7 +68,7 @@ def model_change(
 ) -> ModelChanged | ChildTablesChanged | ShapingChanged | None:
     """The model's change since the copy was loaded (its shaping first); None when it is the
     same in canonical form, or when the old signature predates model fingerprints."""
-    if old.shaping != new.shaping and old.shaping != older_form(new.shaping):
+    if old.shaping != new.shaping:
         return ShapingChanged(old.shaping, new.shaping)
     if old.model is None or new.model is None or old.model == new.model:
         return None

@@ -20,11 +20,6 @@ from ..project.settings import SALT_SETTING
 # table's signature (in its state file) holds a fingerprint of it, never the salt.
 _SALT = "SELECT nullif(current_setting(%s, true), '')"
 _salt_ids: weakref.WeakKeyDictionary[Any, str | None] = weakref.WeakKeyDictionary()
-# A state written before 2026-11-27 holds the salt's fingerprint of then: 12 hex digits of
-# SHA-256('replicator hash salt ' || salt), fast enough to guess a weak salt from. It is
-# still recognized for the salts this process fingerprints (no reload for it), and the next
-# state written holds the new one.
-_OLDER: dict[str, str] = {}
 _IN_TEXT = re.compile(r"\(salt ([0-9a-f]+)\)")
 
 
@@ -38,22 +33,11 @@ def salt_id(conn: psycopg.Connection[Any]) -> str | None:
 
 @functools.lru_cache(maxsize=8)
 def salt_fingerprint(salt: str) -> str:
-    """Which salt, not the salt: scrypt (slow and memory-hard by design: about 50 ms and
-    16 MiB a guess for whoever would guess a salt from it), 12 bytes in hex."""
-    found = hashlib.scrypt(
+    """Which salt, not the salt: scrypt (slow and memory-hard by design, for whoever
+    would guess a salt from it), 12 bytes in hex."""
+    return hashlib.scrypt(
         salt.encode(), salt=b"replicator: which hash salt", n=2**14, r=8, p=1, dklen=12
     ).hex()
-    older = hashlib.sha256(f"replicator hash salt {salt}".encode()).hexdigest()[:12]
-    _OLDER[found] = older
-    return found
-
-
-def older_form(shaping: str | None) -> str | None:
-    """A signature's shaping as a state written before the salt's fingerprint changed says
-    it, for the salts this process fingerprinted (None: nothing shaped)."""
-    if shaping is None:
-        return None
-    return _IN_TEXT.sub(lambda m: f"(salt {_OLDER.get(m[1], m[1])})", shaping)
 
 
 def shown(shaping: str | None) -> str | None:

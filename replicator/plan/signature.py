@@ -209,8 +209,8 @@ def _signed_leaves(
 
 def _alone(fingerprint: str, source: TableInfo) -> str:
     """The built-in model reads `ONLY t` while t has child tables (its text is not hashed):
-    a copy made when it read them too (before 2026-11-27) holds other rows, and reloads;
-    one made before t had any reloads once, needlessly."""
+    that is another model than `t` with its children's rows, so a copy made before t had
+    children reloads once when they come."""
     return (
         DEFAULT_MODEL_ALONE if fingerprint == DEFAULT_MODEL and source.has_children else fingerprint
     )

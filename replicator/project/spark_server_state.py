@@ -36,7 +36,7 @@ class ServerState:
     `instance`: a random id on the server's command line (a reused pid is not ours);
     `token`: what a client must present (anyone on this machine can reach 127.0.0.1);
     `session_id`: the server-side session every run attaches to, so that the Python workers
-    it forked stay warm between runs (a new session forks new ones: 0.6 s);
+    it forked stay warm between runs (a new session forks new ones);
     `parallelism`: its task slots, known at start (asking costs a job);
     `code`, `settings`: fingerprints of the replicator and the Spark settings it runs."""
 

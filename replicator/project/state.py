@@ -16,7 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 from ..base.errors import StateError, StateWriteError
 from ..base.failpoints import failpoint
@@ -60,17 +60,6 @@ class Pending(_Record):
     # `status` and the sync's log name when one is held open for long
     since: str | None = None
     pids: list[int] = []
-
-    @model_validator(mode="before")
-    @classmethod
-    def _from_xids(cls, data: Any) -> Any:
-        """A state written before `before` listed the xids in progress: waiting for every xid
-        up to the newest of them waits for at least those."""
-        if isinstance(data, dict) and "xids" in data and "before" not in data:
-            xids = [int(x) for x in data["xids"]]
-            data = {k: v for k, v in data.items() if k != "xids"}
-            data["before"] = str(max(xids, default=0) + 1)
-        return data
 
 
 class Window(_Record):
@@ -280,12 +269,12 @@ def write_atomically(directory: Path, path: Path, data: str) -> Path:
 
 def write_many_atomically(directory: Path, files: list[tuple[Path, str]]) -> None:
     """`write_atomically` for many files: every temp file written, then each fsynced (in
-    parallel: 1,000 files in 0.10-0.16 s here), then each renamed, then the folder fsynced
-    once. A crash leaves each old file or its new one, as one write at a time does.
+    parallel), then each renamed, then the folder fsynced once. A crash leaves each old file
+    or its new one, as one write at a time does.
 
     Not `syncfs`: it flushes everything the file system holds dirty, the databases' files
-    too when they share its disk: 0.40 s of a 1.28 s no-op run right after a 1% batch of a
-    2M-row table (bench/RESULTS.md, 2026-11-26), where an fsync of its one file takes 1-3 ms."""
+    too when they share its disk, which made a no-op run right after a big batch wait on
+    their write-back (bench/RESULTS.md), where an fsync of each file waits only for it."""
     written: list[tuple[Path, Path]] = []
     try:
         directory.mkdir(parents=True, exist_ok=True)

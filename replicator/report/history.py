@@ -27,7 +27,8 @@ from .history_rows import COLUMNS, RunRow
 
 log = logging.getLogger("replicator.history")
 
-# Column types, in RunRow's order (the pinned column order of DESIGN.md).
+# Column types, in RunRow's order: the column order readers of the table rely on
+# (docs/guides/metrics-and-report.md).
 TYPES = {
     "run_id": "text",
     "table_name": "text",

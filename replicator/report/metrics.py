@@ -44,9 +44,10 @@ class RunFigures:
 def registry_for(
     tables: Sequence[TableFigures], run: RunFigures, slots: Mapping[str, int]
 ) -> CollectorRegistry:
-    """Every series, with the names and labels DESIGN.md pins. prometheus_client is
-    imported here, by the runs that write the file: its import (with http.server and
-    urllib.request) costs a run without `metrics.textfile` tens of milliseconds."""
+    """Every series, with the names and labels docs/guides/metrics-and-report.md lists
+    (dashboards rely on them). prometheus_client is imported here, by the runs that write
+    the file: its import (with http.server and urllib.request) is one a run without
+    `metrics.textfile` does not pay."""
     from prometheus_client import CollectorRegistry, Gauge
 
     registry = CollectorRegistry()

@@ -102,7 +102,7 @@ def post(target: WebhookTarget, payload: dict[str, Any], within: float = 60.0) -
     if target.secret:
         headers[SIGNATURE_HEADER] = sign(body, target.secret)
     where = _safe_url(target.url)
-    import requests  # here: 40 ms of imports a run without a webhook does not pay
+    import requests  # here: imports a run without a webhook does not pay
     from tenacity import RetryError
 
     try:

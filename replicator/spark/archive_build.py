@@ -1,8 +1,8 @@
 """Dump Spark's driver class archive from a run's class list, detached from that run
 (jvm_archive.py): `python -I -S archive_build.py FINAL LIST JAVA [OPTION...]`.
 
-Standard library only, started with -I -S: the run waits for its first line, and it starts
-in about 20 ms. It copies the list (the run's JVM may still be adding to it), says `taken`
+Standard library only, started with -I -S: the run waits for its first line, so it must start
+at once. It copies the list (the run's JVM may still be adding to it), says `taken`
 so that the run drops its own, then runs `java -Xshare:dump` with the JVM's own options at
 low priority and renames the archive into place. Each of its files names its pid, so a run
 that finds them knows whether a build is still going. The dump's output goes to

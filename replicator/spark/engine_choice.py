@@ -40,7 +40,7 @@ FLOOR = 100_000  # below: a Spark start costs more than the copy (bench/RESULTS.
 DEFAULT_MIN_ROWS = 500_000  # a configured cluster or server, not measured yet
 TRY_LOCAL_ROWS = 2_000_000  # a local master on more than two cores, not measured yet
 # Smaller copies are mostly fixed cost (connections, COPY set-up, a warm JVM's job): a
-# 60,000-row copy here ran at a quarter of a 5M-row one's rate, which would make any engine
+# small copy runs at a fraction of a large one's rate, which would make any engine
 # measured on large copies look faster than one measured on small ones.
 MEASURED_ROWS = 500_000
 _WEIGHT = 0.5  # of a new measurement against the figures so far

@@ -1,12 +1,12 @@
 """A class-data archive (AppCDS) for Spark's driver JVM: with one, a `sync` of a small table
-through local Spark took 4.8-5.5 s instead of 7.8-8.5 here, the whole command (2026-11-27).
+through local Spark starts its JVM in a fraction of the time (bench/RESULTS.md).
 
 No run waits for it to be written. A run that finds none has its JVM list the classes it
 loads (`-XX:DumpLoadedClassList`, which costs nothing measurable); as the run ends, a
 detached process (archive_build.py) dumps those classes into a static archive at low
-priority, about 20 s of one core here, while the run's command has already exited. (Asking
-the JVM to write a dynamic archive at its exit instead cost that run 25 s, and a loaded
-machine killed the slow exit, so every run paid it again.)
+priority, while the run's command has already exited. (Asking the JVM to write a dynamic
+archive at its exit instead made that run's exit slow enough that a loaded machine killed
+it, so every run paid it again.)
 
 The archive is keyed by everything that must match (Java binary, pyspark version, the Spark
 home its class path comes from, jars, JVM flags), lives in `$REPLICATOR_CACHE_DIR` (default

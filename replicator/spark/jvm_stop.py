@@ -1,13 +1,13 @@
 """The driver JVM stopped before the CLI exits, not after it.
 
 Left alone, the JVM notices its parent is gone only when its stdin pipe breaks, and lingers
-for 0.5 to 3 s with Spark's Python workers (a cron wrapper or a container runtime would see
+for seconds with Spark's Python workers (a cron wrapper or a container runtime would see
 processes of a finished run). Stopping the context first ends the executors and their
 Python workers; closing the gateway's stdin then makes the JVM exit, running its shutdown
 hooks.
 
 pyspark's own stop waits for its accumulator thread, which looks for a stop once a second:
-0.86-0.97 s at the end of every Spark run here (2026-11-26). No job runs after the stop, so
+most of a second at the end of every Spark run. No job runs after the stop, so
 nothing is sent to that thread any more: it is told to end and not waited for.
 """
 
@@ -21,7 +21,7 @@ from typing import Any
 
 from ..base.interrupts import requested
 
-STOP_SECONDS = 30.0  # a clean stop and exit: about 0.3 s here
+STOP_SECONDS = 30.0  # a clean stop and exit takes a fraction of a second
 INTERRUPTED_SECONDS = 3.0  # after SIGTERM / SIGINT: then it is killed
 
 

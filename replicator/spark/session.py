@@ -27,12 +27,12 @@ DEBIAN_JDBC_JAR = Path("/usr/share/java/postgresql.jar")
 JDBC_PACKAGE = "org.postgresql:postgresql:42.7.4"
 DEFAULT_MASTER = "local[*]"
 # Neither the driver's nor an executor's JVM moves bytes (the Python workers stream COPY
-# through psycopg): C1 alone starts them sooner (a standalone run's two executors were ready
-# 9 s after it started instead of 13 on this 2-core machine).
+# through psycopg): C1 alone starts them sooner (a standalone run's executors were ready
+# about a third sooner).
 QUICK_JIT = "-XX:TieredStopAtLevel=1"
 # The driver holds no data either: the serial collector, unless the config names another
-# (two would stop the JVM at its start). A local run's JVM took 0.3 s and 0.4 CPU-seconds
-# less to start, run its job and stop (2026-11-27, five rounds each).
+# (two would stop the JVM at its start). A local run's JVM starts, runs its job and stops
+# sooner with it (bench/RESULTS.md: Spark without Spark SQL).
 DRIVER_GC = "-XX:+UseSerialGC"
 _NAMES_A_GC = re.compile(r"-XX:\+Use\w*GC\b")
 _UTC_JAVA = "-Duser.timezone=UTC"
@@ -53,8 +53,8 @@ BASE_CONF: Mapping[str, str] = {
     "spark.executor.extraJavaOptions": f"{_UTC_JAVA} {QUICK_JIT}",
     "spark.sql.shuffle.partitions": "8",
     # The only SQL a Connect session runs is a job over a few task numbers (task_job.py; a
-    # JVM here runs none): code generation and adaptive planning cost the first job about
-    # 0.4 s and save nothing.
+    # JVM here runs none): code generation and adaptive planning slow the first job down
+    # and save nothing.
     "spark.sql.codegen.wholeStage": "false",
     "spark.sql.codegen.factoryMode": "NO_CODEGEN",
     "spark.sql.adaptive.enabled": "false",

@@ -7,9 +7,8 @@ path: a Connect server unpacks artifacts in the session's working folder, a clus
 executor's, both under the same alias (executor_env.ALIAS).
 
 On a JVM of this process (`local[*]`, a cluster master) the job is an RDD's: no Spark SQL
-session at all, whose start, classes and planning cost a local run about 2 s and 3
-CPU-seconds more (a run's JVM took 6.9 s to start, run one job and stop with one, 4.9
-without; both with their class archive, jvm_archive.py). A Spark Connect server has no RDD
+session at all, whose start, classes and planning were a third of a local run's JVM time
+(bench/RESULTS.md: Spark without Spark SQL). A Spark Connect server has no RDD
 API: there it is `range(n)` in n partitions with a Python UDF over the task's number, not
 Arrow-optimised (a Connect server enables that by default), so the workers need neither
 pyarrow nor pandas, only what the shipped environment holds.

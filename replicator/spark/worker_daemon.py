@@ -1,14 +1,14 @@
 """Spark's Python worker daemon for local runs, importing the installed pyspark.
 
 Spark puts `pyspark.zip` first on its workers' PYTHONPATH. That zip holds no bytecode, so
-every worker compiles pyspark's modules again: about 0.7 s of each run's first Spark job,
-against 0.1 s from the installed package. In local mode the installed package is the very
+every worker compiles pyspark's modules again, most of the time of each run's first Spark
+job, where the installed package has its bytecode. In local mode the installed package is the very
 Spark that runs the job, so the zip entries move to the end of the path (still there as a
 fallback) and pyspark's own daemon runs as usual. Clusters keep Spark's default daemon.
 
 The daemon also imports the copy tasks' code (psycopg included) before it forks: a worker forked
 later, after an idle one was stopped (a minute idle) or for a new session of the warm
-server, starts with it loaded instead of importing it for 0.2-0.3 s.
+server, starts with it loaded instead of importing it.
 """
 
 from __future__ import annotations

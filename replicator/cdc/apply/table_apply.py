@@ -124,10 +124,9 @@ def _write(
     rest (inserts, and updates whose key the copy lacks) by an upsert; returns how many
     rows were written. `updates`: how many of the rows are updates, as the reader counted
     them staging a batch that holds every key once (None: counted here, in `rows`). An
-    UPDATE costs the destination less than an upsert's attempt to insert (a 160,000-row
-    batch into a 1M-row copy: 0.86-0.95 s against 1.03-1.59 s), when the planner is held to
-    look each key up: it would rather hash the batch and read the whole copy, which took
-    longer still (1.12-1.43 s), and gets slower as the copy grows."""
+    UPDATE costs the destination less than an upsert's attempt to insert, when the planner
+    is held to look each key up: it would rather hash the batch and read the whole copy,
+    which is slower still and gets slower as the copy grows (bench/RESULTS.md)."""
     target, columns = stage.target, stage.columns
     if updates is None:
         (updates,) = execute(dest, updates_query(rows, after)).fetchone()

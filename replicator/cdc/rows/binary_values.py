@@ -1,7 +1,7 @@
 """Whether a drain asks the source for values in their types' binary form (pgoutput's
 `binary`, PostgreSQL 14 and later), which COPY's binary format takes as they are: the
-walsender skips each type's text output and the destination its parsing (1M changes: the
-staging COPYs 1.2 s against 1.8 s), and nothing is escaped on the way.
+walsender skips each type's text output and the destination its parsing (the staging
+COPYs a third faster: bench/RESULTS.md), and nothing is escaped on the way.
 
 A binary value is only read right as the type that wrote it, and arrays name their element
 type by OID: so every table the drain stages must have only the built-in types below, of the

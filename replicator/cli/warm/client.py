@@ -1,7 +1,7 @@
 """A command handed to the warm helper (`replicator warm start`), when one is up.
 
-Starting Python and loading psycopg, pydantic, jinja2, click and the project's modules took
-0.4 s of a 1.6 s cron run of a 1% batch here. The helper has them loaded: it forks a child
+Starting Python and loading psycopg, pydantic, jinja2, click and the project's modules is a
+quarter of a small cron run (bench/RESULTS.md). The helper has them loaded: it forks a child
 that runs the command with this process's arguments, environment, folder, umask, nice value,
 CPU affinity, resource limits, stdin, stdout and stderr, and this process relays signals to
 it and exits with its exit code. With no helper up, the cost is one `stat`, and the command

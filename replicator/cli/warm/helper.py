@@ -350,7 +350,7 @@ def _run_exit_functions() -> None:
 
 
 def main(path: str) -> None:
-    # numpy (the log drain's rows, cdc/rows/copy_block.py: 0.18 s to import) loads OpenBLAS,
+    # numpy (the log drain's rows, cdc/rows/copy_block.py: a slow import) loads OpenBLAS,
     # which starts a thread per core unless told not to; the helper forks, so it keeps none.
     # Nothing here calls BLAS.
     os.environ["OPENBLAS_NUM_THREADS"] = "1"
