@@ -231,6 +231,19 @@ class ProjectDir:
         merged: dict[str, str | None] = {**self.env, **(env or {})}
         return CliRunner().invoke(cli, [*args, "--project-dir", str(self.path)], env=merged)
 
+    def sync(self, *args: str, env: dict[str, str | None] | None = None) -> Result:
+        """`replicator sync <args>`, in-process, which must succeed (its output said if not)."""
+        result = self.run("sync", *args, env=env)
+        assert result.exit_code == 0, result.output
+        return result
+
+    def configure(self, schema: str, *tables: str, top: dict[str, Any] | None = None, **entry):
+        """tables-config.json with these tables of `schema`, each with the keys `entry` gives
+        (`replication_key="updated_at"`, `mode="cdc"`...); `top`: the config's other keys."""
+        self.write_config(
+            {"tables": [{"name": f"{schema}.{t}", **entry} for t in tables], **(top or {})}
+        )
+
     def run_process(
         self, *args: str, env: dict[str, str] | None = None, drop: tuple[str, ...] = ()
     ) -> subprocess.CompletedProcess[str]:

@@ -11,6 +11,7 @@ import sys
 import uuid
 
 import pytest
+from cdc_tables import configure_cdc
 from dbcompare import assert_same_table
 from psycopg import sql
 from waiting import wait_for
@@ -154,12 +155,6 @@ def _changes(conn, table: sql.Identifier, rows: int) -> None:
         conn.execute(sql.SQL("UPDATE {} SET i4 = -1 WHERE id % 10 = 1").format(table))
 
 
-def _sync(project):
-    result = project.run("sync", "-v")
-    assert result.exit_code == 0, result.output
-    return result
-
-
 def test_the_binary_types_are_the_servers(source_conn):
     """Built-in types keep their OIDs from one server to the next: the list names them."""
     rows = source_conn.execute(
@@ -174,10 +169,10 @@ def test_every_binary_type_arrives_as_the_source_has_it(
     cdc_project, schema, writer, source_conn, dest_conn, rows
 ):
     table = _create(writer, schema, rows)
-    _config(cdc_project, schema, "typed")
-    _sync(cdc_project)
+    configure_cdc(cdc_project, schema, "typed")
+    cdc_project.sync("-v")
     _changes(writer, table, rows)
-    second = _sync(cdc_project)
+    second = cdc_project.sync("-v")
     assert BINARY in second.stderr, second.stderr
     assert "typed: incremental" in second.stderr, second.stderr
     assert assert_same_table(source_conn, dest_conn, schema, "typed") > rows
@@ -192,12 +187,12 @@ def test_a_drain_that_stages_an_enum_reads_text(
     writer.execute(sql.SQL("CREATE TYPE {} AS ENUM ('low', 'high')").format(level))
     table = _create(writer, schema, 1200, f", level {level.as_string(writer)} DEFAULT 'high'")
     plain = _plain(writer, schema)
-    _config(cdc_project, schema, "typed", "plain")
-    _sync(cdc_project)
+    configure_cdc(cdc_project, schema, "typed", "plain")
+    cdc_project.sync("-v")
     _changes(writer, table, 1200)
     writer.execute(sql.SQL("UPDATE {} SET level = 'low' WHERE id % 4 = 0").format(table))
     writer.execute(sql.SQL("UPDATE {} SET qty = qty * 1000 + 7").format(plain))
-    second = _sync(cdc_project)
+    second = cdc_project.sync("-v")
     assert BINARY not in second.stderr, second.stderr
     assert assert_same_table(source_conn, dest_conn, schema, "typed") > 1200
     assert assert_same_table(source_conn, dest_conn, schema, "plain") == 1500
@@ -210,8 +205,8 @@ def test_a_copy_altered_by_hand_just_before_the_drain_reads_text(
     plan, which reloads such a copy, and its drain) would read the source's binary value
     as its own type's, wrongly: the drain reads text, which that type's input reads."""
     plain = _plain(writer, schema)
-    _config(cdc_project, schema, "plain")
-    _sync(cdc_project)
+    configure_cdc(cdc_project, schema, "plain")
+    cdc_project.sync("-v")
     writer.execute(sql.SQL("UPDATE {} SET qty = qty * 1000 + 7").format(plain))
     pause = tmp_path / "pause"
     syncing = subprocess.Popen(
@@ -241,10 +236,6 @@ def _plain(conn, schema: str) -> sql.Identifier:
     return plain
 
 
-def _config(project, schema: str, *tables: str) -> None:
-    project.write_config({"tables": [{"name": f"{schema}.{t}", "mode": "cdc"} for t in tables]})
-
-
 @pytest.mark.parametrize("identity", ["default", "full"])
 def test_a_key_ending_in_a_zero_byte_is_one_key_in_both_row_paths(
     cdc_project, schema, writer, source_conn, dest_conn, identity
@@ -256,8 +247,8 @@ def test_a_key_ending_in_a_zero_byte_is_one_key_in_both_row_paths(
     writer.execute(sql.SQL("CREATE TABLE {} (id int PRIMARY KEY, v text)").format(table))
     if identity == "full":
         writer.execute(sql.SQL("ALTER TABLE {} REPLICA IDENTITY FULL").format(table))
-    _config(cdc_project, schema, "keyed")
-    _sync(cdc_project)
+    configure_cdc(cdc_project, schema, "keyed")
+    cdc_project.sync("-v")
     with writer.transaction():
         writer.execute(
             sql.SQL("INSERT INTO {} SELECT g, 'x' FROM generate_series(1, 2000) g").format(table)
@@ -268,7 +259,7 @@ def test_a_key_ending_in_a_zero_byte_is_one_key_in_both_row_paths(
             writer.execute(
                 sql.SQL("UPDATE {} SET id = id * 1000 WHERE id IN (256, 512)").format(table)
             )
-    second = _sync(cdc_project)
+    second = cdc_project.sync("-v")
     assert BINARY in second.stderr, second.stderr
     assert assert_same_table(source_conn, dest_conn, schema, "keyed") == 2000 - (
         2 if identity == "full" else 0

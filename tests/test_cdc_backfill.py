@@ -8,6 +8,7 @@ import json
 import uuid
 
 import pytest
+from cdc_tables import slot_of
 from dbcompare import assert_same_table, row_hashes
 from engines import IN_PROCESS
 from psycopg import sql
@@ -51,16 +52,6 @@ def _config(project, schema, *tables, skip=()):
     )
 
 
-def _sync(project, *args):
-    result = project.run("sync", *args)
-    assert result.exit_code == 0, result.output
-    return result
-
-
-def _slot(project):
-    return json.loads((project.path / "sync-state" / "cdc.json").read_text())["slot"]
-
-
 def _keys(conn, schema, table="orders"):
     query = sql.SQL("SELECT id FROM {} ORDER BY id").format(sql.Identifier(schema, table))
     return [row[0] for row in conn.execute(query).fetchall()]
@@ -80,7 +71,7 @@ def test_skip_adopts_the_copy_at_the_slot_position_and_applies_later_changes(
     compiled = project.run("compile")
     assert compiled.exit_code == 0, compiled.output
     assert "start without backfill" in compiled.stdout and "'<slot position>'" in compiled.stdout
-    first = _sync(project)
+    first = project.sync()
     assert "reason: no state: initial_load skip: destination table adopted, applies the log" in (
         first.stderr
     ), first.stderr
@@ -89,7 +80,7 @@ def test_skip_adopts_the_copy_at_the_slot_position_and_applies_later_changes(
     _run(writer, schema, "INSERT INTO {t} VALUES (1000, 'new', 1)")
     _run(writer, schema, "UPDATE {t} SET note = 'changed' WHERE id IN (2, 50)")
     _run(writer, schema, "DELETE FROM {t} WHERE id IN (3, 60)")
-    second = _sync(project)
+    second = project.sync()
     assert f"{schema}.orders: incremental" in second.stderr, second.stderr
     assert _keys(dest_conn, schema) == [1, 2, 4, 5, 50, 1000]
     source = row_hashes(source_conn, schema, "orders")
@@ -147,9 +138,9 @@ def test_restart_repair_writes_exactly_the_rows_changed_while_the_slot_was_gone(
     _create(writer, schema, rows=100)
     _create(writer, schema, "items", rows=10)
     _config(project, schema, "orders", "items")
-    _sync(project)
+    project.sync()
     oid = _oid(dest_conn, schema)
-    slot = _slot(project)
+    slot = slot_of(project)
     source_conn.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
     _change_while_the_slot_is_gone(writer, schema)
     status = project.run("status")
@@ -176,7 +167,7 @@ def test_restart_repair_writes_exactly_the_rows_changed_while_the_slot_was_gone(
     _run(writer, schema, "UPDATE {t} SET amount = 0 WHERE id IN (1, 50)")
     _run(writer, schema, "DELETE FROM {t} WHERE id = 1001")
     _run(writer, schema, "INSERT INTO {t} VALUES (10, 'back', 10)")
-    after = _sync(project)
+    after = project.sync()
     assert f"{schema}.orders: incremental" in after.stderr, after.stderr
     assert f"{schema}.items: noop" in after.stderr, after.stderr
     assert _oid(dest_conn, schema) == oid
@@ -189,8 +180,8 @@ def test_restart_without_repair_reloads_at_the_next_sync(
 ):
     _create(writer, schema, rows=20)
     _config(project, schema, "orders")
-    _sync(project)
-    slot = _slot(project)
+    project.sync()
+    slot = slot_of(project)
     source_conn.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
     _change_while_the_slot_is_gone(writer, schema)
     restarted = project.run("cdc", "restart")
@@ -201,11 +192,11 @@ def test_restart_without_repair_reloads_at_the_next_sync(
     ).fetchall()
     status = json.loads(project.run("status", "--json").stdout)
     assert status[0]["next_action"].startswith("full_reload: refresh requested"), status
-    synced = _sync(project)
+    synced = project.sync()
     assert f"{schema}.orders: full_reload" in synced.stderr
     assert "reason: refresh requested: cdc restart" in synced.stderr, synced.stderr
     _run(writer, schema, "UPDATE {t} SET note = 'later' WHERE id = 5")
-    again = _sync(project)
+    again = project.sync()
     assert f"{schema}.orders: incremental" in again.stderr, again.stderr
     assert assert_same_table(source_conn, dest_conn, schema, "orders") == 18
 
@@ -228,7 +219,7 @@ def test_restart_with_a_dba_slot_waits_for_the_dba_and_repairs_the_selected_copi
         tables = [{"name": f"{schema}.{t}", "mode": "cdc"} for t in ("orders", "items")]
         dba = {"slot": slot, "publication": slot, "create": False}
         project.write_config({"tables": tables, "cdc": dba})
-        _sync(project)
+        project.sync()
         source_conn.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
         _change_while_the_slot_is_gone(writer, schema)
         _run(writer, schema, "UPDATE {t} SET note = 'gone too' WHERE id = 1", table="items")
@@ -253,7 +244,7 @@ def test_restart_with_a_dba_slot_waits_for_the_dba_and_repairs_the_selected_copi
         ), restarted.stdout
         assert f"{schema}.items: the next sync reloads it (refresh requested)" in restarted.stdout
         _run(writer, schema, "UPDATE {t} SET amount = -2 WHERE id = 98")  # after it
-        synced = _sync(project)
+        synced = project.sync()
         assert f"{schema}.orders: incremental" in synced.stderr, synced.stderr
         assert f"{schema}.items: full_reload" in synced.stderr, synced.stderr
         assert assert_same_table(source_conn, dest_conn, schema, "orders") == 98

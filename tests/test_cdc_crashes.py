@@ -8,6 +8,7 @@ import re
 import time
 
 import pytest
+from cdc_tables import configure_cdc
 from dbcompare import assert_same_table
 from engines import IN_PROCESS
 from failpoint_paths import CAPTURE_POINTS, FULL_RELOAD_POINTS
@@ -47,10 +48,6 @@ def _change(conn, schema, round_):
         conn.execute(sql.SQL("DELETE FROM {} WHERE id %% 17 = %s").format(table), (round_,))
 
 
-def _config(project, schema):
-    project.write_config({"tables": [{"name": f"{schema}.t", "mode": "cdc"}]})
-
-
 def _kill_then_converge(project, point, before=None):
     """Kill a run at `point`; `before`, if given, reads the copy right after the kill."""
     killed = project.run_process("sync", env={**IN_PROCESS, "REPLICATOR_FAILPOINT": point})
@@ -67,7 +64,7 @@ def test_a_drain_killed_anywhere_converges(
     cdc_project, schema, writer, source_conn, dest_conn, point
 ):
     _create(writer, schema)
-    _config(cdc_project, schema)
+    configure_cdc(cdc_project, schema, "t")
     assert cdc_project.run("sync", env=IN_PROCESS).exit_code == 0
     _change(writer, schema, 1)
     done = _kill_then_converge(cdc_project, point, before=lambda: _change(writer, schema, 2))
@@ -85,7 +82,7 @@ def test_a_first_load_killed_anywhere_converges(
     cdc_project, schema, writer, source_conn, dest_conn, point
 ):
     _create(writer, schema)
-    _config(cdc_project, schema)
+    configure_cdc(cdc_project, schema, "t")
     _change(writer, schema, 1)
     _kill_then_converge(cdc_project, point)
     _change(writer, schema, 2)
@@ -103,7 +100,7 @@ def test_a_reload_killed_before_its_swap_leaves_no_side_table_after_the_next_dra
     side table the load filled is dropped then, not kept until some later reload (a
     newcomer trial found 13 MB left)."""
     _create(writer, schema)
-    _config(cdc_project, schema)
+    configure_cdc(cdc_project, schema, "t")
     assert cdc_project.run("sync", env=IN_PROCESS).exit_code == 0
     killed = cdc_project.run_process(
         "sync", "-f", env={**IN_PROCESS, "REPLICATOR_FAILPOINT": "after-load-before-swap"}
@@ -127,7 +124,7 @@ def test_a_drain_killed_between_the_parts_of_a_big_transaction_converges(
     holds 12,500) is applied in parts inside one destination transaction: killed after a
     part, the copy shows none of it, and the next run applies all of it once."""
     _create(writer, schema)
-    _config(cdc_project, schema)
+    configure_cdc(cdc_project, schema, "t")
     assert cdc_project.run("sync", env=IN_PROCESS).exit_code == 0
     table = sql.Identifier(schema, "t")
     with writer.transaction():
@@ -155,7 +152,7 @@ def test_a_long_drain_lets_go_of_each_batch_once_applied(
     re-reads less), and the next run converges. 60,000 changes in transactions of 1,000 make
     three batches (12,500 or more, then about as many as are left, twice)."""
     _create(writer, schema)
-    _config(cdc_project, schema)
+    configure_cdc(cdc_project, schema, "t")
     assert cdc_project.run("sync", env=IN_PROCESS).exit_code == 0
     slot = json.loads((cdc_project.path / "sync-state" / "cdc.json").read_text())["slot"]
     position = "SELECT confirmed_flush_lsn FROM pg_replication_slots WHERE slot_name = %s"

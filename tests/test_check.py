@@ -11,7 +11,7 @@ def tables(source_conn, schema):
     def create(name: str, ddl: str) -> None:
         source_conn.execute(sql.SQL("CREATE TABLE {} " + ddl).format(sql.Identifier(schema, name)))
 
-    # A NOT NULL key: a nullable one is a warning of its own (test_cursor_limits.py).
+    # A NOT NULL key: a nullable one is a warning of its own (test_cursor.py).
     create("good", "(id int PRIMARY KEY, updated_at timestamptz NOT NULL)")
     source_conn.execute(
         sql.SQL("CREATE INDEX ON {} (updated_at)").format(sql.Identifier(schema, "good"))

@@ -91,13 +91,8 @@ def _change(source_conn, schema):
     )
 
 
-def _config(project, schema, **table):
-    entry = {"name": f"{schema}.orders", "replication_key": "updated_at", **table}
-    project.write_config({"tables": [entry]})
-
-
 def test_full_reload(db_project, shop, dest_conn, sync_capturing):
-    _config(db_project, shop)
+    db_project.configure(shop, "orders", replication_key="updated_at")
     first_compiled = _compiled(db_project, "full_reload")
     assert sync_capturing(db_project) == first_compiled  # a first load: no table to replace
     dest_conn.execute(
@@ -115,7 +110,7 @@ def test_full_reload(db_project, shop, dest_conn, sync_capturing):
 
 @pytest.mark.parametrize("mode", ["incremental-deduped", "incremental-append"])
 def test_incremental(db_project, shop, source_conn, sync_capturing, mode):
-    _config(db_project, shop, mode=mode)
+    db_project.configure(shop, "orders", replication_key="updated_at", mode=mode)
     sync_capturing(db_project)
     _change(source_conn, shop)
     source_conn.execute(
@@ -127,14 +122,14 @@ def test_incremental(db_project, shop, source_conn, sync_capturing, mode):
 
 
 def test_start_without_backfill(db_project, shop, sync_capturing):
-    _config(db_project, shop, initial_load="skip")
+    db_project.configure(shop, "orders", replication_key="updated_at", initial_load="skip")
     compiled = _compiled(db_project, "start_without_backfill")
     assert any(text.startswith("CREATE TABLE") for _, text in compiled)
     assert sync_capturing(db_project) == compiled
 
 
 def test_resync_of_a_key_range(db_project, shop, sync_capturing):
-    _config(db_project, shop)
+    db_project.configure(shop, "orders", replication_key="updated_at")
     sync_capturing(db_project)
     args = ("-s", f"{shop}.orders", "--since", "2000-01-01", "--until", "2100-01-01")
     compiled = _compiled(db_project, "resync", *args)
@@ -148,7 +143,7 @@ def test_the_comparison_sees_a_statement_compile_does_not_print(
     say is caught."""
     from replicator.sync.full_load import load as full_load
 
-    _config(db_project, shop)
+    db_project.configure(shop, "orders", replication_key="updated_at")
     compiled = _compiled(db_project, "full_reload")
     prepare = full_load.prepare_destination
 

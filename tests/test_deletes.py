@@ -29,11 +29,6 @@ def _orders(conn, schema, rows=2000):
     )
 
 
-def _config(project, schema, **extra):
-    table = {"name": f"{schema}.orders", "replication_key": "updated_at", **extra}
-    project.write_config({"tables": [table]})
-
-
 def _source(conn, schema, statement):
     conn.execute(sql.SQL(statement).format(t=sql.Identifier(schema, "orders")))
 
@@ -52,7 +47,7 @@ def test_rows_deleted_in_the_source_are_deleted_here(
     db_project, schema, source_conn, dest_conn, httpserver
 ):
     _orders(source_conn, schema)
-    _config(db_project, schema, deletes="delete")
+    db_project.configure(schema, "orders", replication_key="updated_at", deletes="delete")
     assert db_project.run("sync").exit_code == 0
     _source(source_conn, schema, "DELETE FROM {t} WHERE id IN (5, 700, 1999)")
     _source(source_conn, schema, "DELETE FROM {t} WHERE id = 42")
@@ -71,7 +66,7 @@ def test_rows_deleted_in_the_source_are_deleted_here(
 
 def test_deleting_more_than_half_needs_force(db_project, schema, source_conn, dest_conn):
     _orders(source_conn, schema)
-    _config(db_project, schema, deletes="delete")
+    db_project.configure(schema, "orders", replication_key="updated_at", deletes="delete")
     assert db_project.run("sync").exit_code == 0
     _source(source_conn, schema, "DELETE FROM {t} WHERE id > 800")
     refused = db_project.run("sync")
@@ -88,7 +83,7 @@ def test_a_truncated_source_empties_the_copy_only_when_forced(
     db_project, schema, source_conn, dest_conn
 ):
     _orders(source_conn, schema, rows=50)
-    _config(db_project, schema, deletes="delete")
+    db_project.configure(schema, "orders", replication_key="updated_at", deletes="delete")
     assert db_project.run("sync").exit_code == 0
     _source(source_conn, schema, "TRUNCATE {t}")
     assert db_project.run("sync").exit_code == 1
@@ -99,7 +94,9 @@ def test_a_truncated_source_empties_the_copy_only_when_forced(
 
 def test_deletes_interval_checks_when_due_or_asked(db_project, schema, source_conn, dest_conn):
     _orders(source_conn, schema)
-    _config(db_project, schema, deletes="delete", deletes_interval=3600)
+    db_project.configure(
+        schema, "orders", replication_key="updated_at", deletes="delete", deletes_interval=3600
+    )
     assert db_project.run("sync").exit_code == 0  # a full load: nothing to check
     assert db_project.run("sync").exit_code == 0  # first check: due (never checked)
     state = json.loads(next((db_project.path / "sync-state").glob("*.json")).read_text())
@@ -117,7 +114,7 @@ def test_rows_leaving_a_filtering_model_are_deleted(db_project, schema, source_c
         f"models/{schema}/orders.sql",
         f"SELECT * FROM {schema}.orders WHERE note <> 'hidden'",
     )
-    _config(db_project, schema, deletes="delete")
+    db_project.configure(schema, "orders", replication_key="updated_at", deletes="delete")
     assert db_project.run("sync").exit_code == 0
     _source(source_conn, schema, "UPDATE {t} SET note = 'hidden', updated_at = now() WHERE id = 3")
     assert db_project.run("sync").exit_code == 0
@@ -137,13 +134,15 @@ def test_delete_settings_are_checked_before_anything_runs(db_project, schema, so
     )
     result = db_project.run("sync")
     assert result.exit_code == 2 and '"deletes" applies to incremental modes' in result.stderr
-    _config(db_project, schema, deletes="mark", mode="incremental-append")
+    db_project.configure(
+        schema, "orders", replication_key="updated_at", deletes="mark", mode="incremental-append"
+    )
     result = db_project.run("sync")
     assert result.exit_code == 2 and '"mark" needs mode incremental-deduped' in result.stderr
-    _config(db_project, schema, deletes="sometimes")
+    db_project.configure(schema, "orders", replication_key="updated_at", deletes="sometimes")
     result = db_project.run("sync")
     assert result.exit_code == 2 and "expected one of ignore, delete, mark" in result.stderr
-    _config(db_project, schema, deletes="delete")
+    db_project.configure(schema, "orders", replication_key="updated_at", deletes="delete")
     result = db_project.run("sync", "--force")
     assert result.exit_code == 2 and "--force goes with --deletes" in result.stderr
     assert list((db_project.path / "sync-state").glob("*.json")) == []
@@ -153,7 +152,7 @@ def test_a_delete_check_killed_before_it_commits_converges(
     db_project, schema, source_conn, dest_conn
 ):
     _orders(source_conn, schema)
-    _config(db_project, schema, deletes="delete")
+    db_project.configure(schema, "orders", replication_key="updated_at", deletes="delete")
     assert db_project.run("sync").exit_code == 0
     _source(source_conn, schema, "DELETE FROM {t} WHERE id % 100 = 0")
     killed = db_project.run_process(
@@ -180,7 +179,7 @@ def test_mark_keeps_deleted_rows_with_the_time_they_went(
     db_project, schema, source_conn, dest_conn, httpserver
 ):
     _orders(source_conn, schema)
-    _config(db_project, schema, deletes="mark")
+    db_project.configure(schema, "orders", replication_key="updated_at", deletes="mark")
     assert db_project.run("sync").exit_code == 0
     (last,) = dest_conn.execute(
         "SELECT attname, format_type(atttypid, atttypmod) FROM pg_attribute WHERE attrelid = "
@@ -211,7 +210,7 @@ def test_mark_keeps_deleted_rows_with_the_time_they_went(
     compiled = db_project.run("compile")
     assert '"_replicator_deleted_at" = EXCLUDED."_replicator_deleted_at"' in compiled.stdout
     assert "-- delete check (deletes: mark, every sync" in compiled.stdout
-    _config(db_project, schema, deletes="ignore")
+    db_project.configure(schema, "orders", replication_key="updated_at", deletes="ignore")
     compiled = db_project.run("compile")
     assert "deletes changed: _replicator_deleted_at to drop (deletes is no longer mark)" in (
         compiled.stdout
@@ -225,7 +224,7 @@ def test_mark_keeps_deleted_rows_with_the_time_they_went(
 def test_no_delete_check_follows_a_failed_read(db_project, schema, source_conn, dest_conn):
     """A model that fails returns no keys: that must not look like every row deleted."""
     _orders(source_conn, schema)
-    _config(db_project, schema, deletes="delete")
+    db_project.configure(schema, "orders", replication_key="updated_at", deletes="delete")
     assert db_project.run("sync").exit_code == 0
     _source(source_conn, schema, "DELETE FROM {t} WHERE id <= 10")
     _source(source_conn, schema, "UPDATE {t} SET updated_at = now() WHERE id = 500")

@@ -56,17 +56,12 @@ INSERT INTO {s}.everything (id) VALUES (2);
 """
 
 
-def _sync(project, *args, env=None):
-    result = project.run("sync", *args, env=env)
-    return result
-
-
 def test_every_type_round_trips_exactly(db_project, source_conn, dest_conn, schema):
     source_conn.execute(EVERY_TYPE.replace("{s}", sql.Identifier(schema).as_string(source_conn)))
     db_project.write_config(
         {"tables": [{"name": f"{schema}.everything", "mode": "full-refresh", "partitions": 3}]}
     )
-    result = _sync(db_project, env={"TZ": "America/New_York"})
+    result = db_project.run("sync", env={"TZ": "America/New_York"})
     assert result.exit_code == 0, result.output
     assert f"{schema}.everything: full_reload, 3,000 rows" in result.stderr
     assert assert_same_table(source_conn, dest_conn, schema, "everything") == 3000
@@ -131,7 +126,7 @@ def test_partitions_share_one_snapshot_under_concurrent_transfers(
     try:
         time.sleep(0.3)
         before = transfers[0]
-        result = _sync(db_project)
+        result = db_project.run("sync")
         during = transfers[0] - before
     finally:
         stop.set()
@@ -161,7 +156,7 @@ def test_swap_is_atomic_for_readers_and_keeps_views_grants_comments(
     db_project.write_config(
         {"tables": [{"name": f"{schema}.orders", "mode": "full-refresh", "partitions": 2}]}
     )
-    assert _sync(db_project).exit_code == 0
+    assert db_project.run("sync").exit_code == 0
     view, view2 = sql.Identifier(schema, "big_orders"), sql.Identifier(schema, "big_ids")
     dest_conn.execute(
         "DO $$ BEGIN CREATE ROLE analyst; EXCEPTION WHEN duplicate_object THEN NULL; END $$"
@@ -195,7 +190,7 @@ def test_swap_is_atomic_for_readers_and_keeps_views_grants_comments(
     reader = threading.Thread(target=read)
     reader.start()
     try:
-        result = _sync(db_project, "-f")
+        result = db_project.run("sync", "-f")
     finally:
         stop.set()
         reader.join()
@@ -246,7 +241,7 @@ def test_failed_table_does_not_stop_the_next(db_project, source_conn, dest_conn,
             ]
         }
     )
-    result = _sync(db_project)
+    result = db_project.run("sync")
     assert result.exit_code == 1
     assert re.search(
         rf"{schema}\.missing: failed after [\d.]+ s: source table does not exist", result.stderr
@@ -266,7 +261,7 @@ def test_crash_before_swap_leaves_old_table_and_next_run_cleans_up(
         sql.SQL("INSERT INTO {} SELECT g, 1 FROM generate_series(1, 1000) g").format(table)
     )
     db_project.write_config({"tables": [{"name": f"{schema}.t", "mode": "full-refresh"}]})
-    assert _sync(db_project).exit_code == 0
+    assert db_project.run("sync").exit_code == 0
     source_conn.execute(sql.SQL("UPDATE {} SET v = 2").format(table))
     killed = db_project.run_process(
         "sync", env={**IN_PROCESS, "REPLICATOR_FAILPOINT": "after-load-before-swap"}
@@ -276,7 +271,7 @@ def test_crash_before_swap_leaves_old_table_and_next_run_cleans_up(
         (1,)
     ], "the live table is untouched"
     assert leftovers(dest_conn, [TableName(schema, "t")]), "the side table is still there"
-    assert _sync(db_project).exit_code == 0
+    assert db_project.run("sync").exit_code == 0
     assert_same_table(source_conn, dest_conn, schema, "t")
     assert leftovers(dest_conn, [TableName(schema, "t")]) == []
 
@@ -298,11 +293,11 @@ def test_a_dependent_object_fails_the_swap_and_keeps_the_old_table(
     source_conn.execute(sql.SQL("CREATE TABLE {} (id int PRIMARY KEY, v int)").format(table))
     source_conn.execute(sql.SQL("INSERT INTO {} VALUES (1, 1), (2, 1)").format(table))
     db_project.write_config({"tables": [{"name": f"{schema}.t", "mode": "full-refresh"}]})
-    assert _sync(db_project).exit_code == 0
+    assert db_project.run("sync").exit_code == 0
     dest_conn.execute(dependent.format(s=sql.Identifier(schema).as_string(dest_conn)))
     (oid,) = dest_conn.execute("SELECT %s::regclass::oid", (f"{schema}.t",)).fetchone()
     source_conn.execute(sql.SQL("UPDATE {} SET v = 2").format(table))
-    result = _sync(db_project)
+    result = db_project.run("sync")
     assert result.exit_code == 1
     assert "failed after" in result.stderr and named in result.stderr, result.stderr
     assert dest_conn.execute("SELECT %s::regclass::oid", (f"{schema}.t",)).fetchone() == (oid,)
@@ -344,7 +339,7 @@ def test_hostile_identifiers_load_exactly(db_project, source_conn, dest_conn):
                 ]
             }
         )
-        result = _sync(db_project)
+        result = db_project.run("sync")
         assert result.exit_code == 0, result.output
         assert assert_same_table(source_conn, dest_conn, odd_schema, name, key="Line No") == 500
     finally:
@@ -408,9 +403,9 @@ def _md5_table(source_conn, schema: str, rows: int) -> None:
 def test_unchanged_reload_keeps_row_hashes(db_project, source_conn, dest_conn, schema):
     _md5_table(source_conn, schema, 2000)
     db_project.write_config({"tables": [{"name": f"{schema}.t", "mode": "full-refresh"}]})
-    assert _sync(db_project).exit_code == 0
+    assert db_project.run("sync").exit_code == 0
     first = row_hashes(dest_conn, schema, "t")
-    assert _sync(db_project).exit_code == 0
+    assert db_project.run("sync").exit_code == 0
     assert row_hashes(dest_conn, schema, "t") == first
 
 
@@ -420,7 +415,7 @@ def test_a_single_partition_load_is_written_frozen(db_project, source_conn, dest
     _md5_table(source_conn, schema, 20000)
     db_project.write_config({"tables": [{"name": f"{schema}.t", "mode": "full-refresh"}]})
     for _ in range(2):  # a first load, then a reload into a fresh side table
-        assert _sync(db_project).exit_code == 0
+        assert db_project.run("sync").exit_code == 0
         visible, pages = dest_conn.execute(
             "SELECT relallvisible, relpages FROM pg_class WHERE oid = %s::regclass",
             (sql.Identifier(schema, "t").as_string(dest_conn),),
@@ -458,7 +453,7 @@ def test_cursor_text_ignores_server_and_tool_settings(db_project, source_conn, s
         db_project.write_config(
             {"tables": [{"name": f"{schema}.events", "replication_key": "at", "lookback": 0}]}
         )
-        result = _sync(db_project, env={"TZ": "Pacific/Auckland"})
+        result = db_project.run("sync", env={"TZ": "Pacific/Auckland"})
         assert result.exit_code == 0, result.output
     finally:
         for name in settings:

@@ -42,19 +42,13 @@ def _orders(source_conn, schema, rows=2000, index=True):
     return table
 
 
-def _config(project, schema, **extra):
-    project.write_config(
-        {"tables": [{"name": f"{schema}.orders", "replication_key": "updated_at", **extra}]}
-    )
-
-
 def _state(project, name):
     return json.loads(project.run("state", "show", name).stdout)[name]
 
 
 def test_updates_and_inserts_are_merged(db_project, source_conn, dest_conn, schema):
     table = _orders(source_conn, schema)
-    _config(db_project, schema)
+    db_project.configure(schema, "orders", replication_key="updated_at")
     assert db_project.run("sync").exit_code == 0
     source_conn.execute(
         sql.SQL(
@@ -90,7 +84,7 @@ def test_a_batch_with_a_key_twice_merges_the_newest_version(
     way every time, and a replay of the batch changes nothing. A full reload of the same
     model keeps the same version of every key."""
     table = _orders(source_conn, schema, rows=200)
-    _config(db_project, schema)
+    db_project.configure(schema, "orders", replication_key="updated_at")
     db_project.write(f"models/{schema}/orders.sql", DUPLICATING_MODEL.format(source="{{ source }}"))
     assert db_project.run("sync").exit_code == 0
     source_conn.execute(
@@ -131,7 +125,7 @@ def test_unchanged_source_is_a_noop_without_a_jvm(db_project, source_conn, dest_
     """A JAVA_HOME that cannot work proves no JVM is started: a no-op succeeds, and the
     same run with one changed row fails because it needs Spark."""
     table = _orders(source_conn, schema)
-    _config(db_project, schema)
+    db_project.configure(schema, "orders", replication_key="updated_at")
     assert db_project.run("sync").exit_code == 0
     no_java = {"JAVA_HOME": "/nonexistent", "PATH": "/usr/local/sbin:/nonexistent"}
     noop = db_project.run_process("sync", env={"JAVA_HOME": "/nonexistent"})
@@ -150,7 +144,7 @@ def test_unchanged_source_is_a_noop_without_a_jvm(db_project, source_conn, dest_
 
 def test_replaying_a_batch_changes_no_destination_row(db_project, source_conn, dest_conn, schema):
     _orders(source_conn, schema)
-    _config(db_project, schema)
+    db_project.configure(schema, "orders", replication_key="updated_at")
     assert db_project.run("sync").exit_code == 0
     before = dest_conn.execute(
         sql.SQL("SELECT id, xmin::text FROM {} ORDER BY id").format(
@@ -179,7 +173,7 @@ def test_rows_tied_with_the_cursor_are_not_lost(db_project, source_conn, dest_co
     source_conn.execute(
         sql.SQL("UPDATE {} SET updated_at = '2026-11-20 10:00:00+00'").format(table)
     )
-    _config(db_project, schema, lookback=0)
+    db_project.configure(schema, "orders", replication_key="updated_at", lookback=0)
     assert db_project.run("sync").exit_code == 0
     assert _state(db_project, f"{schema}.orders")["cursor"]["value"] == "2026-11-20 10:00:00+00"
     source_conn.execute(
@@ -202,7 +196,9 @@ def test_a_row_rewritten_at_the_cursor_is_seen_by_a_table_probed_alone(
     source_conn.execute(
         sql.SQL("UPDATE {} SET updated_at = '2026-11-20 10:00:00+00'").format(table)
     )
-    _config(db_project, schema, lookback=0, deletes="delete")
+    db_project.configure(
+        schema, "orders", replication_key="updated_at", lookback=0, deletes="delete"
+    )
     assert db_project.run("sync").exit_code == 0
     source_conn.execute(sql.SQL("UPDATE {} SET note = 'rewritten' WHERE id = 7").format(table))
     result = db_project.run("sync")
@@ -337,7 +333,7 @@ def test_late_commit_with_older_timestamp_is_not_lost(
     """A transaction that began before a sync and commits after it, with an updated_at from
     its start, is present after the next sync."""
     table = _orders(source_conn, schema, rows=100)
-    _config(db_project, schema, lookback=0)
+    db_project.configure(schema, "orders", replication_key="updated_at", lookback=0)
     assert db_project.run("sync").exit_code == 0
     late = psycopg.connect(pg_servers.source_url)
     try:
@@ -400,7 +396,7 @@ def test_indexed_source_is_never_scanned_sequentially(db_project, source_conn, s
         )
     )
     source_conn.execute(sql.SQL("ANALYZE {}").format(table))
-    _config(db_project, schema)
+    db_project.configure(schema, "orders", replication_key="updated_at")
     assert db_project.run("sync").exit_code == 0
 
     def seq_scans() -> int:
@@ -426,7 +422,7 @@ def test_indexed_source_is_never_scanned_sequentially(db_project, source_conn, s
 
 def test_kill_after_merge_before_state_write_converges(db_project, source_conn, dest_conn, schema):
     table = _orders(source_conn, schema, rows=500)
-    _config(db_project, schema)
+    db_project.configure(schema, "orders", replication_key="updated_at")
     assert db_project.run("sync").exit_code == 0
     source_conn.execute(
         sql.SQL("UPDATE {} SET note = 'k', updated_at = clock_timestamp() WHERE id % 7 = 0").format(
@@ -451,7 +447,7 @@ def test_small_copies_run_in_process_without_a_jvm(db_project, source_conn, dest
     process itself (spark/engine_choice.py): a JAVA_HOME that cannot work does not
     matter."""
     table = _orders(source_conn, schema, rows=300)
-    _config(db_project, schema)
+    db_project.configure(schema, "orders", replication_key="updated_at")
 
     def run() -> subprocess.CompletedProcess[str]:
         return db_project.run_process(
@@ -578,7 +574,7 @@ def test_large_batch_is_read_in_key_ranges(db_project, source_conn, dest_conn, s
             "updated_at = now() - interval '1 day' + id * interval '1 s'"
         ).format(table)
     )
-    _config(db_project, schema, partitions=3)
+    db_project.configure(schema, "orders", replication_key="updated_at", partitions=3)
     assert db_project.run("sync").exit_code == 0
     source_conn.execute(
         sql.SQL(
@@ -690,7 +686,7 @@ def test_a_primary_key_with_included_columns_keys_the_copy_by_its_key_columns(
             table
         )
     )
-    _config(db_project, schema)
+    db_project.configure(schema, "orders", replication_key="updated_at")
     assert db_project.run("sync", env=IN_PROCESS).exit_code == 0
     source_conn.execute(
         sql.SQL(
@@ -724,7 +720,7 @@ def test_a_unique_index_comparing_otherwise_than_its_column_does_not_key_the_cop
     )
     source_conn.execute(sql.SQL('CREATE UNIQUE INDEX ON {} (name COLLATE "C")').format(table))
     source_conn.execute(sql.SQL("INSERT INTO {} VALUES ('Bob', 'n1')").format(table))
-    _config(db_project, schema)
+    db_project.configure(schema, "orders", replication_key="updated_at")
     refused = db_project.run("sync", env=IN_PROCESS)
     assert refused.exit_code == 1, refused.output
     assert (

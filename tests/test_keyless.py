@@ -22,12 +22,6 @@ def _run(conn, schema, statement, table):
     conn.execute(sql.SQL(statement).format(t=sql.Identifier(schema, table)))
 
 
-def _sync(project, *args):
-    result = project.run("sync", *args, env=IN_PROCESS)
-    assert result.exit_code == 0, result.output
-    return result
-
-
 def _verify(project, *args):
     result = project.run("verify", "--json", *args, env=IN_PROCESS)
     return result, {v["name"]: v for v in json.loads(result.stdout)}
@@ -79,7 +73,7 @@ def test_a_unique_index_keys_an_incremental_table(db_project, schema, source_con
     db_project.write_config(
         {"tables": [{"name": f"{schema}.orders", "replication_key": "updated_at"}]}
     )
-    _sync(db_project)
+    db_project.sync(env=IN_PROCESS)
     _run(
         source_conn,
         schema,
@@ -87,7 +81,7 @@ def test_a_unique_index_keys_an_incremental_table(db_project, schema, source_con
         "INSERT INTO {t} VALUES (301, 'C301', 1, NULL, 'new', now())",
         "orders",
     )
-    second = _sync(db_project)
+    second = db_project.sync(env=IN_PROCESS)
     assert "orders: incremental" in second.stderr, second.stderr
     assert assert_same_table(source_conn, dest_conn, schema, "orders", key="code") == 301
     assert _keys(dest_conn, schema, "orders") == ["code"]
@@ -97,7 +91,7 @@ def test_a_unique_index_keys_an_incremental_table(db_project, schema, source_con
     assert (verdict["status"], verdict["rows_compared"]) == ("equal", 301)
 
     _run(source_conn, schema, "DROP INDEX {t}", "orders_code_key")  # the next one keys it
-    third = _sync(db_project)
+    third = db_project.sync(env=IN_PROCESS)
     assert "reason: schema changed: primary key changed: (code) -> (shop, id)" in third.stderr
     assert _keys(dest_conn, schema, "orders") == ["shop", "id"]
 
@@ -136,7 +130,7 @@ def test_a_table_without_a_key_is_copied_verified_and_repaired_as_a_multiset(
     _events(source_conn, schema, EVENTS)
     name = f'{schema}."{EVENTS}"'
     db_project.write_config({"tables": [{"name": name, "mode": "full-refresh"}]})
-    _sync(db_project)
+    db_project.sync(env=IN_PROCESS)
     expected = _multiset(source_conn, schema, EVENTS)
     assert max(expected.values()) > 1, "the source holds duplicate rows"
     assert _multiset(dest_conn, schema, EVENTS) == expected
@@ -228,7 +222,7 @@ def test_cdc_by_a_unique_index_needs_it_as_the_replica_identity(
 
     _run(writer, schema, "ALTER TABLE {t} REPLICA IDENTITY USING INDEX items_code_key", "items")
     assert cdc_project.run("check").exit_code == 0
-    _sync(cdc_project)
+    cdc_project.sync(env=IN_PROCESS)
     _run(
         writer,
         schema,
@@ -236,6 +230,6 @@ def test_cdc_by_a_unique_index_needs_it_as_the_replica_identity(
         "UPDATE {t} SET code = 'moved' WHERE code = 'c3'; INSERT INTO {t} VALUES ('c51', 'new')",
         "items",
     )
-    second = _sync(cdc_project)
+    second = cdc_project.sync(env=IN_PROCESS)
     assert "items: incremental" in second.stderr, second.stderr
     assert assert_same_table(source_conn, dest_conn, schema, "items", key="code") == 50

@@ -55,12 +55,6 @@ def _dest_table(dest_conn, schema: str) -> tuple[int, int]:
     ).fetchone()
 
 
-def _config(project, schema, **table):
-    project.write_config(
-        {"tables": [{"name": f"{schema}.orders", "replication_key": "updated_at", **table}]}
-    )
-
-
 @pytest.mark.parametrize(
     ("table", "args"),
     [
@@ -86,7 +80,7 @@ def test_a_hand_made_destination_table_is_never_replaced(db_project, shop, dest_
 
 
 def test_check_compile_and_status_say_so_before_a_sync(db_project, shop):
-    _config(db_project, shop)
+    db_project.configure(shop, "orders", replication_key="updated_at")
     checked = db_project.run("check")
     assert checked.exit_code == 1, checked.output
     assert f"error {shop}.orders: {NOT_OWNED}; fix: replicator never replaces" in checked.stdout
@@ -101,7 +95,7 @@ def test_check_compile_and_status_say_so_before_a_sync(db_project, shop):
 def test_adopt_hands_the_table_over_and_the_next_sync_reloads_it(
     db_project, shop, source_conn, dest_conn
 ):
-    _config(db_project, shop)
+    db_project.configure(shop, "orders", replication_key="updated_at")
     adopted = db_project.run("adopt", f"{shop}.orders")
     assert adopted.exit_code == 0, adopted.output
     assert (
@@ -115,7 +109,7 @@ def test_adopt_hands_the_table_over_and_the_next_sync_reloads_it(
 
 
 def test_initial_load_skip_adopts_a_matching_table_and_keeps_its_rows(db_project, shop, dest_conn):
-    _config(db_project, shop, initial_load="skip")
+    db_project.configure(shop, "orders", replication_key="updated_at", initial_load="skip")
     assert "initial_load skip" in db_project.run("check").stdout
     before = _dest_table(dest_conn, shop)
     synced = db_project.run("sync")
@@ -131,7 +125,7 @@ def test_a_table_recreated_by_hand_after_a_load_is_not_the_tools(
     db_project, shop, source_conn, dest_conn
 ):
     dest_conn.execute(sql.SQL("DROP TABLE {}").format(sql.Identifier(shop, "orders")))
-    _config(db_project, shop)
+    db_project.configure(shop, "orders", replication_key="updated_at")
     assert db_project.run("sync").exit_code == 0
     assert db_project.run("sync", "-f").exit_code == 0, "its own table: replaced freely"
     dest_conn.execute(sql.SQL("DROP TABLE {}").format(sql.Identifier(shop, "orders")))
@@ -158,7 +152,7 @@ def test_a_table_loaded_before_ownership_records_stays_the_tools(
     """Upgrading: a table an earlier version loaded (its sync-state says so) has no record;
     the next sync recognizes it by the state, records it and carries on."""
     dest_conn.execute(sql.SQL("DROP TABLE {}").format(sql.Identifier(shop, "orders")))
-    _config(db_project, shop)
+    db_project.configure(shop, "orders", replication_key="updated_at")
     assert db_project.run("sync").exit_code == 0
     dest_conn.execute("DELETE FROM _replicator.owned_tables")  # as an older version left it
     source_conn.execute(
@@ -261,7 +255,7 @@ def test_the_swap_itself_refuses_a_table_it_does_not_own(pg_servers, dest_conn, 
 def test_a_plan_that_read_the_table_before_another_runs_swap_still_finds_it_the_tools(
     db_project, source_conn, dest_conn, schema, many
 ):
-    """Two project copies syncing together (tests/test_two_hosts.py): one's plan reads the
+    """Two project copies syncing together (tests/test_table_lock.py): one's plan reads the
     destination table's OID, the other's swap replaces that table and records the new one,
     then the plan reads the ownership records. A fresh clone's CI run caught the second copy
     failing the table as someone else's; the registry and the table at that name are read in

@@ -73,12 +73,6 @@ def _loose_table(conn, schema: str, low: int) -> None:
     )
 
 
-def _sync(project, *args):
-    result = project.run("sync", *args)
-    assert result.exit_code == 0, result.output
-    return result
-
-
 def _same(source_conn, dest_conn, schema: str) -> int:
     return assert_same_table(source_conn, dest_conn, schema, "events")
 
@@ -111,7 +105,7 @@ def test_cdc_follows_every_partition_of_a_partitioned_root(
     cdc_project.env.update(IN_PROCESS)
     _events(writer, schema)
     cdc_project.write_config({"tables": [{"name": f"{schema}.events", "mode": "cdc"}]})
-    first = _sync(cdc_project)
+    first = cdc_project.sync()
     assert f"{schema}.events: full_reload" in first.stderr, first.stderr
     assert _same(source_conn, dest_conn, schema) == 500
     names = json.loads((cdc_project.path / "sync-state" / "cdc.json").read_text())
@@ -131,7 +125,7 @@ def test_cdc_follows_every_partition_of_a_partitioned_root(
         "DELETE FROM {events} WHERE id BETWEEN 240 AND 249",
     ):
         _run(writer, schema, statement)
-    applied = _sync(cdc_project)
+    applied = cdc_project.sync()
     assert f"{schema}.events: incremental" in applied.stderr, applied.stderr
     assert _same(source_conn, dest_conn, schema) == 494
 
@@ -139,7 +133,7 @@ def test_cdc_follows_every_partition_of_a_partitioned_root(
     _run(
         writer, schema, "CREATE TABLE {p_new} PARTITION OF {events} FOR VALUES FROM (300) TO (400)"
     )
-    created = _sync(cdc_project)
+    created = cdc_project.sync()
     assert f"{schema}.events: noop" in created.stderr, created.stderr
     assert _same(source_conn, dest_conn, schema) == 494
     _run(
@@ -148,7 +142,7 @@ def test_cdc_follows_every_partition_of_a_partitioned_root(
         "INSERT INTO {events} SELECT g, 300 + g % 100, 'eu', 'new' "
         "FROM generate_series(2001, 2040) g",
     )
-    arrived = _sync(cdc_project)
+    arrived = cdc_project.sync()
     assert f"{schema}.events: incremental" in arrived.stderr, arrived.stderr
     assert _same(source_conn, dest_conn, schema) == 534
 
@@ -167,27 +161,27 @@ def test_cdc_follows_every_partition_of_a_partitioned_root(
         deadline = time.monotonic() + 30
         while len(written) < 20 and time.monotonic() < deadline:
             time.sleep(0.05)
-        reloaded = _sync(cdc_project)
+        reloaded = cdc_project.sync()
     finally:
         stop.set()
         thread.join()
     assert f"reason: partitions changed: {schema}.loose attached with rows" in reloaded.stderr, (
         reloaded.stderr
     )
-    _sync(cdc_project)  # what the writer did after the load's snapshot, from the log
+    cdc_project.sync()  # what the writer did after the load's snapshot, from the log
     assert _same(source_conn, dest_conn, schema) == 584 + len(written)
 
     # Partitions detached and dropped: the log has no DELETE for their rows.
     _run(writer, schema, "ALTER TABLE {events} DETACH PARTITION {p_low}")
     _run(writer, schema, "DROP TABLE {p_new}")
-    gone = _sync(cdc_project)
+    gone = cdc_project.sync()
     assert f"{schema}.p_low detached or dropped" in gone.stderr, gone.stderr
     assert f"{schema}.p_new detached or dropped" in gone.stderr
     rows = _same(source_conn, dest_conn, schema)
 
     # A partition's TRUNCATE is not published through the root.
     _run(writer, schema, "TRUNCATE {p_mid_eu}")
-    truncated = _sync(cdc_project)
+    truncated = cdc_project.sync()
     assert f"partitions changed: {schema}.p_mid_eu truncated or rewritten" in truncated.stderr
     assert _same(source_conn, dest_conn, schema) < rows
 
@@ -212,7 +206,7 @@ def test_a_cursor_table_reloads_when_a_partition_brings_or_takes_rows(
     _events(writer, schema)
     _run(writer, schema, "ALTER TABLE {events} ADD COLUMN rev int NOT NULL DEFAULT 1")
     db_project.write_config({"tables": [{"name": f"{schema}.events", "replication_key": "rev"}]})
-    _sync(db_project)
+    db_project.sync()
     _run(writer, schema, "UPDATE {events} SET rev = 2, note = 'two' WHERE id <= 10")
     _run(
         writer, schema, "CREATE TABLE {p_new} PARTITION OF {events} FOR VALUES FROM (300) TO (400)"
@@ -223,7 +217,7 @@ def test_a_cursor_table_reloads_when_a_partition_brings_or_takes_rows(
         "INSERT INTO {events} SELECT g, 300 + mod(g, 100), 'eu', 'new', 2 "
         "FROM generate_series(2001, 2040) g",
     )
-    created = _sync(db_project)
+    created = db_project.sync()
     assert f"{schema}.events: incremental" in created.stderr, created.stderr
     assert _same(source_conn, dest_conn, schema) == 540
 
@@ -239,12 +233,12 @@ def test_a_cursor_table_reloads_when_a_partition_brings_or_takes_rows(
         f"-- next sync: full_reload (partitions changed: {schema}.loose attached with rows "
         "behind the cursor)" in compiled.stdout
     ), compiled.output
-    attached = _sync(db_project)
+    attached = db_project.sync()
     assert f"{schema}.loose attached with rows behind the cursor" in attached.stderr
     assert _same(source_conn, dest_conn, schema) == 590
 
     _run(writer, schema, "ALTER TABLE {p_mid} DETACH PARTITION {p_mid_eu}")
-    detached = _sync(db_project)
+    detached = db_project.sync()
     assert f"{schema}.p_mid_eu detached or dropped" in detached.stderr, detached.stderr
     assert _same(source_conn, dest_conn, schema) == 490
     assert db_project.run("verify").exit_code == 0
@@ -252,9 +246,9 @@ def test_a_cursor_table_reloads_when_a_partition_brings_or_takes_rows(
     # A leaf rewritten alone changes no value; a column rewritten in place through the root
     # (same type) changes them all, with no cursor moved (the copy kept them, exit 0).
     _run(writer, schema, "VACUUM FULL {p_low}")
-    assert f"{schema}.events: noop" in _sync(db_project).stderr
+    assert f"{schema}.events: noop" in db_project.sync().stderr
     _run(writer, schema, "ALTER TABLE {events} ALTER COLUMN note TYPE text USING upper(note)")
-    rewritten = _sync(db_project)
+    rewritten = db_project.sync()
     assert "schema changed: column rewritten: note" in rewritten.stderr, rewritten.stderr
     assert _same(source_conn, dest_conn, schema) == 490
 
@@ -273,7 +267,7 @@ def test_the_tools_publication_made_before_gets_publish_via_partition_root(
         )
     )
     cdc_project.write_config({"tables": [{"name": f"{schema}.plain", "mode": "cdc"}]})
-    _sync(cdc_project)
+    cdc_project.sync()
     names = json.loads((cdc_project.path / "sync-state" / "cdc.json").read_text())
     publication = sql.Identifier(names["publication"])
     source_conn.execute(
@@ -282,14 +276,14 @@ def test_the_tools_publication_made_before_gets_publish_via_partition_root(
     cdc_project.write_config(
         {"tables": [{"name": f"{schema}.{t}", "mode": "cdc"} for t in ("plain", "events")]}
     )
-    joined = _sync(cdc_project)
+    joined = cdc_project.sync()
     assert f"{schema}.events: full_reload" in joined.stderr, joined.stderr
     assert f"{schema}.plain: noop" in joined.stderr
     _run(writer, schema, "UPDATE {events} SET k = 150, region = 'eu' WHERE id = 3")
     writer.execute(
         sql.SQL("INSERT INTO {} VALUES (1, 'one')").format(sql.Identifier(schema, "plain"))
     )
-    applied = _sync(cdc_project)
+    applied = cdc_project.sync()
     assert f"{schema}.events: incremental" in applied.stderr, applied.stderr
     assert f"{schema}.plain: incremental" in applied.stderr
     assert _same(source_conn, dest_conn, schema) == 500
@@ -306,7 +300,7 @@ def test_a_partition_of_a_captured_root_cannot_be_captured_too(
     _events(writer, schema)
     leaf = {"name": f"{schema}.p_mid_eu", "mode": "cdc"}
     cdc_project.write_config({"tables": [leaf]})
-    _sync(cdc_project)  # alone, the partition is captured under its own name
+    cdc_project.sync()  # alone, the partition is captured under its own name
     cdc_project.write_config({"tables": [{"name": f"{schema}.events", "mode": "cdc"}, leaf]})
     expected = f"a partition of {schema}.events, which is captured too (mode cdc)"
     for round_ in range(2):
@@ -347,7 +341,7 @@ def test_a_new_partition_without_a_replica_identity_takes_its_table_out_of_the_p
     cdc_project.write_config(
         {"tables": [{"name": f"{schema}.events", "mode": "cdc", "primary_key": ["id"]}]}
     )
-    _sync(cdc_project)
+    cdc_project.sync()
     checked = cdc_project.run("check")
     warned = f"warn  {schema}.events: a partition created later has no replica identity"
     assert warned in checked.output, checked.output  # a warning, counted as one
@@ -367,10 +361,10 @@ def test_a_new_partition_without_a_replica_identity_takes_its_table_out_of_the_p
     _run(writer, schema, "UPDATE {events} SET note = 'moved' WHERE id = 500")  # taken again
 
     _run(writer, schema, "ALTER TABLE {p_new} REPLICA IDENTITY FULL")
-    back = _sync(cdc_project)
+    back = cdc_project.sync()
     assert f"{schema}.events: full_reload" in back.stderr, back.stderr
     _run(writer, schema, "UPDATE {events} SET note = 'again' WHERE id BETWEEN 1 AND 10")
-    _sync(cdc_project)
+    cdc_project.sync()
     assert _same(source_conn, dest_conn, schema) == 51
 
 
@@ -392,7 +386,7 @@ def test_a_run_of_other_tables_lets_a_refused_table_out_of_the_publication_too(
             ]
         }
     )
-    _sync(cdc_project)
+    cdc_project.sync()
     _run(
         writer, schema, "CREATE TABLE {p_new} PARTITION OF {events} FOR VALUES FROM (100) TO (200)"
     )
@@ -400,17 +394,17 @@ def test_a_run_of_other_tables_lets_a_refused_table_out_of_the_publication_too(
     with pytest.raises(psycopg.errors.ObjectNotInPrerequisiteState):  # refused, as published
         _run(writer, schema, "UPDATE {events} SET note = 'moved' WHERE id = 500")
 
-    other = _sync(cdc_project, "-s", f"{schema}.loose")
+    other = cdc_project.sync("-s", f"{schema}.loose")
     assert (
         f"{schema}.events: partition {schema}.p_new: no primary key, and replica identity "
         "DEFAULT: the source refuses its UPDATEs and DELETEs while it is published, so it "
         "leaves the tool's publication"
     ) in other.stderr, other.stderr
     _run(writer, schema, "UPDATE {events} SET note = 'moved' WHERE id = 500")  # taken at once
-    assert f"{schema}.events" not in _sync(cdc_project, "-s", f"{schema}.loose").stderr
+    assert f"{schema}.events" not in cdc_project.sync("-s", f"{schema}.loose").stderr
 
     _run(writer, schema, "ALTER TABLE {p_new} REPLICA IDENTITY FULL")
-    back = _sync(cdc_project)
+    back = cdc_project.sync()
     assert f"{schema}.events: full_reload" in back.stderr, back.stderr
     assert _same(source_conn, dest_conn, schema) == 51
 
@@ -447,7 +441,7 @@ def test_a_killed_load_resumes_only_while_the_leaves_are_the_same(
     assert "a partition attached, detached or rewritten" in compiled.stdout
 
     _run(writer, schema, "ALTER TABLE {events} DETACH PARTITION {loose}")
-    resumed = _sync(db_project)
+    resumed = db_project.sync()
     assert f"resuming the load: 2 of {resumable['partitions']} partitions loaded" in (
         resumed.stderr
     ), resumed.stderr
@@ -485,9 +479,9 @@ def test_a_dba_publication_must_publish_through_the_root(
     assert "publish_via_partition_root off" in failed.stderr and fix in failed.stderr
 
     source_conn.execute(fix)
-    _sync(cdc_project)
+    cdc_project.sync()
     _run(writer, schema, "UPDATE {events} SET k = 150, region = 'eu' WHERE id = 3")
-    moved = _sync(cdc_project)
+    moved = cdc_project.sync()
     assert f"{schema}.events: incremental" in moved.stderr, moved.stderr
     assert _same(source_conn, dest_conn, schema) == 500
 
@@ -531,7 +525,7 @@ def test_a_partitioned_table_above_min_rows_is_copied_by_spark_leaf_by_leaf(
     assert not any(f'"{schema}"."events"' in copy for copy in copies)
     assert any("ctid" in copy and "p_low" in copy for copy in copies)  # inside the large leaf
 
-    synced = _sync(db_project, "-v")
+    synced = db_project.sync("-v")
     tasks = int(synced.stderr.split("replicator copy: ")[1].split(" task(s)")[0])
     assert tasks >= 2, synced.stderr  # (as many as compile shows when Spark has its cores)
     assert assert_same_table(source_conn, dest_conn, schema, "events") == 40000
@@ -593,7 +587,7 @@ def test_a_new_partition_the_role_cannot_read_is_looked_at_through_the_root(
         )
     )
     db_project.write_config({"tables": [{"name": f"{schema}.events", "replication_key": "rev"}]})
-    _sync(db_project)
+    db_project.sync()
     _run(
         writer, schema, "CREATE TABLE {p_new} PARTITION OF {events} FOR VALUES FROM (300) TO (400)"
     )
@@ -609,7 +603,7 @@ def test_a_new_partition_the_role_cannot_read_is_looked_at_through_the_root(
         f"TABLES TO {role}" in checked.stdout
     )
     assert "next sync: incremental" in checked.stdout, checked.stdout
-    assert f"{schema}.events: incremental" in _sync(db_project).stderr
+    assert f"{schema}.events: incremental" in db_project.sync().stderr
     assert _same(source_conn, dest_conn, schema) == 500
     _run(  # rows behind the cursor (rev 1 < 2) in the partition it cannot read
         writer,
@@ -623,7 +617,7 @@ def test_a_new_partition_the_role_cannot_read_is_looked_at_through_the_root(
         schema,
         "ALTER TABLE {events} ATTACH PARTITION {p_new} FOR VALUES FROM (300) TO (400)",
     )
-    reloaded = _sync(db_project)
+    reloaded = db_project.sync()
     assert f"{schema}.p_new attached with rows behind the cursor" in reloaded.stderr, (
         reloaded.stderr
     )

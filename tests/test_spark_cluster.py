@@ -19,6 +19,7 @@ import pytest
 from dbcompare import assert_same_table, leftovers, pausing_scans
 from engines import IN_PROCESS
 from psycopg import sql
+from source_tables import keyed_table
 from spark_cluster import SYSTEM_PYTHON, SparkCluster
 from waiting import wait_for
 
@@ -47,19 +48,7 @@ def cluster(tmp_path_factory) -> SparkCluster:
 
 @pytest.fixture
 def table(source_conn, schema):
-    source_conn.execute(
-        sql.SQL(
-            "CREATE TABLE {} (id bigint PRIMARY KEY, v text, "
-            "updated_at timestamptz NOT NULL DEFAULT clock_timestamp())"
-        ).format(sql.Identifier(schema, "t"))
-    )
-    source_conn.execute(
-        sql.SQL(
-            "INSERT INTO {} (id, v) SELECT g, md5(g::text) FROM generate_series(1, %s) g"
-        ).format(sql.Identifier(schema, "t")),
-        (ROWS,),
-    )
-    return schema
+    return keyed_table(source_conn, schema, ROWS)
 
 
 def _configure(db_project, cluster: SparkCluster, schema: str, **spark) -> None:

@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 from dbcompare import assert_same_table, leftovers, pausing_scans
 from psycopg import sql
+from source_tables import keyed_table
 from spark_cluster import SYSTEM_PYTHON
 
 from replicator.base.identifiers import TableName
@@ -123,20 +124,7 @@ def bare(tmp_path_factory, cache, pg_servers) -> Server:
 
 @pytest.fixture
 def table(source_conn, schema):
-    name = sql.Identifier(schema, "t")
-    source_conn.execute(
-        sql.SQL(
-            "CREATE TABLE {} (id bigint PRIMARY KEY, v text, "
-            "updated_at timestamptz NOT NULL DEFAULT clock_timestamp())"
-        ).format(name)
-    )
-    source_conn.execute(
-        sql.SQL(
-            "INSERT INTO {} (id, v) SELECT g, md5(g::text) FROM generate_series(1, %s) g"
-        ).format(name),
-        (ROWS,),
-    )
-    return schema
+    return keyed_table(source_conn, schema, ROWS)
 
 
 def _table(schema: str) -> dict:

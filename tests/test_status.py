@@ -50,14 +50,8 @@ def _status(project, **env) -> dict:
     return row
 
 
-def _config(project, schema):
-    project.write_config(
-        {"tables": [{"name": f"{schema}.orders", "replication_key": "updated_at"}]}
-    )
-
-
 def test_a_run_that_could_not_connect_is_the_last_run(db_project, orders):
-    _config(db_project, orders)
+    db_project.configure(orders, "orders", replication_key="updated_at")
     assert db_project.run("sync").exit_code == 0
     synced = _status(db_project)
     assert synced["last_status"] == "success"
@@ -139,7 +133,7 @@ def test_an_unreachable_database_is_said_once_not_once_per_table(db_project, ord
 
 
 def test_next_is_the_plan_the_sync_will_follow(db_project, orders, source_conn, dest_conn):
-    _config(db_project, orders)
+    db_project.configure(orders, "orders", replication_key="updated_at")
     assert db_project.run("sync").exit_code == 0
     assert _status(db_project)["next_action"] == "incremental"
     dest_conn.execute(sql.SQL("DROP TABLE {}").format(sql.Identifier(orders, "orders")))
@@ -161,7 +155,7 @@ def test_next_is_the_plan_the_sync_will_follow(db_project, orders, source_conn, 
 def test_lag_is_behind_the_newest_copied_key_and_rows_are_the_destinations(
     db_project, orders, source_conn
 ):
-    _config(db_project, orders)
+    db_project.configure(orders, "orders", replication_key="updated_at")
     assert db_project.run("sync").exit_code == 0
     row = _status(db_project)
     assert row["lag"] == "00:00:00", "right after a sync nothing is behind"
@@ -184,7 +178,7 @@ def test_a_slow_model_does_not_make_status_hang(db_project, orders, source_conn,
     note instead of a hang (the limit shortened here from its 10 s)."""
     from replicator.commands import status
 
-    _config(db_project, orders)
+    db_project.configure(orders, "orders", replication_key="updated_at")
     # The model's text stays what the copy was loaded with (another text would reload it);
     # how long it sleeps is a value in the source, 0 during the sync, 3 s after it.
     source_conn.execute(f"CREATE TABLE {orders}.slowness AS SELECT 0 AS seconds")

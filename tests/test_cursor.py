@@ -26,12 +26,8 @@ def orders(source_conn, schema):
     return schema
 
 
-def _config(project, schema, table="orders", key="updated_at"):
-    project.write_config({"tables": [{"name": f"{schema}.{table}", "replication_key": key}]})
-
-
 def test_rows_with_a_null_key_are_copied_by_every_sync(db_project, orders, source_conn, dest_conn):
-    _config(db_project, orders)
+    db_project.configure(orders, "orders", replication_key="updated_at")
     assert db_project.run("sync").exit_code == 0
     source_conn.execute(
         sql.SQL(
@@ -90,7 +86,7 @@ def test_check_names_the_keys_a_cursor_misses_with_their_fix(db_project, orders,
 
 
 def test_rows_that_vanish_at_the_cursor_are_reported(db_project, orders, source_conn):
-    _config(db_project, orders)
+    db_project.configure(orders, "orders", replication_key="updated_at")
     assert db_project.run("sync").exit_code == 0
     # The cursor's window holds row 100 (the newest key) and 101 (a NULL key); row 99 is
     # behind the cursor, where no cursor looks.
@@ -115,7 +111,7 @@ def test_rows_that_vanish_at_the_cursor_are_reported(db_project, orders, source_
 def test_a_cursor_set_past_the_source_needs_force_and_status_flags_it(
     db_project, orders, source_conn
 ):
-    _config(db_project, orders)
+    db_project.configure(orders, "orders", replication_key="updated_at")
     assert db_project.run("sync").exit_code == 0
     typo = db_project.run("state", "set-cursor", f"{orders}.orders", "2062-01-01 00:00:00+00")
     assert typo.exit_code == 2

@@ -35,17 +35,11 @@ def two_tables(source_conn, schema):
     return schema
 
 
-def _config(project, schema):
-    project.write_config(
-        {"tables": [{"name": f"{schema}.{t}", "replication_key": "updated_at"} for t in "ab"]}
-    )
-
-
 def test_a_table_held_by_another_host_is_refused_and_the_others_sync(
     db_project, two_tables, dest_conn, source_conn
 ):
     schema = two_tables
-    _config(db_project, schema)
+    db_project.configure(schema, "a", "b", replication_key="updated_at")
     with dest_conn.transaction():  # "the other host", mid-sync of table a
         dest_conn.execute(
             "SELECT pg_advisory_xact_lock(%s::bigint)", (lock_key(TableName(schema, "a")),)
@@ -73,7 +67,7 @@ def test_two_project_copies_running_together_never_corrupt_the_destination(
     db_project, two_tables, dest_conn, source_conn, tmp_path
 ):
     schema = two_tables
-    _config(db_project, schema)
+    db_project.configure(schema, "a", "b", replication_key="updated_at")
     assert db_project.run("sync").exit_code == 0
     other = tmp_path / "other-host"
     shutil.copytree(db_project.path, other)

@@ -8,9 +8,9 @@ import re
 import uuid
 
 import pytest
+from cdc_tables import configure_cdc, create_orders, dba_slot, drop_dba_slots, on_table, slot_of
 from dbcompare import assert_same_table
 from psycopg import sql
-from test_cdc import _config, _create, _dba_slot, _drop_dba_slots, _run, _slot, _sync
 from waiting import wait_for
 
 from replicator.cdc.source.slot import SlotInfo
@@ -52,7 +52,7 @@ def _slot_row(source_conn, project):
     return source_conn.execute(
         "SELECT pg_current_wal_lsn() - restart_lsn, confirmed_flush_lsn, wal_status "
         "FROM pg_replication_slots WHERE slot_name = %s",
-        (_slot(project),),
+        (slot_of(project),),
     ).fetchone()
 
 
@@ -90,35 +90,35 @@ def test_the_slot_moves_past_wal_its_tables_do_not_need_and_keeps_what_they_do(
     """Another database's WAL is passed whether or not the run selects a cdc table; a
     change a cdc table has not applied holds the slot (nothing lost), and past
     cdc.max_retained_wal every run says so, in the log, the webhook and status."""
-    _create(writer, schema)
+    create_orders(writer, schema)
     _plain(writer, schema)
     hook = httpserver.url_for("/hook")
     httpserver.expect_request("/hook", method="POST").respond_with_data("ok")
     _configure(cdc_project, schema, webhook={"url": hook}, cdc={"max_retained_wal": "8MB"})
-    _sync(cdc_project)
+    cdc_project.sync()
 
     _write_wal(other_database, source_conn, 32)
     assert _retained(source_conn, cdc_project) > 32 * MB
     for _ in range(2):  # the first moves past the log; the second its restart point too
-        _sync(cdc_project)
+        cdc_project.sync()
     assert _retained(source_conn, cdc_project) < 2 * MB
 
     _write_wal(other_database, source_conn, 32)
     for _ in range(2):  # no cdc table selected: the slot moves all the same
-        quiet = _sync(cdc_project, "-s", "plain")
+        quiet = cdc_project.sync("-s", "plain")
     assert _retained(source_conn, cdc_project) < 2 * MB
     assert "warning" not in quiet.stderr
     assert all(request.get_json()["warnings"] == [] for request, _ in httpserver.log)
 
-    _run(writer, schema, "UPDATE {t} SET note = 'waits in the slot' WHERE id <= 10")
+    on_table(writer, schema, "UPDATE {t} SET note = 'waits in the slot' WHERE id <= 10")
     (committed,) = writer.execute("SELECT pg_current_wal_lsn()").fetchone()
     _write_wal(other_database, source_conn, 16)
     for _ in range(2):
-        held = _sync(cdc_project, "-s", "plain")
+        held = cdc_project.sync("-s", "plain")
     retained, confirmed, _ = _slot_row(source_conn, cdc_project)
     assert confirmed < committed  # held before the update's commit
     assert retained > 16 * MB
-    warning = f"replication slot {_slot(cdc_project)} retains "
+    warning = f"replication slot {slot_of(cdc_project)} retains "
     assert warning in held.stderr and "over cdc.max_retained_wal (8MB)" in held.stderr
     warnings = httpserver.log[-1][0].get_json()["warnings"]
     assert len(warnings) == 1 and warnings[0].startswith(warning), warnings
@@ -128,10 +128,10 @@ def test_the_slot_moves_past_wal_its_tables_do_not_need_and_keeps_what_they_do(
     assert status[1]["slot_warning"] is None  # not a cdc table
     assert f"warning: {_unsized(warnings[0])}" in _unsized(cdc_project.run("status").output)
 
-    applied = _sync(cdc_project, "-s", "orders")
+    applied = cdc_project.sync("-s", "orders")
     assert "orders: incremental, 10 rows" in applied.stderr
     assert_same_table(source_conn, dest_conn, schema, "orders")
-    _sync(cdc_project)
+    cdc_project.sync()
     assert _retained(source_conn, cdc_project) < 2 * MB
 
 
@@ -146,7 +146,7 @@ def _lose_the_slot(project, schema, writer, source_conn) -> None:
             """A new segment and a checkpoint; the checkpointer reads the reloaded setting a
             moment after the reload, so this may take more than one turn."""
             writer.execute("SELECT pg_switch_wal()")
-            _run(writer, schema, "UPDATE {t} SET amount = amount + 1 WHERE id = 1")
+            on_table(writer, schema, "UPDATE {t} SET amount = amount + 1 WHERE id = 1")
             source_conn.execute("CHECKPOINT")
             return _slot_row(source_conn, project)[2] == "lost"
 
@@ -163,13 +163,13 @@ def test_a_lost_dba_slot_is_said_alike_by_status_and_sync(
     the sync fails the table at every run until the DBA does, and `status` says exactly
     that (it said the next sync makes a new slot and reloads)."""
     slot = f"dba_{uuid.uuid4().hex[:12]}"
-    _create(writer, schema)
-    _dba_slot(source_conn, schema, slot, "orders")
+    create_orders(writer, schema)
+    dba_slot(source_conn, schema, slot, "orders")
     try:
-        _config(
+        configure_cdc(
             cdc_project, schema, "orders", cdc={"slot": slot, "publication": slot, "create": False}
         )
-        _sync(cdc_project)
+        cdc_project.sync()
         _lose_the_slot(cdc_project, schema, writer, source_conn)
         status = json.loads(cdc_project.run("status", "--json").stdout)
         assert status[0]["next_action"] == f"fail: replication slot {slot} is lost", status
@@ -186,11 +186,11 @@ def test_a_lost_dba_slot_is_said_alike_by_status_and_sync(
             assert synced.exit_code == 1 and said in synced.stderr, synced.stderr
         source_conn.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
         source_conn.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))
-        reloaded = _sync(cdc_project)
+        reloaded = cdc_project.sync()
         assert f"{schema}.orders: full_reload" in reloaded.stderr, reloaded.stderr
         assert_same_table(source_conn, dest_conn, schema, "orders")
     finally:
-        _drop_dba_slots(source_conn, slot)
+        drop_dba_slots(source_conn, slot)
 
 
 def test_a_lost_slot_reloads_every_cdc_table_and_the_run_exits_1(
@@ -200,17 +200,17 @@ def test_a_lost_slot_reloads_every_cdc_table_and_the_run_exits_1(
     sync makes a new slot, reloads every cdc table, syncs the others, says the loss in the
     log and the webhook (status failure, `warnings`) and exits 1; `cdc restart --repair`
     is named as the way to keep the copies next time."""
-    _create(writer, schema)
+    create_orders(writer, schema)
     _plain(writer, schema)
     httpserver.expect_request("/hook", method="POST").respond_with_data("ok")
     _configure(cdc_project, schema, webhook={"url": httpserver.url_for("/hook")})
-    _sync(cdc_project)
-    _run(writer, schema, "UPDATE {t} SET note = 'before the loss'")
+    cdc_project.sync()
+    on_table(writer, schema, "UPDATE {t} SET note = 'before the loss'")
     _lose_the_slot(cdc_project, schema, writer, source_conn)
     status = json.loads(cdc_project.run("status", "--json").stdout)
     assert status[0]["next_action"] == "full_reload: slot lost", status  # not incremental
     said = status[0]["slot_warning"]
-    assert said.startswith(f"replication slot {_slot(cdc_project)} is lost"), status
+    assert said.startswith(f"replication slot {slot_of(cdc_project)} is lost"), status
     assert "run `replicator cdc restart --repair` before the next sync" in said
 
     synced = cdc_project.run("sync")
@@ -223,8 +223,8 @@ def test_a_lost_slot_reloads_every_cdc_table_and_the_run_exits_1(
     assert notice["status"] == "failure" and said in notice["warnings"], notice
     assert _slot_row(source_conn, cdc_project)[2] != "lost"  # a new slot
     assert_same_table(source_conn, dest_conn, schema, "orders")
-    _run(writer, schema, "DELETE FROM {t} WHERE id < 10")
-    again = _sync(cdc_project)  # from the new slot: incremental, exit 0
+    on_table(writer, schema, "DELETE FROM {t} WHERE id < 10")
+    again = cdc_project.sync()  # from the new slot: incremental, exit 0
     assert f"{schema}.orders: incremental" in again.stderr
     assert assert_same_table(source_conn, dest_conn, schema, "orders") == 91
 
@@ -232,14 +232,14 @@ def test_a_lost_slot_reloads_every_cdc_table_and_the_run_exits_1(
 def test_a_slot_dropped_outside_the_tool_is_said_alike_by_status_and_sync(
     cdc_project, schema, writer, source_conn, dest_conn
 ):
-    _create(writer, schema)
-    _config(cdc_project, schema, "orders")
-    _sync(cdc_project)
-    source_conn.execute("SELECT pg_drop_replication_slot(%s)", (_slot(cdc_project),))
-    _run(writer, schema, "DELETE FROM {t} WHERE id < 10")
+    create_orders(writer, schema)
+    configure_cdc(cdc_project, schema, "orders")
+    cdc_project.sync()
+    source_conn.execute("SELECT pg_drop_replication_slot(%s)", (slot_of(cdc_project),))
+    on_table(writer, schema, "DELETE FROM {t} WHERE id < 10")
     status = json.loads(cdc_project.run("status", "--json").stdout)
     assert status[0]["next_action"] == "full_reload: slot dropped"
-    synced = _sync(cdc_project)
+    synced = cdc_project.sync()
     assert "full_reload, 91 rows" in synced.stderr and "reason: slot dropped" in synced.stderr
     assert_same_table(source_conn, dest_conn, schema, "orders")
 
@@ -290,12 +290,12 @@ def test_a_slot_past_max_slot_wal_keep_size_is_a_warning_before_it_is_lost(
 ):
     """wal_status unreserved: the source removes the slot's WAL at its next checkpoint. The
     run warns (log, webhook, status) while there is still time to sync, and exits 0."""
-    _create(writer, schema)
+    create_orders(writer, schema)
     _plain(writer, schema)
     httpserver.expect_request("/hook", method="POST").respond_with_data("ok")
     _configure(cdc_project, schema, webhook={"url": httpserver.url_for("/hook")})
-    _sync(cdc_project)
-    _run(writer, schema, "UPDATE {t} SET note = 'waits in the slot' WHERE id <= 10")
+    cdc_project.sync()
+    on_table(writer, schema, "UPDATE {t} SET note = 'waits in the slot' WHERE id <= 10")
     _write_wal(other_database, source_conn, 16)  # held by the update, not yet applied
     try:
         # no checkpoint until the test ends: one would remove the WAL (the slot: lost)
@@ -309,8 +309,8 @@ def test_a_slot_past_max_slot_wal_keep_size_is_a_warning_before_it_is_lost(
             30,
             "the slot's wal_status to become unreserved",
         )
-        held = _sync(cdc_project, "-s", "plain")
-        warning = f"replication slot {_slot(cdc_project)} retains "
+        held = cdc_project.sync("-s", "plain")
+        warning = f"replication slot {slot_of(cdc_project)} retains "
         assert warning in held.stderr, held.stderr
         assert "past the source's max_slot_wal_keep_size (wal_status unreserved)" in held.stderr
         warnings = httpserver.log[-1][0].get_json()["warnings"]
@@ -322,6 +322,6 @@ def test_a_slot_past_max_slot_wal_keep_size_is_a_warning_before_it_is_lost(
         source_conn.execute("ALTER SYSTEM RESET max_slot_wal_keep_size")
         source_conn.execute("ALTER SYSTEM RESET checkpoint_timeout")
         source_conn.execute("SELECT pg_reload_conf()")
-    applied = _sync(cdc_project)
+    applied = cdc_project.sync()
     assert "orders: incremental, 10 rows" in applied.stderr
     assert_same_table(source_conn, dest_conn, schema, "orders")
