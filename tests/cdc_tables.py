@@ -37,6 +37,15 @@ def on_table(conn, schema, statement, *params, table="orders"):
     conn.execute(sql.SQL(statement).format(t=sql.Identifier(schema, table)), params or None)
 
 
+def published_tables(conn, project):
+    """The tables the project's publication holds on the source, by name."""
+    publication = json.loads((project.path / "sync-state" / "cdc.json").read_text())
+    return conn.execute(
+        "SELECT tablename FROM pg_publication_tables WHERE pubname = %s ORDER BY 1",
+        (publication["publication"],),
+    ).fetchall()
+
+
 def slot_of(project):
     """The project's replication slot, as sync-state names it."""
     return json.loads((project.path / "sync-state" / "cdc.json").read_text())["slot"]

@@ -17,6 +17,7 @@ from cdc_tables import (
     dba_slot,
     drop_dba_slots,
     on_table,
+    published_tables,
     slot_of,
 )
 from dbcompare import assert_same_table
@@ -238,12 +239,7 @@ def test_only_cdc_tables_join_the_publication(cdc_project, schema, writer, sourc
         }
     )
     cdc_project.sync()
-    publication = json.loads((cdc_project.path / "sync-state" / "cdc.json").read_text())
-    published = source_conn.execute(
-        "SELECT tablename FROM pg_publication_tables WHERE pubname = %s",
-        (publication["publication"],),
-    ).fetchall()
-    assert published == [("orders",)]
+    assert published_tables(source_conn, cdc_project) == [("orders",)]
     assert "publication" not in cdc_project.sync().stderr
 
 

@@ -14,6 +14,7 @@ from cdc_tables import (
     configure_cdc,
     create_orders,
     on_table,
+    published_tables,
     slot_of,
 )
 from dbcompare import assert_same_table
@@ -91,12 +92,7 @@ def test_check_status_and_cdc_drop(cdc_project, schema, writer, source_conn, des
     assert f"error {schema}.nokey: the source table has no primary key" in checked.output
     synced = cdc_project.run("sync")
     assert synced.exit_code == 1  # nokey fails, and is never added to the publication
-    publication = json.loads((cdc_project.path / "sync-state" / "cdc.json").read_text())
-    published = source_conn.execute(
-        "SELECT tablename FROM pg_publication_tables WHERE pubname = %s",
-        (publication["publication"],),
-    ).fetchall()
-    assert published == [("orders",)]
+    assert published_tables(source_conn, cdc_project) == [("orders",)]
     writer.execute(sql.SQL("DELETE FROM {}").format(sql.Identifier(schema, "nokey")))  # allowed
 
     on_table(writer, schema, "UPDATE {t} SET note = repeat('x', 1000)")
@@ -107,11 +103,12 @@ def test_check_status_and_cdc_drop(cdc_project, schema, writer, source_conn, des
     grid = cdc_project.run("status").output
     assert f"cdc: slot {slot_of(cdc_project)} retains" in grid
 
+    slot = slot_of(cdc_project)
     dropped = cdc_project.run("cdc", "drop")
     assert dropped.exit_code == 0, dropped.output
     assert "dropped replication slot" in dropped.output
     assert not source_conn.execute(
-        "SELECT 1 FROM pg_replication_slots WHERE slot_name = %s", (publication["slot"],)
+        "SELECT 1 FROM pg_replication_slots WHERE slot_name = %s", (slot,)
     ).fetchall()
     configure_cdc(cdc_project, schema, "orders")
     again = cdc_project.sync()

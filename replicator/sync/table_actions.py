@@ -21,10 +21,10 @@ from ..postgres.open_transactions import snapshot_xmax
 from ..project.state import LSN_CURSOR_TYPE, Cursor, Pending, TableState, Window
 from ..report.results import TableResult, utc_now
 from .cdc.adopt_at_slot import adopt_at_slot
-from .context import TableJob
+from .context import KeyBounds, TableJob
 from .full_load.load import full_reload
 from .full_load.resume import abandon, resumable
-from .incremental.batch import batch_size, incremental_sync
+from .incremental.batch import IncrementalResult, batch_size, incremental_sync
 from .incremental.deletes import propagate_deletes
 from .skip_backfill import start_without_backfill
 
@@ -152,16 +152,7 @@ def _incremental(job: TableJob) -> TableResult:
     if not probed.exact:  # the probe stopped counting: only Spark's choice needs the size
         spark = job.run.spark
         rows = batch_size(job.ends.source, job.built, state) if spark.may_choose() else 0
-    with job.output.progress(job.name) as progress:
-        synced = incremental_sync(
-            job.ends,
-            job.built,
-            state,
-            job.run.spark,
-            rows,
-            progress,
-            leftovers=job.run.ahead.leftovers,
-        )
+    synced = _merge(job, state, rows)
     after = synced.cursor.value if synced.cursor else None
     reason = f"cursor {before or 'none'} -> {after or 'none'}"
     result = job.success("incremental", synced.rows_read, reason, synced.bytes, before, after)
@@ -278,8 +269,20 @@ def _resync(job: TableJob) -> TableResult:
     (rows,) = execute(
         job.ends.source, sql.SQL("SELECT count(*) FROM ({}) AS b").format(batch)
     ).fetchone()
+    synced = _merge(job, state, rows, bounds)
+    reason = f"cursor {cursor} kept; re-sync {span}"
+    result = job.success("incremental", synced.rows_read, reason, synced.bytes, cursor, cursor)
+    job.write_state(state.model_copy(update={"last_run": job.outcome(result, utc_now())}))
+    return result
+
+
+def _merge(
+    job: TableJob, state: TableState, rows: int, bounds: KeyBounds | None = None
+) -> IncrementalResult:
+    """One batch read and merged, with progress on the terminal: past the cursor, or the
+    key range of a re-sync."""
     with job.output.progress(job.name) as progress:
-        synced = incremental_sync(
+        return incremental_sync(
             job.ends,
             job.built,
             state,
@@ -289,10 +292,6 @@ def _resync(job: TableJob) -> TableResult:
             bounds,
             job.run.ahead.leftovers,
         )
-    reason = f"cursor {cursor} kept; re-sync {span}"
-    result = job.success("incremental", synced.rows_read, reason, synced.bytes, cursor, cursor)
-    job.write_state(state.model_copy(update={"last_run": job.outcome(result, utc_now())}))
-    return result
 
 
 class _Position(Protocol):
