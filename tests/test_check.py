@@ -179,6 +179,39 @@ def test_role_without_pg_read_all_stats_gets_a_warning(db_project, tables, sourc
     assert "GRANT pg_read_all_stats TO replicator_reader lets a timestamp cursor" in result.stdout
 
 
+def test_a_source_role_without_usage_on_the_schema_is_told_the_grant(
+    db_project, tables, source_conn
+):
+    """SELECT on the table is not enough: without USAGE on its schema the sync fails, so
+    `check` says it, with the GRANT."""
+    source_conn.execute(
+        "DO $$ BEGIN CREATE ROLE replicator_nousage LOGIN; "
+        "EXCEPTION WHEN duplicate_object THEN NULL; END $$"
+    )
+    source_conn.execute(
+        sql.SQL("GRANT SELECT ON ALL TABLES IN SCHEMA {} TO replicator_nousage").format(
+            sql.Identifier(tables)
+        )
+    )
+    url = db_project.env["REPLICATOR_SOURCE_URL"].replace("postgres@", "replicator_nousage@")
+    db_project.write_config(
+        {"tables": [{"name": f"{tables}.good", "replication_key": "updated_at"}]}
+    )
+    result = db_project.run("check", env={"REPLICATOR_SOURCE_URL": url})
+    assert result.exit_code == 1, result.output
+    assert (
+        f"error {tables}.good: the source role lacks USAGE on schema {tables}, which reading "
+        "any table in it needs" in result.stdout
+    ), result.stdout
+    assert f"GRANT USAGE ON SCHEMA {tables} TO replicator_nousage" in result.stdout
+    source_conn.execute(
+        sql.SQL("GRANT USAGE ON SCHEMA {} TO replicator_nousage").format(sql.Identifier(tables))
+    )
+    assert f"error {tables}.good" not in db_project.run(
+        "check", env={"REPLICATOR_SOURCE_URL": url}
+    ).stdout
+
+
 def test_java_and_jdbc_driver_are_reported(db_project, tables):
     db_project.write_config({"tables": [{"name": f"{tables}.good", "mode": "full-refresh"}]})
     result = db_project.run("check")

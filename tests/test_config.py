@@ -199,6 +199,12 @@ def _errors(project, document) -> tuple[int, str]:
             "quotes (is a } or ] missing before it?)",
             id="missing-brace",
         ),
+        pytest.param(
+            '{"tables": [\n  // the orders\n  {"name": "a.b", "mode": "full-refresh"}\n]}',
+            "tables-config.json:2:3: invalid JSON: Expecting value (JSON has no comments: write "
+            'one as a key, `"//": "your note"`)',
+            id="comment",
+        ),
         pytest.param({"tables": []}, "tables: expected at least one table", id="empty"),
         pytest.param({}, "tables: required key is missing", id="missing-tables"),
         pytest.param(

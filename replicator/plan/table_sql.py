@@ -11,6 +11,7 @@ import functools
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
+import psycopg
 from psycopg import sql
 
 from ..base.errors import DatabaseError, TableProblem
@@ -93,6 +94,8 @@ class TableSql:
             text = str(exc)
             if not text.startswith("source: ") or "(reading " in text:
                 raise
+            if exc.sqlstate == INSUFFICIENT_PRIVILEGE and "built-in" in self.model.origin:
+                raise  # the role's, not a model the project never wrote
             raise DatabaseError(
                 f"{text} (reading {self.model.origin})", exc.sqlstate, exc.detail
             ) from None
@@ -196,6 +199,7 @@ def build_table_sql(
     )
 
 
+INSUFFICIENT_PRIVILEGE = psycopg.errors.InsufficientPrivilege.sqlstate
 _MERGE_MACROS = {"incremental-deduped": "merge_deduped", "incremental-append": "merge_append"}
 
 

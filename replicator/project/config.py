@@ -227,6 +227,8 @@ def parse_config(text: str, filename: str = CONFIG_FILE) -> ProjectConfig:
             hint = " (a comma before a closing } or ] is not JSON)"
         elif after in ("{", "[") and exc.msg.startswith("Expecting property name"):
             hint = " (is a } or ] missing before it?)"
+        elif text[exc.pos : exc.pos + 2] in ("//", "/*"):
+            hint = ' (JSON has no comments: write one as a key, `"//": "your note"`)'
         raise ConfigError(
             [f"{filename}:{exc.lineno}:{exc.colno}: invalid JSON: {exc.msg}{hint}"]
         ) from None

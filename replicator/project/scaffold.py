@@ -101,6 +101,7 @@ declare fewer arguments than the built-in (it gets only those it names).
 
 GITIGNORE = """\
 .env
+.venv/
 sync-state/.lock
 sync-state/.*.tmp-*
 """

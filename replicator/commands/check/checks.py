@@ -334,9 +334,21 @@ def _check_table(
             "create it, or fix the name in tables-config.json",
         )
         return
-    (can_select,) = execute(  # column grants count: `columns.exclude` needs no more
-        conn, "SELECT has_any_column_privilege(%s, 'SELECT')", (info.oid,)
+    (can_select, can_use_schema) = execute(  # column grants count: `columns.exclude` needs no more
+        conn,
+        "SELECT has_any_column_privilege(c.oid, 'SELECT'), "
+        "has_schema_privilege(c.relnamespace, 'USAGE') FROM pg_catalog.pg_class c WHERE c.oid = %s",
+        (info.oid,),
     ).fetchone()
+    if not can_use_schema:
+        schema = display_ident(info.name.schema)
+        yield Finding(
+            "error",
+            subject,
+            f"the source role lacks USAGE on schema {schema}, which reading any table in it needs",
+            f"GRANT USAGE ON SCHEMA {schema} TO {display_ident(_current_user(conn))}",
+        )
+        return
     if not can_select:
         yield Finding(
             "error",
