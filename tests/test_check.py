@@ -207,9 +207,10 @@ def test_a_source_role_without_usage_on_the_schema_is_told_the_grant(
     source_conn.execute(
         sql.SQL("GRANT USAGE ON SCHEMA {} TO replicator_nousage").format(sql.Identifier(tables))
     )
-    assert f"error {tables}.good" not in db_project.run(
-        "check", env={"REPLICATOR_SOURCE_URL": url}
-    ).stdout
+    assert (
+        f"error {tables}.good"
+        not in db_project.run("check", env={"REPLICATOR_SOURCE_URL": url}).stdout
+    )
 
 
 def test_java_and_jdbc_driver_are_reported(db_project, tables):

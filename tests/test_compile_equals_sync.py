@@ -21,7 +21,7 @@ pytestmark = pytest.mark.spark
 # The copies run in this process (IN_PROCESS): their statements are captured too.
 WRITES = re.compile(
     r"^(CREATE|ALTER|DROP|INSERT|UPDATE|DELETE|COPY|TRUNCATE|GRANT|REVOKE|COMMENT|ANALYZE|LOCK"
-    r"|MERGE|WITH\b.*\b(INSERT|UPDATE|DELETE|MERGE)\b)",
+    r"|MERGE|REFRESH|WITH\b.*\b(INSERT|UPDATE|DELETE|MERGE)\b)",
     re.S,
 )
 
@@ -101,10 +101,17 @@ def test_full_reload(db_project, shop, dest_conn, sync_capturing):
         )
     )
     dest_conn.execute(
-        sql.SQL("COMMENT ON TABLE {}.orders IS 'copied by replicator'").format(sql.Identifier(shop))
+        sql.SQL(
+            "COMMENT ON TABLE {t} IS 'copied by replicator'; CREATE INDEX by_amount ON {t} "
+            "(amount); ALTER TABLE {t} ENABLE ROW LEVEL SECURITY; CREATE POLICY mine ON {t} "
+            "USING (amount > 0); CREATE MATERIALIZED VIEW {s}.totals AS SELECT status, "
+            "sum(amount) FROM {t} GROUP BY status; CREATE INDEX totals_status ON {s}.totals "
+            "(status)"
+        ).format(t=sql.Identifier(shop, "orders"), s=sql.Identifier(shop))
     )
     compiled = _compiled(db_project, "full_reload")
-    assert any(text.startswith("CREATE VIEW") for _, text in compiled), "the view is carried"
+    for carried in ("CREATE VIEW", "CREATE INDEX", "CREATE POLICY", "REFRESH MATERIALIZED"):
+        assert any(text.startswith(carried) for _, text in compiled), carried
     assert sync_capturing(db_project, "-f") == compiled
 
 

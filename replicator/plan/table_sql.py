@@ -18,6 +18,7 @@ from ..base.errors import DatabaseError, TableProblem
 from ..base.identifiers import TableName, display_ident, quote_ident
 from ..postgres import ddl
 from ..postgres.catalog import Column, TableInfo
+from ..postgres.copy_objects import CopyIndex, configured_index
 from ..postgres.naming import MARK_COLUMN, MARK_TYPE, staging_table
 from ..project.config import TableConfig
 from ..project.state import Cursor
@@ -103,6 +104,26 @@ class TableSql:
     @property
     def destination_columns(self) -> tuple[Column, ...]:
         return destination_columns(self.table, self.columns)
+
+    @functools.cached_property
+    def indexes(self) -> tuple[CopyIndex, ...]:
+        """The indexes `tables[].indexes` asks the copy to keep; a column the copy does not
+        have fails the table."""
+        names = [c.name for c in self.destination_columns]
+        wanted = []
+        for number, index in enumerate(self.table.indexes):
+            unknown = [c for c in index.columns if c not in names]
+            if unknown:
+                raise TableProblem(
+                    f"{self.table.written_name}: indexes[{number}]: "
+                    f"{', '.join(map(display_ident, unknown))} is not a column of the copy "
+                    f"(its columns: {', '.join(map(display_ident, names))}); fix the entry in "
+                    "tables-config.json"
+                )
+            wanted.append(
+                configured_index(self.table.target, index.columns, index.unique, index.type)
+            )
+        return tuple(wanted)
 
     def type_of(self, column: str) -> str:
         """The exact type of one of the model's columns ("" when it has no such column)."""

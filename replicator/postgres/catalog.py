@@ -67,6 +67,8 @@ class TableInfo:
     # (plan/column_rewrite.py). None: a view or foreign table.
     storage: int | None = None
     column_versions: tuple[tuple[str, str], ...] | None = None
+    # Its indexes, by name (a copy's that `tables[].indexes` asks for are built when missing)
+    index_names: frozenset[str] = frozenset()
 
     @property
     def read_as(self) -> str:
@@ -155,7 +157,9 @@ SELECT c.oid, c.relkind,
                      ORDER BY a.attnum)
      FROM pg_catalog.pg_attribute a
      LEFT JOIN pg_catalog.pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum
-     WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped) END
+     WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped) END,
+  (SELECT array_agg(ic.relname::text) FROM pg_catalog.pg_index i
+   JOIN pg_catalog.pg_class ic ON ic.oid = i.indexrelid WHERE i.indrelid = c.oid)
 FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
 LEFT JOIN LATERAL ({_UNIQUE_KEY}) u ON true
 WHERE n.nspname = %s AND c.relname = %s AND c.relkind IN ('r', 'p', 'v', 'm', 'f')
@@ -216,6 +220,7 @@ def _info(
     has_children: bool,
     storage: int | None = None,
     versions: list[list[str]] | None = None,
+    index_names: list[str] | None = None,
 ) -> TableInfo:
     columns = tuple(Column(*attribute) for attribute in attributes or ())
     if any(c.type_oid >= FIRST_NORMAL_OID for c in columns):
@@ -226,7 +231,16 @@ def _info(
         unique = UniqueIndex(index_name, tuple(index_columns))
     column_versions = tuple((str(n), str(x)) for n, x in versions) if versions is not None else None
     return TableInfo(
-        name, oid, KINDS[kind], columns, primary_key, unique, has_children, storage, column_versions
+        name,
+        oid,
+        KINDS[kind],
+        columns,
+        primary_key,
+        unique,
+        has_children,
+        storage,
+        column_versions,
+        frozenset(index_names or ()),
     )
 
 

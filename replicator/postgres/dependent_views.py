@@ -1,11 +1,12 @@
 """Views that depend on a destination table, and whether a reload can carry them across.
 
-A full reload's swap drops each dependent view and recreates it on the new table, with its
-owner, grants and comments (swap.py). For a view another role owns in a schema of its own,
-the loading role needs USAGE and CREATE on that schema and membership in the owner's role,
-and the owner needs CREATE on the schema to own the recreated view. Without them the swap
-would fail with a bare "permission denied for schema ..."; this module finds that before a
-load copies anything (and for `check`), naming each view, its owner and what is lacking.
+A full reload's swap drops each dependent view (materialized ones too) and recreates it on
+the new table, with its owner, grants and comments (swap.py). For a view another role owns
+in a schema of its own, the loading role needs USAGE and CREATE on that schema and
+membership in the owner's role, and the owner needs CREATE on the schema to own the
+recreated view. Without them the swap would fail with a bare "permission denied for schema
+..."; this module finds that before a load copies anything (and for `check`), naming each
+view, its owner and what is lacking.
 """
 
 from __future__ import annotations
@@ -95,13 +96,6 @@ def reload_blockers(views: list[Dependent], target: TableName, role: str) -> tup
     problems, fixes = [], []
     for view in views:
         described = f"{_kind(view)} {view.name} (owner {display_ident(view.owner)})"
-        if view.kind != "v":
-            problems.append(
-                f"{described} depends on {target}: replicator can carry only plain views "
-                "across a reload"
-            )
-            fixes.append(f"drop {view.name} or make it a plain view")
-            continue
         lacks = view.lacks()
         if lacks and view.owner_is_superuser and not view.is_owner:
             problems.append(
@@ -154,7 +148,7 @@ def _grants(view: Dependent, role: str) -> str:
 def _new_owner(view: Dependent, role: str) -> str:
     """For a view a superuser owns: hand it to the loading role (it then reads its tables
     with that role's privileges), instead of making the loading role a superuser."""
-    statements = [f"ALTER VIEW {view.name} OWNER TO {display_ident(role)}"]
+    statements = [f"ALTER {_kind(view).upper()} {view.name} OWNER TO {display_ident(role)}"]
     privileges = tuple(
         p for p, held in (("USAGE", view.has_usage), ("CREATE", view.has_create)) if not held
     )

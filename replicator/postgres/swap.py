@@ -1,12 +1,14 @@
 """The atomic swap: a loaded side table replaces the live table in one short transaction.
 
 Readers never see a missing, empty or half-loaded table: until the commit they read the old
-table, after it the new one. Views that depend on the table are dropped and recreated (from
-their own definitions, so they point at the new table) in the same transaction, with their
-owners, grants, options and comments; the table keeps its grants, owner and comments.
-Anything else that depends on the live table (a materialized view, a foreign key) makes the
-swap fail, leaving the old table untouched. The old table is renamed aside in the transaction
-and dropped after the commit: freeing a big table's files takes time readers should not wait.
+table, after it the new one. Views and materialized views that depend on the table are
+dropped and recreated (from their own definitions, so they point at the new table) in the
+same transaction, with their owners, grants, options, comments and (a materialized view's)
+indexes; a materialized view is refreshed there too, so nobody finds it unpopulated. The
+table keeps its grants, owner, comments, indexes, triggers and policies (copy_objects.py).
+Anything else that depends on the live table (a foreign key) makes the swap fail, leaving the
+old table untouched. The old table is renamed aside in the transaction and dropped after the
+commit: freeing a big table's files takes time readers should not wait.
 
 The statements come from one pure function of what the destination looks like (`SwapFacts`),
 which `compile` prints and the swap runs; the facts are read before the swap and again under
@@ -17,7 +19,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import psycopg
@@ -28,6 +30,7 @@ from ..base.errors import DatabaseError
 from ..base.failpoints import failpoint
 from ..base.identifiers import TableName
 from .catalog import taken_names
+from .copy_objects import CopyIndex, CopyObjects, read_copy_objects, recreate_steps, retire_steps
 from .database import Step, execute, fetch_all, run_steps, transaction
 from .dependent_views import dependents
 from .naming import default_key_name, retired_key_name, retired_table
@@ -43,7 +46,7 @@ WHERE n.nspname = %s AND c.relname = %s
 """
 _OBJECT = """
 SELECT pg_catalog.pg_get_userbyid(c.relowner), c.reloptions,
-       CASE WHEN c.relkind = 'v' THEN pg_catalog.pg_get_viewdef(c.oid, true) END,
+       CASE WHEN c.relkind IN ('v', 'm') THEN pg_catalog.pg_get_viewdef(c.oid, true) END,
        ARRAY(SELECT ARRAY[CASE WHEN a.grantee = 0 THEN '' ELSE
                                pg_catalog.pg_get_userbyid(a.grantee) END,
                           a.privilege_type, a.is_grantable::text]
@@ -53,7 +56,10 @@ SELECT pg_catalog.pg_get_userbyid(c.relowner), c.reloptions,
              LEFT JOIN pg_catalog.pg_attribute att
                     ON att.attrelid = d.objoid AND att.attnum = d.objsubid
              WHERE d.objoid = c.oid AND d.classoid = 'pg_catalog.pg_class'::regclass
-             ORDER BY d.objsubid)
+             ORDER BY d.objsubid),
+       c.relkind, c.relispopulated,
+       ARRAY(SELECT pg_catalog.pg_get_indexdef(i.indexrelid) FROM pg_catalog.pg_index i
+             WHERE i.indrelid = c.oid AND c.relkind = 'm' ORDER BY i.indexrelid)
 FROM pg_catalog.pg_class c WHERE c.oid = %s
 """
 _PRIMARY_KEY_NAME = """
@@ -71,6 +77,13 @@ class SavedObject:
     definition: str | None
     grants: tuple[tuple[str, ...], ...]
     comments: tuple[tuple[str, ...], ...]
+    kind: str = "r"  # pg_class.relkind: "r" the table, "v" a view, "m" a materialized view
+    populated: bool = True  # a materialized view's (WITH NO DATA leaves it unpopulated)
+    indexes: tuple[str, ...] = ()  # a materialized view's, as pg_get_indexdef gives them
+
+    @property
+    def keyword(self) -> str:
+        return {"r": "TABLE", "v": "VIEW", "m": "MATERIALIZED VIEW"}[self.kind]
 
 
 @dataclass(frozen=True)
@@ -83,6 +96,8 @@ class SwapFacts:
     old_key: str | None  # the live table's primary-key name, kept by the new table
     free_key: str  # the name PostgreSQL would give a new key
     current_user: str
+    # the table's indexes, triggers and policies
+    objects: CopyObjects = field(default_factory=CopyObjects)
 
 
 @dataclass(frozen=True)
@@ -117,11 +132,19 @@ def swap_in(
     target: TableName,
     side_key: str | None = None,
     also: Sequence[Step] = (),
-) -> float:
-    """Replace `target` with `side` atomically; return how long the table lock was held.
-    The key keeps the old table's key name, else gets the one PostgreSQL would choose.
-    `also` runs in the same transaction (a `cdc` table's log position)."""
-    return _swap_with_retries(dest, side, target, side_key, also)
+    built: Sequence[CopyIndex] = (),
+) -> Swapped:
+    """Replace `target` with `side` atomically. The key keeps the old table's key name, else
+    gets the one PostgreSQL would choose; the indexes `built` on the side table take the
+    names of the copy's. `also` runs in the same transaction (a `cdc` table's log
+    position)."""
+    return _swap_with_retries(dest, side, target, side_key, also, tuple(built))
+
+
+@dataclass(frozen=True)
+class Swapped:
+    lock_seconds: float  # how long the table lock was held
+    left_out: tuple[CopyIndex, ...]  # the copy's indexes the new table does not have
 
 
 def _retryable(exc: BaseException) -> bool:
@@ -142,9 +165,11 @@ def _swap_with_retries(
     target: TableName,
     side_key: str | None,
     also: Sequence[Step],
-) -> float:
+    built: tuple[CopyIndex, ...],
+) -> Swapped:
     facts = read_facts(dest, target)
-    script = swap_script(facts, side, target, side_key)
+    carried = carried_indexes(facts.objects, built)
+    script = swap_script(facts, side, target, side_key, carried)
     with transaction(dest):
         run_steps(dest, script.prologue)
         locked_at = time.monotonic()
@@ -162,7 +187,19 @@ def _swap_with_retries(
     lock_seconds = time.monotonic() - locked_at
     failpoint("after-swap-commit")
     run_steps(dest, script.after)
-    return lock_seconds
+    left_out = tuple(i for i in facts.objects.indexes if i.name not in {c.name for c in carried})
+    return Swapped(lock_seconds, left_out)
+
+
+def carried_indexes(objects: CopyObjects, built: Sequence[CopyIndex]) -> tuple[CopyIndex, ...]:
+    """The indexes built on the side table that the swap gives their names: each one the copy
+    still has as it was when it was built, and each configured one the copy lacks."""
+    on_copy = {index.name: index for index in objects.indexes}
+    return tuple(
+        index
+        for index in built
+        if on_copy.get(index.name) == index or (index.name not in on_copy and not index.on_copy)
+    )
 
 
 def _run_body(dest: psycopg.Connection[Any], script: SwapScript, target: TableName) -> None:
@@ -176,7 +213,7 @@ def _run_body(dest: psycopg.Connection[Any], script: SwapScript, target: TableNa
                     f"destination: cannot replace {target}: other objects depend on it "
                     f"({detail}); the old table is unchanged"
                 ) from None
-            if meaning is not None and meaning.startswith("view "):
+            if meaning is not None and meaning.startswith(("view ", "materialized view ")):
                 raise DatabaseError(
                     f"destination: cannot recreate dependent {meaning} on the new table: "
                     f"{str(exc).removeprefix('destination: ')}; the old table is unchanged"
@@ -203,13 +240,19 @@ def read_facts(dest: psycopg.Connection[Any], target: TableName) -> SwapFacts:
             old_key=old_key[0][0] if old_key else None,
             free_key=free_key,
             current_user=current_user,
+            objects=read_copy_objects(dest, oid),
         )
 
 
 def swap_script(
-    facts: SwapFacts, side: TableName, target: TableName, side_key: str | None
+    facts: SwapFacts,
+    side: TableName,
+    target: TableName,
+    side_key: str | None,
+    carried: Sequence[CopyIndex] = (),
 ) -> SwapScript:
-    """Pure: the statements that put `side` in place of `target`, given the facts."""
+    """Pure: the statements that put `side` in place of `target`, given the facts and the
+    indexes built on `side` that take the copy's names."""
     prologue = [
         Step(
             "destination",
@@ -229,10 +272,17 @@ def swap_script(
             )
         )
         body += [
-            (Step("destination", sql.SQL("DROP VIEW {}").format(v.name.identifier())), None)
+            (
+                Step(
+                    "destination",
+                    sql.SQL("DROP {} {}").format(sql.SQL(v.keyword), v.name.identifier()),
+                ),
+                None,
+            )
             for v in reversed(facts.views)
         ]
         body += _retire(target, facts.old_key)
+        body += [(s, None) for s in retire_steps(facts.objects, target, carried)]
         after.append(
             Step(
                 "destination",
@@ -242,17 +292,24 @@ def swap_script(
     body += [(s, None) for s in move_steps(side, target, side_key, key_name)]
     body += [(s, None) for s in record_owned_steps(target)]
     if facts.table is not None:
-        body += [(s, None) for s in _restore(facts.table, "TABLE", facts.current_user)]
+        body += [(s, None) for s in _restore(facts.table, facts.current_user)]
+    body += [(s, None) for s in recreate_steps(facts.objects, target, carried)]
     for view in facts.views:
-        body.append((_create_view(view), f"view {view.name}"))
-        body += [(s, None) for s in _restore(view, "VIEW", facts.current_user)]
+        meaning = f"{view.keyword.lower()} {view.name}"
+        body.append((_create_view(view), meaning))
+        body += [(s, None) for s in _restore(view, facts.current_user)]
+        body += [(Step("destination", sql.SQL(index)), meaning) for index in view.indexes]
+        if view.kind == "m" and view.populated:  # as its owner, now that it has its owner
+            refresh = sql.SQL("REFRESH MATERIALIZED VIEW {}").format(view.name.identifier())
+            body.append((Step("destination", refresh), meaning))
     return SwapScript(prologue, body, after)
 
 
 def _retire(target: TableName, key_name: str | None) -> list[tuple[Step, str | None]]:
     """Rename the old table (and its key) aside; it is dropped after the commit. It must be
-    droppable now, though: a foreign key or materialized view that depends on it fails the
-    swap here (a DROP in a savepoint, rolled back), with the old table untouched."""
+    droppable now, though: a foreign key that depends on it fails the
+    swap here (a DROP in a savepoint, rolled back), with the old table untouched. (Its views
+    are dropped by then, to be recreated on the new table.)"""
     retired = retired_table(target)
     steps: list[tuple[Step, str | None]] = [
         (Step("destination", "SAVEPOINT replicator_drop_check"), None),
@@ -321,7 +378,8 @@ def _free_key_name(dest: psycopg.Connection[Any], target: TableName) -> str:
 
 
 def _save(dest: psycopg.Connection[Any], oid: int, name: TableName) -> SavedObject:
-    owner, options, definition, grants, comments = fetch_all(dest, _OBJECT, (oid,))[0]
+    row = fetch_all(dest, _OBJECT, (oid,))[0]
+    owner, options, definition, grants, comments, kind, populated, indexes = row
     return SavedObject(
         name,
         owner,
@@ -329,23 +387,18 @@ def _save(dest: psycopg.Connection[Any], oid: int, name: TableName) -> SavedObje
         definition,
         tuple(map(tuple, grants)),
         tuple(map(tuple, comments)),
+        kind,
+        populated,
+        tuple(indexes),
     )
 
 
 def _dependent_views(dest: psycopg.Connection[Any], oid: int) -> list[SavedObject]:
-    views = []
-    for view in dependents(dest, oid):
-        if view.kind != "v":
-            raise DatabaseError(
-                f"destination: {view.name} (a materialized view) depends on the table: "
-                "replicator can only carry plain views across a reload; drop it or make it a "
-                "view"
-            )
-        views.append(_save(dest, view.oid, view.name))
-    return views
+    return [_save(dest, view.oid, view.name) for view in dependents(dest, oid)]
 
 
 def _create_view(view: SavedObject) -> Step:
+    """A view, or a materialized view without its rows (refreshed once it has its owner)."""
     options = (
         sql.SQL(" WITH ({})").format(sql.SQL(", ").join(map(sql.SQL, view.options)))
         if view.options
@@ -354,14 +407,18 @@ def _create_view(view: SavedObject) -> Step:
     definition = (view.definition or "").rstrip().rstrip(";")
     return Step(
         "destination",
-        sql.SQL("CREATE VIEW {}{} AS {}").format(
-            view.name.identifier(), options, sql.SQL(definition)
+        sql.SQL("CREATE {} {}{} AS {}{}").format(
+            sql.SQL(view.keyword),
+            view.name.identifier(),
+            options,
+            sql.SQL(definition),
+            sql.SQL(" WITH NO DATA" if view.kind == "m" else ""),
         ),
     )
 
 
-def _restore(saved: SavedObject, kind: str, current_user: str) -> list[Step]:
-    ident, keyword = saved.name.identifier(), sql.SQL(kind)
+def _restore(saved: SavedObject, current_user: str) -> list[Step]:
+    ident, keyword = saved.name.identifier(), sql.SQL(saved.keyword)
     statements: list[sql.Composable] = []
     if saved.owner != current_user:
         statements.append(

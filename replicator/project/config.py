@@ -80,6 +80,18 @@ class ColumnsConfig(_Frozen):
     include: ColumnList | None = None  # given, never empty: [] would let every column out
 
 
+# PostgreSQL's index methods (pg_am) a `tables[].indexes` entry may name.
+IndexType = Literal["btree", "hash", "gist", "gin", "brin", "spgist"]
+
+
+class IndexConfig(_Frozen):
+    """An index the copy keeps, in dbt-postgres's shape (postgres/copy_objects.py)."""
+
+    columns: ColumnList
+    unique: bool = False
+    type: IndexType = "btree"
+
+
 class TableConfig(_Frozen):
     """One replicated table: where it comes from, where it goes, and how it is kept in sync."""
 
@@ -100,6 +112,7 @@ class TableConfig(_Frozen):
     initial_load: InitialLoad = "full"
     deletes: Deletes = "ignore"
     deletes_interval: Annotated[int, Field(ge=0, le=31_536_000)] = 0  # seconds; 0: every sync
+    indexes: Annotated[tuple[IndexConfig, ...], Field(strict=False)] = ()
     # The name exactly as written in the config: the webhook and logs use it.
     written_name: str = Field(default="", exclude=True)
     # Set on the tables a pattern entry expands to (plan/selection.py): the index of the
@@ -194,6 +207,7 @@ _MODELS: dict[str, type[BaseModel]] = {
     "spark": SparkConfig,
     "cdc": CdcConfig,
     "columns": ColumnsConfig,
+    "indexes": IndexConfig,
     "metrics": MetricsConfig,
 }
 
@@ -362,6 +376,7 @@ _CHOICES: dict[str, tuple[str, ...]] = {
     "on_schema_change": get_args(SchemaPolicy),
     "initial_load": get_args(InitialLoad),
     "deletes": get_args(Deletes),
+    "type": get_args(IndexType),
 }
 _EXPECTED = {
     "string_type": "expected a string",

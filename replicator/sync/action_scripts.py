@@ -167,8 +167,14 @@ def _full_reload(
         if inputs.dest is not None
         else SwapFacts(0, None, (), default_key_name(target), default_key_name(target), "")
     )
-    swapped = swap_script(swap, side_table(target), target, side_key_name(built))
-    finish = [*key_steps(built), *swapped.steps([forget_step(target)]), *end_load_steps(LOAD_ID)]
+    wanted = swap.objects.with_configured(built.indexes).indexes
+    indexes = [index for index in wanted if index.tail is not None]
+    swapped = swap_script(swap, side_table(target), target, side_key_name(built), indexes)
+    finish = [
+        *key_steps(built, indexes),
+        *swapped.steps([forget_step(target)]),
+        *end_load_steps(LOAD_ID),
+    ]
     resumes = resumable(built.table.mode, built.table.replication_key)
     seen = outlook(inputs.source, inputs.dest, built, source) if resumes and inputs.dest else None
     if seen is not None and seen[1] is None and not next_resumes:

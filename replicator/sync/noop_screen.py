@@ -4,13 +4,13 @@ finished as a `noop` without its destination lock or a state file written on its
 of 1,000 untouched tables costs a few round trips more than a run of ten.
 
 Only the plainest case is screened: a cursor table (no `cdc`) with a state, whose plan is
-incremental on a copy the tool owns, no unfinished reload, on a plain run (no `-f`,
-`--since`, `--deletes`). A table with `deletes` whose delete check is due is screened when
-its copy holds as many rows as its model reads (probe_many.counts_match: one count a side,
-fifty tables a statement), which is its delete check's answer when nothing was deleted.
-Everything else goes through the run's usual steps, planned under its lock; a table the
-screen finds changed keeps the screen's plan, and only what can change is read again under
-its lock (plan/drift.recheck).
+incremental on a copy the tool owns that has the indexes its config asks for, no unfinished
+reload, on a plain run (no `-f`, `--since`, `--deletes`). A table with `deletes` whose
+delete check is due is screened when its copy holds as many rows as its model reads
+(probe_many.counts_match: one count a side, fifty tables a statement), which is its delete
+check's answer when nothing was deleted. Everything else goes through the run's usual
+steps, planned under its lock; a table the screen finds changed keeps the screen's plan,
+and only what can change is read again under its lock (plan/drift.recheck).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from ..report.results import TableResult, utc_now
 from .context import EarlyPlan, RunContext, TableJob
 from .full_load.resume import unfinished_targets
 from .probe_many import counts_match, probe_many
-from .table_actions import finish_noop
+from .table_actions import finish_noop, missing_indexes
 
 CURSOR_MODES = ("incremental-deduped", "incremental-append")
 
@@ -91,5 +91,7 @@ def _candidate(
     except (ReplicatorError, psycopg.Error):
         return None  # its own sync says why
     if planned.plan.action != "incremental" or planned.observed.ownership != "owned":
+        return None
+    if missing_indexes(planned):  # built under its lock (table_actions)
         return None
     return TableJob(run, ends, table, planned, state, output, started, started_at)

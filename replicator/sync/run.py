@@ -49,7 +49,7 @@ from .incremental.resync import resync_bounds
 from .noop_screen import screen_noops
 from .run_record import record_run
 from .run_tables import expanded
-from .table_actions import carry_out
+from .table_actions import carry_out, keep_configured_indexes
 from .unreachable import fail_the_rest
 
 log = logging.getLogger("replicator.sync")
@@ -416,6 +416,8 @@ def _sync_locked_table(
             plan = planned.plan
         if planned.observed.ownership == "legacy":
             _adopt(run, ends, table)
+        if plan.action != "full_reload":  # a reload builds them on its new table
+            keep_configured_indexes(ends.dest, planned)
         job = TableJob(run, ends, table, planned, state, output, started, started_at)
         if plan.action == "incremental" and table.mode == "cdc" and capture is not None:
             capture.defer(job)

@@ -8,7 +8,7 @@ align) are gathered first, into `DestinationFacts`; values known only while a ru
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,6 +19,7 @@ from ..base.identifiers import INTERNAL_SCHEMA, TableName
 from ..cdc.apply.applied import record_applied_step
 from ..plan.table_sql import TableSql
 from ..postgres import ddl
+from ..postgres.copy_objects import CopyIndex
 from ..postgres.database import Step
 from ..postgres.dest_schema import bookkeeping_steps, missing_objects, schema_steps
 from ..postgres.naming import derived_name, retired_table, staging_table, staging_tables
@@ -119,15 +120,19 @@ def prepare_steps(
     ]
 
 
-def key_steps(built: TableSql) -> list[Step]:
-    """The loaded side table's primary key and statistics, before readers see it. A bigger
-    sort budget lets PostgreSQL build the key in memory, with parallel workers."""
-    side = side_table(built.table.target)
+def key_steps(built: TableSql, indexes: Sequence[CopyIndex] = ()) -> list[Step]:
+    """The loaded side table's primary key, the copy's other indexes (copy_objects.py) and
+    statistics, before readers see it. A bigger sort budget lets PostgreSQL build each index
+    in memory, with parallel workers."""
+    target = built.table.target
+    side = side_table(target)
     budget = sql.SQL("SET maintenance_work_mem = {}").format(sql.Literal(MAINTENANCE_WORK_MEM))
     steps = [_destination(budget)]
     key = key_statement(built)
     if key is not None:
         steps.append(_destination(key))
+    for index in indexes:
+        steps += index.build(side, target)
     return [
         *steps,
         _destination(sql.SQL("ANALYZE {}").format(side.identifier())),

@@ -6,17 +6,21 @@ from __future__ import annotations
 
 import logging
 from dataclasses import replace
-from typing import Protocol
+from typing import Any, Protocol
 
+import psycopg
 from psycopg import sql
 
+from ..base.errors import DatabaseError, TableProblem
 from ..base.failpoints import failpoint
+from ..base.identifiers import display_ident
 from ..cdc.source.slot import lsn_text
 from ..plan.cursor import ProbeResult, probe, waiting_line
 from ..plan.decide import Plan
-from ..plan.drift import destination_has_rows, destination_oid
+from ..plan.drift import Planned, destination_has_rows, destination_oid
 from ..plan.table_sql import batch_query
-from ..postgres.database import execute
+from ..postgres.copy_objects import CopyIndex, create_on_copy
+from ..postgres.database import execute, run_steps
 from ..postgres.open_transactions import snapshot_xmax
 from ..project.state import LSN_CURSOR_TYPE, Cursor, Pending, TableState, Window
 from ..report.results import TableResult, utc_now
@@ -43,6 +47,35 @@ def carry_out(job: TableJob) -> TableResult:
         if job.plan.action == "skip_backfill":
             return _skip_backfill(job)
         return _full_reload(job)
+
+
+def keep_configured_indexes(dest: psycopg.Connection[Any], planned: Planned) -> None:
+    """Build on the copy the indexes `tables[].indexes` asks for that it lacks (added to the
+    config since its last load, or dropped by someone)."""
+    missing = missing_indexes(planned)
+    target = planned.built.table.target
+    for index in missing:
+        log.info(
+            "%s: building index %s (tables[].indexes)",
+            planned.built.table.written_name,
+            display_ident(index.name),
+        )
+        try:
+            run_steps(dest, [create_on_copy(index, target)])
+        except DatabaseError as exc:
+            raise TableProblem(
+                f"{planned.built.table.written_name}: the index {display_ident(index.name)} "
+                "that tables-config.json asks for cannot be built on the copy: "
+                f"{str(exc).removeprefix('destination: ')}; fix the rows or the entry"
+            ) from None
+
+
+def missing_indexes(planned: Planned) -> list[CopyIndex]:
+    """The configured indexes the copy lacks (none while it does not exist)."""
+    destination = planned.observed.destination
+    if destination is None:
+        return []
+    return [i for i in planned.built.indexes if i.name not in destination.index_names]
 
 
 def _full_reload(job: TableJob) -> TableResult:

@@ -359,7 +359,8 @@ def _check_table(
         return
     try:
         built = inspect_table(conn, table, project.templates)
-        _ = (built.merge, built.create_destination)  # rendered now: a macro override may fail
+        # rendered now: a macro override may fail, an index name a column the copy lacks
+        _ = (built.merge, built.create_destination, built.indexes)
     except ReplicatorError as exc:
         yield Finding("error", subject, str(exc).removeprefix(f"{subject}: "))
         return

@@ -26,11 +26,12 @@ from ...cdc.source.slot_snapshot import SlotSnapshot
 from ...plan.cursor import first_cursor
 from ...plan.table_sql import TableSql
 from ...postgres.catalog import TableInfo
+from ...postgres.copy_objects import CopyIndex
 from ...postgres.database import Endpoints, execute, render, run_steps
 from ...postgres.dependent_views import reload_problem
 from ...postgres.naming import MARKER_TABLE
 from ...postgres.snapshot import ExportedSnapshot
-from ...postgres.swap import swap_in
+from ...postgres.swap import read_facts, swap_in
 from ...project.state import Cursor, Pending, Window
 from ...spark.runner import SparkRunner
 from ...transfer.copy_progress import NO_PROGRESS, Sink, watch_copy
@@ -191,25 +192,31 @@ def _load_and_swap(
             lsn = snap.lsn
     failpoint("after-load-before-swap")
     rows, size = _loaded(ends.dest, load_id)
-    progress.phase("building the primary key, analyzing")
+    progress.phase("building the primary key and indexes, analyzing")
     moved = found is not None and not isinstance(parts[0], KeyRange)  # page ranges
-    removed = _finish_side_table(ends.dest, side, built, rows_moved_pages=moved)
+    wanted = read_facts(ends.dest, target).objects.with_configured(built.indexes).indexes
+    removed, indexes = _finish_side_table(
+        ends.dest, side, built, [i for i in wanted if i.tail is not None], rows_moved_pages=moved
+    )
     rows -= removed if moved else 0  # read twice, kept once
-    phases.mark("primary key built, analyzed")
+    phases.mark(f"primary key and {len(indexes)} index(es) built, analyzed")
     progress.phase("swapping the new table in")
     also = [record_applied_step(target, lsn)] if lsn is not None else []
     # Any full load ends an unfinished one (a table whose mode changed, say).
     also.append(resume.forget_step(target))
-    lost = _own_indexes(ends.dest, target)
-    lock_seconds = swap_in(ends.dest, side, target, side_key_name(built), also)
+    swapped = swap_in(ends.dest, side, target, side_key_name(built), also, indexes)
+    lock_seconds = swapped.lock_seconds
     phases.mark(f"swapped (table lock held {lock_seconds * 1000:.0f} ms)")
-    if lost:  # the reload builds its table anew: only its primary key (how-it-works/full-load)
-        log.warning(
-            "%s: the reload left out index(es) made on the copy by hand: %s; create them "
-            "again (after each reload)",
-            built.table.written_name,
-            ", ".join(lost),
-        )
+    said = {i.name for i in wanted if i not in indexes and i.tail is not None}
+    for index in swapped.left_out:
+        if index.name not in said:  # made while the load ran, or of a shape not rebuilt
+            log.warning(
+                "%s: the reload left out index %s of the copy (made while it loaded, or of a "
+                "kind it cannot rebuild); to create it again: %s",
+                built.table.written_name,
+                display_ident(index.name),
+                index.statement(target),
+            )
     forget_markers(ends.dest, load_id)
     return LoadResult(
         rows=rows,
@@ -281,26 +288,62 @@ def _keep_newest_version_per_key(
 
 
 def _finish_side_table(
-    dest: psycopg.Connection[Any], side: TableName, built: TableSql, *, rows_moved_pages: bool
-) -> int:
-    """Build the primary key after the load, then analyze, before readers see the table
-    (scripts.key_steps). A model that returned a key twice fails the key build once; so
-    does a resumed load of page ranges where a row moved pages between its two snapshots.
-    Returns how many rows that removed."""
+    dest: psycopg.Connection[Any],
+    side: TableName,
+    built: TableSql,
+    indexes: list[CopyIndex],
+    *,
+    rows_moved_pages: bool,
+) -> tuple[int, list[CopyIndex]]:
+    """Build the primary key and the copy's indexes after the load, then analyze, before
+    readers see the table (scripts.key_steps). A model that returned a key twice fails the
+    key build once; so does a resumed load of page ranges where a row moved pages between
+    its two snapshots. Returns how many rows that removed, and the indexes built."""
     key = key_statement(built)
     key_text = render(key) if key is not None else None
-    removed = 0
-    for step in key_steps(built):
+    target = built.table.target
+    of_index = {step.text: index for index in indexes for step in index.build(side, target)}
+    removed, failed = 0, set()
+    for step in key_steps(built, indexes):
+        index = of_index.get(step.text)
+        if index is not None and index.name in failed:
+            continue
         try:
             execute(dest, step.statement, step.params)
         except DatabaseError as exc:
+            if index is not None:
+                failed.add(_index_failed(built, index, exc))
+                continue
             if step.text == key_text and exc.sqlstate == NOT_NULL_VIOLATION:
                 raise _null_in_the_key(built) from None
             if step.text != key_text or exc.sqlstate != UNIQUE_VIOLATION:
                 raise
             removed = _keep_newest_version_per_key(dest, side, built, rows_moved_pages)
             execute(dest, step.statement, step.params)
-    return removed
+    return removed, [index for index in indexes if index.name not in failed]
+
+
+def _index_failed(built: TableSql, index: CopyIndex, exc: DatabaseError) -> str:
+    """An index the new rows or columns do not allow: one `tables[].indexes` asks for fails
+    the table; one someone made on the copy is left out, said with its statement."""
+    name, target = built.table.written_name, built.table.target
+    why = str(exc).removeprefix("destination: ").replace(index.built_name(target), index.name)
+    if exc.detail:
+        why += f" ({exc.detail.rstrip('.')})"
+    if index.configured:
+        raise TableProblem(
+            f"{name}: the index {display_ident(index.name)} that tables-config.json asks for "
+            f"cannot be built on the reloaded table: {why}; fix the rows or the entry"
+        ) from None
+    log.warning(
+        "%s: the reload left out index %s of the copy: it cannot be built on the new rows or "
+        "columns (%s); to create it again: %s",
+        name,
+        display_ident(index.name),
+        why,
+        index.statement(built.table.target),
+    )
+    return index.name
 
 
 class NullInTheKey(TableProblem):
@@ -317,14 +360,3 @@ def _null_in_the_key(built: TableSql) -> NullInTheKey:
         "primary key cannot hold: fix those rows in the source, or set `primary_key` to "
         "columns that are never NULL; the next sync starts the load over"
     )
-
-
-def _own_indexes(dest: psycopg.Connection[Any], target: TableName) -> list[str]:
-    """The copy's indexes besides its primary key (someone made them there)."""
-    rows = execute(
-        dest,
-        "SELECT i.indexrelid::regclass::text FROM pg_catalog.pg_index i "
-        "WHERE i.indrelid = to_regclass(%s) AND NOT i.indisprimary ORDER BY 1",
-        (target.sql(),),
-    ).fetchall()
-    return [row[0] for row in rows]
