@@ -128,6 +128,28 @@ def test_incremental(db_project, shop, source_conn, sync_capturing, mode):
     assert sync_capturing(db_project) == compiled
 
 
+def test_an_evolution_of_the_schema(db_project, shop, source_conn, dest_conn, sync_capturing):
+    db_project.configure(shop, "orders", replication_key="updated_at", on_schema_change="evolve")
+    sync_capturing(db_project)
+    dest_conn.execute(
+        sql.SQL("CREATE VIEW {}.amounts AS SELECT id, amount FROM {}.orders").format(
+            sql.Identifier(shop), sql.Identifier(shop)
+        )
+    )
+    source_conn.execute(
+        sql.SQL(
+            "ALTER TABLE {t} ADD COLUMN region text DEFAULT 'eu'; "
+            "ALTER TABLE {t} ALTER COLUMN amount TYPE numeric(14,2); "
+            "UPDATE {t} SET region = 'us' WHERE id % 10 = 0"
+        ).format(t=sql.Identifier(shop, "orders"))
+    )
+    _change(source_conn, shop)
+    compiled = _compiled(db_project, "incremental")
+    for part in ("ALTER TABLE", "UPDATE", "CREATE VIEW", "COPY"):
+        assert any(text.startswith(part) for _, text in compiled), part
+    assert sync_capturing(db_project) == compiled
+
+
 def test_start_without_backfill(db_project, shop, sync_capturing):
     db_project.configure(shop, "orders", replication_key="updated_at", initial_load="skip")
     compiled = _compiled(db_project, "start_without_backfill")

@@ -252,13 +252,13 @@ def _errors(project, document) -> tuple[int, str]:
         pytest.param("[1, 2]", 'expected a JSON object like {"tables": [...]}', id="not-object"),
         pytest.param(
             {"tables": [{"name": "a.b", "replication_key": "u", "on_schema_change": "reload"}]},
-            'tables[0].on_schema_change: expected one of full_reload, fail, got "reload"; '
+            'tables[0].on_schema_change: expected one of full_reload, fail, evolve, got "reload"; '
             'did you mean "full_reload"?',
             id="bad-schema-policy",
         ),
         pytest.param(
             {"tables": [{"name": "a.b", "replication_key": "u"}], "on_schema_change": "ignore"},
-            'on_schema_change: expected one of full_reload, fail, got "ignore"',
+            'on_schema_change: expected one of full_reload, fail, evolve, got "ignore"',
             id="bad-top-schema-policy",
         ),
         pytest.param(

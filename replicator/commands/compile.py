@@ -355,6 +355,7 @@ def _compile_table(
         planned.plan,
         planned.observed.destination is not None,
         resync,
+        evolving=planned.observed,
     )
     return CompiledTable(planned, scripts, _cursor_note(state), inputs.source)
 

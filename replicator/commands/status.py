@@ -87,6 +87,8 @@ def table_status(project: Project, table: TableConfig) -> tuple[dict[str, Any], 
         "last_synced_at": None,
         "last_run_at": None,
         "last_status": None,
+        "last_action": None,  # the last run's action and why (`schema evolved: ...`)
+        "last_reason": None,
         "last_error": None,
         "rows": None,
         "last_run_rows": None,
@@ -121,6 +123,8 @@ def table_status(project: Project, table: TableConfig) -> tuple[dict[str, Any], 
         row.update(
             last_run_at=state.last_run.finished_at,
             last_status=state.last_run.status,
+            last_action=state.last_run.action,
+            last_reason=state.last_run.reason,
             last_run_rows=state.last_run.rows,
             last_error=state.last_run.error,
         )

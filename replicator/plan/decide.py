@@ -33,6 +33,7 @@ def plan_table(
     schema_change: str | None = None,
     destination_change: str | None = None,
     on_schema_change: str = "full_reload",
+    cannot_evolve: str | None = None,
     initial_load: str = "full",
     not_owned: str | None = None,
     name: str = "<table>",
@@ -45,7 +46,8 @@ def plan_table(
 ) -> Plan:
     """Full reload when anything says so, else incremental from the stored cursor.
 
-    `schema_change` describes how the source differs from the stored signature;
+    `schema_change` describes how the source differs from the stored signature (under
+    on_schema_change "evolve", `cannot_evolve` says why the copy cannot take it in place);
     `model_change` how the model's SQL differs from the one the copy was loaded with (the
     user's own change: on_schema_change does not apply); `destination_emptied`: the copy
     held rows at its last sync and holds none now (a TRUNCATE there): no cursor would bring
@@ -67,6 +69,7 @@ def plan_table(
         on_schema_change,
         initial_load,
         name,
+        cannot_evolve,
     )
     if pattern is not None and plan.reason == "no state":
         plan = Plan("full_reload", f"no state: new table matched {pattern}")
@@ -105,6 +108,7 @@ def _plan(
     on_schema_change: str,
     initial_load: str,
     name: str,
+    cannot_evolve: str | None = None,
 ) -> Plan:
     if mode == "full-refresh":
         return Plan("full_reload", "mode full-refresh")
@@ -128,6 +132,11 @@ def _plan(
                 'on_schema_change is "fail": review the change, then reload the table with '
                 f"`replicator sync -f -s {name}`",
             )
+        if on_schema_change == "evolve" and cannot_evolve is None and not destination_change:
+            return Plan("incremental", f"schema evolved: {schema_change}")
+        if on_schema_change == "evolve":
+            why = cannot_evolve or f"the destination table was altered: {destination_change}"
+            return Plan("full_reload", f"schema changed: {schema_change} (cannot evolve: {why})")
         return Plan("full_reload", f"schema changed: {schema_change}")
     if destination_change:
         return Plan("full_reload", f"destination table altered: {destination_change}")

@@ -12,8 +12,8 @@ import psycopg
 from psycopg import sql
 
 from ..base.errors import DatabaseError
-from ..base.identifiers import TableName
-from ..postgres.catalog import TableInfo, describe_table
+from ..base.identifiers import TableName, display_ident
+from ..postgres.catalog import FIRST_NORMAL_OID, TableInfo, describe_table
 from ..postgres.database import execute
 from ..postgres.naming import MARK_COLUMN
 from ..postgres.ownership import (
@@ -30,6 +30,7 @@ from ..project.state import TableState
 from ..project.templates import Templates
 from .column_rewrite import rewritten_columns
 from .decide import Plan, plan_table
+from .evolution import Evolution, evolution
 from .inspect_table import inspect_source
 from .model_change import ChildTablesChanged, ModelChanged, ShapingChanged, model_change
 from .partition_change import PartitionsChanged, behind_cursor, leaf_changes, partitions_change
@@ -54,6 +55,9 @@ class Observed:
     destination_has_rows: bool | None = None
     # A partitioned table's leaves against the stored ones (partition_change.py).
     partitions_changed: PartitionsChanged | None = None
+    # `on_schema_change: "evolve"` and a schema change: how the copy takes it in place
+    # (plan/evolution.py), or why it cannot.
+    evolution: Evolution | str | None = None
 
     @property
     def schema_change(self) -> str | None:
@@ -131,6 +135,9 @@ def observe(
             destination_changes = diff(before.as_created(), actual)
             if has_mark != (table.deletes == "mark"):
                 destination_changes.append(MarkColumnChanged(wanted=not has_mark))
+    evolving: Evolution | str | None = None
+    if schema_changes and table.on_schema_change == "evolve":
+        evolving = _evolving(table, built, schema_changes)
     return Observed(
         signature,
         destination,
@@ -140,7 +147,23 @@ def observe(
         changed_model,
         has_rows,
         changed_leaves,
+        evolving,
     )
+
+
+def _evolving(table: TableConfig, built: TableSql, changes: list[Change]) -> Evolution | str:
+    """The changes as the copy takes them in place, or why it cannot."""
+    if table.mode == "cdc":
+        return "a cdc table's copy takes a schema change by a reload in this version"
+    found = evolution(changes)
+    if isinstance(found, str):
+        return found
+    by_name = {c.name: c for c in built.columns}
+    for column in found.added:
+        added = by_name.get(column.name)
+        if added is not None and added.type_oid >= FIRST_NORMAL_OID:
+            return f"column {display_ident(column.name)} is of a user-defined type, {added.type}"
+    return found
 
 
 def destination_has_rows(dest_conn: psycopg.Connection[Any], target: TableName) -> bool:
@@ -183,6 +206,7 @@ def plan_observed(
         and observed.destination is not None
         and observed.destination.oid != state.destination_oid,
         on_schema_change=table.on_schema_change or "full_reload",
+        cannot_evolve=observed.evolution if isinstance(observed.evolution, str) else None,
         initial_load=table.initial_load,
         not_owned=(
             not_owned_fix(table.target, table.written_name)

@@ -271,16 +271,7 @@ def swap_script(
                 sql.SQL("LOCK TABLE {} IN ACCESS EXCLUSIVE MODE").format(target.identifier()),
             )
         )
-        body += [
-            (
-                Step(
-                    "destination",
-                    sql.SQL("DROP {} {}").format(sql.SQL(v.keyword), v.name.identifier()),
-                ),
-                None,
-            )
-            for v in reversed(facts.views)
-        ]
+        body += [(step, None) for step in _drop_views(facts)]
         body += _retire(target, facts.old_key)
         body += [(s, None) for s in retire_steps(facts.objects, target, carried)]
         after.append(
@@ -294,15 +285,37 @@ def swap_script(
     if facts.table is not None:
         body += [(s, None) for s in _restore(facts.table, facts.current_user)]
     body += [(s, None) for s in recreate_steps(facts.objects, target, carried)]
+    body += _recreate_views(facts)
+    return SwapScript(prologue, body, after)
+
+
+def view_steps(facts: SwapFacts) -> tuple[list[Step], list[Step]]:
+    """The table's dependent views dropped (deepest first), and created again (shallowest
+    first) as the swap recreates them: what an ALTER of a column they use needs around it
+    (sync/incremental/evolve.py)."""
+    return _drop_views(facts), [step for step, _ in _recreate_views(facts)]
+
+
+def _drop_views(facts: SwapFacts) -> list[Step]:
+    return [
+        Step("destination", sql.SQL("DROP {} {}").format(sql.SQL(v.keyword), v.name.identifier()))
+        for v in reversed(facts.views)
+    ]
+
+
+def _recreate_views(facts: SwapFacts) -> list[tuple[Step, str | None]]:
+    """Each view with its owner, grants and comments; a materialized view with its indexes,
+    then refreshed as its owner."""
+    body: list[tuple[Step, str | None]] = []
     for view in facts.views:
         meaning = f"{view.keyword.lower()} {view.name}"
         body.append((_create_view(view), meaning))
         body += [(s, None) for s in _restore(view, facts.current_user)]
         body += [(Step("destination", sql.SQL(index)), meaning) for index in view.indexes]
-        if view.kind == "m" and view.populated:  # as its owner, now that it has its owner
+        if view.kind == "m" and view.populated:
             refresh = sql.SQL("REFRESH MATERIALIZED VIEW {}").format(view.name.identifier())
             body.append((Step("destination", refresh), meaning))
-    return SwapScript(prologue, body, after)
+    return body
 
 
 def _retire(target: TableName, key_name: str | None) -> list[tuple[Step, str | None]]:

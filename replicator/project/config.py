@@ -41,8 +41,9 @@ from .spark_remote import checked_url
 CONFIG_FILE = "tables-config.json"
 MODES = ("incremental-deduped", "incremental-append", "full-refresh", "cdc")
 Mode = Literal["incremental-deduped", "incremental-append", "full-refresh", "cdc"]
-# What a table whose source schema changed does: reload alone (default), or fail alone.
-SchemaPolicy = Literal["full_reload", "fail"]
+# What a table whose source schema changed does: reload alone (default), fail alone, or take
+# the change in place where it can (plan/evolution.py), reloading where it cannot.
+SchemaPolicy = Literal["full_reload", "fail", "evolve"]
 # "skip": the first sync copies no existing row; it starts at the source's newest key.
 InitialLoad = Literal["full", "skip"]
 # What a cursor table does with rows deleted in the source.

@@ -16,7 +16,7 @@ EXAMPLE_CONFIG = """\
       "name": "public.orders",
       "replication_key": "updated_at",
       "mode": "incremental-deduped",
-      "//on_schema_change": "full_reload (default: a changed source reloads this table) or fail",
+      "//on_schema_change": "full_reload (default: reload on a source change), fail, or evolve",
       "//initial_load": "skip: the first sync copies no existing row, starts at the newest key",
       "//deletes": "delete: rows deleted in the source go here too (mark: kept, stamped)"
     },

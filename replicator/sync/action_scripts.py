@@ -16,10 +16,12 @@ import psycopg
 from psycopg import sql
 
 from ..plan.decide import Plan
+from ..plan.drift import Observed
+from ..plan.evolution import Evolution
 from ..plan.read_ahead import NOTHING_READ, ReadAhead
 from ..plan.table_sql import TableSql, fitting_cursor
 from ..postgres.catalog import TableInfo
-from ..postgres.database import Step, execute
+from ..postgres.database import Endpoints, Step, execute
 from ..postgres.naming import default_key_name
 from ..postgres.swap import SwapFacts, read_facts, swap_script
 from ..project.settings import Settings
@@ -41,6 +43,7 @@ from .full_load.resume import (
     unfinished_targets,
 )
 from .incremental.batch import batch_for, batch_tasks
+from .incremental.evolve import evolve_script
 from .scripts import (
     DestinationFacts,
     direct_batch,
@@ -101,8 +104,10 @@ def action_scripts(
     plan: Plan,
     destination_exists: bool,
     resync: KeyBounds | None = None,
+    evolving: Observed | None = None,
 ) -> ActionScripts:
-    """Read what the actions read, and build what they would run."""
+    """Read what the actions read, and build what they would run; an incremental run that
+    takes a schema change in place (`evolving`'s evolution) starts with the evolution's."""
     scripts = ActionScripts(full_reload=[])
     version = inputs.source.info.server_version
     facts = _facts(inputs, built, scripts)
@@ -124,6 +129,12 @@ def action_scripts(
         scripts.incremental = _incremental(
             inputs, built, state, batch_facts, None, version, unfinished
         )
+        evolution = evolving.evolution if evolving is not None else None
+        if isinstance(evolution, Evolution) and inputs.dest is not None:
+            assert evolving is not None and evolving.destination is not None
+            ends = Endpoints(inputs.source, inputs.dest, *inputs.urls)
+            evolve = evolve_script(ends, built, source, evolving.destination, evolution)
+            scripts.incremental = [*evolve.steps, *scripts.incremental]
         if resync is not None:
             scripts.resync = _incremental(
                 inputs, built, state, batch_facts, resync, version, unfinished

@@ -92,6 +92,6 @@ def _candidate(
         return None  # its own sync says why
     if planned.plan.action != "incremental" or planned.observed.ownership != "owned":
         return None
-    if missing_indexes(planned):  # built under its lock (table_actions)
-        return None
+    if missing_indexes(planned) or planned.observed.evolution is not None:
+        return None  # under its lock: indexes built, the schema change taken (table_actions)
     return TableJob(run, ends, table, planned, state, output, started, started_at)

@@ -18,10 +18,12 @@ from ..cdc.source.slot import lsn_text
 from ..plan.cursor import ProbeResult, probe, waiting_line
 from ..plan.decide import Plan
 from ..plan.drift import Planned, destination_has_rows, destination_oid
+from ..plan.evolution import Evolution
 from ..plan.table_sql import batch_query
 from ..postgres.copy_objects import CopyIndex, create_on_copy
 from ..postgres.database import execute, run_steps
 from ..postgres.open_transactions import snapshot_xmax
+from ..postgres.swap import LOCK_NOT_AVAILABLE
 from ..project.state import LSN_CURSOR_TYPE, Cursor, Pending, TableState, Window
 from ..report.results import TableResult, utc_now
 from .cdc.adopt_at_slot import adopt_at_slot
@@ -30,6 +32,7 @@ from .full_load.load import full_reload
 from .full_load.resume import abandon, resumable
 from .incremental.batch import IncrementalResult, batch_size, incremental_sync
 from .incremental.deletes import propagate_deletes
+from .incremental.evolve import evolve
 from .skip_backfill import start_without_backfill
 
 log = logging.getLogger("replicator.sync")
@@ -172,6 +175,12 @@ def _incremental(job: TableJob) -> TableResult:
     assert state is not None
     before = state.cursor.value if state.cursor else None
     signature = job.observed.signature.as_json()
+    evolved = isinstance(job.observed.evolution, Evolution)
+    if evolved:
+        try:
+            state = _evolve(job, state)
+        except CannotEvolve as exc:
+            return _full_reload(exc.job)
     early = job.run.early.pop(job.name, None)
     if early is not None and early.probe is not None and early.state == state:
         probed = early.probe  # the screen's count, a moment old: the batch reads all there
@@ -188,6 +197,8 @@ def _incremental(job: TableJob) -> TableResult:
     synced = _merge(job, state, rows)
     after = synced.cursor.value if synced.cursor else None
     reason = f"cursor {before or 'none'} -> {after or 'none'}"
+    if evolved:  # the reason says it first (docs/guides/schema-drift.md)
+        reason = f"{job.plan.reason}; {reason}"
     result = job.success("incremental", synced.rows_read, reason, synced.bytes, before, after)
     failpoint("after-merge-before-state")
     finished = utc_now()
@@ -209,6 +220,42 @@ def _incremental(job: TableJob) -> TableResult:
     )
     _say_waiting(job, synced.cursor, synced.pending)
     return result
+
+
+class CannotEvolve(Exception):
+    """The copy refused the change in place: the table is reloaded instead (`job`)."""
+
+    def __init__(self, job: TableJob) -> None:
+        self.job = job
+
+
+def _evolve(job: TableJob, state: TableState) -> TableState:
+    """Take the source's schema change in place (sync/incremental/evolve.py) and record the
+    new signature at once: the batch that follows reads the new columns. A change the copy
+    refuses (a view that cannot be recreated, NOT NULL over rows the source no longer has)
+    reloads the table instead, with the reason."""
+    evolution, destination = job.observed.evolution, job.observed.destination
+    assert isinstance(evolution, Evolution) and destination is not None
+    try:
+        written = evolve(job.ends, job.built, job.source, destination, evolution)
+    except DatabaseError as exc:
+        if exc.sqlstate == LOCK_NOT_AVAILABLE:
+            raise
+        why = str(exc).removeprefix("destination: ")
+        change = job.plan.reason.removeprefix("schema evolved: ")
+        log.warning("%s: the copy cannot take the change in place (%s): reloading", job.name, why)
+        plan = Plan("full_reload", f"schema changed: {change} (cannot evolve: {why})")
+        raise CannotEvolve(replace(job, planned=replace(job.planned, plan=plan))) from None
+    log.info(
+        "%s: %s; %s row(s) given the new columns' values",
+        job.name,
+        job.plan.reason,
+        f"{written:,}",
+        extra={"fields": {"event": "table.evolved", "name": job.name, "rows": written}},
+    )
+    evolved = state.model_copy(update={"schema_signature": job.observed.signature.as_json()})
+    job.write_state(evolved)
+    return evolved
 
 
 def _say_waiting(job: TableJob, cursor: Cursor | None, pending: Pending | None) -> None:

@@ -16,6 +16,7 @@ from ...base.identifiers import display_ident
 from ...base.redact import redact
 from ...plan.cursor import cursor_limits
 from ...plan.drift import plan_now
+from ...plan.evolution import Evolution, evolution
 from ...plan.inspect_table import inspect_table, near_table
 from ...plan.read_ahead import NOTHING_READ, ReadAhead, read_ahead
 from ...plan.selection import expand_project, has_patterns, without_patterns
@@ -468,6 +469,15 @@ def _check_plan(
         yield Finding("error", table.written_name, plan.reason, plan.fix)
     else:
         yield Finding("ok", table.written_name, f"next sync: {plan.action} ({plan.reason})")
+    changes = planned.observed.schema_changes
+    evolvable = table.on_schema_change != "evolve" and table.mode != "cdc"
+    if changes and evolvable and isinstance(evolution(changes), Evolution):
+        yield Finding(
+            "ok",
+            table.written_name,
+            'with "on_schema_change": "evolve" the copy would take this change in place, '
+            "without a reload",
+        )
     blocked = (
         reload_problem(dest, table.target) if planned.observed.ownership != "foreign" else None
     )

@@ -1,0 +1,228 @@
+"""A source schema change taken by the copy in place (`on_schema_change: "evolve"`): the
+ALTERs plan/evolution.py chose, and an added column's values brought to the source's.
+
+Right after `ADD COLUMN`, every row of the copy holds the same value for the new column: the
+constant its source default gives (added with that default, a change of the catalog alone),
+else NULL. So the rows to write are exactly the source rows whose value is not that one: a
+default the source filled in, a volatile default (each row its own), or a backfill UPDATE
+that moved no replication key. One COPY reads them (the key and the new columns, in one
+snapshot) into a temporary table, outside the copy's lock; then one transaction takes the
+lock, drops the views an ALTER of their columns needs out of the way, ALTERs, writes the
+staged values into their rows, sets NOT NULL where the source has it, and recreates the
+views as a reload's swap does. A kill anywhere rolls it all back: the next run starts over
+from the same change. Readers wait for that transaction (the UPDATE is the long part when
+every value differs), and never see a column half filled.
+
+The statements come from `evolve_script`, which `compile` prints and the sync runs.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from psycopg import sql
+
+from ...base.errors import DatabaseError
+from ...base.failpoints import failpoint
+from ...base.identifiers import TableName
+from ...plan.evolution import Evolution
+from ...plan.table_sql import TableSql
+from ...postgres import ddl
+from ...postgres.catalog import TableInfo
+from ...postgres.database import Endpoints, Step, execute, fetch_all, run_steps, transaction
+from ...postgres.naming import derived_name
+from ...postgres.swap import LOCK_TIMEOUT, read_facts, view_steps
+from ...transfer.copy_stream import SOURCE_BEGIN, stream_between
+from ..scripts import TEMPORARY_SCHEMA
+
+log = logging.getLogger(__name__)
+
+_DEFAULT = """
+SELECT a.attname, pg_catalog.pg_get_expr(d.adbin, d.adrelid)
+FROM pg_catalog.pg_attribute a
+JOIN pg_catalog.pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum
+WHERE a.attrelid = %s AND a.attname = ANY(%s) AND a.attgenerated = ''
+"""
+
+
+@dataclass(frozen=True)
+class EvolveScript:
+    """The statements of one evolution, in the order they run."""
+
+    create: Step  # the temporary table the new columns' values are staged in
+    copy_in: Step
+    copy_out: Step
+    change: list[Step]  # under the copy's lock: views aside, ALTERs, UPDATE, NOT NULL, views
+    update: Step  # the one of `change` that writes the staged values
+    after: list[Step]  # statistics of the new columns
+
+    @property
+    def steps(self) -> list[Step]:
+        return [
+            Step("destination", "BEGIN"),
+            self.create,
+            Step("source", SOURCE_BEGIN),
+            self.copy_in,
+            self.copy_out,
+            Step("source", "ROLLBACK"),
+            *self.change,
+            Step("destination", "COMMIT"),
+            *self.after,
+        ]
+
+
+def evolve_script(
+    ends: Endpoints, built: TableSql, source: TableInfo, destination: TableInfo, evo: Evolution
+) -> EvolveScript:
+    """The evolution's statements (reads the added columns' defaults on the source, and the
+    copy's dependent views when an ALTER needs them out of the way)."""
+    target = built.table.target
+    types = {c.name: c.type for c in built.destination_columns}
+    current = {c.name: c.type for c in destination.columns}
+    defaults = _constant_defaults(ends, source, evo, types)
+    alters = evo.alters(target, types, current, defaults)
+    added = [c.name for c in evo.added]
+    key = list(built.primary_key)
+    staging = TableName(TEMPORARY_SCHEMA, derived_name("evo", target))
+    by_name = {c.name: c for c in built.destination_columns}
+    drop_views: list[Step] = []
+    create_views: list[Step] = []
+    if evo.reshapes:
+        drop_views, create_views = view_steps(read_facts(ends.dest, target))
+    update = Step(
+        "destination",
+        sql.SQL("UPDATE {t} AS t SET {set} FROM {s} AS s WHERE {match}").format(
+            t=target.identifier(),
+            set=sql.SQL(", ").join(
+                sql.SQL("{c} = s.{c}").format(c=sql.Identifier(c)) for c in added
+            ),
+            s=sql.Identifier(staging.name),
+            match=sql.SQL(" AND ").join(
+                sql.SQL("t.{k} = s.{k}").format(k=sql.Identifier(k)) for k in key
+            ),
+        ),
+    )
+    change = [
+        Step(
+            "destination",
+            sql.SQL("SET LOCAL lock_timeout = {}").format(sql.Literal(LOCK_TIMEOUT)),
+        ),
+        Step(
+            "destination",
+            sql.SQL("LOCK TABLE {} IN ACCESS EXCLUSIVE MODE").format(target.identifier()),
+        ),
+        *drop_views,
+        *(Step("destination", statement) for statement in alters),
+        *([update] if added else []),
+        *(Step("destination", statement) for statement in evo.not_null(target)),
+        *create_views,
+    ]
+    columns = [*key, *added]
+    differs = sql.SQL(" OR ").join(
+        sql.SQL("m.{c} IS NOT NULL").format(c=sql.Identifier(c))
+        if c not in defaults
+        else sql.SQL("m.{c}::text IS DISTINCT FROM {v}").format(
+            c=sql.Identifier(c), v=sql.Literal(defaults[c])
+        )
+        for c in added
+    )
+    listed = sql.SQL(", ").join(sql.SQL("m.{}").format(sql.Identifier(c)) for c in columns)
+    copy_out = sql.SQL("COPY (SELECT {} FROM ({}) AS m WHERE {}) TO STDOUT").format(
+        listed, sql.SQL(built.model.sql), differs if added else sql.SQL("false")
+    )
+    copy_in = sql.SQL("COPY {} ({}) FROM STDIN").format(
+        sql.Identifier(staging.name), sql.SQL(", ").join(map(sql.Identifier, columns))
+    )
+    analyze = (
+        [
+            Step(
+                "destination",
+                sql.SQL("ANALYZE {} ({})").format(
+                    target.identifier(), sql.SQL(", ").join(map(sql.Identifier, added))
+                ),
+            )
+        ]
+        if added
+        else []
+    )
+    return EvolveScript(
+        create=Step(
+            "destination",
+            ddl.create_temporary_table(staging.name, [by_name[c] for c in columns]),
+        ),
+        copy_in=Step("destination", copy_in),
+        copy_out=Step("source", copy_out),
+        change=change,
+        update=update,
+        after=analyze,
+    )
+
+
+def evolve(
+    ends: Endpoints, built: TableSql, source: TableInfo, destination: TableInfo, evo: Evolution
+) -> int:
+    """Take the change in place; return how many rows got the new columns' values."""
+    script = evolve_script(ends, built, source, destination, evo)
+    written = 0
+    with transaction(ends.dest):
+        run_steps(ends.dest, [script.create])
+        with transaction(ends.source, SOURCE_BEGIN, rollback=True):
+            stream_between(ends.source, ends.dest, script.copy_out.text, script.copy_in.text)
+        for step in script.change:
+            cursor = execute(ends.dest, step.statement, step.params)
+            if step is script.update:
+                written = cursor.rowcount
+        failpoint("mid-evolve")
+    run_steps(ends.dest, script.after)
+    return written
+
+
+def _constant_defaults(
+    ends: Endpoints, source: TableInfo, evo: Evolution, types: dict[str, str]
+) -> dict[str, str]:
+    """The added columns whose source default is a constant, with its text, when the copy's
+    type gives that text back (a setting such as TimeZone could change it): the value every
+    row already in the copy takes at the ADD COLUMN."""
+    names = [c.name for c in evo.added]
+    if not names:
+        return {}
+    found = {}
+    for name, expression in fetch_all(ends.source, _DEFAULT, (source.oid, names)):
+        if not _is_constant(expression):
+            continue
+        (text,) = execute(
+            ends.source, sql.SQL("SELECT ({})::text").format(sql.SQL(expression))
+        ).fetchone()
+        if text is None:
+            continue
+        try:
+            (back,) = execute(
+                ends.dest,
+                sql.SQL("SELECT ({}::{})::text").format(sql.Literal(text), sql.SQL(types[name])),
+            ).fetchone()
+        except DatabaseError:
+            continue
+        if back == text:
+            found[name] = text
+    return found
+
+
+def _is_constant(expression: str) -> bool:
+    """A default that is a literal (cast or not): the same value for every row."""
+    import sqlglot
+    from sqlglot import exp
+
+    try:
+        tree = sqlglot.parse_one(expression, read="postgres")
+    except sqlglot.errors.ParseError:
+        return False
+
+    def constant(node: exp.Expression) -> bool:
+        if isinstance(node, exp.Cast):
+            return constant(node.this)
+        if isinstance(node, exp.Paren | exp.Neg):
+            return constant(node.this)
+        return isinstance(node, exp.Literal | exp.Null | exp.Boolean)
+
+    return constant(tree)

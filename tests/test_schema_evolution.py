@@ -1,0 +1,264 @@
+"""`on_schema_change: "evolve"`: a source schema change taken by the copy in place
+(plan/evolution.py, sync/incremental/evolve.py). The copy keeps its OID, its analyst's index
+and its views, and is md5-exact after each change; rows are written only where the new
+column's value differs from what the ALTER gave every row."""
+
+from __future__ import annotations
+
+import json
+
+from dbcompare import assert_same_table
+from psycopg import sql
+
+
+def _orders(conn, schema, rows=2000):
+    table = sql.Identifier(schema, "orders")
+    conn.execute(
+        sql.SQL(
+            "CREATE TABLE {} (id int PRIMARY KEY, n int, label varchar(10), amount numeric(8,2),"
+            " updated_at timestamptz NOT NULL DEFAULT now())"
+        ).format(table)
+    )
+    conn.execute(
+        sql.SQL(
+            "INSERT INTO {} SELECT g, g, 'l' || g % 100, g / 10.0, now() - interval '1 hour' "
+            "FROM generate_series(1, {}) g"
+        ).format(table, sql.Literal(rows))
+    )
+
+
+def _q(conn, schema, statement):
+    conn.execute(
+        sql.SQL(statement).format(t=sql.Identifier(schema, "orders"), s=sql.Identifier(schema))
+    )
+
+
+def _oid(conn, schema):
+    return conn.execute("SELECT %s::regclass::oid", (f"{schema}.orders",)).fetchone()[0]
+
+
+def _written(conn, schema):
+    """Rows inserted or updated in the copy so far (the statistics collector's count)."""
+    conn.execute("SELECT pg_stat_force_next_flush()")
+    (count,) = conn.execute(
+        "SELECT n_tup_ins + n_tup_upd FROM pg_stat_all_tables WHERE relid = %s::regclass",
+        (f"{schema}.orders",),
+    ).fetchone()
+    return count
+
+
+def _evolving(project, schema):
+    project.configure(schema, "orders", replication_key="updated_at", on_schema_change="evolve")
+    project.sync()
+
+
+def _last_reason(project, schema):
+    status = json.loads(project.run("status", "--json").stdout)
+    return next(r for r in status if r["name"] == f"{schema}.orders")["last_reason"]
+
+
+def test_an_added_column_with_a_constant_default_writes_only_the_rows_that_differ(
+    db_project, source_conn, dest_conn, schema
+):
+    _orders(source_conn, schema)
+    _evolving(db_project, schema)
+    _q(
+        dest_conn,
+        schema,
+        "CREATE INDEX by_n ON {t} (n); CREATE VIEW {s}.v AS SELECT id, n FROM {t}",
+    )
+    oid, written = _oid(dest_conn, schema), _written(dest_conn, schema)
+    _q(source_conn, schema, "ALTER TABLE {t} ADD COLUMN region text NOT NULL DEFAULT 'eu'")
+    # a backfill that moves no cursor, and a row changed as usual
+    _q(source_conn, schema, "UPDATE {t} SET region = 'us' WHERE id <= 7")
+    _q(source_conn, schema, "UPDATE {t} SET n = -1, updated_at = now() WHERE id = 100")
+
+    synced = db_project.sync()
+
+    assert f"{schema}.orders: schema evolved: column added: region text NOT NULL; 7 row(s)" in (
+        synced.stderr
+    ), synced.stderr
+    assert _oid(dest_conn, schema) == oid, "the copy kept its OID"
+    assert_same_table(source_conn, dest_conn, schema, "orders")
+    assert _written(dest_conn, schema) - written <= 8, "the 7 backfilled rows and the changed one"
+    assert dest_conn.execute(
+        "SELECT attnotnull FROM pg_attribute WHERE attrelid = %s::regclass AND attname = 'region'",
+        (f"{schema}.orders",),
+    ).fetchone() == (True,)
+    assert dest_conn.execute(
+        "SELECT count(*) FROM pg_indexes WHERE indexname = 'by_n' AND schemaname = %s", (schema,)
+    ).fetchone() == (1,)
+    assert _last_reason(db_project, schema).startswith("schema evolved: column added: region")
+    assert "evolved" not in db_project.sync().stderr, "once"
+
+
+def test_a_volatile_default_fills_every_row_with_the_sources_value(
+    db_project, source_conn, dest_conn, schema
+):
+    _orders(source_conn, schema)
+    _evolving(db_project, schema)
+    _q(source_conn, schema, "ALTER TABLE {t} ADD COLUMN token uuid DEFAULT gen_random_uuid()")
+    synced = db_project.sync()
+    assert "2,000 row(s) given the new columns' values" in synced.stderr, synced.stderr
+    assert_same_table(source_conn, dest_conn, schema, "orders")
+
+
+def test_drops_renames_widenings_and_nullability_are_taken_in_place_with_the_views(
+    db_project, source_conn, dest_conn, schema
+):
+    _orders(source_conn, schema)
+    _evolving(db_project, schema)
+    _q(
+        dest_conn,
+        schema,
+        "CREATE VIEW {s}.labels AS SELECT id, label, n FROM {t}; "
+        "CREATE MATERIALIZED VIEW {s}.total AS SELECT sum(n) AS n FROM {t}",
+    )
+    oid = _oid(dest_conn, schema)
+    for change in (
+        "ALTER TABLE {t} ALTER COLUMN n TYPE bigint",
+        "ALTER TABLE {t} ALTER COLUMN label TYPE varchar(40)",
+        "ALTER TABLE {t} ALTER COLUMN amount TYPE numeric(12,2)",
+        "ALTER TABLE {t} RENAME COLUMN amount TO price",
+        "ALTER TABLE {t} ALTER COLUMN label SET NOT NULL",
+        "ALTER TABLE {t} DROP COLUMN price",
+    ):
+        _q(source_conn, schema, change)
+        total = source_conn.execute(
+            sql.SQL("SELECT sum(n) FROM {}").format(sql.Identifier(schema, "orders"))
+        ).fetchone()
+        _q(source_conn, schema, "UPDATE {t} SET n = n + 1, updated_at = now() WHERE id % 50 = 0")
+        synced = db_project.sync()
+        assert "schema evolved: " in synced.stderr, (change, synced.stderr)
+        assert _oid(dest_conn, schema) == oid, change
+        assert_same_table(source_conn, dest_conn, schema, "orders")
+    # recreated and refreshed by the last ALTER (the drop), before the batch that followed
+    assert (
+        dest_conn.execute(
+            sql.SQL("SELECT n FROM {}").format(sql.Identifier(schema, "total"))
+        ).fetchone()
+        == total
+    )
+
+
+def test_a_narrowing_cannot_evolve_and_reloads_with_the_reason(
+    db_project, source_conn, dest_conn, schema
+):
+    _orders(source_conn, schema)
+    _evolving(db_project, schema)
+    oid = _oid(dest_conn, schema)
+    _q(source_conn, schema, "ALTER TABLE {t} ALTER COLUMN n TYPE smallint")
+    synced = db_project.sync()
+    assert (
+        "schema changed: type changed: n integer -> smallint (cannot evolve: n integer -> "
+        "smallint is not a widening that keeps every value's text)"
+    ) in synced.stderr, synced.stderr
+    assert _oid(dest_conn, schema) != oid
+    assert_same_table(source_conn, dest_conn, schema, "orders")
+
+
+def test_a_kill_inside_the_evolution_leaves_the_copy_as_it_was_and_the_next_run_converges(
+    db_project, source_conn, dest_conn, schema
+):
+    _orders(source_conn, schema)
+    _evolving(db_project, schema)
+    _q(source_conn, schema, "ALTER TABLE {t} ADD COLUMN region text DEFAULT 'eu'")
+    _q(source_conn, schema, "UPDATE {t} SET region = 'us' WHERE id % 3 = 0")
+    killed = db_project.run_process("sync", env={"REPLICATOR_FAILPOINT": "mid-evolve"})
+    assert killed.returncode == -9, killed.stderr
+    assert dest_conn.execute(
+        "SELECT count(*) FROM pg_attribute WHERE attrelid = %s::regclass AND attname = 'region'",
+        (f"{schema}.orders",),
+    ).fetchone() == (0,), "rolled back"
+    synced = db_project.sync()
+    assert "666 row(s) given the new columns' values" in synced.stderr, synced.stderr
+    assert_same_table(source_conn, dest_conn, schema, "orders")
+
+
+def test_check_says_which_change_can_evolve(db_project, source_conn, schema):
+    _orders(source_conn, schema)
+    db_project.configure(schema, "orders", replication_key="updated_at")
+    db_project.sync()
+    _q(source_conn, schema, "ALTER TABLE {t} ADD COLUMN region text")
+    checked = db_project.run("check").stdout
+    assert (
+        f"ok    {schema}.orders: next sync: full_reload (schema changed: column added: region "
+        in (checked)
+    ), checked
+    assert 'with "on_schema_change": "evolve" the copy would take this change in place' in checked
+    _evolving_config = {"replication_key": "updated_at", "on_schema_change": "evolve"}
+    db_project.configure(schema, "orders", **_evolving_config)
+    checked = db_project.run("check").stdout
+    assert (
+        f"ok    {schema}.orders: next sync: incremental (schema evolved: column added: region text)"
+        in checked
+    ), checked
+
+
+def test_a_partitioned_root_evolves(db_project, source_conn, dest_conn, schema):
+    _q(
+        source_conn,
+        schema,
+        "CREATE TABLE {t} (id int PRIMARY KEY, secret text, updated_at timestamptz NOT NULL) "
+        "PARTITION BY RANGE (id); "
+        "CREATE TABLE {s}.orders_a PARTITION OF {t} FOR VALUES FROM (0) TO (1000); "
+        "CREATE TABLE {s}.orders_b PARTITION OF {t} FOR VALUES FROM (1000) TO (2000); "
+        "INSERT INTO {t} SELECT g, 's', now() - interval '1 hour' FROM generate_series(1, 1999) g",
+    )
+    db_project.configure(
+        schema,
+        "orders",
+        replication_key="updated_at",
+        on_schema_change="evolve",
+        columns={"exclude": ["secret"]},
+    )
+    db_project.sync()
+    oid = _oid(dest_conn, schema)
+    _q(source_conn, schema, "ALTER TABLE {t} ADD COLUMN region text DEFAULT 'eu'")
+    _q(source_conn, schema, "UPDATE {t} SET region = 'us' WHERE id > 1500")
+    synced = db_project.sync()
+    assert "schema evolved: column added: region text; 499 row(s)" in synced.stderr, synced.stderr
+    assert _oid(dest_conn, schema) == oid
+    columns = dest_conn.execute(
+        "SELECT attname FROM pg_attribute WHERE attrelid = %s::regclass AND attnum > 0 "
+        "AND NOT attisdropped ORDER BY attnum",
+        (f"{schema}.orders",),
+    ).fetchall()
+    assert columns == [("id",), ("updated_at",), ("region",)]
+    same = sql.SQL("SELECT id, updated_at, region FROM {} ORDER BY id").format(
+        sql.Identifier(schema, "orders")
+    )
+    assert dest_conn.execute(same).fetchall() == source_conn.execute(same).fetchall()
+
+
+def test_a_cdc_table_reloads_with_the_reason(cdc_project, source_conn, dest_conn, schema):
+    from cdc_tables import configure_cdc, create_orders, on_table
+
+    create_orders(source_conn, schema)
+    configure_cdc(cdc_project, schema, "orders", on_schema_change="evolve")
+    cdc_project.sync()
+    on_table(source_conn, schema, "ALTER TABLE {t} ADD COLUMN region text")
+    synced = cdc_project.sync()
+    assert (
+        "schema changed: column added: region text (cannot evolve: a cdc table's copy takes a "
+        "schema change by a reload in this version)"
+    ) in synced.stderr, synced.stderr
+    assert_same_table(source_conn, dest_conn, schema, "orders")
+
+
+def test_a_column_added_outside_the_included_ones_changes_nothing(
+    db_project, source_conn, dest_conn, schema
+):
+    _orders(source_conn, schema)
+    db_project.configure(
+        schema,
+        "orders",
+        replication_key="updated_at",
+        on_schema_change="evolve",
+        columns={"include": ["id", "n", "updated_at"]},
+    )
+    db_project.sync()
+    oid = _oid(dest_conn, schema)
+    _q(source_conn, schema, "ALTER TABLE {t} ADD COLUMN pin text DEFAULT '1234'")
+    synced = db_project.sync()
+    assert "schema" not in synced.stderr and _oid(dest_conn, schema) == oid, synced.stderr
