@@ -92,15 +92,39 @@ def test_an_added_column_with_a_constant_default_writes_only_the_rows_that_diffe
     assert "evolved" not in db_project.sync().stderr, "once"
 
 
-def test_a_volatile_default_fills_every_row_with_the_sources_value(
+def test_a_backfill_of_a_third_of_the_rows_writes_them_and_builds_the_key_again(
     db_project, source_conn, dest_conn, schema
 ):
     _orders(source_conn, schema)
     _evolving(db_project, schema)
+    _q(source_conn, schema, "ALTER TABLE {t} ADD COLUMN token uuid")
+    _q(source_conn, schema, "UPDATE {t} SET token = gen_random_uuid() WHERE id % 3 = 0")
+    oid = _oid(dest_conn, schema)
+    synced = db_project.sync()
+    assert "666 row(s) given the new columns' values" in synced.stderr, synced.stderr
+    assert_same_table(source_conn, dest_conn, schema, "orders")
+    assert _oid(dest_conn, schema) == oid
+    assert dest_conn.execute(  # the key, built again after the UPDATE, keeps its name
+        "SELECT conname FROM pg_constraint WHERE conrelid = %s AND contype = 'p'", (oid,)
+    ).fetchall() == [("orders_pkey",)]
+
+
+def test_a_volatile_default_that_would_rewrite_every_row_reloads_instead(
+    db_project, source_conn, dest_conn, schema
+):
+    _orders(source_conn, schema)
+    _evolving(db_project, schema)
+    _q(dest_conn, schema, "CREATE INDEX by_n ON {t} (n)")
     _q(source_conn, schema, "ALTER TABLE {t} ADD COLUMN token uuid DEFAULT gen_random_uuid()")
     synced = db_project.sync()
-    assert "2,000 row(s) given the new columns' values" in synced.stderr, synced.stderr
+    assert (
+        "schema changed: column added: token uuid (cannot evolve: more than 1,000 of about "
+        "2,000 rows would get new values, which a reload writes sooner)"
+    ) in synced.stderr, synced.stderr
     assert_same_table(source_conn, dest_conn, schema, "orders")
+    assert dest_conn.execute(
+        "SELECT count(*) FROM pg_indexes WHERE indexname = 'by_n' AND schemaname = %s", (schema,)
+    ).fetchone() == (1,), "kept by the reload"
 
 
 def test_drops_renames_widenings_and_nullability_are_taken_in_place_with_the_views(

@@ -241,11 +241,16 @@ class CompiledTable:
         if plan.fix:
             lines.append(f"-- fix: {plan.fix}")
         lines += [f"-- note: {note}" for note in scripts.notes]
+        evolves = plan.reason.startswith("schema evolved: ")
         for title, changes in (
             ("source schema changes since the last load", self.observed.schema_changes),
             ("destination table changes", self.observed.destination_changes),
         ):
             if not changes:
+                continue
+            if evolves and changes is self.observed.schema_changes:
+                lines.append(f"-- {title} (taken in place: the incremental script runs them):")
+                lines += [f"--   {change.describe()}" for change in changes]
                 continue
             lines.append(f"-- {title} (a sync reloads the table instead of running these):")
             for change in changes:
@@ -267,7 +272,8 @@ class CompiledTable:
                 render(built.incremental_extract) + ";",
             ]
         if scripts.incremental is not None:
-            lines += ["", "-- incremental: staging table, load, merge"]
+            what = "schema evolution, then " if evolves else ""
+            lines += ["", f"-- incremental: {what}staging table, load, merge"]
             lines += _terminated(self._lines(scripts.incremental))
         if scripts.resync is not None:
             lines += ["", "-- re-sync of --since .. --until: staging table, load, merge"]

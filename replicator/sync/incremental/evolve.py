@@ -34,9 +34,18 @@ from ...postgres.database import Endpoints, Step, execute, fetch_all, run_steps,
 from ...postgres.naming import derived_name
 from ...postgres.swap import LOCK_TIMEOUT, read_facts, view_steps
 from ...transfer.copy_stream import SOURCE_BEGIN, stream_between
-from ..scripts import TEMPORARY_SCHEMA
+from ..scripts import MAINTENANCE_WORK_MEM, TEMPORARY_SCHEMA
 
 log = logging.getLogger(__name__)
+
+# Past this share of the copy's rows written, its key is built again after the UPDATE rather
+# than kept up to date by it (bench/RESULTS.md, "schema evolution").
+REBUILD_SHARE = 0.1
+# Past this share, writing the new values costs more than a reload (an UPDATE writes a new
+# version of each row, and leaves the old one for vacuum): the table is reloaded instead.
+RELOAD_SHARE = 0.5
+# The hash join of the staged values, and the key's sort, in memory.
+WORK_MEM = "256MB"
 
 _DEFAULT = """
 SELECT a.attname, pg_catalog.pg_get_expr(d.adbin, d.adrelid)
@@ -53,12 +62,29 @@ class EvolveScript:
     create: Step  # the temporary table the new columns' values are staged in
     copy_in: Step
     copy_out: Step
-    change: list[Step]  # under the copy's lock: views aside, ALTERs, UPDATE, NOT NULL, views
-    update: Step  # the one of `change` that writes the staged values
+    staged: Step  # the staged rows' statistics, so that the UPDATE joins them by hash
+    head: list[Step]  # under the copy's lock: settings, the lock, views aside, ALTERs
+    update: Step | None  # writes the staged values into their rows (None: no column added)
+    tail: list[Step]  # NOT NULL, views recreated
+    key: tuple[Step, Step] | None  # the key dropped and built again around a big UPDATE
     after: list[Step]  # statistics of the new columns
+    rows: int  # the copy's rows, as its statistics count them
+    limit: int | None  # the staged rows past which a reload writes sooner
+
+    def change(self, rebuild_key: bool = False) -> list[Step]:
+        """What runs under the lock; `rebuild_key`: when many rows get new values, the key
+        is built again after the UPDATE rather than kept up to date by it (a sort instead
+        of an index entry for each row written)."""
+        if self.update is None:
+            return [*self.head, *self.tail]
+        if not rebuild_key or self.key is None:
+            return [*self.head, self.update, *self.tail]
+        drop, build = self.key
+        return [*self.head, drop, self.update, build, *self.tail]
 
     @property
     def steps(self) -> list[Step]:
+        """As `compile` prints them (the key kept; see `change`)."""
         return [
             Step("destination", "BEGIN"),
             self.create,
@@ -66,7 +92,8 @@ class EvolveScript:
             self.copy_in,
             self.copy_out,
             Step("source", "ROLLBACK"),
-            *self.change,
+            self.staged,
+            *self.change(),
             Step("destination", "COMMIT"),
             *self.after,
         ]
@@ -103,18 +130,24 @@ def evolve_script(
             ),
         ),
     )
-    change = [
-        Step(
-            "destination",
-            sql.SQL("SET LOCAL lock_timeout = {}").format(sql.Literal(LOCK_TIMEOUT)),
-        ),
+    settings = [
+        sql.SQL("SET LOCAL {} = {}").format(sql.Identifier(name), sql.Literal(value))
+        for name, value in (
+            ("lock_timeout", LOCK_TIMEOUT),
+            ("work_mem", WORK_MEM),
+            ("maintenance_work_mem", MAINTENANCE_WORK_MEM),
+        )
+    ]
+    head = [
+        *(Step("destination", setting) for setting in settings),
         Step(
             "destination",
             sql.SQL("LOCK TABLE {} IN ACCESS EXCLUSIVE MODE").format(target.identifier()),
         ),
         *drop_views,
         *(Step("destination", statement) for statement in alters),
-        *([update] if added else []),
+    ]
+    tail = [
         *(Step("destination", statement) for statement in evo.not_null(target)),
         *create_views,
     ]
@@ -128,8 +161,14 @@ def evolve_script(
         for c in added
     )
     listed = sql.SQL(", ").join(sql.SQL("m.{}").format(sql.Identifier(c)) for c in columns)
-    copy_out = sql.SQL("COPY (SELECT {} FROM ({}) AS m WHERE {}) TO STDOUT").format(
-        listed, sql.SQL(built.model.sql), differs if added else sql.SQL("false")
+    rows = _copy_rows(ends, destination)
+    # Past the share a reload writes sooner, the copy stops: the table is reloaded instead.
+    limit = int(rows * RELOAD_SHARE) + 1 if rows > 0 else None
+    copy_out = sql.SQL("COPY (SELECT {} FROM ({}) AS m WHERE {}{}) TO STDOUT").format(
+        listed,
+        sql.SQL(built.model.sql),
+        differs if added else sql.SQL("false"),
+        sql.SQL(" LIMIT {}").format(sql.Literal(limit)) if limit is not None else sql.SQL(""),
     )
     copy_in = sql.SQL("COPY {} ({}) FROM STDIN").format(
         sql.Identifier(staging.name), sql.SQL(", ").join(map(sql.Identifier, columns))
@@ -146,6 +185,26 @@ def evolve_script(
         if added
         else []
     )
+    key_name = _key_name(ends, destination)
+    key_steps = None
+    if key_name is not None and key:
+        constraint = sql.Identifier(key_name)
+        key_steps = (
+            Step(
+                "destination",
+                sql.SQL("ALTER TABLE {} DROP CONSTRAINT {}").format(
+                    target.identifier(), constraint
+                ),
+            ),
+            Step(
+                "destination",
+                sql.SQL("ALTER TABLE {} ADD CONSTRAINT {} PRIMARY KEY ({})").format(
+                    target.identifier(),
+                    constraint,
+                    sql.SQL(", ").join(map(sql.Identifier, key)),
+                ),
+            ),
+        )
     return EvolveScript(
         create=Step(
             "destination",
@@ -153,28 +212,65 @@ def evolve_script(
         ),
         copy_in=Step("destination", copy_in),
         copy_out=Step("source", copy_out),
-        change=change,
-        update=update,
+        staged=Step("destination", sql.SQL("ANALYZE {}").format(sql.Identifier(staging.name))),
+        head=head,
+        update=update if added else None,
+        tail=tail,
+        key=key_steps if added else None,
         after=analyze,
+        rows=rows,
+        limit=limit,
     )
+
+
+def _copy_rows(ends: Endpoints, destination: TableInfo) -> int:
+    """The copy's row count as its statistics have it (its load analyzed it)."""
+    (rows,) = execute(
+        ends.dest, "SELECT reltuples FROM pg_catalog.pg_class WHERE oid = %s", (destination.oid,)
+    ).fetchone()
+    return max(int(rows), 0)
+
+
+def _key_name(ends: Endpoints, destination: TableInfo) -> str | None:
+    rows = fetch_all(
+        ends.dest,
+        "SELECT conname FROM pg_catalog.pg_constraint WHERE conrelid = %s AND contype = 'p'",
+        (destination.oid,),
+    )
+    return rows[0][0] if rows else None
+
+
+class CheaperReloaded(Exception):
+    """So many rows would be written that a reload costs less: the copy is left as it was."""
 
 
 def evolve(
     ends: Endpoints, built: TableSql, source: TableInfo, destination: TableInfo, evo: Evolution
 ) -> int:
-    """Take the change in place; return how many rows got the new columns' values."""
+    """Take the change in place; return how many rows got the new columns' values. Raises
+    CheaperReloaded, with the copy unchanged, when most rows would be written."""
     script = evolve_script(ends, built, source, destination, evo)
     written = 0
     with transaction(ends.dest):
         run_steps(ends.dest, [script.create])
         with transaction(ends.source, SOURCE_BEGIN, rollback=True):
-            stream_between(ends.source, ends.dest, script.copy_out.text, script.copy_in.text)
-        for step in script.change:
+            staged, _ = stream_between(
+                ends.source, ends.dest, script.copy_out.text, script.copy_in.text
+            )
+        if script.limit is not None and staged >= script.limit:
+            raise CheaperReloaded(
+                f"more than {script.limit - 1:,} of about {script.rows:,} rows would get new "
+                "values, which a reload writes sooner"
+            )
+        run_steps(ends.dest, [script.staged])
+        many = staged > REBUILD_SHARE * script.rows
+        for step in script.change(rebuild_key=many):
             cursor = execute(ends.dest, step.statement, step.params)
             if step is script.update:
                 written = cursor.rowcount
         failpoint("mid-evolve")
-    run_steps(ends.dest, script.after)
+    if not many:  # so many rows written: autovacuum analyzes the copy soon
+        run_steps(ends.dest, script.after)
     return written
 
 
