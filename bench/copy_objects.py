@@ -21,12 +21,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import statistics
-import subprocess
 import sys
-import tempfile
-import time
 from pathlib import Path
 
 import psycopg
@@ -34,42 +30,12 @@ import psycopg
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from full_load import build_source  # the 5M-row table every load benchmark uses
-
-from replicator.postgres.pgcluster import PgCluster
+from one_table_run import same, settle, timed_sync, two_clusters
 
 INDEXES = (
     "CREATE INDEX orders_customer ON public.bench_orders (customer_id)",
     "CREATE INDEX orders_created ON public.bench_orders (created_at)",
 )
-DIGEST = "SELECT count(*), md5(string_agg(md5(o::text), '' ORDER BY id)) FROM bench_orders o"
-
-
-def settle(*urls: str) -> None:
-    for url in urls:
-        with psycopg.connect(url, autocommit=True) as conn:
-            conn.execute("CHECKPOINT")
-    subprocess.run(["sync"], check=True)
-
-
-def sync(project: Path, env: dict[str, str]) -> float:
-    started = time.monotonic()
-    done = subprocess.run(
-        [sys.executable, "-m", "replicator", "sync", "-q", "-f", "--project-dir", str(project)],
-        env=env,
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        text=True,
-    )
-    seconds = time.monotonic() - started
-    if done.returncode != 0 or "left out" in done.stderr:
-        raise SystemExit(f"sync failed ({done.returncode}):\n{done.stderr}")
-    return seconds
-
-
-def same(source: str, dest: str) -> None:
-    with psycopg.connect(source) as s, psycopg.connect(dest) as d:
-        if s.execute(DIGEST).fetchone() != d.execute(DIGEST).fetchone():
-            raise SystemExit("the copy differs from the source")
 
 
 def indexes_of(dest: str) -> list[str]:
@@ -85,10 +51,7 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=5_000_000)
     parser.add_argument("--repeat", type=int, default=2)
     args = parser.parse_args()
-    base = Path(tempfile.mkdtemp(prefix="bench-copy-objects-"))
-    clusters = [PgCluster(base / "source").start(), PgCluster(base / "dest").start()]
-    try:
-        source, dest = clusters[0].url(), clusters[1].url()
+    with two_clusters("bench-copy-objects-") as (base, source, dest):
         print(f"building {args.rows:,} rows ...", flush=True)
         build_source(source, args.rows)
         project = base / "project"
@@ -101,7 +64,7 @@ def main() -> None:
         }
         (project / "tables-config.json").write_text(json.dumps(config))
         env = {**os.environ, "REPLICATOR_SOURCE_URL": source, "REPLICATOR_DEST_URL": dest}
-        sync(project, env)  # the first load: both rows below are reloads of a copy
+        timed_sync(project, env, "-q")  # the first load: both rows below are reloads of a copy
         timings: dict[str, list[float]] = {"no index": [], "two indexes": []}
         for round_ in range(args.repeat):
             for label in timings:
@@ -112,7 +75,9 @@ def main() -> None:
                         if label == "two indexes":
                             conn.execute(statement)
                 settle(source, dest)
-                seconds = sync(project, env)
+                seconds, said = timed_sync(project, env, "-q", "-f")
+                if "left out" in said:
+                    raise SystemExit(f"an index was left out:\n{said}")
                 same(source, dest)
                 if label == "two indexes":
                     kept = ["bench_orders_pkey", "orders_created", "orders_customer"]
@@ -124,10 +89,6 @@ def main() -> None:
         print("|---|---|---|")
         print(f"| no index but the key | {plain:.2f} | 1.00x |")
         print(f"| two analysts' indexes, rebuilt | {indexed:.2f} | {indexed / plain:.2f}x |")
-    finally:
-        for cluster in clusters:
-            cluster.destroy()
-        shutil.rmtree(base, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -26,22 +26,16 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import statistics
-import subprocess
 import sys
-import tempfile
-import time
 from pathlib import Path
 
 import psycopg
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from full_load import build_source  # the 5M-row table every load benchmark uses
+from one_table_run import same, settle, timed_sync, two_clusters
 
-from replicator.postgres.pgcluster import PgCluster
-
-DIGEST = "SELECT count(*), md5(string_agg(md5(o::text), '' ORDER BY id)) FROM bench_orders o"
 WRITTEN = """
 SELECT n_tup_ins + n_tup_upd FROM pg_stat_all_tables WHERE relid = 'bench_orders'::regclass
 """
@@ -64,34 +58,6 @@ BACK = (
 )
 
 
-def settle(*urls: str) -> None:
-    for url in urls:
-        with psycopg.connect(url, autocommit=True) as conn:
-            conn.execute("CHECKPOINT")
-    subprocess.run(["sync"], check=True)
-
-
-def sync(project: Path, env: dict[str, str], *args: str) -> tuple[float, str]:
-    started = time.monotonic()
-    done = subprocess.run(
-        [sys.executable, "-m", "replicator", "sync", *args, "--project-dir", str(project)],
-        env=env,
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        text=True,
-    )
-    seconds = time.monotonic() - started
-    if done.returncode != 0:
-        raise SystemExit(f"sync failed ({done.returncode}):\n{done.stderr}")
-    return seconds, done.stderr
-
-
-def same(source: str, dest: str) -> None:
-    with psycopg.connect(source) as s, psycopg.connect(dest) as d:
-        if s.execute(DIGEST).fetchone() != d.execute(DIGEST).fetchone():
-            raise SystemExit("the copy differs from the source")
-
-
 def written(dest: str) -> int:
     with psycopg.connect(dest, autocommit=True) as conn:
         conn.execute("SELECT pg_stat_force_next_flush()")
@@ -109,10 +75,7 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=5_000_000)
     parser.add_argument("--repeat", type=int, default=2)
     args = parser.parse_args()
-    base = Path(tempfile.mkdtemp(prefix="bench-evolution-"))
-    clusters = [PgCluster(base / "source").start(), PgCluster(base / "dest").start()]
-    try:
-        source, dest = clusters[0].url(), clusters[1].url()
+    with two_clusters("bench-evolution-") as (base, source, dest):
         print(f"building {args.rows:,} rows ...", flush=True)
         build_source(source, args.rows)
         project = base / "project"
@@ -125,13 +88,13 @@ def main() -> None:
         config = {"tables": [table], "spark": {"min_rows": 10 * args.rows}}
         (project / "tables-config.json").write_text(json.dumps(config))
         env = {**os.environ, "REPLICATOR_SOURCE_URL": source, "REPLICATOR_DEST_URL": dest}
-        sync(project, env, "-q")
+        timed_sync(project, env, "-q")
         seconds: dict[str, list[float]] = {RELOAD: [], **{label: [] for label, _ in STEPS}}
         rows_written: dict[str, list[int]] = {label: [] for label, _ in STEPS}
         how: dict[str, str] = {}
         for round_ in range(args.repeat):
             settle(source, dest)
-            took, _ = sync(project, env, "-q", "-f")
+            took, _ = timed_sync(project, env, "-q", "-f")
             same(source, dest)
             seconds[RELOAD].append(took)
             print(f"round {round_ + 1}: {RELOAD}: {took:.2f} s", flush=True)
@@ -139,7 +102,7 @@ def main() -> None:
                 run(source, statement)
                 settle(source, dest)
                 before = written(dest)
-                took, said = sync(project, env)
+                took, said = timed_sync(project, env)
                 evolved = "schema evolved: " in said
                 if not evolved and "(cannot evolve: " not in said:
                     raise SystemExit(f"{label}: neither evolved nor reloaded:\n{said}")
@@ -154,7 +117,7 @@ def main() -> None:
                 )
             for statement in BACK:  # untimed: the next round starts from the same table
                 run(source, statement)
-                sync(project, env, "-q")
+                timed_sync(project, env, "-q")
             same(source, dest)
         reload = statistics.median(seconds[RELOAD])
         print(f"\n| {args.rows:,} rows | how | rounds (s) | median (s) | / reload | rows written |")
@@ -171,10 +134,6 @@ def main() -> None:
                 f"{median:.2f} | "
                 f"{median / reload:.2f}x | {max(rows_written[label]):,} ({share:.1%}) |"
             )
-    finally:
-        for cluster in clusters:
-            cluster.destroy()
-        shutil.rmtree(base, ignore_errors=True)
 
 
 if __name__ == "__main__":

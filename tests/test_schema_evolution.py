@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from dbcompare import assert_same_table
 from psycopg import sql
 
@@ -52,16 +53,21 @@ def _evolving(project, schema):
     project.sync()
 
 
+@pytest.fixture
+def evolving_orders(db_project, source_conn, schema):
+    """The orders table, copied once under on_schema_change "evolve"."""
+    _orders(source_conn, schema)
+    _evolving(db_project, schema)
+
+
 def _last_reason(project, schema):
     status = json.loads(project.run("status", "--json").stdout)
     return next(r for r in status if r["name"] == f"{schema}.orders")["last_reason"]
 
 
 def test_an_added_column_with_a_constant_default_writes_only_the_rows_that_differ(
-    db_project, source_conn, dest_conn, schema
+    evolving_orders, db_project, source_conn, dest_conn, schema
 ):
-    _orders(source_conn, schema)
-    _evolving(db_project, schema)
     _q(
         dest_conn,
         schema,
@@ -93,10 +99,8 @@ def test_an_added_column_with_a_constant_default_writes_only_the_rows_that_diffe
 
 
 def test_a_backfill_of_a_third_of_the_rows_writes_them_and_builds_the_key_again(
-    db_project, source_conn, dest_conn, schema
+    evolving_orders, db_project, source_conn, dest_conn, schema
 ):
-    _orders(source_conn, schema)
-    _evolving(db_project, schema)
     _q(source_conn, schema, "ALTER TABLE {t} ADD COLUMN token uuid")
     _q(source_conn, schema, "UPDATE {t} SET token = gen_random_uuid() WHERE id % 3 = 0")
     oid = _oid(dest_conn, schema)
@@ -110,10 +114,8 @@ def test_a_backfill_of_a_third_of_the_rows_writes_them_and_builds_the_key_again(
 
 
 def test_a_volatile_default_that_would_rewrite_every_row_reloads_instead(
-    db_project, source_conn, dest_conn, schema
+    evolving_orders, db_project, source_conn, dest_conn, schema
 ):
-    _orders(source_conn, schema)
-    _evolving(db_project, schema)
     _q(dest_conn, schema, "CREATE INDEX by_n ON {t} (n)")
     _q(source_conn, schema, "ALTER TABLE {t} ADD COLUMN token uuid DEFAULT gen_random_uuid()")
     synced = db_project.sync()
@@ -128,10 +130,8 @@ def test_a_volatile_default_that_would_rewrite_every_row_reloads_instead(
 
 
 def test_drops_renames_widenings_and_nullability_are_taken_in_place_with_the_views(
-    db_project, source_conn, dest_conn, schema
+    evolving_orders, db_project, source_conn, dest_conn, schema
 ):
-    _orders(source_conn, schema)
-    _evolving(db_project, schema)
     _q(
         dest_conn,
         schema,
@@ -166,10 +166,8 @@ def test_drops_renames_widenings_and_nullability_are_taken_in_place_with_the_vie
 
 
 def test_a_narrowing_cannot_evolve_and_reloads_with_the_reason(
-    db_project, source_conn, dest_conn, schema
+    evolving_orders, db_project, source_conn, dest_conn, schema
 ):
-    _orders(source_conn, schema)
-    _evolving(db_project, schema)
     oid = _oid(dest_conn, schema)
     _q(source_conn, schema, "ALTER TABLE {t} ALTER COLUMN n TYPE smallint")
     synced = db_project.sync()
@@ -182,10 +180,8 @@ def test_a_narrowing_cannot_evolve_and_reloads_with_the_reason(
 
 
 def test_a_kill_inside_the_evolution_leaves_the_copy_as_it_was_and_the_next_run_converges(
-    db_project, source_conn, dest_conn, schema
+    evolving_orders, db_project, source_conn, dest_conn, schema
 ):
-    _orders(source_conn, schema)
-    _evolving(db_project, schema)
     _q(source_conn, schema, "ALTER TABLE {t} ADD COLUMN region text DEFAULT 'eu'")
     _q(source_conn, schema, "UPDATE {t} SET region = 'us' WHERE id % 3 = 0")
     killed = db_project.run_process("sync", env={"REPLICATOR_FAILPOINT": "mid-evolve"})
