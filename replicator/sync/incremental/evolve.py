@@ -107,7 +107,8 @@ def evolve_script(
     target = built.table.target
     types = {c.name: c.type for c in built.destination_columns}
     current = {c.name: c.type for c in destination.columns}
-    defaults = _constant_defaults(ends, source, evo, types)
+    hashed = set(built.table.columns.hash) if built.table.columns else set()
+    defaults = _constant_defaults(ends, source, evo, types, hashed)
     alters = evo.alters(target, types, current, defaults)
     added = [c.name for c in evo.added]
     key = list(built.primary_key)
@@ -275,12 +276,17 @@ def evolve(
 
 
 def _constant_defaults(
-    ends: Endpoints, source: TableInfo, evo: Evolution, types: dict[str, str]
+    ends: Endpoints,
+    source: TableInfo,
+    evo: Evolution,
+    types: dict[str, str],
+    hashed: set[str],
 ) -> dict[str, str]:
     """The added columns whose source default is a constant, with its text, when the copy's
     type gives that text back (a setting such as TimeZone could change it): the value every
-    row already in the copy takes at the ADD COLUMN."""
-    names = [c.name for c in evo.added]
+    row already in the copy takes at the ADD COLUMN. Not a hashed column's: its copy holds
+    the hash, never the value."""
+    names = [c.name for c in evo.added if c.name not in hashed]
     if not names:
         return {}
     found = {}
