@@ -221,3 +221,36 @@ def test_a_unique_index_the_new_rows_break_fails_the_table_and_keeps_the_old_cop
         'table: could not create unique index "t_v_key" (Key (v)=('
     ) in synced.stderr, synced.stderr
     assert dest_conn.execute("SELECT to_regclass(%s)", (f"{schema}.t",)).fetchone() == (None,)
+
+
+def test_an_index_entry_added_later_on_a_missing_column_fails_that_table_alone(
+    db_project, source_conn, dest_conn, schema
+):
+    """A quiet table the run screens for no-ops, whose config now asks for an index on a
+    column it lacks: that table fails with the fix, the others sync."""
+    for name in ("t", "u"):
+        source_conn.execute(
+            sql.SQL(
+                "CREATE TABLE {t} (id int PRIMARY KEY, updated_at timestamptz NOT NULL);"
+                "INSERT INTO {t} SELECT g, now() - interval '1 hour' FROM generate_series(1, 50) g"
+            ).format(t=sql.Identifier(schema, name))
+        )
+    db_project.configure(schema, "t", "u", replication_key="updated_at")
+    db_project.sync()
+    db_project.write_config(
+        {
+            "tables": [
+                {"name": f"{schema}.t", "replication_key": "updated_at"},
+                {
+                    "name": f"{schema}.u",
+                    "replication_key": "updated_at",
+                    "indexes": [{"columns": ["nope"]}],
+                },
+            ]
+        }
+    )
+    synced = db_project.run("sync")
+    assert synced.exit_code == 1, synced.output
+    assert f"{schema}.u: failed after" in synced.stderr
+    assert "indexes[0]: nope is not a column of the copy" in synced.stderr, synced.stderr
+    assert f"{schema}.t: noop" in synced.stderr, synced.stderr

@@ -88,10 +88,11 @@ def _candidate(
         planned = plan_now(
             ends.source, ends.dest, table, run.project.templates, state, ahead=run.ahead_for(table)
         )
+        # under its lock: the indexes built, the schema change taken (table_actions)
+        if missing_indexes(planned) or planned.observed.evolution is not None:
+            return None
     except (ReplicatorError, psycopg.Error):
         return None  # its own sync says why
     if planned.plan.action != "incremental" or planned.observed.ownership != "owned":
         return None
-    if missing_indexes(planned) or planned.observed.evolution is not None:
-        return None  # under its lock: indexes built, the schema change taken (table_actions)
     return TableJob(run, ends, table, planned, state, output, started, started_at)
