@@ -204,6 +204,10 @@ def test_a_source_role_without_usage_on_the_schema_is_told_the_grant(
         "any table in it needs" in result.stdout
     ), result.stdout
     assert f"GRANT USAGE ON SCHEMA {tables} TO replicator_nousage" in result.stdout
+    synced = db_project.run("sync", env={"REPLICATOR_SOURCE_URL": url})
+    assert synced.exit_code == 1
+    assert "permission denied for schema" in synced.stderr, synced.stderr
+    assert "(reading macro default_model" not in synced.stderr, "not a model's error"
     source_conn.execute(
         sql.SQL("GRANT USAGE ON SCHEMA {} TO replicator_nousage").format(sql.Identifier(tables))
     )

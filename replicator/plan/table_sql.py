@@ -95,8 +95,9 @@ class TableSql:
             text = str(exc)
             if not text.startswith("source: ") or "(reading " in text:
                 raise
-            if exc.sqlstate == INSUFFICIENT_PRIVILEGE and "built-in" in self.model.origin:
-                raise  # the role's, not a model the project never wrote
+            builtin = (self.model.base or self.model).reads_table_as_is
+            if exc.sqlstate == INSUFFICIENT_PRIVILEGE and builtin:
+                raise  # the role's, not a model's: the built-in one reads the table as is
             raise DatabaseError(
                 f"{text} (reading {self.model.origin})", exc.sqlstate, exc.detail
             ) from None

@@ -26,7 +26,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from ..base.identifiers import MAX_IDENTIFIER_BYTES, TableName
+from ..base.identifiers import MAX_IDENTIFIER_BYTES, TableName, display_ident
 from .database import Step, fetch_all
 from .naming import derived_name
 
@@ -100,15 +100,15 @@ class CopyIndex:
         assert self.tail is not None
         name = self.built_name(target)
         built = sql.Identifier(name)
-        drop = sql.SQL("DROP INDEX IF EXISTS {}").format(sql.Identifier(side.schema, name))
         if self.constraint is not None:
-            create = sql.SQL("ALTER TABLE {} ADD CONSTRAINT {} {}").format(
-                side.identifier(), built, sql.SQL(self.constraint)
-            )
             drop = sql.SQL("ALTER TABLE {} DROP CONSTRAINT IF EXISTS {}").format(
                 side.identifier(), built
             )
+            create = sql.SQL("ALTER TABLE {} ADD CONSTRAINT {} {}").format(
+                side.identifier(), built, sql.SQL(self.constraint)
+            )
         else:
+            drop = sql.SQL("DROP INDEX IF EXISTS {}").format(sql.Identifier(side.schema, name))
             create = sql.SQL("CREATE {}INDEX {} ON {} {}").format(
                 sql.SQL("UNIQUE " if self.unique else ""),
                 built,
@@ -118,13 +118,15 @@ class CopyIndex:
         return [Step("destination", drop), Step("destination", create)]
 
     def statement(self, target: TableName) -> str:
-        """How to create it by hand on the copy (for a warning)."""
+        """How to create it by hand on the copy (for a warning: its names quoted where they
+        need it, as PostgreSQL prints them)."""
         if self.tail is None:
             return self.definition
+        name = display_ident(self.name)
         if self.constraint is not None:
-            return f"ALTER TABLE {target} ADD CONSTRAINT {self.name} {self.constraint}"
+            return f"ALTER TABLE {target} ADD CONSTRAINT {name} {self.constraint}"
         unique = "UNIQUE " if self.unique else ""
-        return f"CREATE {unique}INDEX {self.name} ON {target} {self.tail}"
+        return f"CREATE {unique}INDEX {name} ON {target} {self.tail}"
 
 
 @dataclass(frozen=True)
@@ -201,9 +203,7 @@ def create_on_copy(index: CopyIndex, target: TableName) -> Step:
     )
 
 
-def retire_steps(
-    objects: CopyObjects, target: TableName, carried: Sequence[CopyIndex]
-) -> list[Step]:
+def retire_steps(target: TableName, carried: Sequence[CopyIndex]) -> list[Step]:
     """In the swap, before the new table moves in: the old table's indexes of the names the
     new one takes are renamed aside (renaming a constraint's index renames the constraint)."""
     return [

@@ -273,7 +273,7 @@ def swap_script(
         )
         body += [(step, None) for step in _drop_views(facts)]
         body += _retire(target, facts.old_key)
-        body += [(s, None) for s in retire_steps(facts.objects, target, carried)]
+        body += [(s, None) for s in retire_steps(target, carried)]
         after.append(
             Step(
                 "destination",
