@@ -1,7 +1,8 @@
 """`on_schema_change: "evolve"`: a source schema change taken by the copy in place
-(plan/evolution.py, sync/incremental/evolve.py). The copy keeps its OID, its analyst's index
-and its views, and is md5-exact after each change; rows are written only where the new
-column's value differs from what the ALTER gave every row."""
+(plan/evolution.py, sync/incremental/evolve.py; for `cdc` tables at the change's place in the
+log, test_cdc_evolution.py). The copy keeps its OID, its analyst's index and its views, and
+is md5-exact after each change; rows are written only where the new column's value differs
+from what the ALTER gave every row."""
 
 from __future__ import annotations
 
@@ -9,51 +10,8 @@ import json
 
 import pytest
 from dbcompare import assert_same_table
+from evolving_tables import Writer, create_orders, has_index, oid_of, on_orders, written
 from psycopg import sql
-
-
-def _orders(conn, schema, rows=2000):
-    table = sql.Identifier(schema, "orders")
-    conn.execute(
-        sql.SQL(
-            "CREATE TABLE {} (id int PRIMARY KEY, n int, label varchar(10), amount numeric(8,2),"
-            " updated_at timestamptz NOT NULL DEFAULT now())"
-        ).format(table)
-    )
-    conn.execute(
-        sql.SQL(
-            "INSERT INTO {} SELECT g, g, 'l' || g % 100, g / 10.0, now() - interval '1 hour' "
-            "FROM generate_series(1, {}) g"
-        ).format(table, sql.Literal(rows))
-    )
-
-
-def _q(conn, schema, statement):
-    conn.execute(
-        sql.SQL(statement).format(t=sql.Identifier(schema, "orders"), s=sql.Identifier(schema))
-    )
-
-
-def _oid(conn, schema):
-    return conn.execute("SELECT %s::regclass::oid", (f"{schema}.orders",)).fetchone()[0]
-
-
-def _has_index(conn, schema, name):
-    (count,) = conn.execute(
-        "SELECT count(*) FROM pg_indexes WHERE indexname = %s AND schemaname = %s",
-        (name, schema),
-    ).fetchone()
-    return count == 1
-
-
-def _written(conn, schema):
-    """Rows inserted or updated in the copy so far (the statistics collector's count)."""
-    conn.execute("SELECT pg_stat_force_next_flush()")
-    (count,) = conn.execute(
-        "SELECT n_tup_ins + n_tup_upd FROM pg_stat_all_tables WHERE relid = %s::regclass",
-        (f"{schema}.orders",),
-    ).fetchone()
-    return count
 
 
 def _evolving(project, schema):
@@ -64,7 +22,7 @@ def _evolving(project, schema):
 @pytest.fixture
 def evolving_orders(db_project, source_conn, schema):
     """The orders table, copied once under on_schema_change "evolve"."""
-    _orders(source_conn, schema)
+    create_orders(source_conn, schema)
     _evolving(db_project, schema)
 
 
@@ -76,30 +34,30 @@ def _last_reason(project, schema):
 def test_an_added_column_with_a_constant_default_writes_only_the_rows_that_differ(
     evolving_orders, db_project, source_conn, dest_conn, schema
 ):
-    _q(
+    on_orders(
         dest_conn,
         schema,
         "CREATE INDEX by_n ON {t} (n); CREATE VIEW {s}.v AS SELECT id, n FROM {t}",
     )
-    oid, written = _oid(dest_conn, schema), _written(dest_conn, schema)
-    _q(source_conn, schema, "ALTER TABLE {t} ADD COLUMN region text NOT NULL DEFAULT 'eu'")
+    oid, before = oid_of(dest_conn, schema), written(dest_conn, schema)
+    on_orders(source_conn, schema, "ALTER TABLE {t} ADD COLUMN region text NOT NULL DEFAULT 'eu'")
     # a backfill that moves no cursor, and a row changed as usual
-    _q(source_conn, schema, "UPDATE {t} SET region = 'us' WHERE id <= 7")
-    _q(source_conn, schema, "UPDATE {t} SET n = -1, updated_at = now() WHERE id = 100")
+    on_orders(source_conn, schema, "UPDATE {t} SET region = 'us' WHERE id <= 7")
+    on_orders(source_conn, schema, "UPDATE {t} SET n = -1, updated_at = now() WHERE id = 100")
 
     synced = db_project.sync()
 
     assert f"{schema}.orders: schema evolved: column added: region text NOT NULL; 7 row(s)" in (
         synced.stderr
     ), synced.stderr
-    assert _oid(dest_conn, schema) == oid, "the copy kept its OID"
+    assert oid_of(dest_conn, schema) == oid, "the copy kept its OID"
     assert_same_table(source_conn, dest_conn, schema, "orders")
-    assert _written(dest_conn, schema) - written <= 8, "the 7 backfilled rows and the changed one"
+    assert written(dest_conn, schema) - before <= 8, "the 7 backfilled rows and the changed one"
     assert dest_conn.execute(
         "SELECT attnotnull FROM pg_attribute WHERE attrelid = %s::regclass AND attname = 'region'",
         (f"{schema}.orders",),
     ).fetchone() == (True,)
-    assert _has_index(dest_conn, schema, "by_n")
+    assert has_index(dest_conn, schema, "by_n")
     assert _last_reason(db_project, schema).startswith("schema evolved: column added: region")
     assert "evolved" not in db_project.sync().stderr, "once"
 
@@ -107,13 +65,13 @@ def test_an_added_column_with_a_constant_default_writes_only_the_rows_that_diffe
 def test_a_backfill_of_a_third_of_the_rows_writes_them_and_builds_the_key_again(
     evolving_orders, db_project, source_conn, dest_conn, schema
 ):
-    _q(source_conn, schema, "ALTER TABLE {t} ADD COLUMN token uuid")
-    _q(source_conn, schema, "UPDATE {t} SET token = gen_random_uuid() WHERE id % 3 = 0")
-    oid = _oid(dest_conn, schema)
+    on_orders(source_conn, schema, "ALTER TABLE {t} ADD COLUMN token uuid")
+    on_orders(source_conn, schema, "UPDATE {t} SET token = gen_random_uuid() WHERE id % 3 = 0")
+    oid = oid_of(dest_conn, schema)
     synced = db_project.sync()
     assert "666 row(s) given the new columns' values" in synced.stderr, synced.stderr
     assert_same_table(source_conn, dest_conn, schema, "orders")
-    assert _oid(dest_conn, schema) == oid
+    assert oid_of(dest_conn, schema) == oid
     assert dest_conn.execute(  # the key, built again after the UPDATE, keeps its name
         "SELECT conname FROM pg_constraint WHERE conrelid = %s AND contype = 'p'", (oid,)
     ).fetchall() == [("orders_pkey",)]
@@ -122,27 +80,29 @@ def test_a_backfill_of_a_third_of_the_rows_writes_them_and_builds_the_key_again(
 def test_a_volatile_default_that_would_rewrite_every_row_reloads_instead(
     evolving_orders, db_project, source_conn, dest_conn, schema
 ):
-    _q(dest_conn, schema, "CREATE INDEX by_n ON {t} (n)")
-    _q(source_conn, schema, "ALTER TABLE {t} ADD COLUMN token uuid DEFAULT gen_random_uuid()")
+    on_orders(dest_conn, schema, "CREATE INDEX by_n ON {t} (n)")
+    on_orders(
+        source_conn, schema, "ALTER TABLE {t} ADD COLUMN token uuid DEFAULT gen_random_uuid()"
+    )
     synced = db_project.sync()
     assert (
         "schema changed: column added: token uuid (cannot evolve: more than 1,000 of about "
         "2,000 rows would get new values, which a reload writes sooner)"
     ) in synced.stderr, synced.stderr
     assert_same_table(source_conn, dest_conn, schema, "orders")
-    assert _has_index(dest_conn, schema, "by_n"), "kept by the reload"
+    assert has_index(dest_conn, schema, "by_n"), "kept by the reload"
 
 
 def test_drops_renames_widenings_and_nullability_are_taken_in_place_with_the_views(
     evolving_orders, db_project, source_conn, dest_conn, schema
 ):
-    _q(
+    on_orders(
         dest_conn,
         schema,
         "CREATE VIEW {s}.labels AS SELECT id, label, n FROM {t}; "
         "CREATE MATERIALIZED VIEW {s}.total AS SELECT sum(n) AS n FROM {t}",
     )
-    oid = _oid(dest_conn, schema)
+    oid = oid_of(dest_conn, schema)
     for change in (
         "ALTER TABLE {t} ALTER COLUMN n TYPE bigint",
         "ALTER TABLE {t} ALTER COLUMN label TYPE varchar(40)",
@@ -151,14 +111,16 @@ def test_drops_renames_widenings_and_nullability_are_taken_in_place_with_the_vie
         "ALTER TABLE {t} ALTER COLUMN label SET NOT NULL",
         "ALTER TABLE {t} DROP COLUMN price",
     ):
-        _q(source_conn, schema, change)
+        on_orders(source_conn, schema, change)
         total = source_conn.execute(
             sql.SQL("SELECT sum(n) FROM {}").format(sql.Identifier(schema, "orders"))
         ).fetchone()
-        _q(source_conn, schema, "UPDATE {t} SET n = n + 1, updated_at = now() WHERE id % 50 = 0")
+        on_orders(
+            source_conn, schema, "UPDATE {t} SET n = n + 1, updated_at = now() WHERE id % 50 = 0"
+        )
         synced = db_project.sync()
         assert "schema evolved: " in synced.stderr, (change, synced.stderr)
-        assert _oid(dest_conn, schema) == oid, change
+        assert oid_of(dest_conn, schema) == oid, change
         assert_same_table(source_conn, dest_conn, schema, "orders")
     # recreated and refreshed by the last ALTER (the drop), before the batch that followed
     assert (
@@ -172,22 +134,22 @@ def test_drops_renames_widenings_and_nullability_are_taken_in_place_with_the_vie
 def test_a_narrowing_cannot_evolve_and_reloads_with_the_reason(
     evolving_orders, db_project, source_conn, dest_conn, schema
 ):
-    oid = _oid(dest_conn, schema)
-    _q(source_conn, schema, "ALTER TABLE {t} ALTER COLUMN n TYPE smallint")
+    oid = oid_of(dest_conn, schema)
+    on_orders(source_conn, schema, "ALTER TABLE {t} ALTER COLUMN n TYPE smallint")
     synced = db_project.sync()
     assert (
         "schema changed: type changed: n integer -> smallint (cannot evolve: n integer -> "
         "smallint is not a widening that keeps every value's text)"
     ) in synced.stderr, synced.stderr
-    assert _oid(dest_conn, schema) != oid
+    assert oid_of(dest_conn, schema) != oid
     assert_same_table(source_conn, dest_conn, schema, "orders")
 
 
 def test_a_kill_inside_the_evolution_leaves_the_copy_as_it_was_and_the_next_run_converges(
     evolving_orders, db_project, source_conn, dest_conn, schema
 ):
-    _q(source_conn, schema, "ALTER TABLE {t} ADD COLUMN region text DEFAULT 'eu'")
-    _q(source_conn, schema, "UPDATE {t} SET region = 'us' WHERE id % 3 = 0")
+    on_orders(source_conn, schema, "ALTER TABLE {t} ADD COLUMN region text DEFAULT 'eu'")
+    on_orders(source_conn, schema, "UPDATE {t} SET region = 'us' WHERE id % 3 = 0")
     killed = db_project.run_process("sync", env={"REPLICATOR_FAILPOINT": "mid-evolve"})
     assert killed.returncode == -9, killed.stderr
     assert dest_conn.execute(
@@ -200,10 +162,10 @@ def test_a_kill_inside_the_evolution_leaves_the_copy_as_it_was_and_the_next_run_
 
 
 def test_check_says_which_change_can_evolve(db_project, source_conn, schema):
-    _orders(source_conn, schema)
+    create_orders(source_conn, schema)
     db_project.configure(schema, "orders", replication_key="updated_at")
     db_project.sync()
-    _q(source_conn, schema, "ALTER TABLE {t} ADD COLUMN region text")
+    on_orders(source_conn, schema, "ALTER TABLE {t} ADD COLUMN region text")
     checked = db_project.run("check").stdout
     assert (
         f"ok    {schema}.orders: next sync: full_reload (schema changed: column added: region "
@@ -220,7 +182,7 @@ def test_check_says_which_change_can_evolve(db_project, source_conn, schema):
 
 
 def test_a_partitioned_root_evolves(db_project, source_conn, dest_conn, schema):
-    _q(
+    on_orders(
         source_conn,
         schema,
         "CREATE TABLE {t} (id int PRIMARY KEY, secret text, updated_at timestamptz NOT NULL) "
@@ -237,12 +199,12 @@ def test_a_partitioned_root_evolves(db_project, source_conn, dest_conn, schema):
         columns={"exclude": ["secret"]},
     )
     db_project.sync()
-    oid = _oid(dest_conn, schema)
-    _q(source_conn, schema, "ALTER TABLE {t} ADD COLUMN region text DEFAULT 'eu'")
-    _q(source_conn, schema, "UPDATE {t} SET region = 'us' WHERE id > 1500")
+    oid = oid_of(dest_conn, schema)
+    on_orders(source_conn, schema, "ALTER TABLE {t} ADD COLUMN region text DEFAULT 'eu'")
+    on_orders(source_conn, schema, "UPDATE {t} SET region = 'us' WHERE id > 1500")
     synced = db_project.sync()
     assert "schema evolved: column added: region text; 499 row(s)" in synced.stderr, synced.stderr
-    assert _oid(dest_conn, schema) == oid
+    assert oid_of(dest_conn, schema) == oid
     columns = dest_conn.execute(
         "SELECT attname FROM pg_attribute WHERE attrelid = %s::regclass AND attnum > 0 "
         "AND NOT attisdropped ORDER BY attnum",
@@ -255,25 +217,10 @@ def test_a_partitioned_root_evolves(db_project, source_conn, dest_conn, schema):
     assert dest_conn.execute(same).fetchall() == source_conn.execute(same).fetchall()
 
 
-def test_a_cdc_table_reloads_with_the_reason(cdc_project, source_conn, dest_conn, schema):
-    from cdc_tables import configure_cdc, create_orders, on_table
-
-    create_orders(source_conn, schema)
-    configure_cdc(cdc_project, schema, "orders", on_schema_change="evolve")
-    cdc_project.sync()
-    on_table(source_conn, schema, "ALTER TABLE {t} ADD COLUMN region text")
-    synced = cdc_project.sync()
-    assert (
-        "schema changed: column added: region text (cannot evolve: a cdc table's copy takes a "
-        "schema change by a reload in this version)"
-    ) in synced.stderr, synced.stderr
-    assert_same_table(source_conn, dest_conn, schema, "orders")
-
-
 def test_a_column_added_outside_the_included_ones_changes_nothing(
     db_project, source_conn, dest_conn, schema
 ):
-    _orders(source_conn, schema)
+    create_orders(source_conn, schema)
     db_project.configure(
         schema,
         "orders",
@@ -282,7 +229,58 @@ def test_a_column_added_outside_the_included_ones_changes_nothing(
         columns={"include": ["id", "n", "updated_at"]},
     )
     db_project.sync()
-    oid = _oid(dest_conn, schema)
-    _q(source_conn, schema, "ALTER TABLE {t} ADD COLUMN pin text DEFAULT '1234'")
+    oid = oid_of(dest_conn, schema)
+    on_orders(source_conn, schema, "ALTER TABLE {t} ADD COLUMN pin text DEFAULT '1234'")
     synced = db_project.sync()
-    assert "schema" not in synced.stderr and _oid(dest_conn, schema) == oid, synced.stderr
+    assert "schema" not in synced.stderr and oid_of(dest_conn, schema) == oid, synced.stderr
+
+
+# Each kind of change the copy takes in place, with the statements that follow it.
+_CHANGES = [
+    "ALTER TABLE {t} ADD COLUMN region text NOT NULL DEFAULT 'eu'; "
+    "UPDATE {t} SET region = 'us' WHERE id <= 7",  # a backfill that moves no updated_at
+    "ALTER TABLE {t} ADD COLUMN token uuid; "
+    "UPDATE {t} SET token = gen_random_uuid() WHERE id % 3 = 0",
+    "ALTER TABLE {t} ALTER COLUMN n TYPE bigint",
+    "ALTER TABLE {t} ALTER COLUMN label TYPE varchar(40)",
+    "ALTER TABLE {t} ALTER COLUMN amount TYPE numeric(12,2)",
+    "ALTER TABLE {t} RENAME COLUMN amount TO price",
+    "ALTER TABLE {t} ALTER COLUMN label SET NOT NULL",
+    "ALTER TABLE {t} DROP COLUMN price",
+]
+
+
+@pytest.mark.parametrize("mode", ["incremental", "cdc"])
+def test_every_change_with_a_writer_running_through_it(
+    cdc_project, pg_servers, writer, dest_conn, schema, mode
+):
+    """A writer inserts and updates (and in cdc deletes) all along: before, during and after
+    each ALTER, and while the sync that takes it runs. Once it pauses, one more sync makes
+    the copy md5-exact; its OID, an analyst's index and a view on it stay."""
+    create_orders(writer, schema)
+    entry = {"mode": "cdc"} if mode == "cdc" else {"replication_key": "updated_at"}
+    cdc_project.configure(schema, "orders", on_schema_change="evolve", **entry)
+    cdc_project.sync()
+    on_orders(dest_conn, schema, "CREATE INDEX by_n ON {t} (n)")
+    on_orders(dest_conn, schema, "CREATE VIEW {s}.recent AS SELECT id, n, updated_at FROM {t}")
+    oid = oid_of(dest_conn, schema)
+    running = Writer(pg_servers.source_url, schema, deletes=mode == "cdc")
+    try:
+        for change in _CHANGES:
+            running.wrote()
+            on_orders(writer, schema, change)
+            running.wrote()
+            synced = cdc_project.sync()
+            assert "schema evolved: " in synced.stderr, (change, synced.stderr)
+            running.pause()
+            cdc_project.sync()
+            assert_same_table(writer, dest_conn, schema, "orders")
+            assert oid_of(dest_conn, schema) == oid, change
+            running.resume()
+    finally:
+        running.close()
+    assert has_index(dest_conn, schema, "by_n")
+    count = sql.SQL("SELECT count(*) FROM {}")
+    assert dest_conn.execute(count.format(sql.Identifier(schema, "recent"))).fetchone() == (
+        writer.execute(count.format(sql.Identifier(schema, "orders"))).fetchone()
+    )

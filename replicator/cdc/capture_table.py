@@ -1,14 +1,48 @@
-"""A `cdc` table as the drain sees it: what it copies, where its copy is current to, and what
-the drain did to it."""
+"""A `cdc` table as the drain sees it: what it copies, where its copy is current to, what
+the drain did to it, and, for a table that takes schema changes in place (`on_schema_change:
+"evolve"`), the copy's own columns, which the log's shape is compared with.
+
+Such a table's copy may be a shape behind the source's catalog: an ALTER the log has not
+reached yet. Its changes are applied while the log's shape fits the copy's (the same
+columns and types, a length or precision no wider than the copy's), and it stops at the
+first transaction whose shape does not: the commits before it are applied and recorded, the
+slot keeps that one, and the run takes the change in place there (sync/cdc/log_evolution.py).
+"""
 
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
+
+import psycopg
 
 from ..base.identifiers import TableName
 from ..plan.table_sql import TableSql
+from ..postgres.catalog import FIRST_NORMAL_OID
+from ..postgres.database import fetch_all
+from ..postgres.naming import MARK_COLUMN
 from .rows.shaped_log import LogShape, LogShaping
+from .source.pgoutput import Relation, RelationColumn
+
+# Types whose modifier is a length or precision, as their oids: a value of a narrower one is
+# a value of the wider with the same text (plan/evolution.widens).
+_VARCHAR, _VARBIT, _NUMERIC = 1043, 1562, 1700
+_SIZED = frozenset((_VARCHAR, _VARBIT, _NUMERIC, 1083, 1114, 1184, 1266))
+_COLUMNS = """
+SELECT attname, atttypid::int, atttypmod FROM pg_catalog.pg_attribute
+WHERE attrelid = %s AND attnum > 0 AND NOT attisdropped ORDER BY attnum
+"""
+
+
+@dataclass(frozen=True)
+class ShapeColumn:
+    """A column as the log's Relation message describes one: its type as the source's oid."""
+
+    name: str
+    type_oid: int
+    typmod: int
 
 
 @dataclass
@@ -37,6 +71,12 @@ class CaptureTable:
     # the `where` its apply runs over each change's new row (preflight.applied_where): the
     # publication sends every row of such a table
     where: str | None = None
+    # `on_schema_change: "evolve"`: the copy's columns (copy_shape), and once the log's
+    # shape stops fitting them, that Relation message and the end of the last commit before
+    # its transaction, the table's position from there (see above)
+    copy_shape: tuple[ShapeColumn, ...] | None = None
+    evolving: Relation | None = None
+    stop: int | None = None
 
     def __post_init__(self) -> None:
         names = list(self.columns)
@@ -46,7 +86,16 @@ class CaptureTable:
 
     @functools.cached_property
     def columns(self) -> tuple[str, ...]:
+        if self.copy_shape is not None:
+            return tuple(c.name for c in self.copy_shape)
         return tuple(c.name for c in self.built.columns) if self.built else ()
+
+    @functools.cached_property
+    def column_types(self) -> tuple[tuple[str, int], ...]:
+        """The staged columns, each with its type as the source's oid."""
+        if self.copy_shape is not None:
+            return tuple((c.name, c.type_oid) for c in self.copy_shape)
+        return tuple((c.name, c.type_oid) for c in self.built.columns) if self.built else ()
 
     @functools.cached_property
     def target(self) -> TableName:
@@ -69,5 +118,52 @@ class CaptureTable:
         return self.built.table.written_name if self.built else str(self.name)
 
     @property
-    def takes_changes(self) -> bool:
+    def applies(self) -> bool:
+        """Its staged changes are applied (those before its stop, if it has one)."""
         return self.apply and self.drift is None and self.error is None
+
+    @property
+    def takes_changes(self) -> bool:
+        return self.applies and self.evolving is None
+
+    def end_of(self, batch_end: int) -> int:
+        """Its position once a batch that ends at `batch_end` is applied."""
+        return batch_end if self.stop is None else min(self.stop, batch_end)
+
+    def fits(self, logged: Sequence[RelationColumn]) -> bool:
+        """Whether the log's shape can be applied to the copy (`copy_shape`) as it is."""
+        shape = self.copy_shape
+        assert shape is not None
+        return len(logged) == len(shape) and all(
+            a.name == b.name and a.type_oid == b.type_oid and _fits(a, b.typmod)
+            for a, b in zip(logged, shape, strict=True)
+        )
+
+
+def _fits(logged: RelationColumn, typmod: int) -> bool:
+    if logged.type_modifier == typmod or typmod == -1:
+        return True
+    if logged.type_oid not in _SIZED or logged.type_modifier == -1:
+        return False
+    if logged.type_oid == _NUMERIC:  # (precision << 16 | scale) + 4: the same scale
+        was, now = logged.type_modifier - 4, typmod - 4
+        return was & 0xFFFF == now & 0xFFFF and was >> 16 <= now >> 16
+    return logged.type_modifier <= typmod
+
+
+def copy_shape(
+    dest: psycopg.Connection[Any], destination_oid: int, built: TableSql
+) -> tuple[ShapeColumn, ...]:
+    """The copy's columns, read from the copy (a user-defined type named by the source's
+    oid of the column's type: the two servers number their own types)."""
+    source_oids = {c.name: c.type_oid for c in built.columns}
+    return tuple(
+        ShapeColumn(name, oid if oid < FIRST_NORMAL_OID else source_oids.get(name, 0), typmod)
+        for name, oid, typmod in fetch_all(dest, _COLUMNS, (destination_oid,))
+        if name != MARK_COLUMN
+    )
+
+
+def source_shape(source: psycopg.Connection[Any], oid: int) -> tuple[ShapeColumn, ...]:
+    """The source table's columns now, as a Relation message would describe them."""
+    return tuple(ShapeColumn(*row) for row in fetch_all(source, _COLUMNS, (oid,)))

@@ -12,6 +12,9 @@ before the drain's end and the changes per byte of WAL so far), halving the batc
 A transaction bigger than a batch comes whole, streaming into COPY, so memory stays bounded,
 and is applied in parts while it is read (applier.submit_part). A table skips transactions
 whose commit starts before its applied position: they are in its copy.
+
+A table whose Relation message no longer matches its copy drifted (it reloads), or, when it
+takes schema changes in place, stops before that transaction (capture_table.py).
 """
 
 from __future__ import annotations
@@ -62,7 +65,8 @@ class _Reader:
     # the batch being read is handed over at a commit past this many changes (see above)
     size: int = field(init=False)
     batch: Batch = field(default_factory=Batch)
-    relations: dict[int, tuple[CaptureTable, str | None]] = field(default_factory=dict)
+    # each relation's table, and how the log's shape of it differs from the copy's
+    relations: dict[int, tuple[CaptureTable, str | Relation | None]] = field(default_factory=dict)
     final_lsn: int = 0  # the commit position of the transaction being read
     seq: int = 0
     # each relation's taker (or None) in the transaction being read: asked once per
@@ -193,14 +197,17 @@ def _applied(reader: _Reader) -> None:
         reader.advance(reader.read)
 
 
-def _drift(table: CaptureTable, message: Relation) -> str | None:
-    """How the log's shape of the table differs from its copy's (None: it does not)."""
+def _drift(table: CaptureTable, message: Relation) -> str | Relation | None:
+    """How the log's shape of the table differs from its copy's (None: it does not; the
+    message itself: a shape a copy that evolves may take in place)."""
     logged = [(c.name, c.type_oid) for c in message.columns]
     if table.built is None:  # only watched: its shape is checked when it is synced
         return None
     named = _named_by(table, message)
     if named is not None:
         return named
+    if table.copy_shape is not None:
+        return None if table.fits(message.columns) else message
     if table.shaping is not None:  # excluded columns dropped, hashed ones hashed
         shape = table.shaping.for_relation(logged)
         if isinstance(shape, str):
@@ -241,16 +248,21 @@ def _describe_drift(logged: list[tuple[str, int]], copied: list[tuple[str, int]]
     return "in the log: " + (", ".join(parts) if parts else "columns reordered")
 
 
-def _taker(reader: _Reader, known: tuple[CaptureTable, str | None] | None) -> CaptureTable | None:
+def _taker(
+    reader: _Reader, known: tuple[CaptureTable, str | Relation | None] | None
+) -> CaptureTable | None:
     """The table that takes a change of this relation in the transaction being read; None
     when none does (not a cdc table, a change its copy has, a table not selected this run,
-    which holds the slot there, or one already failed or drifted)."""
+    which holds the slot there, or one already failed, drifted or stopped)."""
     final_lsn = reader.final_lsn
     if known is None or final_lsn < known[0].applied:
         return None
     table, drift = known
-    if not table.apply or table.holds:  # it reads this again next time
+    if not table.apply or table.holds or table.evolving is not None:  # read again later
         reader.read.hold_at(final_lsn)
+        return None
+    if isinstance(drift, Relation) and table.drift is None:
+        _stop(reader, table, drift)
         return None
     if drift is not None and table.drift is None:
         table.drift = drift  # reloaded after the drain; its changes from here are moot
@@ -258,6 +270,19 @@ def _taker(reader: _Reader, known: tuple[CaptureTable, str | None] | None) -> Ca
         return None
     reader.batch.first_seen.setdefault(table.name, final_lsn)
     return table
+
+
+def _stop(reader: _Reader, table: CaptureTable, message: Relation) -> None:
+    """A copy that takes schema changes in place stops before the transaction whose shape
+    it does not fit: the commits before are applied, and the slot keeps this one. Unless the
+    transaction changed the table before its shape did: the copy has no shape for those
+    changes, and reloads."""
+    if reader.batch.first_seen.get(table.name) == reader.final_lsn:
+        table.drift = "in the log: the shape changed inside a transaction that changed rows"
+        return
+    table.evolving = message
+    table.stop = max(reader.read.end, table.applied)
+    reader.read.hold_at(reader.final_lsn)
 
 
 def _stage_of(stager: Stager, table: CaptureTable) -> TableStage:

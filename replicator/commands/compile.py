@@ -208,6 +208,7 @@ class CompiledTable:
                 "start_without_backfill": self._lines(scripts.start) or None,
                 "resync": self._lines(scripts.resync) or None,
                 "cdc_apply": self._lines(list(cdc_apply)) if cdc_apply else None,
+                "cdc_evolution": self._lines(scripts.cdc_evolution) or None,
                 "extract_full": render(built.full_extract),
                 "extract_incremental": render(incremental) if incremental is not None else None,
                 "merge": built.merge,
@@ -221,6 +222,7 @@ class CompiledTable:
                     ("start_without_backfill", scripts.start),
                     ("resync", scripts.resync),
                     ("cdc_apply", cdc_apply),
+                    ("cdc_evolution", scripts.cdc_evolution),
                 )
                 if items is not None
             },
@@ -249,7 +251,10 @@ class CompiledTable:
             if not changes:
                 continue
             if evolves and changes is self.observed.schema_changes:
-                lines.append(f"-- {title} (taken in place: the incremental script runs them):")
+                where = "the incremental script"
+                if table.mode == "cdc":
+                    where = "the cdc schema evolution"
+                lines.append(f"-- {title} (taken in place: {where} runs them):")
                 lines += [f"--   {change.describe()}" for change in changes]
                 continue
             lines.append(f"-- {title} (a sync reloads the table instead of running these):")
@@ -297,6 +302,14 @@ class CompiledTable:
                 "-- cdc apply of a batch (staged in replicator_stage_N)",
                 *_terminated(self._lines(list(self.cdc_apply() or []))),
             ]
+            if scripts.cdc_evolution is not None:
+                lines += [
+                    "",
+                    "-- cdc schema evolution: once the log is applied up to the change (its first",
+                    "--   transaction of the new shape, or the drain's end when none follows),",
+                    "--   then the log is applied again from there, and the NOT NULLs are set",
+                    *_terminated(self._lines(scripts.cdc_evolution)),
+                ]
         if table.deletes != "ignore":
             when = f"every {table.deletes_interval} s" if table.deletes_interval else "every sync"
             verb = "deleted" if table.deletes == "delete" else "marked (_replicator_deleted_at)"

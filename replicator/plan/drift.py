@@ -153,8 +153,8 @@ def observe(
 
 def _evolving(table: TableConfig, built: TableSql, changes: list[Change]) -> Evolution | str:
     """The changes as the copy takes them in place, or why it cannot."""
-    if table.mode == "cdc":
-        return "a cdc table's copy takes a schema change by a reload in this version"
+    if table.mode == "cdc" and built.shaping is not None:
+        return "a cdc table with `columns` or `where` takes a schema change by a reload"
     found = evolution(changes)
     if isinstance(found, str):
         return found

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from ..base.identifiers import TableName, display_ident
@@ -93,6 +93,26 @@ class Evolution:
             if column.name in defaults:
                 statements.append(_drop_default(target, column.name).sql(dialect="postgres"))
         return statements
+
+    def nullable_first(self, target: TableName) -> tuple[Evolution, list[str]]:
+        """The evolution with no NOT NULL set, and the statements that set them after: for
+        a copy that takes them only once it is current past the snapshot its new values
+        came from (a `cdc` copy still holds the rows the source deleted since)."""
+        kept: list[Change] = []
+        later: list[str] = []
+        for change in self.changes:
+            name = None
+            if isinstance(change, NullabilityChanged) and change.not_null:
+                name = change.name
+            elif isinstance(change, ColumnAdded) and change.column.not_null:
+                name = change.column.name
+                kept.append(ColumnAdded(replace(change.column, not_null=False)))
+            else:
+                kept.append(change)
+            if name is not None:
+                statement = NullabilityChanged(name, True).expression(target)
+                later.append(statement.sql(dialect="postgres"))
+        return Evolution(tuple(kept)), later
 
     def not_null(self, target: TableName) -> list[str]:
         """SET NOT NULL of the added columns the source has NOT NULL, once they are filled."""

@@ -82,6 +82,8 @@ class ActionScripts:
     staging: list[Step] | None = None  # the incremental's first statements, on their own
     start: list[Item] | None = None  # initial_load skip, when it is the next action
     resync: list[Item] | None = None  # with --since
+    # a `cdc` table's schema change taken in place where the log reaches it, NOT NULLs last
+    cdc_evolution: list[Item] | None = None
     notes: list[str] = field(default_factory=list)
 
 
@@ -139,6 +141,13 @@ def action_scripts(
             scripts.resync = _incremental(
                 inputs, built, state, batch_facts, resync, version, unfinished
             )
+    evolution = evolving.evolution if evolving is not None else None
+    if built.table.mode == "cdc" and isinstance(evolution, Evolution) and inputs.dest is not None:
+        assert evolving is not None and evolving.destination is not None
+        ends = Endpoints(inputs.source, inputs.dest, *inputs.urls)
+        first, not_null = evolution.nullable_first(built.table.target)
+        evolve = evolve_script(ends, built, source, evolving.destination, first)
+        scripts.cdc_evolution = [*evolve.steps, *(Step("destination", s) for s in not_null)]
     if plan.action == "skip_backfill":
         at_slot = built.table.mode == "cdc"  # adopted at the slot's position (capture_adopt)
         position = "<slot position>" if at_slot else None

@@ -141,15 +141,15 @@ def _apply_batch(stager: Stager, batch: Batch, tables: Sequence[CaptureTable]) -
     if stager.part_open:  # the transaction the batch's first part opened
         done = {table.name for table in applied}
         for table in stager.parted:  # changed in an earlier part only: its position too
-            if table.takes_changes and table.name not in done:
-                record = record_applied_step(table.target, batch.end)
+            if table.applies and table.name not in done:
+                record = record_applied_step(table.target, table.end_of(batch.end))
                 execute(stager.dest, record.statement, record.params)
                 applied.append(table)
         execute(stager.dest, "COMMIT")
         stager.part_open = False
         stager.parted = []
     for table in applied:
-        table.applied = table.position = batch.end
+        table.applied = table.position = table.end_of(batch.end)
     forget_drifted(stager.dest, tables)
     log.debug("cdc: batch of %d change(s), up to %s", batch.changes, lsn_text(batch.end))
     return hold
@@ -199,14 +199,14 @@ def _apply_staged(
     hold: int | None = None
     for table in tables:
         raise_if_requested()  # SIGTERM: the tables not applied yet wait for the next run
-        if not table.takes_changes:
+        if not table.applies:
             continue
         stage = stages.get(table.target)
         if stage is not None and stage.changes:
             held = _apply(dest, table, stage, batch, record)
             if held is not None:
                 hold = held if hold is None else min(hold, held)
-            elif table.takes_changes:
+            elif table.applies:
                 applied.append(table)
     return applied, hold
 
@@ -220,7 +220,7 @@ def _apply(
 ) -> int | None:
     """Apply one table's batch (or part: `record` False); returns where it holds the slot
     if it failed and its position could not be forgotten."""
-    started, end = time.monotonic(), batch.end
+    started, end = time.monotonic(), table.end_of(batch.end)
     try:
         applied = apply_stage(
             dest,

@@ -60,11 +60,7 @@ def binary_values(
         return False  # a newer source's send may write what an older receive misreads
     if any(t.shaping is not None for t in staged):
         return False
-    source_types = {
-        (str(t.target), c.name): c.type_oid
-        for t in staged
-        for c in t.built.columns  # type: ignore[union-attr]
-    }
+    source_types = {(str(t.target), name): oid for t in staged for name, oid in t.column_types}
     if any(oid not in BINARY_TYPES for oid in source_types.values()):
         return False
     names = {t.target.identifier().as_string(dest): str(t.target) for t in staged}

@@ -470,7 +470,8 @@ def _check_plan(
     else:
         yield Finding("ok", table.written_name, f"next sync: {plan.action} ({plan.reason})")
     changes = planned.observed.schema_changes
-    evolvable = table.on_schema_change != "evolve" and table.mode != "cdc"
+    shaped_cdc = table.mode == "cdc" and planned.built.shaping is not None
+    evolvable = table.on_schema_change != "evolve" and not shaped_cdc
     if changes and evolvable and isinstance(evolution(changes), Evolution):
         yield Finding(
             "ok",

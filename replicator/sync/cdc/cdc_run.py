@@ -19,15 +19,24 @@ import logging
 import time
 from collections.abc import Sequence
 from contextlib import ExitStack
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import psycopg
+from psycopg import sql
 
-from ...base.errors import Interrupted, ReplicatorError, TableLocked, TableProblem, one_line
+from ...base.errors import (
+    DatabaseError,
+    Interrupted,
+    ReplicatorError,
+    TableLocked,
+    TableProblem,
+    one_line,
+)
+from ...base.failpoints import pause_point
 from ...base.identifiers import INTERNAL_SCHEMA, TableName
 from ...cdc.apply.applied import applied_positions, forget_applied
-from ...cdc.capture_table import CaptureTable
+from ...cdc.capture_table import CaptureTable, ShapeColumn, copy_shape
 from ...cdc.drain import drain
 from ...cdc.preflight import applied_where, capture_problem
 from ...cdc.rows.shaped_log import log_shaping
@@ -44,10 +53,12 @@ from ...cdc.source.slot import (
 from ...cdc.source.slot_health import slot_alarm
 from ...plan.decide import Plan
 from ...plan.drift import Planned, destination_has_rows, plan_now
+from ...plan.evolution import Evolution
 from ...postgres import ddl
 from ...postgres.catalog import taken_names
-from ...postgres.database import Endpoints, execute
+from ...postgres.database import Endpoints, execute, transaction
 from ...postgres.partition_tree import PARTITIONED
+from ...postgres.swap import LOCK_TIMEOUT
 from ...postgres.table_lock import table_lock
 from ...project.cdc_config import retained_limit
 from ...project.cdc_state import CaptureState
@@ -57,9 +68,54 @@ from ...project.state import LSN_CURSOR_TYPE, Cursor, TableState
 from ...report.results import TableResult, utc_now
 from ..context import EarlyPlan, RunContext, TableJob, failure, record_failure
 from ..scripts import side_table
+from .log_evolution import evolve_at_log, needs_evolution
 from .setup import set_up_capture
 
 log = logging.getLogger("replicator.sync")
+
+# The schema changes one run takes in place at their places in the log, each followed by a
+# drain of the table again (log_evolution.py); another one waits for the next run.
+EVOLUTION_ROUNDS = 3
+
+
+@dataclass
+class _Earlier:
+    """What a table's drains before the last one in the run did: its copy took a schema
+    change in place after each."""
+
+    reason: str  # `schema evolved: ...`
+    positions: dict[TableName, int]  # where the copies were when the first drain began
+    not_null: list[str]  # set once the table is drained past its evolution
+    changes: int = 0
+    deleted: int = 0
+    truncated: bool = False
+
+    @classmethod
+    def after(
+        cls,
+        previous: _Earlier | None,
+        table: CaptureTable,
+        job: TableJob,
+        positions: dict[TableName, int],
+        not_null: list[str],
+    ) -> _Earlier:
+        """The drains so far, the one that left `table` included; `job`: the table planned
+        after its copy took the change."""
+        if previous is None:
+            earlier = cls(job.plan.reason, positions, not_null)
+        else:
+            reason = f"{previous.reason}; {job.plan.reason}"
+            earlier = cls(reason, previous.positions, [*previous.not_null, *not_null])
+        if previous is not None:
+            previous.add_to(table)
+        earlier.changes, earlier.deleted = table.changes, table.deleted
+        earlier.truncated = table.truncated
+        return earlier
+
+    def add_to(self, table: CaptureTable) -> None:
+        table.changes += self.changes
+        table.deleted += self.deleted
+        table.truncated = table.truncated or self.truncated
 
 
 class CaptureRun:
@@ -230,6 +286,60 @@ class CaptureRun:
     def _drain(
         self, ends: Endpoints, jobs: list[TableJob], results: list[TableResult]
     ) -> list[TableConfig]:
+        """Drain for `jobs`; a table whose copy takes a schema change in place at its place
+        in the log (log_evolution.py) takes it, and the slot is drained again for those,
+        up to EVOLUTION_ROUNDS times (a change beyond waits at its position for the next
+        run). Returns the tables to reload."""
+        drifted: list[TableConfig] = []
+        earlier: dict[str, _Earlier] = {}
+        for round_ in range(EVOLUTION_ROUNDS + 1):
+            drained = self._drain_once(ends, jobs, results, earlier)
+            evolved: list[TableJob] = []
+            for job, table in drained:
+                if table.drift is not None and table.error is None:
+                    self._mark_drifted(job, f"schema changed: {table.drift}")
+                    drifted.append(job.table)
+                    continue
+                if round_ < EVOLUTION_ROUNDS and needs_evolution(job, table):
+                    try:
+                        taken = evolve_at_log(job, table)
+                    except (ReplicatorError, psycopg.Error) as exc:
+                        table.error = one_line(exc)
+                    else:
+                        if isinstance(taken, str):
+                            forget_applied(ends.dest, job.table.target)
+                            self._mark_drifted(job, taken)
+                            drifted.append(job.table)
+                            continue
+                        job, not_null = taken
+                        earlier[job.name] = _Earlier.after(
+                            earlier.get(job.name), table, job, self.positions, not_null
+                        )
+                        evolved.append(job)
+                        continue
+                done = earlier.get(job.name)
+                if done is not None and done.not_null and table.error is None:
+                    problem = _set_not_null(ends, done.not_null)
+                    if problem is not None:  # rows the source lacks: the copy is not exact
+                        forget_applied(ends.dest, job.table.target)
+                        self._mark_drifted(job, f"{done.reason} (then: {problem})")
+                        drifted.append(job.table)
+                        continue
+                results.append(self._finish(job, table, done))
+            if not evolved:
+                break
+            jobs = evolved
+        return drifted
+
+    def _drain_once(
+        self,
+        ends: Endpoints,
+        jobs: list[TableJob],
+        results: list[TableResult],
+        earlier: dict[str, _Earlier],
+    ) -> list[tuple[TableJob, CaptureTable]]:
+        """One read of the slot for `jobs`; each with its table as the drain left it (none
+        when the drain failed: each job's failure is in `results`)."""
         assert self.names is not None
         names = self.names
         # Read again: a table loaded earlier in this run has its position only now.
@@ -242,6 +352,7 @@ class CaptureRun:
                 self.positions[job.table.target],
                 shaping=log_shaping(ends.source, job.built, job.planned.source, salt),
                 where=applied_where(ends.source, job.planned.source, job.built),
+                copy_shape=self._copy_shape(ends, job),
             )
             for job in jobs
         ]
@@ -249,15 +360,20 @@ class CaptureRun:
         # Each table's run is the drain's: timed from here, not from its planning, which
         # came before every other table the run synced (its `1 rows in 4.6 s` was theirs).
         begun, begun_at = time.monotonic(), utc_now()
-        jobs = [replace(job, started=begun, started_at=begun_at) for job in jobs]
+        jobs = [
+            replace(job, started=begun, started_at=begun_at) if job.name not in earlier else job
+            for job in jobs
+        ]
         for job in jobs:
-            job.started_log("incremental", f"applying the log ({job.plan.reason})")
+            if job.name not in earlier:
+                job.started_log("incremental", f"applying the log ({job.plan.reason})")
         try:
             info = slot_info(ends.source, names.slot)
             if not jobs and (info is None or info.lost):
                 return []  # nothing to move (a lost slot failed the set-up, or is said after)
             if info is None or info.confirmed is None:
                 raise TableProblem(f"replication slot {names.slot} disappeared during the run")
+            pause_point("cdc-before-upto")  # a test's change here is in the drain
             emit_heartbeat(ends.source)
             upto = flushed_lsn(ends.source)
             drained = drain(
@@ -294,14 +410,18 @@ class CaptureRun:
                 }
             },
         )
-        drifted = []
-        for job, table in zip(jobs, drained.tables, strict=False):
-            if table.drift is not None and table.error is None:
-                self._mark_drifted(job, table.drift)
-                drifted.append(job.table)
-            else:
-                results.append(self._finish(job, table))
-        return drifted
+        return list(zip(jobs, drained.tables, strict=False))
+
+    @staticmethod
+    def _copy_shape(ends: Endpoints, job: TableJob) -> tuple[ShapeColumn, ...] | None:
+        """The copy's columns, for a table that takes schema changes in place (None for
+        any other: the log is compared with the columns it copies)."""
+        destination = job.observed.destination
+        if job.table.on_schema_change != "evolve" or job.built.shaping is not None:
+            return None
+        if destination is None:
+            return None
+        return copy_shape(ends.dest, destination.oid, job.built)
 
     def _watched(self, jobs: list[TableJob]) -> list[CaptureTable]:
         """`cdc` tables with a copy that this drain does not apply to (not selected, loaded
@@ -316,26 +436,31 @@ class CaptureRun:
                 watched.append(CaptureTable(table.name, None, position, apply=False))
         return watched
 
-    def _mark_drifted(self, job: TableJob, drift: str) -> None:
-        """The log shows the table changed shape: it is reloaded right after the drain (and
-        by the next run, if that reload cannot run now)."""
+    def _mark_drifted(self, job: TableJob, reason: str) -> None:
+        """The log shows the table changed shape (`reason`), and its copy cannot take the
+        change in place: it is reloaded right after the drain (and by the next run, if that
+        reload cannot run now)."""
         assert job.state is not None
-        log.info("%s: the log shows a schema change (%s): reloading it", job.name, drift)
+        log.info("%s: %s: reloading it", job.name, reason)
         job.write_state(
-            job.state.model_copy(
-                update={"pending_full_reload": True, "pending_reason": f"schema changed: {drift}"}
-            )
+            job.state.model_copy(update={"pending_full_reload": True, "pending_reason": reason})
         )
 
-    def _finish(self, job: TableJob, table: CaptureTable) -> TableResult:
-        """The table's result and state after the drain."""
+    def _finish(
+        self, job: TableJob, table: CaptureTable, earlier: _Earlier | None = None
+    ) -> TableResult:
+        """The table's result and state after the drain (and the drains before it in the
+        run, `earlier`, when its copy took a schema change in between)."""
         run, state = self.run, job.state
         assert state is not None
+        if earlier is not None:
+            earlier.add_to(table)
         # The later of sync-state's cursor (it moves on with the slot while the table has
         # no changes) and the copy's position when the drain began (a run killed after an
         # apply, before its state write, left the cursor behind that).
         known = [parse_lsn(state.cursor.value)] if state.cursor else []
-        known += [p for p in (self.positions.get(job.table.target),) if p is not None]
+        positions = earlier.positions if earlier is not None else self.positions
+        known += [p for p in (positions.get(job.table.target),) if p is not None]
         before = lsn_text(max(known)) if known else lsn_text(table.applied)
         if table.error is not None:
             result = failure(job.table, table.error, 0.0, "incremental", job.plan.reason)
@@ -348,9 +473,12 @@ class CaptureRun:
             return result
         after = lsn_text(table.position)
         finished = utc_now()
+        pending = isinstance(job.observed.evolution, Evolution)  # not taken: still to come
         update: dict = {
             "cursor": Cursor(value=after, type=LSN_CURSOR_TYPE),
-            "schema_signature": job.observed.signature.as_json(),
+            "schema_signature": (
+                state.schema_signature if pending else job.observed.signature.as_json()
+            ),
             "last_synced_at": finished,
             "holds_rows": (
                 destination_has_rows(job.ends.dest, job.table.target)
@@ -359,8 +487,10 @@ class CaptureRun:
             ),
             "destination_oid": job.observed_destination_oid(),
         }
-        action = "incremental" if table.changes else "noop"
+        action = "incremental" if table.changes or earlier is not None else "noop"
         reason = f"lsn {before} -> {after}" if table.changes else f"lsn {after}"
+        if earlier is not None:  # the reason says it first (docs/guides/schema-drift.md)
+            reason = f"{earlier.reason}; {reason}"
         if table.truncated:  # the log's TRUNCATE emptied the copy before the changes after it
             reason += "; truncated"
         result = job.success(action, table.changes, reason, 0, before, after)
@@ -369,6 +499,19 @@ class CaptureRun:
             state.model_copy(update={**update, "last_run": job.outcome(result, finished)})
         )
         return result
+
+
+def _set_not_null(ends: Endpoints, statements: list[str]) -> str | None:
+    """Set the NOT NULLs an evolution left for after the drain; why not, if it cannot."""
+    try:
+        with transaction(ends.dest):
+            limit = sql.SQL("SET LOCAL lock_timeout = {}").format(sql.Literal(LOCK_TIMEOUT))
+            execute(ends.dest, limit)
+            for statement in statements:
+                execute(ends.dest, statement)
+    except DatabaseError as exc:
+        return str(exc).removeprefix("destination: ")
+    return None
 
 
 def drop_leftover_sides(dest: psycopg.Connection[Any], jobs: Sequence[TableJob]) -> None:
