@@ -4,15 +4,23 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: test demo soak lint format docs system-deps bench clean
+.PHONY: test demo soak lint format docs system-deps bench clean bytecode
 
-# --no-compile: Python compiles a module when it is first imported instead. pip compiled every
-# module it installed (pyspark's thousands, most never imported here): half the install.
+# --no-compile, then compileall of all but pyspark: pip compiled every module it installed,
+# pyspark's thousands too (most never imported here), which was half the install. Yet each
+# module a command imports must be compiled here: where PYTHONDONTWRITEBYTECODE is set (many
+# Docker images set it), Python never writes the bytecode it compiles at an import, and every
+# run of the tool would compile its modules again. The package's own (an editable install)
+# too; after an edit, `make bytecode` compiles what changed.
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q --no-compile -e '.[dev]'
+	@$(MAKE) --no-print-directory bytecode
 	@touch $(STAMP)
+
+bytecode:
+	@$(BIN)/python -m compileall -q -j 0 -x '/pyspark/' $(VENV)/lib replicator > /dev/null || true
 
 system-deps:
 	@bash .ci/system-deps.sh
