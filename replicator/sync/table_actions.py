@@ -32,7 +32,7 @@ from .full_load.load import full_reload
 from .full_load.resume import abandon, resumable
 from .incremental.batch import IncrementalResult, batch_size, incremental_sync
 from .incremental.deletes import propagate_deletes
-from .incremental.evolve import evolve
+from .incremental.evolve import CheaperReloaded, evolve
 from .skip_backfill import start_without_backfill
 
 log = logging.getLogger("replicator.sync")
@@ -238,8 +238,8 @@ def _evolve(job: TableJob, state: TableState) -> TableState:
     assert isinstance(evolution, Evolution) and destination is not None
     try:
         written = evolve(job.ends, job.built, job.source, destination, evolution)
-    except DatabaseError as exc:
-        if exc.sqlstate == LOCK_NOT_AVAILABLE:
+    except (DatabaseError, CheaperReloaded) as exc:
+        if isinstance(exc, DatabaseError) and exc.sqlstate == LOCK_NOT_AVAILABLE:
             raise
         why = str(exc).removeprefix("destination: ")
         change = job.plan.reason.removeprefix("schema evolved: ")

@@ -34,7 +34,7 @@ from ...plan.drift import plan_now
 from ...plan.evolution import Evolution
 from ...postgres.swap import LOCK_NOT_AVAILABLE
 from ..context import TableJob
-from ..incremental.evolve import evolve
+from ..incremental.evolve import CheaperReloaded, evolve
 
 log = logging.getLogger("replicator.sync")
 
@@ -75,8 +75,8 @@ def evolve_at_log(job: TableJob, table: CaptureTable) -> tuple[TableJob, list[st
     found, not_null = found.nullable_first(job.table.target)
     try:
         written = evolve(ends, fresh.built, fresh.source, destination, found)
-    except DatabaseError as exc:
-        if exc.sqlstate == LOCK_NOT_AVAILABLE:
+    except (DatabaseError, CheaperReloaded) as exc:
+        if isinstance(exc, DatabaseError) and exc.sqlstate == LOCK_NOT_AVAILABLE:
             raise  # the table fails this run, and its change waits at its position
         why = str(exc).removeprefix("destination: ")
         log.info("%s: the change is not taken in place (%s): reloading", job.name, why)

@@ -8,9 +8,8 @@ default the source filled in, a volatile default (each row its own), or a backfi
 that moved no replication key. One COPY reads them (the key and the new columns, in one
 snapshot) into a temporary table, outside the copy's lock; then one transaction takes the
 lock, drops the views an ALTER of their columns needs out of the way, ALTERs, writes the
-staged values into their rows (an UPDATE; or, when most rows get values, the copy written
-anew: see REWRITE_SHARE), sets NOT NULL where the source has it, and recreates the views as
-a reload's swap does. A kill anywhere rolls it all back: the next run starts over
+staged values into their rows, sets NOT NULL where the source has it, and recreates the
+views as a reload's swap does. A kill anywhere rolls it all back: the next run starts over
 from the same change. Readers wait for that transaction (the UPDATE is the long part when
 every value differs), and never see a column half filled.
 
@@ -40,21 +39,14 @@ from ..scripts import MAINTENANCE_WORK_MEM, TEMPORARY_SCHEMA
 log = logging.getLogger(__name__)
 
 # Past this share of the copy's rows written, its key is built again after the UPDATE rather
-# than kept up to date by it; past the second, the copy is written anew rather than updated
-# (an UPDATE writes a new version of each row and leaves the old one for vacuum): its rows,
-# with the new values, into a temporary table, then back after a TRUNCATE, which keeps the
-# table (bench/RESULTS.md, "schema evolution").
+# than kept up to date by it (bench/RESULTS.md, "schema evolution").
 REBUILD_SHARE = 0.1
-REWRITE_SHARE = 0.3
+# Past this share, writing the new values costs more than a reload (an UPDATE writes a new
+# version of each row, and leaves the old one for vacuum): the table is reloaded instead.
+RELOAD_SHARE = 0.5
 # The hash join of the staged values, and the key's sort, in memory.
 WORK_MEM = "256MB"
 
-_TRIGGERS = """
-SELECT tgname, tgenabled FROM pg_catalog.pg_trigger WHERE tgrelid = %s AND NOT tgisinternal
-ORDER BY tgname
-"""
-# pg_trigger.tgenabled, as ALTER TABLE sets it again
-_TRIGGER_STATES = {"O": "ENABLE", "D": "DISABLE", "R": "ENABLE REPLICA", "A": "ENABLE ALWAYS"}
 _DEFAULT = """
 SELECT a.attname, pg_catalog.pg_get_expr(d.adbin, d.adrelid)
 FROM pg_catalog.pg_attribute a
@@ -73,27 +65,22 @@ class EvolveScript:
     staged: Step  # the staged rows' statistics, so that the UPDATE joins them by hash
     head: list[Step]  # under the copy's lock: settings, the lock, views aside, ALTERs
     update: Step | None  # writes the staged values into their rows (None: no column added)
-    # or the copy written anew: its rows with the staged values kept aside, the TRUNCATE,
-    # the rows back (its triggers, if any, off meanwhile: no row changed as they see it)
-    rewrite: tuple[list[Step], list[Step]] | None
     tail: list[Step]  # NOT NULL, views recreated
-    key: tuple[Step, Step] | None  # the key dropped and built again around a big write
+    key: tuple[Step, Step] | None  # the key dropped and built again around a big UPDATE
     after: list[Step]  # statistics of the new columns
     rows: int  # the copy's rows, as its statistics count them
+    limit: int | None  # the staged rows past which a reload writes sooner
 
-    def change(self, share: float = 0.0) -> list[Step]:
-        """What runs under the lock when `share` of the copy's rows get new values: the
-        UPDATE, the key built again after it rather than kept up to date by it (a sort
-        instead of an index entry for each row written), or the copy written anew."""
+    def change(self, rebuild_key: bool = False) -> list[Step]:
+        """What runs under the lock; `rebuild_key`: when many rows get new values, the key
+        is built again after the UPDATE rather than kept up to date by it (a sort instead
+        of an index entry for each row written)."""
         if self.update is None:
             return [*self.head, *self.tail]
-        if share <= REBUILD_SHARE or self.key is None:
+        if not rebuild_key or self.key is None:
             return [*self.head, self.update, *self.tail]
         drop, build = self.key
-        if share <= REWRITE_SHARE or self.rewrite is None:
-            return [*self.head, drop, self.update, build, *self.tail]
-        aside, back = self.rewrite
-        return [*self.head, *aside, drop, *back, build, *self.tail]
+        return [*self.head, drop, self.update, build, *self.tail]
 
     @property
     def steps(self) -> list[Step]:
@@ -165,9 +152,6 @@ def evolve_script(
         *(Step("destination", statement) for statement in evo.not_null(target)),
         *create_views,
     ]
-    rewrite = _rewrite(
-        ends, target, destination, [c.name for c in built.destination_columns], key, added, staging
-    )
     columns = [*key, *added]
     differs = sql.SQL(" OR ").join(
         sql.SQL("m.{c} IS NOT NULL").format(c=sql.Identifier(c))
@@ -179,8 +163,13 @@ def evolve_script(
     )
     listed = sql.SQL(", ").join(sql.SQL("m.{}").format(sql.Identifier(c)) for c in columns)
     rows = _copy_rows(ends, destination)
-    copy_out = sql.SQL("COPY (SELECT {} FROM ({}) AS m WHERE {}) TO STDOUT").format(
-        listed, sql.SQL(built.model.sql), differs if added else sql.SQL("false")
+    # Past the share a reload writes sooner, the copy stops: the table is reloaded instead.
+    limit = int(rows * RELOAD_SHARE) + 1 if rows > 0 else None
+    copy_out = sql.SQL("COPY (SELECT {} FROM ({}) AS m WHERE {}{}) TO STDOUT").format(
+        listed,
+        sql.SQL(built.model.sql),
+        differs if added else sql.SQL("false"),
+        sql.SQL(" LIMIT {}").format(sql.Literal(limit)) if limit is not None else sql.SQL(""),
     )
     copy_in = sql.SQL("COPY {} ({}) FROM STDIN").format(
         sql.Identifier(staging.name), sql.SQL(", ").join(map(sql.Identifier, columns))
@@ -227,11 +216,11 @@ def evolve_script(
         staged=Step("destination", sql.SQL("ANALYZE {}").format(sql.Identifier(staging.name))),
         head=head,
         update=update if added else None,
-        rewrite=rewrite if added else None,
         tail=tail,
         key=key_steps if added else None,
         after=analyze,
         rows=rows,
+        limit=limit,
     )
 
 
@@ -252,96 +241,38 @@ def _key_name(ends: Endpoints, destination: TableInfo) -> str | None:
     return rows[0][0] if rows else None
 
 
+class CheaperReloaded(Exception):
+    """So many rows would be written that a reload costs less: the copy is left as it was."""
+
+
 def evolve(
     ends: Endpoints, built: TableSql, source: TableInfo, destination: TableInfo, evo: Evolution
 ) -> int:
-    """Take the change in place; return how many rows got the new columns' values."""
+    """Take the change in place; return how many rows got the new columns' values. Raises
+    CheaperReloaded, with the copy unchanged, when most rows would be written."""
     script = evolve_script(ends, built, source, destination, evo)
+    written = 0
     with transaction(ends.dest):
         run_steps(ends.dest, [script.create])
         with transaction(ends.source, SOURCE_BEGIN, rollback=True):
             staged, _ = stream_between(
                 ends.source, ends.dest, script.copy_out.text, script.copy_in.text
             )
+        if script.limit is not None and staged >= script.limit:
+            raise CheaperReloaded(
+                f"more than {script.limit - 1:,} of about {script.rows:,} rows would get new "
+                "values, which a reload writes sooner"
+            )
         run_steps(ends.dest, [script.staged])
-        share = staged / script.rows if script.rows else 1.0
-        written = staged if script.update is not None else 0
-        for step in script.change(share):
+        many = staged > REBUILD_SHARE * script.rows
+        for step in script.change(rebuild_key=many):
             cursor = execute(ends.dest, step.statement, step.params)
-            if step is script.update:  # the staged rows the copy holds
+            if step is script.update:
                 written = cursor.rowcount
         failpoint("mid-evolve")
-    if share <= REBUILD_SHARE:  # else so many rows written that autovacuum analyzes it soon
+    if not many:  # so many rows written: autovacuum analyzes the copy soon
         run_steps(ends.dest, script.after)
     return written
-
-
-def _rewrite(
-    ends: Endpoints,
-    target: TableName,
-    destination: TableInfo,
-    names: list[str],
-    key: list[str],
-    added: list[str],
-    staging: TableName,
-) -> tuple[list[Step], list[Step]] | None:
-    """The copy written anew (see EvolveScript.rewrite); None without a key to join on."""
-    if not key:
-        return None
-    kept = TableName(TEMPORARY_SCHEMA, derived_name("kept", target))
-    matched = sql.SQL("s.{} IS NULL").format(sql.Identifier(key[0]))
-    listed = sql.SQL(", ").join(
-        sql.SQL("CASE WHEN {m} THEN t.{c} ELSE s.{c} END AS {c}").format(
-            m=matched, c=sql.Identifier(name)
-        )
-        if name in added
-        else sql.SQL("t.{}").format(sql.Identifier(name))
-        for name in names
-    )
-    table = target.identifier()
-    aside = [
-        Step(
-            "destination",
-            sql.SQL(
-                "CREATE TEMPORARY TABLE {k} ON COMMIT DROP AS SELECT {listed} FROM {t} AS t "
-                "LEFT JOIN {s} AS s ON {match}"
-            ).format(
-                k=sql.Identifier(kept.name),
-                listed=listed,
-                t=table,
-                s=sql.Identifier(staging.name),
-                match=sql.SQL(" AND ").join(
-                    sql.SQL("t.{k} = s.{k}").format(k=sql.Identifier(k)) for k in key
-                ),
-            ),
-        )
-    ]
-    triggers = fetch_all(ends.dest, _TRIGGERS, (destination.oid,))
-    back = []
-    if triggers:
-        back.append(
-            Step("destination", sql.SQL("ALTER TABLE {} DISABLE TRIGGER USER").format(table))
-        )
-    columns = sql.SQL(", ").join(map(sql.Identifier, names))
-    back += [
-        Step("destination", sql.SQL("TRUNCATE {}").format(table)),
-        Step(
-            "destination",
-            sql.SQL("INSERT INTO {} ({}) SELECT {} FROM {}").format(
-                table, columns, columns, sql.Identifier(kept.name)
-            ),
-        ),
-    ]
-    for name, state in triggers:
-        back.append(
-            Step(
-                "destination",
-                sql.SQL("ALTER TABLE {} {} TRIGGER {}").format(
-                    table, sql.SQL(_TRIGGER_STATES.get(state, "ENABLE")), sql.Identifier(name)
-                ),
-            )
-        )
-    return aside, back
 
 
 def _constant_defaults(
