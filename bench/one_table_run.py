@@ -38,10 +38,13 @@ def two_clusters(prefix: str) -> Iterator[tuple[Path, str, str]]:
 
 
 def settle(*urls: str) -> None:
-    """Checkpoint each cluster and write every dirty page out: a timed command must not pay
-    for the write-back of what the one before it left."""
+    """Vacuum and checkpoint each cluster and write every dirty page out: a timed command
+    must not pay for the write-back of what the one before it left, nor wait for the
+    autovacuum it set off (a reloaded copy of 5M rows gets one; a timed ALTER's lock waits
+    deadlock_timeout, a second, for it to be cancelled)."""
     for url in urls:
         with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute("VACUUM")
             conn.execute("CHECKPOINT")
     os.sync()
 

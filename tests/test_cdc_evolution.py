@@ -213,3 +213,19 @@ def test_check_and_compile_show_the_change_the_log_will_take(cdc_project, writer
     evolution = compiled.split("-- cdc schema evolution:")[1]
     assert "ADD COLUMN \"region\" text DEFAULT CAST('eu' AS text)" in evolution, evolution
     assert evolution.rstrip().endswith('ALTER COLUMN "region" SET NOT NULL;'), evolution
+
+
+def test_a_column_of_a_user_defined_type_is_added_at_its_place_in_the_log(
+    cdc_project, writer, dest_conn, schema
+):
+    _captured(cdc_project, writer, schema)
+    on_orders(writer, schema, "CREATE TYPE {s}.status AS ENUM ('new', 'paid')")
+    on_orders(writer, schema, "ALTER TABLE {t} ADD COLUMN status {s}.status DEFAULT 'new'")
+    on_orders(writer, schema, "UPDATE {t} SET status = 'paid' WHERE id <= 3")
+    synced = cdc_project.sync()
+    assert f"schema evolved: column added: status {schema}.status; 3 row(s)" in synced.stderr, (
+        synced.stderr
+    )
+    on_orders(writer, schema, "UPDATE {t} SET status = 'paid' WHERE id = 10")
+    assert "schema" not in cdc_project.sync().stderr
+    assert_same_table(writer, dest_conn, schema, "orders")

@@ -263,6 +263,10 @@ def test_every_change_with_a_writer_running_through_it(
     cdc_project.sync()
     on_orders(dest_conn, schema, "CREATE INDEX by_n ON {t} (n)")
     on_orders(dest_conn, schema, "CREATE VIEW {s}.recent AS SELECT id, n, updated_at FROM {t}")
+    # retyped columns under a materialized view: it is dropped and made again around the ALTER
+    on_orders(
+        dest_conn, schema, "CREATE MATERIALIZED VIEW {s}.shown AS SELECT id, n, label FROM {t}"
+    )
     oid = oid_of(dest_conn, schema)
     running = Writer(pg_servers.source_url, schema, deletes=mode == "cdc")
     try:
@@ -283,4 +287,45 @@ def test_every_change_with_a_writer_running_through_it(
     count = sql.SQL("SELECT count(*) FROM {}")
     assert dest_conn.execute(count.format(sql.Identifier(schema, "recent"))).fetchone() == (
         writer.execute(count.format(sql.Identifier(schema, "orders"))).fetchone()
+    )
+
+
+def test_a_column_of_a_user_defined_type_is_added_with_its_type(
+    evolving_orders, db_project, source_conn, dest_conn, schema
+):
+    on_orders(source_conn, schema, "CREATE TYPE {s}.status AS ENUM ('new', 'paid')")
+    on_orders(
+        source_conn, schema, "ALTER TABLE {t} ADD COLUMN status {s}.status NOT NULL DEFAULT 'new'"
+    )
+    on_orders(source_conn, schema, "UPDATE {t} SET status = 'paid' WHERE id <= 3")
+    oid = oid_of(dest_conn, schema)
+    synced = db_project.sync()
+    assert f"schema evolved: column added: status {schema}.status NOT NULL; 3 row(s)" in (
+        synced.stderr
+    ), synced.stderr
+    assert oid_of(dest_conn, schema) == oid
+    assert_same_table(source_conn, dest_conn, schema, "orders")
+
+
+def test_a_model_s_own_columns_decide(db_project, source_conn, dest_conn, schema):
+    """The model reads every column and adds one of its own: a column added upstream is
+    one the model returns too, brought to its values by the model's SELECT."""
+    create_orders(source_conn, schema)
+    (db_project.path / "models" / schema).mkdir(parents=True)
+    (db_project.path / "models" / schema / "orders.sql").write_text(
+        f"SELECT *, n * 2 AS twice FROM {schema}.orders"
+    )
+    _evolving(db_project, schema)
+    oid = oid_of(dest_conn, schema)
+    on_orders(source_conn, schema, "ALTER TABLE {t} ADD COLUMN region text DEFAULT 'eu'")
+    on_orders(source_conn, schema, "UPDATE {t} SET region = 'us' WHERE id <= 4")
+    synced = db_project.sync()
+    assert "schema evolved: column added: region text; 4 row(s)" in synced.stderr, synced.stderr
+    assert oid_of(dest_conn, schema) == oid
+    model = sql.SQL("SELECT *, n * 2 AS twice FROM {} ORDER BY id").format(
+        sql.Identifier(schema, "orders")
+    )
+    copy = sql.SQL("SELECT id, n, label, amount, updated_at, region, twice FROM {} ORDER BY id")
+    assert dest_conn.execute(copy.format(sql.Identifier(schema, "orders"))).fetchall() == (
+        source_conn.execute(model).fetchall()
     )

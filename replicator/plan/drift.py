@@ -12,8 +12,8 @@ import psycopg
 from psycopg import sql
 
 from ..base.errors import DatabaseError
-from ..base.identifiers import TableName, display_ident
-from ..postgres.catalog import FIRST_NORMAL_OID, TableInfo, describe_table
+from ..base.identifiers import TableName
+from ..postgres.catalog import TableInfo, describe_table
 from ..postgres.database import execute
 from ..postgres.naming import MARK_COLUMN
 from ..postgres.ownership import (
@@ -155,15 +155,7 @@ def _evolving(table: TableConfig, built: TableSql, changes: list[Change]) -> Evo
     """The changes as the copy takes them in place, or why it cannot."""
     if table.mode == "cdc" and built.shaping is not None:
         return "a cdc table with `columns` or `where` takes a schema change by a reload"
-    found = evolution(changes)
-    if isinstance(found, str):
-        return found
-    by_name = {c.name: c for c in built.columns}
-    for column in found.added:
-        added = by_name.get(column.name)
-        if added is not None and added.type_oid >= FIRST_NORMAL_OID:
-            return f"column {display_ident(column.name)} is of a user-defined type, {added.type}"
-    return found
+    return evolution(changes)
 
 
 def destination_has_rows(dest_conn: psycopg.Connection[Any], target: TableName) -> bool:

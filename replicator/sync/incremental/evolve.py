@@ -29,10 +29,11 @@ from ...base.identifiers import TableName
 from ...plan.evolution import Evolution
 from ...plan.table_sql import TableSql
 from ...postgres import ddl
-from ...postgres.catalog import TableInfo
+from ...postgres.catalog import FIRST_NORMAL_OID, TableInfo
 from ...postgres.database import Endpoints, Step, execute, fetch_all, run_steps, transaction
 from ...postgres.naming import derived_name
 from ...postgres.swap import LOCK_TIMEOUT, read_facts, view_steps
+from ...postgres.types.dest_types import type_work
 from ...transfer.copy_stream import SOURCE_BEGIN, stream_between
 from ..scripts import MAINTENANCE_WORK_MEM, TEMPORARY_SCHEMA
 
@@ -59,6 +60,7 @@ WHERE a.attrelid = %s AND a.attname = ANY(%s) AND a.attgenerated = ''
 class EvolveScript:
     """The statements of one evolution, in the order they run."""
 
+    types: list[Step]  # an added column's user-defined type, made in the destination
     create: Step  # the temporary table the new columns' values are staged in
     copy_in: Step
     copy_out: Step
@@ -87,6 +89,7 @@ class EvolveScript:
         """As `compile` prints them (the key kept; see `change`)."""
         return [
             Step("destination", "BEGIN"),
+            *self.types,
             self.create,
             Step("source", SOURCE_BEGIN),
             self.copy_in,
@@ -108,9 +111,15 @@ def evolve_script(
     types = {c.name: c.type for c in built.destination_columns}
     current = {c.name: c.type for c in destination.columns}
     hashed = set(built.table.columns.hash) if built.table.columns else set()
-    defaults = _constant_defaults(ends, source, evo, types, hashed)
-    alters = evo.alters(target, types, current, defaults)
     added = [c.name for c in evo.added]
+    # An added column of a user-defined type: the type made in the destination first, as a
+    # load makes its table's (postgres/types/dest_types.py).
+    work = type_work(ends.source, ends.dest, [c for c in built.columns if c.name in added])
+    user_types = {
+        c.name for c in built.columns if c.name in added and c.type_oid >= FIRST_NORMAL_OID
+    }
+    defaults = _constant_defaults(ends, source, evo, types, hashed, user_types)
+    alters = evo.alters(target, types, current, defaults)
     key = list(built.primary_key)
     staging = TableName(TEMPORARY_SCHEMA, derived_name("evo", target))
     by_name = {c.name: c for c in built.destination_columns}
@@ -207,6 +216,10 @@ def evolve_script(
             ),
         )
     return EvolveScript(
+        types=[
+            *(Step("destination", ddl.create_schema(schema)) for schema in work.schemas),
+            *work.steps,
+        ],
         create=Step(
             "destination",
             ddl.create_temporary_table(staging.name, [by_name[c] for c in columns]),
@@ -253,7 +266,7 @@ def evolve(
     script = evolve_script(ends, built, source, destination, evo)
     written = 0
     with transaction(ends.dest):
-        run_steps(ends.dest, [script.create])
+        run_steps(ends.dest, [*script.types, script.create])
         with transaction(ends.source, SOURCE_BEGIN, rollback=True):
             staged, _ = stream_between(
                 ends.source, ends.dest, script.copy_out.text, script.copy_in.text
@@ -281,11 +294,13 @@ def _constant_defaults(
     evo: Evolution,
     types: dict[str, str],
     hashed: set[str],
+    user_types: set[str],
 ) -> dict[str, str]:
     """The added columns whose source default is a constant, with its text, when the copy's
     type gives that text back (a setting such as TimeZone could change it): the value every
     row already in the copy takes at the ADD COLUMN. Not a hashed column's: its copy holds
-    the hash, never the value."""
+    the hash, never the value. A user-defined type is made in the destination as the
+    source has it (an enum's labels, a domain's base): its text is the source's."""
     names = [c.name for c in evo.added if c.name not in hashed]
     if not names:
         return {}
@@ -297,6 +312,9 @@ def _constant_defaults(
             ends.source, sql.SQL("SELECT ({})::text").format(sql.SQL(expression))
         ).fetchone()
         if text is None:
+            continue
+        if name in user_types:
+            found[name] = text
             continue
         try:
             (back,) = execute(
