@@ -101,16 +101,12 @@ class _Earlier:
     ) -> _Earlier:
         """The drains so far, the one that left `table` included; `job`: the table planned
         after its copy took the change."""
-        if previous is None:
-            earlier = cls(job.plan.reason, positions, not_null)
-        else:
-            reason = f"{previous.reason}; {job.plan.reason}"
-            earlier = cls(reason, previous.positions, [*previous.not_null, *not_null])
+        reason = job.plan.reason
         if previous is not None:
             previous.add_to(table)
-        earlier.changes, earlier.deleted = table.changes, table.deleted
-        earlier.truncated = table.truncated
-        return earlier
+            reason = f"{previous.reason}; {reason}"
+            positions, not_null = previous.positions, [*previous.not_null, *not_null]
+        return cls(reason, positions, not_null, table.changes, table.deleted, table.truncated)
 
     def add_to(self, table: CaptureTable) -> None:
         table.changes += self.changes
