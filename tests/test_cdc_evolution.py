@@ -22,6 +22,27 @@ def _captured(project, source_conn, schema, rows=2000):
     project.sync()
 
 
+def _sync_with_changes_before_its_drain(project, tmp_path, changes):
+    """A sync, as its own process, held after its plan and before its drain's end is taken
+    while `changes` runs: what they commit is in the drain, and the plan did not see it.
+    Returns its log; it must succeed."""
+    pause = tmp_path / "pause"
+    syncing = subprocess.Popen(
+        [sys.executable, "-m", "replicator", "sync", "--project-dir", str(project.path)],
+        env={**os.environ, **project.env, "REPLICATOR_PAUSE_AT": f"cdc-before-upto={pause}"},
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    wait_for(lambda: (tmp_path / "pause.reached").exists(), 120, "the sync before its drain")
+    changes()
+    pause.touch()
+    _, err = syncing.communicate(timeout=120)
+    assert syncing.returncode == 0, err
+    return err
+
+
 def test_a_column_added_with_no_change_after_it_is_taken_at_the_end_of_the_drain(
     cdc_project, writer, dest_conn, schema
 ):
@@ -69,25 +90,16 @@ def test_a_change_committed_while_the_run_planned_is_taken_at_its_relation_messa
     there; the ALTER and its backfill are taken, then the table drained again."""
     _captured(cdc_project, writer, schema)
     on_orders(writer, schema, "UPDATE {t} SET n = -n WHERE id <= 5")
-    pause = tmp_path / "pause"
-    syncing = subprocess.Popen(
-        [sys.executable, "-m", "replicator", "sync", "--project-dir", str(cdc_project.path)],
-        env={**os.environ, **cdc_project.env, "REPLICATOR_PAUSE_AT": f"cdc-before-upto={pause}"},
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    wait_for(lambda: (tmp_path / "pause.reached").exists(), 120, "the sync before its drain")
-    # a migration: new columns, their values, rows it leaves out, then NOT NULL
-    on_orders(writer, schema, "ALTER TABLE {t} ADD COLUMN token uuid, ALTER n TYPE bigint")
-    on_orders(writer, schema, "UPDATE {t} SET token = gen_random_uuid() WHERE id <= 900")
-    on_orders(writer, schema, "DELETE FROM {t} WHERE id > 900")
-    on_orders(writer, schema, "ALTER TABLE {t} ALTER COLUMN token SET NOT NULL")
-    on_orders(writer, schema, "UPDATE {t} SET n = n + 5000000000 WHERE id = 8")
-    pause.touch()
-    _, err = syncing.communicate(timeout=120)
-    assert syncing.returncode == 0, err
+
+    def migration():
+        # a migration: new columns, their values, rows it leaves out, then NOT NULL
+        on_orders(writer, schema, "ALTER TABLE {t} ADD COLUMN token uuid, ALTER n TYPE bigint")
+        on_orders(writer, schema, "UPDATE {t} SET token = gen_random_uuid() WHERE id <= 900")
+        on_orders(writer, schema, "DELETE FROM {t} WHERE id > 900")
+        on_orders(writer, schema, "ALTER TABLE {t} ALTER COLUMN token SET NOT NULL")
+        on_orders(writer, schema, "UPDATE {t} SET n = n + 5000000000 WHERE id = 8")
+
+    err = _sync_with_changes_before_its_drain(cdc_project, tmp_path, migration)
     assert "orders: schema evolved: " in err and "900 row(s) given" in err, err
     assert "column added: token uuid NOT NULL" in err, err
     assert_same_table(writer, dest_conn, schema, "orders")
@@ -144,24 +156,9 @@ def test_a_change_that_cannot_evolve_reloads_with_the_reason(
 ):
     _captured(cdc_project, writer, schema)
     if "BEGIN" in statements[0]:  # committed after the plan, so that only the log shows it
-        pause = tmp_path / "pause"
-        syncing = subprocess.Popen(
-            [sys.executable, "-m", "replicator", "sync", "--project-dir", str(cdc_project.path)],
-            env={
-                **os.environ,
-                **cdc_project.env,
-                "REPLICATOR_PAUSE_AT": f"cdc-before-upto={pause}",
-            },
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            text=True,
+        err = _sync_with_changes_before_its_drain(
+            cdc_project, tmp_path, lambda: on_orders(writer, schema, statements[0])
         )
-        wait_for(lambda: (tmp_path / "pause.reached").exists(), 120, "the sync before its drain")
-        on_orders(writer, schema, statements[0])
-        pause.touch()
-        _, err = syncing.communicate(timeout=120)
-        assert syncing.returncode == 0, err
     else:
         for statement in statements:
             on_orders(writer, schema, statement)
