@@ -93,6 +93,17 @@ def test_a_volatile_default_that_would_rewrite_every_row_reloads_instead(
     assert has_index(dest_conn, schema, "by_n"), "kept by the reload"
 
 
+# Widenings, a rename, NOT NULL and a drop, in an order each can follow the one before.
+_RESHAPES = (
+    "ALTER TABLE {t} ALTER COLUMN n TYPE bigint",
+    "ALTER TABLE {t} ALTER COLUMN label TYPE varchar(40)",
+    "ALTER TABLE {t} ALTER COLUMN amount TYPE numeric(12,2)",
+    "ALTER TABLE {t} RENAME COLUMN amount TO price",
+    "ALTER TABLE {t} ALTER COLUMN label SET NOT NULL",
+    "ALTER TABLE {t} DROP COLUMN price",
+)
+
+
 def test_drops_renames_widenings_and_nullability_are_taken_in_place_with_the_views(
     evolving_orders, db_project, source_conn, dest_conn, schema
 ):
@@ -103,14 +114,7 @@ def test_drops_renames_widenings_and_nullability_are_taken_in_place_with_the_vie
         "CREATE MATERIALIZED VIEW {s}.total AS SELECT sum(n) AS n FROM {t}",
     )
     oid = oid_of(dest_conn, schema)
-    for change in (
-        "ALTER TABLE {t} ALTER COLUMN n TYPE bigint",
-        "ALTER TABLE {t} ALTER COLUMN label TYPE varchar(40)",
-        "ALTER TABLE {t} ALTER COLUMN amount TYPE numeric(12,2)",
-        "ALTER TABLE {t} RENAME COLUMN amount TO price",
-        "ALTER TABLE {t} ALTER COLUMN label SET NOT NULL",
-        "ALTER TABLE {t} DROP COLUMN price",
-    ):
+    for change in _RESHAPES:
         on_orders(source_conn, schema, change)
         total = source_conn.execute(
             sql.SQL("SELECT sum(n) FROM {}").format(sql.Identifier(schema, "orders"))
@@ -241,12 +245,7 @@ _CHANGES = [
     "UPDATE {t} SET region = 'us' WHERE id <= 7",  # a backfill that moves no updated_at
     "ALTER TABLE {t} ADD COLUMN token uuid; "
     "UPDATE {t} SET token = gen_random_uuid() WHERE id % 3 = 0",
-    "ALTER TABLE {t} ALTER COLUMN n TYPE bigint",
-    "ALTER TABLE {t} ALTER COLUMN label TYPE varchar(40)",
-    "ALTER TABLE {t} ALTER COLUMN amount TYPE numeric(12,2)",
-    "ALTER TABLE {t} RENAME COLUMN amount TO price",
-    "ALTER TABLE {t} ALTER COLUMN label SET NOT NULL",
-    "ALTER TABLE {t} DROP COLUMN price",
+    *_RESHAPES,
 ]
 
 

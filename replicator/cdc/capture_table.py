@@ -85,17 +85,17 @@ class CaptureTable:
         self.position = self.applied
 
     @functools.cached_property
-    def columns(self) -> tuple[str, ...]:
-        if self.copy_shape is not None:
-            return tuple(c.name for c in self.copy_shape)
-        return tuple(c.name for c in self.built.columns) if self.built else ()
+    def column_types(self) -> tuple[tuple[str, int], ...]:
+        """The staged columns, each with its type as the source's oid: the copy's own
+        (`copy_shape`), else the ones it copies."""
+        columns = self.copy_shape
+        if columns is None:
+            columns = self.built.columns if self.built else ()
+        return tuple((c.name, c.type_oid) for c in columns)
 
     @functools.cached_property
-    def column_types(self) -> tuple[tuple[str, int], ...]:
-        """The staged columns, each with its type as the source's oid."""
-        if self.copy_shape is not None:
-            return tuple((c.name, c.type_oid) for c in self.copy_shape)
-        return tuple((c.name, c.type_oid) for c in self.built.columns) if self.built else ()
+    def columns(self) -> tuple[str, ...]:
+        return tuple(name for name, _ in self.column_types)
 
     @functools.cached_property
     def target(self) -> TableName:

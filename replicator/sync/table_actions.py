@@ -23,7 +23,6 @@ from ..plan.table_sql import batch_query
 from ..postgres.copy_objects import CopyIndex, create_on_copy
 from ..postgres.database import execute, run_steps
 from ..postgres.open_transactions import snapshot_xmax
-from ..postgres.swap import LOCK_NOT_AVAILABLE
 from ..project.state import LSN_CURSOR_TYPE, Cursor, Pending, TableState, Window
 from ..report.results import TableResult, utc_now
 from .cdc.adopt_at_slot import adopt_at_slot
@@ -32,7 +31,7 @@ from .full_load.load import full_reload
 from .full_load.resume import abandon, resumable
 from .incremental.batch import IncrementalResult, batch_size, incremental_sync
 from .incremental.deletes import propagate_deletes
-from .incremental.evolve import CheaperReloaded, evolve
+from .incremental.evolve import take_in_place
 from .skip_backfill import start_without_backfill
 
 log = logging.getLogger("replicator.sync")
@@ -236,23 +235,11 @@ def _evolve(job: TableJob, state: TableState) -> TableState:
     reloads the table instead, with the reason."""
     evolution, destination = job.observed.evolution, job.observed.destination
     assert isinstance(evolution, Evolution) and destination is not None
-    try:
-        written = evolve(job.ends, job.built, job.source, destination, evolution)
-    except (DatabaseError, CheaperReloaded) as exc:
-        if isinstance(exc, DatabaseError) and exc.sqlstate == LOCK_NOT_AVAILABLE:
-            raise
-        why = str(exc).removeprefix("destination: ")
+    why = take_in_place(job.ends, job.built, job.source, destination, evolution, job.plan.reason)
+    if why is not None:
         change = job.plan.reason.removeprefix("schema evolved: ")
-        log.info("%s: the change is not taken in place (%s): reloading", job.name, why)
         plan = Plan("full_reload", f"schema changed: {change} (cannot evolve: {why})")
-        raise CannotEvolve(replace(job, planned=replace(job.planned, plan=plan))) from None
-    log.info(
-        "%s: %s; %s row(s) given the new columns' values",
-        job.name,
-        job.plan.reason,
-        f"{written:,}",
-        extra={"fields": {"event": "table.evolved", "name": job.name, "rows": written}},
-    )
+        raise CannotEvolve(replace(job, planned=replace(job.planned, plan=plan)))
     evolved = state.model_copy(update={"schema_signature": job.observed.signature.as_json()})
     job.write_state(evolved)
     return evolved

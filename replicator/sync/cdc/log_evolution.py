@@ -24,19 +24,14 @@ Either way the copy is current to one place in the log, and the change is taken 
 
 from __future__ import annotations
 
-import logging
 from dataclasses import replace
 
-from ...base.errors import DatabaseError
 from ...cdc.capture_table import CaptureTable, ShapeColumn, source_shape
 from ...plan.decide import Plan
 from ...plan.drift import plan_now
 from ...plan.evolution import Evolution
-from ...postgres.swap import LOCK_NOT_AVAILABLE
 from ..context import TableJob
-from ..incremental.evolve import CheaperReloaded, evolve
-
-log = logging.getLogger("replicator.sync")
+from ..incremental.evolve import take_in_place
 
 
 def needs_evolution(job: TableJob, table: CaptureTable) -> bool:
@@ -73,22 +68,10 @@ def evolve_at_log(job: TableJob, table: CaptureTable) -> tuple[TableJob, list[st
     destination = fresh.observed.destination
     assert destination is not None
     found, not_null = found.nullable_first(job.table.target)
-    try:
-        written = evolve(ends, fresh.built, fresh.source, destination, found)
-    except (DatabaseError, CheaperReloaded) as exc:
-        if isinstance(exc, DatabaseError) and exc.sqlstate == LOCK_NOT_AVAILABLE:
-            raise  # the table fails this run, and its change waits at its position
-        why = str(exc).removeprefix("destination: ")
-        log.info("%s: the change is not taken in place (%s): reloading", job.name, why)
-        return f"schema changed: {change} (cannot evolve: {why})"
     reason = f"schema evolved: {change}"
-    log.info(
-        "%s: %s; %s row(s) given the new columns' values",
-        job.name,
-        reason,
-        f"{written:,}",
-        extra={"fields": {"event": "table.evolved", "name": job.name, "rows": written}},
-    )
+    why = take_in_place(ends, fresh.built, fresh.source, destination, found, reason)
+    if why is not None:
+        return f"schema changed: {change} (cannot evolve: {why})"
     assert job.state is not None
     state = job.state.model_copy(update={"schema_signature": fresh.observed.signature.as_json()})
     job.write_state(state)

@@ -32,7 +32,7 @@ from ...postgres import ddl
 from ...postgres.catalog import FIRST_NORMAL_OID, TableInfo
 from ...postgres.database import Endpoints, Step, execute, fetch_all, run_steps, transaction
 from ...postgres.naming import derived_name
-from ...postgres.swap import LOCK_TIMEOUT, read_facts, view_steps
+from ...postgres.swap import LOCK_NOT_AVAILABLE, LOCK_TIMEOUT, read_facts, view_steps
 from ...postgres.types.dest_types import type_work
 from ...transfer.copy_stream import SOURCE_BEGIN, stream_between
 from ..scripts import MAINTENANCE_WORK_MEM, TEMPORARY_SCHEMA
@@ -114,10 +114,9 @@ def evolve_script(
     added = [c.name for c in evo.added]
     # An added column of a user-defined type: the type made in the destination first, as a
     # load makes its table's (postgres/types/dest_types.py).
-    work = type_work(ends.source, ends.dest, [c for c in built.columns if c.name in added])
-    user_types = {
-        c.name for c in built.columns if c.name in added and c.type_oid >= FIRST_NORMAL_OID
-    }
+    new_columns = [c for c in built.columns if c.name in added]
+    work = type_work(ends.source, ends.dest, new_columns)
+    user_types = {c.name for c in new_columns if c.type_oid >= FIRST_NORMAL_OID}
     defaults = _constant_defaults(ends, source, evo, types, hashed, user_types)
     alters = evo.alters(target, types, current, defaults)
     key = list(built.primary_key)
@@ -256,6 +255,37 @@ def _key_name(ends: Endpoints, destination: TableInfo) -> str | None:
 
 class CheaperReloaded(Exception):
     """So many rows would be written that a reload costs less: the copy is left as it was."""
+
+
+def take_in_place(
+    ends: Endpoints,
+    built: TableSql,
+    source: TableInfo,
+    destination: TableInfo,
+    evo: Evolution,
+    reason: str,
+) -> str | None:
+    """`evolve`, said in the log with its `reason` (`schema evolved: ...`); or why the copy
+    refused the change (a view that cannot be recreated, NOT NULL over rows the source no
+    longer has, most rows to write), which its caller reloads for. A lock not had in time
+    is raised: the table fails this run, and its change waits."""
+    name = built.table.written_name
+    try:
+        written = evolve(ends, built, source, destination, evo)
+    except (DatabaseError, CheaperReloaded) as exc:
+        if isinstance(exc, DatabaseError) and exc.sqlstate == LOCK_NOT_AVAILABLE:
+            raise
+        why = str(exc).removeprefix("destination: ")
+        log.info("%s: the change is not taken in place (%s): reloading", name, why)
+        return why
+    log.info(
+        "%s: %s; %s row(s) given the new columns' values",
+        name,
+        reason,
+        f"{written:,}",
+        extra={"fields": {"event": "table.evolved", "name": name, "rows": written}},
+    )
+    return None
 
 
 def evolve(
