@@ -237,9 +237,16 @@ def evolve_script(
 
 
 def _copy_rows(ends: Endpoints, destination: TableInfo) -> int:
-    """The copy's row count as its statistics have it (its load analyzed it)."""
+    """The copy's row count as the planner estimates it: its statistics' rows per page (its
+    load analyzed it) times the pages it has now, since the batches after that analyze grew
+    it (a copy that doubled since reads as double, not as its old count)."""
     (rows,) = execute(
-        ends.dest, "SELECT reltuples FROM pg_catalog.pg_class WHERE oid = %s", (destination.oid,)
+        ends.dest,
+        "SELECT CASE WHEN relpages > 0 AND reltuples >= 0"
+        " THEN reltuples / relpages * (pg_catalog.pg_relation_size(oid)"
+        " / pg_catalog.current_setting('block_size')::int)"
+        " ELSE reltuples END FROM pg_catalog.pg_class WHERE oid = %s",
+        (destination.oid,),
     ).fetchone()
     return max(int(rows), 0)
 
