@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Checks what replicator needs from the operating system: Java 17+, the PostgreSQL server
 # binaries (tests and `demo` start throwaway clusters) and the PostgreSQL JDBC driver that Spark
-# loads. As root on Debian/Ubuntu, missing pieces are installed with apt-get; otherwise the exact
+# loads; and what the tests check with the real clients: promtool (Debian's `prometheus`)
+# tests deploy/prometheus's alert rules, and headless Chromium renders the report page. As root on Debian/Ubuntu, missing pieces are installed with apt-get; otherwise the exact
 # command is printed and the script fails.
 set -euo pipefail
 
@@ -25,6 +26,10 @@ jdbc_found() {
     [ -f /usr/share/java/postgresql.jar ]
 }
 jdbc_found || missing+=(libpostgresql-jdbc-java)
+
+command -v promtool >/dev/null 2>&1 || missing+=(prometheus)
+command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 \
+    || missing+=(chromium)
 
 [ ${#missing[@]} -eq 0 ] && exit 0
 
