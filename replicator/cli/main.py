@@ -16,6 +16,7 @@ from .. import __version__
 from ..base.errors import UsageError
 from ..report.logs import configure_logging, error_line, json_output, say
 from ..spark.jvm_stop import stop_spark_on_exit
+from .dbt_command import dbt_sources
 from .groups import cdc, state
 from .help_text import ENVIRONMENT, EXAMPLES, EXIT_CODES, examples
 from .options import (
@@ -362,7 +363,7 @@ def check(project_dir: Path, ping: bool) -> int:
     return print_checks(Project.load(project_dir), ping, verbose)
 
 
-for group in (state, cdc, spark, warm):
+for group in (state, cdc, spark, warm, dbt_sources):
     cli.add_command(group)
 
 

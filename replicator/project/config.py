@@ -35,6 +35,7 @@ from .config_values import (
     table_or_pattern,
     where_expression,
 )
+from .freshness_config import FreshnessConfig
 from .metrics_config import MetricsConfig
 from .spark_remote import checked_url
 
@@ -114,6 +115,8 @@ class TableConfig(_Frozen):
     deletes: Deletes = "ignore"
     deletes_interval: Annotated[int, Field(ge=0, le=31_536_000)] = 0  # seconds; 0: every sync
     indexes: Annotated[tuple[IndexConfig, ...], Field(strict=False)] = ()
+    # None: the top-level `freshness` (resolved when the project config is read); dbt-sources
+    freshness: FreshnessConfig | None = None
     # The name exactly as written in the config: the webhook and logs use it.
     written_name: str = Field(default="", exclude=True)
     # Set on the tables a pattern entry expands to (plan/selection.py): the index of the
@@ -190,12 +193,15 @@ class ProjectConfig(_Frozen):
     # days of `_replicator.runs` kept in the destination (report/history.py)
     history_days: Annotated[int, Field(ge=1, le=36_500)] = 90
     metrics: MetricsConfig | None = None
+    freshness: FreshnessConfig | None = None  # the tables' default
 
     @model_validator(mode="after")
-    def _inherit_schema_policy(self) -> ProjectConfig:
+    def _inherit_defaults(self) -> ProjectConfig:
         for table in self.tables:
             if table.on_schema_change is None:
                 object.__setattr__(table, "on_schema_change", self.on_schema_change)
+            if table.freshness is None:
+                object.__setattr__(table, "freshness", self.freshness)
         return self
 
 
@@ -210,6 +216,7 @@ _MODELS: dict[str, type[BaseModel]] = {
     "columns": ColumnsConfig,
     "indexes": IndexConfig,
     "metrics": MetricsConfig,
+    "freshness": FreshnessConfig,
 }
 
 
