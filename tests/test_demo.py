@@ -62,3 +62,14 @@ def test_demo_leaves_the_project_untouched_and_keep_prints_working_commands(tmp_
             assert done.returncode == 0, (command, done.stderr)
     kept = Path(commands[-1][-1])
     assert not kept.exists()
+
+
+def test_the_demo_runs_in_a_project_init_just_made(tmp_path):
+    """A newcomer's first two commands: every table the scaffold lists is made and checked."""
+    project = tmp_path / "pipeline"
+    runner = CliRunner()
+    assert runner.invoke(cli, ["init", str(project)]).exit_code == 0
+    result = runner.invoke(cli, ["demo", "--project-dir", str(project)])
+    assert result.exit_code == 0, result.output
+    tables = json.loads((project / "tables-config.json").read_text())["tables"]
+    assert result.stdout.count(", identical") == len(tables) == 4, result.stdout

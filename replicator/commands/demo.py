@@ -75,6 +75,19 @@ CREATE TABLE events (
 INSERT INTO events (kind, payload)
 SELECT (ARRAY['click','view','buy'])[1 + g % 3], jsonb_build_object('n', g)
 FROM generate_series(1, 100000) g;
+-- the other tables `replicator init` writes into a new project's config: the demo runs in
+-- a project just made as well
+CREATE TABLE payments (
+  id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, order_id bigint NOT NULL,
+  amount numeric(12,2) NOT NULL, paid_at timestamptz NOT NULL DEFAULT now());
+INSERT INTO payments (order_id, amount) SELECT g, 10 + g % 90 FROM generate_series(1, 50000) g;
+CREATE SCHEMA "Sales";
+CREATE TABLE "Sales"."Order Lines" (
+  "OrderId" bigint, "Line" int, "Sku" text NOT NULL, "Qty" int NOT NULL,
+  "UpdatedAt" timestamptz NOT NULL DEFAULT now(), PRIMARY KEY ("OrderId", "Line"));
+INSERT INTO "Sales"."Order Lines" SELECT g / 3, g % 3, 'SKU-' || g % 500, 1 + g % 5,
+  now() - interval '1 day' + g * interval '1 second'
+FROM generate_series(1, 30000) g;
 ANALYZE;
 """
 
@@ -85,6 +98,10 @@ FROM generate_series(1, 500) g;
 UPDATE customers SET email = 'moved.' || id || '@example.org' WHERE id <= 50;
 INSERT INTO events (kind, payload) SELECT 'signup', '{}' FROM generate_series(1, 1000);
 UPDATE countries SET name = 'España' WHERE code = 'ES';
+UPDATE payments SET amount = amount + 1 WHERE id % 50 = 0;
+DELETE FROM payments WHERE id % 97 = 0;
+UPDATE "Sales"."Order Lines" SET "Qty" = "Qty" + 1, "UpdatedAt" = clock_timestamp()
+WHERE "OrderId" % 20 = 0;
 """
 
 
