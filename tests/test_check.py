@@ -275,3 +275,38 @@ def test_the_tables_of_a_pattern_are_summed_up_unless_verbose(db_project, source
         assert f"warn  {schema}.t_{i}: replication key updated_at has no index" in each.stdout
     assert " sql: " not in each.stderr, "-v: the lines, -vv: the statements too"
     assert " sql: " in db_project.run("check", "-vv").stderr
+
+
+_FINDINGS = (
+    "import sys; sys.path.insert(0, sys.argv[1]); import shop_helpers; "
+    "from replicator.commands.check.install_checks import install_findings; "
+    "print(*(f.line() for f in install_findings()), sep='\\n')"
+)
+
+
+def test_modules_without_bytecode_where_none_is_written_are_a_warning_whose_fix_works(tmp_path):
+    """PYTHONDONTWRITEBYTECODE set (as in many Docker images) and an install left without
+    `.pyc`: check says so, and the command it gives compiles them."""
+    import os
+    import shlex
+    import subprocess
+    import sys
+
+    package = tmp_path / "lib" / "shop_helpers"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text("VALUE = 1\n")
+    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
+
+    def lines() -> list[str]:
+        done = subprocess.run(
+            [sys.executable, "-c", _FINDINGS, str(tmp_path / "lib")],
+            capture_output=True, text=True, env=env, check=True,
+        )  # fmt: skip
+        return [line for line in done.stdout.splitlines() if "shop_helpers" in line]
+
+    (warning,) = lines()
+    assert warning.startswith("warn  install: ") and "PYTHONDONTWRITEBYTECODE" in warning
+    fix = shlex.split(warning.split("fix: compile them once: ", 1)[1])
+    assert str(package) in fix
+    subprocess.run(fix, check=True, env=env)
+    assert lines() == []

@@ -36,6 +36,7 @@ from ...report.results import utc_now
 from ...report.webhook import build_payload, post
 from .capture_checks import capture_findings
 from .findings import Finding, summed_up
+from .install_checks import install_findings
 from .spark_checks import spark_findings
 from .type_checks import extension_findings
 
@@ -67,7 +68,7 @@ def print_checks(project: Project, ping: bool = False, verbose: int = 0) -> int:
 def run_checks(project: Project, ping: bool = False) -> list[Finding]:
     """Check connections, privileges, keys, indexes, Java and the driver; never writes
     anything (`ping` sends the webhook a test payload)."""
-    findings: list[Finding] = list(spark_findings(project))
+    findings: list[Finding] = [*install_findings(), *spark_findings(project)]
     if ping:
         findings.append(_ping_webhook(project))
     connections = project.connections()
