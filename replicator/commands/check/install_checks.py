@@ -40,11 +40,19 @@ def install_findings() -> Iterator[Finding]:
 
 def _uncompiled() -> list[str]:
     """The imported modules' sources whose cached bytecode is not on disk now: after an
-    import that could write it, it would be."""
+    import that could write it, it would be. Only the install's own modules count, those of
+    its interpreter and virtualenv and of this package: a process that embeds the command (a
+    test runner, a notebook) imports others that no run of the tool loads. pyspark's are
+    left out, as `make` and the fix leave them: a run that imports pyspark starts a JVM,
+    which dwarfs compiling them, and compiling its thousands of modules was half the install."""
+    package = Path(__file__).parents[2]  # replicator/, wherever it is installed
+    homes = {Path(sys.prefix), Path(sys.base_prefix), package}
     found = []
     for module in list(sys.modules.values()):
         source, cached = getattr(module, "__file__", None), getattr(module, "__cached__", None)
-        if source and cached and source.endswith(".py") and not os.path.exists(cached):
+        if not (source and cached and source.endswith(".py")) or os.path.exists(cached):
+            continue
+        if homes.intersection(Path(source).parents) and "/pyspark/" not in source:
             found.append(source)
     return sorted(found)
 
