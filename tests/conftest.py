@@ -205,6 +205,8 @@ def _clean_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     would make each of them compile 130 modules again (the bytecode is git-ignored)."""
     for var in ENV_VARS:
         monkeypatch.delenv(var, raising=False)
+    for var in [k for k in os.environ if k.startswith("OPENLINEAGE")]:  # nor OPENLINEAGE_*
+        monkeypatch.delenv(var)
     monkeypatch.delenv("PYTHONDONTWRITEBYTECODE", raising=False)
     monkeypatch.setenv("REPLICATOR_SPARK_MIN_ROWS", "0")
 

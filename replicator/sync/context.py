@@ -22,6 +22,7 @@ from ..postgres.database import Endpoints
 from ..project.config import TableConfig
 from ..project.project import Project
 from ..project.state import RunOutcome, TableState
+from ..report.lineage import RunLineage
 from ..report.output import SyncOutput
 from ..report.results import TableResult, utc_now
 from ..spark.runner import SparkRunner
@@ -77,6 +78,7 @@ class RunContext:
         self.run_id = uuid.uuid4().hex
         self.started_at = utc_now()
         self.webhook = settings.webhook
+        self.lineage = RunLineage.for_run(project, self.run_id)  # OpenLineage, if configured
         self.spark = SparkRunner.for_run(settings, verbose)
         if settings.warm_server is not None and settings.min_rows == 0:
             # Every batch goes to it (spark.min_rows 0): connecting (about a second, mostly
@@ -169,7 +171,9 @@ class TableJob:
         )
 
     def started_log(self, action: str, text: str) -> None:
-        """The line that says a table's load begins (event `table.started` in JSON)."""
+        """The line that says a table's load begins (event `table.started` in JSON), and
+        its OpenLineage START."""
+        self.run.lineage.started(self.planned)
         log.info(
             "%s: %s",
             self.name,

@@ -116,6 +116,8 @@ def run_sync(
         _report_interrupted(run, tables, output, exc)
         record_run(run, tables, exc.describe())
         raise
+    finally:
+        run.lineage.close(run.results)
     results = run.results
     failed = sum(r.status == "failure" for r in results)
     skipped = _cut_short(tables, results)
@@ -367,6 +369,9 @@ def _sync_table(
 
 
 def _log_result(run: RunContext, result: TableResult) -> None:
+    """The line that says a table is done (event `table.finished`), and its OpenLineage
+    COMPLETE or FAIL."""
+    run.lineage.finished(result)
     (log.info if result.status == "success" else log.error)(
         result.line(),
         extra={"fields": {"event": "table.finished", "run_id": run.run_id, **result.as_dict()}},
