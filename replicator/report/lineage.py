@@ -38,7 +38,7 @@ def configured(values: Mapping[str, str], root: Path) -> bool:
     files = (
         values.get("OPENLINEAGE_CONFIG"),
         root / CONFIG_FILE,
-        Path.cwd() / CONFIG_FILE,
+        CONFIG_FILE,  # the working folder's, as the client looks (none when it was removed)
         os.path.expanduser(f"~/.openlineage/{CONFIG_FILE}"),
     )
     return any(f and os.path.isfile(f) for f in files)
