@@ -11,13 +11,15 @@ import hashlib
 import hmac
 import json
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from .. import __version__
-from ..compare.verdict import Verdict
 from ..project.settings import WebhookTarget
 from .results import TableResult
+
+if TYPE_CHECKING:  # verify's; a sync's payload never loads it
+    from ..compare.verdict import Verdict
 
 log = logging.getLogger(__name__)
 

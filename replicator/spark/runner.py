@@ -6,7 +6,8 @@ or a Spark Connect server it connects to (`spark.remote`, or the project's warm 
 JVM here, a DataFrame's on a Connect server.
 Starting takes seconds (a JVM) or about a second (a Connect client): a run starts as soon as
 it knows a table needs data moved, and keeps inspecting catalogs and writing DDL meanwhile.
-A run that moves nothing never starts a JVM. Which copies go to Spark at all is
+A run that moves nothing never starts a JVM, nor loads the modules that start one (each
+method that starts or uses Spark imports them). Which copies go to Spark at all is
 engine_choice.py's call: `spark.min_rows` when set, else what this host measured.
 
 A Connect server that stops answering mid-job fails that table (the client retries for
@@ -25,21 +26,21 @@ import time
 import uuid
 import weakref
 from collections.abc import Callable, Mapping
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from .. import __version__
 from ..base.errors import ReplicatorError
 from ..base.interrupts import on_interrupt, raise_if_requested, requested
 from ..base.redact import redact
 from ..project.settings import Settings
+from ..project.spark_remote import Remote
 from ..project.spark_server_state import ServerState
 from ..transfer.copy_stream import CopyResult, CopyTask, TaskError, run_copy_task
-from .connect_session import Remote, abandon, unavailable
 from .engine_choice import IN_PROCESS, EngineChoice
-from .jvm_archive import ArchivePlan, build_archive_later, discard_archive, plan_archive
 from .jvm_stop import jvm_pid
-from .session import is_local, jdbc_jar, shipped_archive
-from .task_job import default_parallelism, run_job
+
+if TYPE_CHECKING:
+    from .jvm_archive import ArchivePlan
 
 _DRIVER_OPTIONS = "spark.driver.extraJavaOptions"
 log = logging.getLogger(__name__)
@@ -119,6 +120,8 @@ class SparkRunner:
             self._thread.start()
 
     def _start(self) -> None:
+        from .task_job import default_parallelism, run_job
+
         try:
             if self.warm_server is not None:  # its session's Python workers are up already
                 self._session = self._attach(self.warm_server)
@@ -176,7 +179,8 @@ class SparkRunner:
         runs several commands, as the tests do, keeps its JVM and Python workers)."""
         from pyspark import SparkContext
 
-        from .session import start_spark_context
+        from .jvm_archive import plan_archive
+        from .session import jdbc_jar, shipped_archive, start_spark_context
 
         if SparkContext._gateway is None:  # a new driver JVM: use or build the archive
             jars = self.conf.get("spark.jars", str(jdbc_jar() or ""))
@@ -275,6 +279,9 @@ class SparkRunner:
     def map_tasks(self, function: Callable[[T], R], tasks: list[T], description: str) -> list[R]:
         """Run `function` over the tasks as one Spark job, one partition per task; a SIGTERM
         or SIGINT cancels the job."""
+        from .connect_session import unavailable
+        from .task_job import run_job
+
         if self._lost is not None:  # spark.remote stopped answering earlier in this run
             raise ReplicatorError(self._lost)
         session = self.session()
@@ -312,6 +319,8 @@ class SparkRunner:
     def _server_lost(self, session: Any) -> str:
         """The table's error once the Connect server stopped answering; what the rest of
         the run does instead (see the module's docstring)."""
+        from .connect_session import abandon
+
         abandon(session)
         lost = f"{self.where} stopped answering"
         error = f"{lost}: the table's work was rolled back"
@@ -324,6 +333,8 @@ class SparkRunner:
 
     def _executor_hint(self, message: str) -> str:
         """What to do when a cluster's executors could not import our code."""
+        from .session import is_local
+
         if "No module named" not in message or is_local(self.master):
             return ""
         if not self.ship_environment:
@@ -351,6 +362,8 @@ class SparkRunner:
         session, self._session = self._session, None
         archive, self._archive = self._archive, None
         if archive is not None and archive.pending is not None:
+            from .jvm_archive import build_archive_later, discard_archive
+
             if session is None or requested() is not None:
                 discard_archive(archive)  # a run that did not get through: a later one
             else:

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import replace
 from traceback import format_exception
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psycopg
 
@@ -43,7 +43,6 @@ from ..project.templates import stray_models
 from ..report.output import SyncOutput, some_tables
 from ..report.results import TableResult, utc_now
 from ..report.webhook import build_payload, post
-from .cdc.cdc_run import CaptureRun
 from .context import RunContext, TableJob, failure, record_failure
 from .incremental.resync import resync_bounds
 from .noop_screen import screen_noops
@@ -51,6 +50,9 @@ from .run_record import record_run
 from .run_tables import expanded
 from .table_actions import carry_out, keep_configured_indexes
 from .unreachable import fail_the_rest
+
+if TYPE_CHECKING:  # loaded by a run with cdc tables only (_capture_run)
+    from .cdc.cdc_run import CaptureRun
 
 log = logging.getLogger("replicator.sync")
 
@@ -184,7 +186,7 @@ def _sync_all(
             run.bookkeeping_gone = bookkeeping_gone(dest)
             run.ahead = read_ahead(source, dest, tables)
             cdc = any(t.mode == "cdc" for t in run.project.config.tables)
-            capture = CaptureRun(run) if cdc else None
+            capture = _capture_run(run) if cdc else None
             if not cdc and (unused := unused_slot(source, run.project)) is not None:
                 said = ": ".join(unused)
                 log.warning("source: %s", said)
@@ -220,6 +222,14 @@ def _sync_all(
         fail_the_rest(run, tables, exc)
     finally:
         run.spark.finish()
+
+
+def _capture_run(run: RunContext) -> CaptureRun:
+    """The run's cdc tables, their modules imported here: a run without one (a cron run of
+    cursor tables) never loads the log's reader, decoder and apply."""
+    from .cdc.cdc_run import CaptureRun
+
+    return CaptureRun(run)
 
 
 def _reconnected(ends: Endpoints, opened: ExitStack) -> Endpoints:

@@ -9,7 +9,6 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 
 from ..base.errors import ReplicatorError, StateError
-from ..cdc.source.slot_health import retained_wal_bytes
 from ..postgres.database import connect
 from ..project.config import TableConfig
 from ..project.project import Project
@@ -99,6 +98,8 @@ def _slots(project: Project) -> dict[str, int]:
         names = project.capture_names()
         if names is None:
             return {}
+        from ..cdc.source.slot_health import retained_wal_bytes  # once there is a slot
+
         with connect(project.connections().source, "source") as source:
             return retained_wal_bytes(source, [names.slot])
     except ReplicatorError as exc:

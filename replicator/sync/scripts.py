@@ -16,7 +16,6 @@ import psycopg
 from psycopg import sql
 
 from ..base.identifiers import INTERNAL_SCHEMA, TableName
-from ..cdc.apply.applied import record_applied_step
 from ..plan.table_sql import TableSql
 from ..postgres import ddl
 from ..postgres.copy_objects import CopyIndex
@@ -270,6 +269,16 @@ def drop_staging_steps(built: TableSql, parts: int = 1) -> list[Step]:
 # ---------------------------------------------------------------- start without backfill
 
 
+def applied_steps(target: TableName, position: int | str | None) -> list[Step]:
+    """A cdc table's log position, recorded beside it; the log's modules are imported for
+    such a table only (a cursor run never loads them)."""
+    if position is None:
+        return []
+    from ..cdc.apply.applied import record_applied_step
+
+    return [record_applied_step(target, position)]
+
+
 def start_steps(
     built: TableSql, facts: DestinationFacts, exists: bool, position: str | None = None
 ) -> list[Step]:
@@ -290,6 +299,6 @@ def start_steps(
         _destination("BEGIN"),
         *create,
         *record_owned_steps(built.table.target),
-        *([record_applied_step(built.table.target, position)] if position is not None else []),
+        *applied_steps(built.table.target, position),
         _destination("COMMIT"),
     ]

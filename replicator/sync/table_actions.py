@@ -14,7 +14,6 @@ from psycopg import sql
 from ..base.errors import DatabaseError, TableProblem
 from ..base.failpoints import failpoint
 from ..base.identifiers import display_ident
-from ..cdc.source.slot import lsn_text
 from ..plan.cursor import ProbeResult, probe, waiting_line
 from ..plan.decide import Plan
 from ..plan.drift import Planned, destination_has_rows, destination_oid
@@ -25,7 +24,6 @@ from ..postgres.database import execute, run_steps
 from ..postgres.open_transactions import snapshot_xmax
 from ..project.state import LSN_CURSOR_TYPE, Cursor, Pending, TableState, Window
 from ..report.results import TableResult, utc_now
-from .cdc.adopt_at_slot import adopt_at_slot
 from .context import KeyBounds, TableJob
 from .full_load.load import full_reload
 from .full_load.resume import abandon, resumable
@@ -95,6 +93,8 @@ def _full_reload(job: TableJob) -> TableResult:
             fresh=job.run.full_refresh,
         )
     if loaded.lsn is not None:  # a `cdc` table: its cursor is its position in the log
+        from ..cdc.source.slot import lsn_text  # the log's modules: for a cdc table only
+
         loaded = replace(loaded, cursor=Cursor(value=lsn_text(loaded.lsn), type=LSN_CURSOR_TYPE))
     failpoint("after-swap-before-state")
     old = job.state.cursor.value if job.state and job.state.cursor else None
@@ -304,6 +304,8 @@ def _skip_backfill(job: TableJob) -> TableResult:
     set at the source's newest key (a `cdc` table's: adopted at the slot's position)."""
     destination, signature = job.observed.destination, job.observed.signature
     if job.table.mode == "cdc":
+        from .cdc.adopt_at_slot import adopt_at_slot  # the log's modules: a cdc table's only
+
         start = adopt_at_slot(job.ends, job.built, destination, signature, _slot_of(job))
     else:
         start = start_without_backfill(job.ends, job.built, destination, signature)

@@ -11,8 +11,6 @@ import psycopg
 
 from ...base.errors import StateError
 from ...project.project import Project
-from .slot import drop_slot_statement, slot_info
-from .slot_health import size_text
 
 
 def unused_slot(source: psycopg.Connection[Any], project: Project) -> tuple[str, str] | None:
@@ -26,6 +24,11 @@ def unused_slot(source: psycopg.Connection[Any], project: Project) -> tuple[str,
         return None
     if names is None:
         return None
+    # the slot's modules, once the project has one: a project that never had one (a cron
+    # run of cursor tables) loads none of the log's
+    from .slot import drop_slot_statement, slot_info
+    from .slot_health import size_text
+
     info = slot_info(source, names.slot)
     if info is None:
         return None

@@ -21,8 +21,6 @@ from psycopg import sql
 from ...base.errors import DatabaseError, TableProblem
 from ...base.failpoints import failpoint
 from ...base.identifiers import TableName, display_ident
-from ...cdc.apply.applied import ensure_applied_table, record_applied_step
-from ...cdc.source.slot_snapshot import SlotSnapshot
 from ...plan.cursor import first_cursor
 from ...plan.table_sql import TableSql
 from ...postgres.catalog import TableInfo
@@ -40,6 +38,7 @@ from ...transfer.partitions import KeyRange
 from ..incremental.batch import say_repeated_keys
 from ..scripts import (
     DestinationFacts,
+    applied_steps,
     key_statement,
     key_steps,
     prepare_steps,
@@ -148,10 +147,12 @@ def _load_and_swap(
         forget_loads(ends.dest, target)
     lsn: int | None = None
     if capture:
+        from ...cdc.apply.applied import ensure_applied_table  # a cdc table's only
+
         ensure_applied_table(ends.dest)
         # a slot's snapshot waits for every transaction open in the source to end
         progress.phase("waiting for the source's open transactions (a log snapshot waits)")
-    with SlotSnapshot(ends.source_url) if capture else ExportedSnapshot(ends.source_url) as snap:
+    with _load_snapshot(ends.source_url, capture) as snap:
         assert snap.conn is not None
         if found is None:
             progress.phase("reading the first cursor from the model, in the load's snapshot")
@@ -188,8 +189,8 @@ def _load_and_swap(
             f"copied {len(tasks)} partition(s) {engine} (task seconds: "
             f"{', '.join(f'{r.seconds:.1f}' for r in results)})"
         )
-        if isinstance(snap, SlotSnapshot):
-            lsn = snap.lsn
+        if capture:
+            lsn = snap.lsn  # a slot's snapshot (_load_snapshot): its position in the log
     failpoint("after-load-before-swap")
     rows, size = _loaded(ends.dest, load_id)
     progress.phase("building the primary key and indexes, analyzing")
@@ -201,7 +202,7 @@ def _load_and_swap(
     rows -= removed if moved else 0  # read twice, kept once
     phases.mark(f"primary key and {len(indexes)} index(es) built, analyzed")
     progress.phase("swapping the new table in")
-    also = [record_applied_step(target, lsn)] if lsn is not None else []
+    also = applied_steps(target, lsn)
     # Any full load ends an unfinished one (a table whose mode changed, say).
     also.append(resume.forget_step(target))
     swapped = swap_in(ends.dest, side, target, side_key_name(built), also, indexes)
@@ -229,6 +230,16 @@ def _load_and_swap(
         lsn=lsn,
         resumed=(len(found.loaded), len(parts)) if found else None,
     )
+
+
+def _load_snapshot(source_url: str, capture: bool) -> ExportedSnapshot:
+    """The load's snapshot: a `cdc` table's from a new slot, with its log position (the
+    log's modules imported for such a table only), any other's exported by a session."""
+    if not capture:
+        return ExportedSnapshot(source_url)
+    from ...cdc.source.slot_snapshot import SlotSnapshot
+
+    return SlotSnapshot(source_url)
 
 
 def _loaded(dest: psycopg.Connection[Any], load_id: str) -> tuple[int, int]:

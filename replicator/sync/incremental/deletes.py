@@ -20,8 +20,6 @@ import psycopg
 from ...base.errors import ReplicatorError, StateError, TableProblem, one_line
 from ...base.failpoints import failpoint
 from ...base.interrupts import raise_if_requested
-from ...compare.comparison import compared, sides_of
-from ...compare.repair import remove
 from ...plan.decide import delete_check_due
 from ...plan.drift import destination_has_rows
 from ...postgres.catalog import describe_table
@@ -66,6 +64,10 @@ def _due(job: TableJob, result: TableResult) -> bool:
 
 
 def _delete_gone_rows(job: TableJob) -> int:
+    # verify's comparison, imported when a check is due: a batch without one never loads it
+    from ...compare.comparison import compared, sides_of
+    from ...compare.repair import remove
+
     ends = job.ends
     destination = describe_table(job.ends.dest, job.table.target)
     if destination is None:
