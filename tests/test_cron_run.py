@@ -31,6 +31,7 @@ NOT_LOADED = (
     "sqlglot",  # no model: the built-in SELECT is the tool's own, never parsed
     "openlineage",
     "requests",  # no webhook
+    "tenacity",  # the swap's retries: a load's
 )
 
 

@@ -24,7 +24,6 @@ from typing import Any
 
 import psycopg
 from psycopg import sql
-from tenacity import retry, retry_if_exception, stop_after_attempt, wait_exponential
 
 from ..base.errors import DatabaseError
 from ..base.failpoints import failpoint
@@ -138,7 +137,16 @@ def swap_in(
     gets the one PostgreSQL would choose; the indexes `built` on the side table take the
     names of the copy's. `also` runs in the same transaction (a `cdc` table's log
     position)."""
-    return _swap_with_retries(dest, side, target, side_key, also, tuple(built))
+    # tenacity, imported by the loads that swap: a batch's run never loads it
+    from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_exponential
+
+    retrying = Retrying(
+        retry=retry_if_exception(_retryable),
+        stop=stop_after_attempt(5),
+        wait=wait_exponential(multiplier=0.5, max=5),
+        reraise=True,
+    )
+    return retrying(_swap_once, dest, side, target, side_key, also, tuple(built))
 
 
 @dataclass(frozen=True)
@@ -153,13 +161,7 @@ def _retryable(exc: BaseException) -> bool:
     )
 
 
-@retry(
-    retry=retry_if_exception(_retryable),
-    stop=stop_after_attempt(5),
-    wait=wait_exponential(multiplier=0.5, max=5),
-    reraise=True,
-)
-def _swap_with_retries(
+def _swap_once(
     dest: psycopg.Connection[Any],
     side: TableName,
     target: TableName,
