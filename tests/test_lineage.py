@@ -396,7 +396,7 @@ def test_the_project_folders_openlineage_yml_and_namespace(db_project, tables, r
     db_project.write("openlineage.yml", "facets:\n  environment_variables: []\n")
     done = db_project.run_process("sync", env=IN_PROCESS)
     assert done.returncode == 0, done.stderr
-    assert "openlineage.yml names no transport" in done.stderr
+    assert "openlineage.yml names no transport type" in done.stderr
     assert "eventType" not in done.stdout + done.stderr
     assert len(bodies(receiver)) == 2
 

@@ -24,7 +24,7 @@ from .options import common, load_expanded, select_option
     "--output",
     type=click.Path(dir_okay=False, path_type=Path),
     default=None,
-    help="Write it to this file (replaced whole) instead of printing it.",
+    help="Write it to this file (replaced whole) instead of printing it ('-': print it).",
 )
 @click.option(
     "--name",
@@ -42,7 +42,8 @@ def dbt_sources(
     descriptions), meta naming its source table and mode, and freshness from the load
     history: a loaded_at_query (dbt 1.10 and later) reads when its last successful sync
     ended from _replicator.runs, with warn_after and error_after from tables[].freshness.
-    `dbt source freshness` then errors for a table that never loaded. Patterns are
+    A table that never loaded is past every limit (an error with error_after, a warning
+    with warn_after alone). `-o -` prints it too. Patterns are
     expanded; the same config and catalogs give the same bytes. Exit 1, with nothing
     written, when a table cannot be described."""
     from ..commands.dbt_sources import write_sources

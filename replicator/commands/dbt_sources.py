@@ -9,7 +9,8 @@ them, without anyone writing the file for hundreds of tables.
 - Freshness is the load's, not the data's: a `loaded_at_query` (dbt 1.10 and later) reads
   the time of the table's last successful sync from `_replicator.runs`, this project's rows
   only (sync-state/.project's id, made by the first sync or by this command). A table that
-  never loaded has none, which dbt reports as an error.
+  never loaded has none, which dbt reports as past every limit (an error with
+  `error_after`, a warning with `warn_after` alone).
 - `warn_after` and `error_after` come from `tables[].freshness` or the top-level default.
 
 The same config and catalogs give the same bytes: sources, tables and keys in a fixed order.
@@ -59,9 +60,13 @@ def write_sources(
 ) -> int:
     """Print (or write to `output`) the sources.yml of the selected tables; exit 1 with
     nothing written when a table cannot be described."""
+    if output is not None and str(output) == "-":  # the usual name of stdout
+        output = None
     if output is not None and not output.parent.is_dir():
         raise UsageError(f"-o {output}: the folder {output.parent} does not exist; create it first")
     tables = project.select(names)
+    for line in project.unmatched:  # said, as ls and check say it: a pattern written wrong
+        click.echo(redact(f"warning: {line}"), err=True)
     copies, problems = _describe(project, tables)
     if problems:
         for problem in problems:

@@ -200,7 +200,8 @@ class ProjectConfig(_Frozen):
         for table in self.tables:
             if table.on_schema_change is None:
                 object.__setattr__(table, "on_schema_change", self.on_schema_change)
-            if table.freshness is None:
+            # an explicit `"freshness": null` keeps the table out of the default
+            if table.freshness is None and "freshness" not in table.model_fields_set:
                 object.__setattr__(table, "freshness", self.freshness)
         return self
 

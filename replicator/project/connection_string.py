@@ -28,11 +28,21 @@ def _masked(line: str) -> str:
     return f'{kept}{line[:first]}"{MASK}"{line[last + 1 :]}'
 
 
+# libpq's refusals of a keyword it does not know. The keyword stays masked: it may be the
+# rest of a password with an unquoted space (`password=ab cd=ef` quotes "cd").
+_UNKNOWN_KEYWORD = ("invalid URI query parameter", "invalid connection option")
+
+
 def unparsed(exc: Exception) -> str:
     """libpq's reason for refusing a connection string, with what it quotes of the string
     masked, and how to write spaces and quotes in a value."""
     lines = str(exc).strip().splitlines()
     reason = _masked(lines[0] if lines else "")
+    if reason.startswith(_UNKNOWN_KEYWORD):
+        reason += (
+            ": a keyword libpq does not know (see its list of connection parameters), or the"
+            " rest of a value with a space in it"
+        )
     return (
         f"{redact(reason)} (in key=value pairs, single-quote a value that holds spaces or "
         "quotes, and write a quote inside it as \\'; in a URI, percent-encode them: %20 for "

@@ -292,8 +292,8 @@ class Sender:
         transport = client.transport
         if transport.kind == "console" and (client.config.transport or {}).get("type") is None:
             log.warning(
-                "OpenLineage: %s names no transport (say `transport: {type: http, url: ...}`): "
-                "no events are sent",
+                "OpenLineage: %s names no transport type (say `transport: {type: http, url: "
+                "...}`): no events are sent",
                 self._settings.get("OPENLINEAGE_CONFIG", "openlineage.yml"),
             )
             return None
