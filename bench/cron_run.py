@@ -33,8 +33,9 @@ import sys
 import time
 from pathlib import Path
 
+import incremental
 import psycopg
-from incremental import DDL, FILL, MERGE
+from incremental import MERGE
 from one_table_run import DIGEST, two_clusters
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -129,16 +130,12 @@ def py_spy() -> str:
 
 
 def build(source: str, dest: str, rows: int) -> str:
-    """The source table, and the hand copy's database (pg_dump's table, a staging table)."""
-    with psycopg.connect(source, autocommit=True) as conn:
-        conn.execute(DDL)
-        for low in range(1, rows + 1, 1_000_000):
-            conn.execute(FILL, (low, min(rows, low + 999_999)))
-        conn.execute("CREATE INDEX ON bench_orders (updated_at)")
-        conn.execute("VACUUM ANALYZE bench_orders")
+    """The source table, and the hand copy's database: its staging table (bench/incremental.py
+    builds both), then pg_dump's table."""
     with psycopg.connect(dest, autocommit=True) as conn:
         conn.execute("CREATE DATABASE hand")
     hand = dest.rsplit("/", 1)[0] + "/hand"
+    incremental.build(source, hand, rows)
     bin_dir = find_pg_bin()
     subprocess.run(
         f"{bin_dir / 'pg_dump'} -t bench_orders {shlex.quote(source)} | "
@@ -147,9 +144,6 @@ def build(source: str, dest: str, rows: int) -> str:
         check=True,
         capture_output=True,
     )
-    with psycopg.connect(hand, autocommit=True) as conn:
-        stage = DDL.replace("CREATE TABLE bench_orders", "CREATE UNLOGGED TABLE stage")
-        conn.execute(stage.replace(" PRIMARY KEY", ""))
     return hand
 
 
