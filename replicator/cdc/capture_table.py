@@ -22,6 +22,7 @@ from ..base.identifiers import TableName
 from ..plan.table_sql import TableSql
 from ..postgres.catalog import FIRST_NORMAL_OID
 from ..postgres.database import fetch_all
+from ..postgres.history_tables import HistoryTable, Versions
 from ..postgres.naming import MARK_COLUMN
 from .rows.shaped_log import LogShape, LogShaping
 from .source.pgoutput import Relation, RelationColumn
@@ -58,6 +59,7 @@ class CaptureTable:
     upserted: int = 0
     deleted: int = 0
     truncated: bool = False
+    versions: Versions = field(default_factory=Versions)  # written in its history table
     drift: str | None = None  # the log's shape of the table differs from the copy's
     error: str | None = None
     holds: bool = False  # failed, and its position could not be forgotten: keeps its changes
@@ -106,6 +108,10 @@ class CaptureTable:
     def key(self) -> tuple[str, ...]:
         assert self.built is not None
         return self.built.primary_key
+
+    @functools.cached_property
+    def history(self) -> HistoryTable | None:
+        return self.built.history if self.built is not None else None
 
     @property
     def keys_may_repeat(self) -> bool:

@@ -75,9 +75,11 @@ class _Reader:
     # where the transaction being read is cut into a part (applier.submit_part): only one
     # of batch_changes changes or more is, so that its apply overlaps its own decoding
     part_at: int = 1 << 62
+    history: bool = field(init=False)  # a table keeps history: each Begin is kept
 
     def __post_init__(self) -> None:
         self.size = max(1, self.batch_changes // RAMP)
+        self.history = any(t.history is not None for t in self.tables.values())
 
 
 def read_changes(
@@ -131,6 +133,8 @@ def _other(reader: _Reader, stager: Stager, data: bytes) -> bool:
     if isinstance(message, Begin):
         reader.final_lsn = message.final_lsn
         reader.part_at = reader.batch.changes + reader.size
+        if reader.history:  # its changes come after this seq (cdc/apply/history_apply.py)
+            reader.batch.transactions.append((reader.seq, message.committed_at))
     elif isinstance(message, Commit):
         reader.batch.end = reader.read.end = message.end_lsn
         # a batch applied in parts closes at its transaction's commit: its destination

@@ -128,6 +128,14 @@ def table_status(project: Project, table: TableConfig) -> tuple[dict[str, Any], 
             last_run_rows=state.last_run.rows,
             last_error=state.last_run.error,
         )
+    history = table.history_table
+    if history is not None:  # where its versions are, and what the last run wrote there
+        last = state.last_run
+        row["history"] = {
+            "table": str(history),
+            "last_run_versions_added": last.versions_added if last else None,
+            "last_run_versions_closed": last.versions_closed if last else None,
+        }
     return row, state
 
 
@@ -196,6 +204,16 @@ def _print_grid(rows: list[dict[str, Any]], notes: list[str]) -> None:
     console.print(grid)
     for note in notes:
         console.print(note, markup=False, soft_wrap=True)
+    for row in rows:
+        history = row.get("history")
+        if history is not None and history["last_run_versions_added"] is not None:
+            console.print(
+                f"{row['name']}: history in {history['table']}, the last run "
+                f"{history['last_run_versions_added']:,} version(s) added, "
+                f"{history['last_run_versions_closed'] or 0:,} closed",
+                markup=False,
+                soft_wrap=True,
+            )
     for row in rows:
         if row["last_error"]:
             error = row["last_error"].removeprefix(f"{row['name']}: ")

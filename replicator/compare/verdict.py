@@ -6,6 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from .history_check import HistoryFindings
+
 MAX_EXAMPLES = 10
 REPEATED_KEY = "repeated_key"  # an example's kind: a key on more than one source row
 
@@ -26,6 +28,7 @@ class Verdict:
     examples: list[dict[str, Any]] = field(default_factory=list)  # {"key": {...}, "kind": ...}
     error: str | None = None
     seconds: float = 0.0
+    history: HistoryFindings | None = None  # its history table's check (history_check.py)
 
     @property
     def differences(self) -> int:
@@ -33,12 +36,12 @@ class Verdict:
 
     @property
     def fixed(self) -> bool:
-        """Equal, or every difference repaired."""
-        return self.status == "equal" or (
-            self.status == "different"
-            and self.differences > 0
-            and self.repaired >= self.differences
-        )
+        """Equal, or every difference repaired (its history's too)."""
+        if self.status != "different":
+            return self.status == "equal"
+        history = self.history
+        history_fixed = history is None or not history.differences or history.repaired > 0
+        return self.repaired >= self.differences and history_fixed
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -54,6 +57,7 @@ class Verdict:
             "examples": self.examples,
             "error": self.error,
             "duration_seconds": round(self.seconds, 3),
+            **({"history": self.history.as_dict()} if self.history is not None else {}),
         }
 
     def line(self) -> str:
@@ -77,4 +81,6 @@ class Verdict:
                 "sync copied them, which counts as equal; --repair leaves them, `sync -f` "
                 "copies them again"
             )
+        if self.history is not None:
+            text += f"; {self.history.line()}"
         return f"{text}; {self.error}" if self.error else text

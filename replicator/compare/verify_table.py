@@ -15,7 +15,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Callable, Collection
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import psycopg
@@ -27,7 +27,7 @@ from ..plan.cursor import changed_since
 from ..plan.decide import delete_check_due
 from ..plan.drift import Planned, plan_now
 from ..plan.table_sql import TableSql
-from ..postgres.database import Endpoints
+from ..postgres.database import Endpoints, execute
 from ..postgres.open_transactions import widen
 from ..postgres.snapshot import ExportedSnapshot
 from ..postgres.table_lock import table_lock
@@ -39,6 +39,7 @@ from . import range_sql as q
 from .bisect import Found, Key
 from .caught_up import caught_up
 from .comparison import Fresh, Sides, compared, sides_of
+from .history_check import HistoryFindings, check_history, repair_history
 from .multiset import diff_multisets, examples, repair_multiset
 from .reader import RangeReader
 from .repair import MARK_COLUMN, repair
@@ -93,15 +94,17 @@ def verify_table(
                 )
             else:
                 tally = _compare_keyless(ends, table, planned, fix, force)
+            history = _check_history(ends, planned, fix)
     except (ReplicatorError, psycopg.Error) as exc:
         raise_if_requested()  # a query cancelled by SIGTERM/SIGINT: the run stops, not the table
         error = one_line(exc).removeprefix(f"{table.written_name}: ")  # the verdict names it
         return Verdict(
             table.written_name, "failed", error=error, seconds=time.monotonic() - started
         )
+    history_differs = history is not None and history.differences > 0
     return Verdict(
         table.written_name,
-        "different" if tally.differences else "equal",
+        "different" if tally.differences or history_differs else "equal",
         rows_compared=tally.rows_compared,
         missing=tally.missing,
         extra=tally.extra,
@@ -112,7 +115,31 @@ def verify_table(
         examples=tally.examples,
         error=_refusal(table, tally) if fix and not force and tally.repaired == 0 else None,
         seconds=time.monotonic() - started,
+        history=history,
     )
+
+
+def _check_history(ends: Endpoints, planned: Planned, fix: bool) -> HistoryFindings | None:
+    """The table's history table against its copy (history_check.py), after the copy's
+    repair; with `fix`, repaired when it differs."""
+    history = planned.built.history
+    if history is None:
+        return None
+    destination = planned.observed.destination
+    marked = destination is not None and destination.column(MARK_COLUMN) is not None
+    present = (
+        sql.SQL("c.{} IS NULL").format(sql.Identifier(MARK_COLUMN)) if marked else sql.SQL("true")
+    )
+    if planned.observed.history_missing is not None:
+        raise TableProblem(
+            f"{planned.built.table.written_name}: history table {history.name} does not exist: "
+            f"the next sync reloads the table and begins it again"
+        )
+    found = check_history(ends.dest, history, present)
+    if not fix or not found.differences:
+        return found
+    (now,) = execute(ends.source, "SELECT now()").fetchone()
+    return replace(found, repaired=repair_history(ends.dest, history, present, now))
 
 
 @dataclass(frozen=True)

@@ -43,6 +43,7 @@ def plan_table(
     pattern: str | None = None,
     partitions_change: str | None = None,
     taken: str | None = None,
+    history_missing: str | None = None,
 ) -> Plan:
     """Full reload when anything says so, else incremental from the stored cursor.
 
@@ -83,6 +84,12 @@ def plan_table(
             "destination table replaced: another table than the one the last sync wrote is "
             "there (the destination switched back to an older copy, or another load replaced "
             "it); its rows are not the cursor's",
+        )
+    if plan.action == "incremental" and history_missing is not None:
+        plan = Plan(
+            "full_reload",
+            f"history table {history_missing} missing: the reload begins its versions again "
+            "from the copy's rows",
         )
     if plan.action == "incremental" and destination_emptied:
         plan = Plan(

@@ -58,6 +58,8 @@ class Observed:
     # `on_schema_change: "evolve"` and a schema change: how the copy takes it in place
     # (plan/evolution.py), or why it cannot.
     evolution: Evolution | str | None = None
+    # `tables[].history`: its history table is gone (dropped by hand), and the copy is there
+    history_missing: TableName | None = None
 
     @property
     def schema_change(self) -> str | None:
@@ -138,6 +140,11 @@ def observe(
     evolving: Evolution | str | None = None
     if schema_changes and table.on_schema_change == "evolve":
         evolving = _evolving(table, built, schema_changes)
+    history_missing = None
+    history = table.history_table
+    if dest_conn is not None and destination is not None and history is not None:
+        (found,) = execute(dest_conn, "SELECT to_regclass(%s)", (history.sql(),)).fetchone()
+        history_missing = history if found is None else None
     return Observed(
         signature,
         destination,
@@ -148,6 +155,7 @@ def observe(
         has_rows,
         changed_leaves,
         evolving,
+        history_missing,
     )
 
 
@@ -210,6 +218,9 @@ def plan_observed(
         ),
         name=table.written_name,
         pattern=table.pattern,
+        history_missing=(
+            str(observed.history_missing) if observed.history_missing is not None else None
+        ),
     )
 
 

@@ -94,6 +94,28 @@ class Evolution:
                 statements.append(_drop_default(target, column.name).sql(dialect="postgres"))
         return statements
 
+    def history_alters(
+        self, history: TableName, types: dict[str, str], current: dict[str, str]
+    ) -> list[str]:
+        """The change in the copy's history table (postgres/history_tables.py): a column
+        added (nullable and without a default: the past had no value) or renamed, a type
+        widened; a dropped column stays (the past had it), and NOT NULL and defaults are the
+        copy's alone."""
+        statements = []
+        for change in self.changes:
+            expression: exp.Expression | None = None
+            if isinstance(change, ColumnAdded):
+                expression = _add(history, change.column.name, types[change.column.name], None)
+            elif isinstance(change, TypeChanged) and current.get(change.name) != types[change.name]:
+                expression = TypeChanged(change.name, change.old, types[change.name]).expression(
+                    history
+                )
+            elif isinstance(change, ColumnRenamed):
+                expression = change.expression(history)
+            if expression is not None:
+                statements.append(expression.sql(dialect="postgres"))
+        return statements
+
     def nullable_first(self, target: TableName) -> tuple[Evolution, list[str]]:
         """The evolution with no NOT NULL set, and the statements that set them after: for
         a copy that takes them only once it is current past the snapshot its new values

@@ -19,6 +19,7 @@ from ..base.identifiers import TableName, display_ident, quote_ident
 from ..postgres import ddl
 from ..postgres.catalog import Column, TableInfo
 from ..postgres.copy_objects import CopyIndex, configured_index
+from ..postgres.history_tables import HistoryTable
 from ..postgres.naming import MARK_COLUMN, MARK_TYPE, staging_table
 from ..project.config import TableConfig
 from ..project.state import Cursor
@@ -101,6 +102,18 @@ class TableSql:
             raise DatabaseError(
                 f"{text} (reading {self.model.origin})", exc.sqlstate, exc.detail
             ) from None
+
+    @functools.cached_property
+    def history(self) -> HistoryTable | None:
+        """The table's history table, when it keeps one (`tables[].history`)."""
+        name = self.table.history_table
+        if name is None:
+            return None
+        history = HistoryTable(name, self.table.target, self.primary_key, self.columns)
+        problem = history.problem()
+        if problem is not None:
+            raise TableProblem(f"{self.table.written_name}: {problem}")
+        return history
 
     @property
     def destination_columns(self) -> tuple[Column, ...]:

@@ -120,6 +120,9 @@ class PgCluster:
             "unix_socket_directories": f"'{self.folder}'",
             "max_connections": "100",
             "wal_level": "logical" if self.logical else "replica",
+            # a log source keeps each commit's time: the tests check a history table's
+            # versions against pg_xact_commit_timestamp (docs/guides/history.md)
+            "track_commit_timestamp": "on" if self.logical else "off",
             "logging_collector": "off",
             **extra,
         }

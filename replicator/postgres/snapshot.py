@@ -7,6 +7,7 @@ inside it, so they describe exactly the rows the tasks copy.
 from __future__ import annotations
 
 import contextlib
+from datetime import datetime
 from types import TracebackType
 from typing import Any
 
@@ -44,11 +45,16 @@ class ExportedSnapshot:
         self.side = side  # a comparison holds one on the destination too
         self.conn: psycopg.Connection[Any] | None = None
         self.snapshot_id = ""
+        # the source's clock at most as late as the snapshot (its transaction's start): a
+        # history table's first versions are valid from then (postgres/history_tables.py)
+        self.taken_at: datetime | None = None
 
     def __enter__(self) -> ExportedSnapshot:
         self.conn = connect(self.source_url, self.side)
         execute(self.conn, "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
-        (self.snapshot_id,) = execute(self.conn, "SELECT pg_export_snapshot()").fetchone()
+        (self.snapshot_id, self.taken_at) = execute(
+            self.conn, "SELECT pg_export_snapshot(), now()"
+        ).fetchone()
         failpoint("after-snapshot-export")
         return self
 

@@ -153,6 +153,7 @@ def swap_in(
 class Swapped:
     lock_seconds: float  # how long the table lock was held
     left_out: tuple[CopyIndex, ...]  # the copy's indexes the new table does not have
+    also_rows: tuple[int, ...] = ()  # the rows each of `also`'s statements wrote
 
 
 def _retryable(exc: BaseException) -> bool:
@@ -184,13 +185,13 @@ def _swap_once(
             if read_facts(dest, target) != facts:
                 raise _FactsChanged
         _run_body(dest, script, target)
-        run_steps(dest, also)
+        also_rows = tuple(execute(dest, step.statement, step.params).rowcount for step in also)
         failpoint("before-swap-commit")
     lock_seconds = time.monotonic() - locked_at
     failpoint("after-swap-commit")
     run_steps(dest, script.after)
     left_out = tuple(i for i in facts.objects.indexes if i.name not in {c.name for c in carried})
-    return Swapped(lock_seconds, left_out)
+    return Swapped(lock_seconds, left_out, also_rows)
 
 
 def carried_indexes(objects: CopyObjects, built: Sequence[CopyIndex]) -> tuple[CopyIndex, ...]:

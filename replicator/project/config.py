@@ -25,7 +25,7 @@ from ..base.errors import ConfigError
 from ..base.identifiers import TableName
 from ..base.name_patterns import NamePattern
 from .cdc_config import CdcConfig
-from .config_rules import rule_problems
+from .config_rules import HISTORY_SUFFIX, rule_problems
 from .config_values import (
     column,
     http_url,
@@ -94,6 +94,24 @@ class IndexConfig(_Frozen):
     type: IndexType = "btree"
 
 
+class HistoryConfig(_Frozen):
+    """`"history": {"table": "schema.name"}`: where a table's versions are kept
+    (postgres/history_tables.py)."""
+
+    table: TableNameField | None = None  # None: the copy's name with HISTORY_SUFFIX
+
+
+def _history_value(value: Any) -> Any:
+    """`true` keeps history in the default table, `false` none, an object names the table."""
+    if value is True:
+        return {}
+    if value is False or value is None:
+        return None
+    if isinstance(value, dict):
+        return value
+    raise ValueError('expected true, false or {"table": "schema.name"}')
+
+
 class TableConfig(_Frozen):
     """One replicated table: where it comes from, where it goes, and how it is kept in sync."""
 
@@ -117,6 +135,9 @@ class TableConfig(_Frozen):
     indexes: Annotated[tuple[IndexConfig, ...], Field(strict=False)] = ()
     # None: the top-level `freshness` (resolved when the project config is read); dbt-sources
     freshness: FreshnessConfig | None = None
+    # every version of each row, from the log or from what each sync read (true: the
+    # destination's name with HISTORY_SUFFIX, beside it)
+    history: Annotated[HistoryConfig | None, BeforeValidator(_history_value)] = None
     # The name exactly as written in the config: the webhook and logs use it.
     written_name: str = Field(default="", exclude=True)
     # Set on the tables a pattern entry expands to (plan/selection.py): the index of the
@@ -144,6 +165,16 @@ class TableConfig(_Frozen):
             f"{json.dumps(self.written_name, ensure_ascii=False)} to its "
             '"exclude" (as JSON writes it), or give it an entry of its own'
         )
+
+    @property
+    def history_table(self) -> TableName | None:
+        """Where the copy's versions are kept; None: the table keeps no history."""
+        if self.history is None:
+            return None
+        if self.history.table is not None:
+            return self.history.table
+        target = self.target
+        return TableName(target.schema, target.name + HISTORY_SUFFIX)
 
     @property
     def is_pattern(self) -> bool:
@@ -218,6 +249,7 @@ _MODELS: dict[str, type[BaseModel]] = {
     "indexes": IndexConfig,
     "metrics": MetricsConfig,
     "freshness": FreshnessConfig,
+    "history": HistoryConfig,
 }
 
 

@@ -18,6 +18,9 @@ from ..base.identifiers import INTERNAL_SCHEMA, TableName, parse_column
 from ..base.name_patterns import NamePattern, is_pattern
 from .cdc_config import check_cdc_table
 
+# The history table's name when `"history": true`: the copy's, with this suffix, beside it.
+HISTORY_SUFFIX = "_history"
+
 # A table's keys that a rule cannot trust: by table index (pydantic refused them).
 Unsure = Mapping[int, set[str]]
 
@@ -66,6 +69,25 @@ def duplicates(entries: Mapping[int, Mapping[str, Any]], unsure: Unsure) -> list
                 problems.append(
                     f"{what} {name} is listed twice (tables[{seen[name]}] and tables[{index}])"
                 )
+    written: dict[TableName, int] = {}  # each destination and history table: one writer
+    for index, table in entries.items():
+        for name in (_target(table, unsure.get(index, set())),):
+            if name is not None:
+                written.setdefault(name, index)
+    for index, table in entries.items():
+        history = history_target(table, unsure.get(index, set()))
+        if history is None:
+            continue
+        if history in written and written[history] != index:
+            problems.append(
+                f"history table {history} of tables[{index}] is also written by "
+                f"tables[{written[history]}]: name another with "
+                '"history": {"table": "schema.name"}'
+            )
+        elif history in written:
+            continue
+        else:
+            written[history] = index
     return problems
 
 
@@ -246,6 +268,40 @@ def _where_needs_deletes(values: Mapping[str, Any]) -> str | None:
     )
 
 
+def _history(values: Mapping[str, Any]) -> str | None:
+    """A pattern's tables each keep their history beside their copy (`true`); a table named
+    for it is one table's, outside the bookkeeping and system schemas, and not the copy."""
+    history = values.get("history")
+    if not isinstance(history, Mapping) or not isinstance(history.get("table"), str):
+        return None
+    name = values.get("name")
+    if isinstance(name, str) and is_pattern(name):
+        return (
+            f'history: a pattern\'s tables each keep their own history: write "history": true '
+            f"(each beside its copy, named <table>{HISTORY_SUFFIX}), not one table"
+        )
+    try:
+        table = TableName.parse(history["table"])
+    except ValueError:
+        return None
+    if table.schema == INTERNAL_SCHEMA or table.schema.startswith("pg_"):
+        return f"history.table {table} is in a schema replicator keeps for itself or PostgreSQL's"
+    if table == _target(values, set()):
+        return f"history.table {table} is the copy itself: name another table"
+    return None
+
+
+def history_target(table: Mapping[str, Any], unsure: set[str]) -> TableName | None:
+    """The history table an entry keeps (None: none, or not known from the document)."""
+    history = table.get("history")
+    if "history" in unsure or history is None or history is False:
+        return None
+    if isinstance(history, Mapping) and "table" in history:
+        return _parsed(history, "table", set())
+    target = _target(table, unsure)
+    return None if target is None else TableName(target.schema, target.name + HISTORY_SUFFIX)
+
+
 def _column_set(value: Any) -> set[str]:
     if not isinstance(value, list):
         return set()
@@ -268,4 +324,5 @@ _RULES: tuple[tuple[frozenset[str], Callable[[Mapping[str, Any]], str | None]], 
     (frozenset({"name", "destination", "exclude"}), _pattern_keys),
     (frozenset({"columns", "replication_key", "primary_key"}), _shaped_columns),
     (frozenset({"where", "mode", "deletes"}), _where_needs_deletes),
+    (frozenset({"name", "destination", "history"}), _history),
 )

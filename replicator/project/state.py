@@ -82,6 +82,9 @@ class RunOutcome(_Record):
     rows: int | None = None
     reason: str | None = None
     error: str | None = None
+    # a table that keeps history (tables[].history): the versions the run began and ended
+    versions_added: int | None = None
+    versions_closed: int | None = None
 
 
 class TableState(_Record):

@@ -45,7 +45,11 @@ TYPES = {
     "cursor_before": "text",
     "cursor_after": "text",
     "lag_seconds": "double precision",
+    "versions_added": "bigint",
+    "versions_closed": "bigint",
 }
+# the columns later versions added, given to a table made before them
+_ADDED = ("versions_added", "versions_closed")
 assert tuple(TYPES) == COLUMNS
 _NOT_NULL = {"run_id", "table_name", "started_at", "finished_at", "status"}
 # A run never waits long on its history: a lock held on it costs a warning, not a hang.
@@ -128,7 +132,20 @@ def write(dest: psycopg.Connection[Any], rows: Sequence[RunRow], history_days: i
 
 
 def ensure_table(dest: psycopg.Connection[Any]) -> None:
-    (exists,) = execute(dest, "SELECT to_regclass(%s) IS NOT NULL", (RUNS_TABLE.sql(),)).fetchone()
+    (exists, current) = execute(
+        dest,
+        "SELECT to_regclass(%s) IS NOT NULL, EXISTS (SELECT FROM pg_catalog.pg_attribute "
+        "WHERE attrelid = to_regclass(%s) AND attname = %s)",
+        (RUNS_TABLE.sql(), RUNS_TABLE.sql(), _ADDED[-1]),
+    ).fetchone()
+    if exists and not current:  # made by an earlier version of replicator
+        for name in _ADDED:
+            execute(
+                dest,
+                sql.SQL("ALTER TABLE {} ADD COLUMN IF NOT EXISTS {} {}").format(
+                    RUNS_TABLE.identifier(), sql.Identifier(name), sql.SQL(TYPES[name])
+                ),
+            )
     if exists:
         return
     run_steps(dest, schema_steps(missing_schemas(dest, [INTERNAL_SCHEMA])))

@@ -43,6 +43,8 @@ class RunRow:
     cursor_before: str | None
     cursor_after: str | None
     lag_seconds: float | None
+    versions_added: int | None = None  # in the table's history table (tables[].history)
+    versions_closed: int | None = None
 
     @property
     def seconds(self) -> float:
@@ -112,6 +114,8 @@ def _row(
         cursor_before=before if before is not None or status == "success" else cursor,
         cursor_after=(result.cursor_to if result else None) or cursor,
         lag_seconds=lag_seconds(status, started, finished, state),
+        versions_added=result.versions_added if result else None,
+        versions_closed=result.versions_closed if result else None,
     )
 
 

@@ -27,9 +27,16 @@ class TableResult:
     cursor_to: str | None = None
     deleted: int = 0  # rows deleted here because the source no longer has them
     marked: bool = False  # `deletes: mark`: they were marked deleted, not deleted
+    # a table that keeps history (tables[].history): the versions the run began and ended
+    versions_added: int | None = None
+    versions_closed: int | None = None
 
     def as_dict(self) -> dict[str, Any]:
-        return {k: v for k, v in asdict(self).items() if k != "marked"}
+        return {
+            k: v
+            for k, v in asdict(self).items()
+            if k != "marked" and not (k.startswith("versions_") and v is None)
+        }
 
     def line(self) -> str:
         """One log line: what happened, how much, how fast, and why."""
@@ -43,6 +50,11 @@ class TableResult:
             text += f", {self.bytes / 1e6:,.1f} MB"
         if self.deleted:
             text += f", {self.deleted:,} {'marked deleted' if self.marked else 'deleted'}"
+        if self.versions_added is not None:
+            text += (
+                f", history: {self.versions_added:,} version(s) added, "
+                f"{self.versions_closed or 0:,} closed"
+            )
         text += f" in {self.seconds:.1f} s"
         if self.rows and self.seconds > 0:
             text += f" ({self.rows / self.seconds:,.0f} rows/s)"

@@ -66,6 +66,12 @@ def build_payload(
             "cursor_from": r.cursor_from,
             "cursor_to": r.cursor_to,
             "deleted": r.deleted,
+            # a table that keeps history: the versions the run began and ended
+            **(
+                {"versions_added": r.versions_added, "versions_closed": r.versions_closed}
+                if r.versions_added is not None
+                else {}
+            ),
         }
         for r in results
     ]

@@ -22,6 +22,7 @@ from ..plan.read_ahead import NOTHING_READ, ReadAhead
 from ..plan.table_sql import TableSql, fitting_cursor
 from ..postgres.catalog import TableInfo
 from ..postgres.database import Endpoints, Step, execute
+from ..postgres.history_tables import snapshot_steps
 from ..postgres.naming import default_key_name
 from ..postgres.swap import SwapFacts, read_facts, swap_script
 from ..project.settings import Settings
@@ -45,6 +46,7 @@ from .full_load.resume import (
 from .incremental.batch import batch_for, batch_tasks
 from .incremental.evolve import evolve_script
 from .scripts import (
+    SNAPSHOT_TIME,
     DestinationFacts,
     direct_batch,
     end_load_steps,
@@ -190,9 +192,10 @@ def _full_reload(
     wanted = swap.objects.with_configured(built.indexes).indexes
     indexes = [index for index in wanted if index.tail is not None]
     swapped = swap_script(swap, side_table(target), target, side_key_name(built), indexes)
+    history = snapshot_steps(built.history, SNAPSHOT_TIME) if built.history is not None else []
     finish = [
         *key_steps(built, indexes),
-        *swapped.steps([forget_step(target)]),
+        *swapped.steps([forget_step(target), *history]),
         *end_load_steps(LOAD_ID),
     ]
     resumes = resumable(built.table.mode, built.table.replication_key)

@@ -157,6 +157,7 @@ class TableJob:
         cursor_from: str | None,
         cursor_to: str | None,
     ) -> TableResult:
+        history = self.table.history_table is not None  # none written unless said
         return TableResult(
             name=self.name,
             status="success",
@@ -168,6 +169,8 @@ class TableJob:
             bytes=size,
             cursor_from=cursor_from,
             cursor_to=cursor_to,
+            versions_added=0 if history else None,
+            versions_closed=0 if history else None,
         )
 
     def started_log(self, action: str, text: str) -> None:
@@ -211,6 +214,8 @@ def outcome(run: RunContext, started_at: str, finished_at: str, result: TableRes
         rows=result.rows,
         reason=result.reason,
         error=result.error,
+        versions_added=result.versions_added,
+        versions_closed=result.versions_closed,
     )
 
 

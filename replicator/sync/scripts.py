@@ -9,7 +9,7 @@ align) are gathered first, into `DestinationFacts`; values known only while a ru
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import psycopg
@@ -21,6 +21,7 @@ from ..postgres import ddl
 from ..postgres.copy_objects import CopyIndex
 from ..postgres.database import Step
 from ..postgres.dest_schema import bookkeeping_steps, missing_objects, schema_steps
+from ..postgres.history_tables import batch_steps
 from ..postgres.naming import derived_name, retired_table, staging_table, staging_tables
 from ..postgres.ownership import record_owned_steps
 from ..postgres.types.dest_types import type_work
@@ -194,12 +195,27 @@ def merge_steps(built: TableSql, merged: int = 1, staged: int = 1) -> list[Step]
     tables = staging_tables(built.table.target, merged)
     merges = [built.merge_from(table) for table in tables]
     begin = [PARTS_BEGIN, PARTS_NEVER_IDLE_OUT] if merged > 1 else ["BEGIN"]
+    history = []  # a table with history is never staged in parts (merge_pipeline.part_rows)
+    if built.history is not None:
+        history = batch_steps(
+            built.history,
+            tables[0].identifier(),
+            SNAPSHOT_TIME,
+            built.table.replication_key,
+            built.replication_key_type,
+            append=built.table.mode == "incremental-append",
+        )
     return [
         *map(_destination, begin),
         *(_destination(merge) for merge in merges if merge is not None),
+        *history,
         _destination("COMMIT"),
         *drop_staging_steps(built, max(staged, merged)),
     ]
+
+
+# What `compile` shows for the time of a snapshot a run takes (a history's versions begin then)
+SNAPSHOT_TIME = "<the snapshot's time>"
 
 
 # A batch staged in a temporary table: the session's own schema, whatever its number.
@@ -220,6 +236,8 @@ class DirectBatch:
     merge: Step
     staging: TableName  # the temporary table, as the merge and the checks name it
     origin: str  # the model the rows come from, for a copy's errors
+    # a table with history: its versions, after the merge (sync binds the snapshot's time)
+    history: list[Step] = field(default_factory=list)
 
     @property
     def steps(self) -> list[Step]:
@@ -232,6 +250,7 @@ class DirectBatch:
             self.copy_out,
             Step("source", "ROLLBACK"),
             self.merge,
+            *self.history,
             _destination("COMMIT"),
         ]
 
@@ -247,6 +266,16 @@ def direct_batch(
     )
     merge = built.merge_from(staging)
     assert merge is not None
+    history = []
+    if built.history is not None:  # sync binds the time its source transaction began
+        history = batch_steps(
+            built.history,
+            staging.identifier(),
+            SNAPSHOT_TIME,
+            built.table.replication_key,
+            built.replication_key_type,
+            append=built.table.mode == "incremental-append",
+        )
     left = set(leftovers)
     gone = [t for t in (retired_table(target), *staging_tables(target)) if t in left]
     return DirectBatch(
@@ -257,6 +286,7 @@ def direct_batch(
         merge=_destination(merge),
         staging=staging,
         origin=built.model.origin,
+        history=history,
     )
 
 

@@ -100,6 +100,12 @@ def _full_reload(job: TableJob) -> TableResult:
     old = job.state.cursor.value if job.state and job.state.cursor else None
     new = loaded.cursor.value if loaded.cursor else None
     result = job.success("full_reload", loaded.rows, job.plan.reason, loaded.bytes, old, new)
+    if loaded.versions is not None:
+        result = replace(
+            result,
+            versions_added=loaded.versions.added,
+            versions_closed=loaded.versions.closed,
+        )
     state = _write_new_state(job, loaded, result)
     _say_waiting(job, loaded.cursor, loaded.pending)
     if loaded.resumed is None:
@@ -199,6 +205,12 @@ def _incremental(job: TableJob) -> TableResult:
     if evolved:  # the reason says it first (docs/guides/schema-drift.md)
         reason = f"{job.plan.reason}; {reason}"
     result = job.success("incremental", synced.rows_read, reason, synced.bytes, before, after)
+    if synced.versions is not None:
+        result = replace(
+            result,
+            versions_added=synced.versions.added,
+            versions_closed=synced.versions.closed,
+        )
     failpoint("after-merge-before-state")
     finished = utc_now()
     job.write_state(

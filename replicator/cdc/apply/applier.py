@@ -27,6 +27,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 import psycopg
@@ -42,6 +43,7 @@ from ..rows.stage import Stager, wait_for
 from ..rows.table_stage import TableStage
 from ..source.slot import lsn_text
 from .applied import forget_applied, record_applied_step
+from .history_apply import record_transactions
 from .table_apply import apply_stage
 
 log = logging.getLogger("replicator.cdc")
@@ -54,6 +56,9 @@ class Batch:
     changes: int = 0
     end: int = 0  # the end of its last commit: the tables' position once applied
     first_seen: dict[TableName, int] = field(default_factory=dict)  # first commit per table
+    # each transaction's sequence number before its first change, and its commit time: kept
+    # when a table keeps history (cdc/apply/history_apply.py)
+    transactions: list[tuple[int, datetime]] = field(default_factory=list)
 
 
 class Applier:
@@ -197,6 +202,8 @@ def _apply_staged(
     """Each table's staged changes; the tables applied and the hold (see Applier.wait)."""
     applied: list[CaptureTable] = []
     hold: int | None = None
+    if any(t.history is not None and t.applies and t.target in stages for t in tables):
+        record_transactions(dest, list(batch.transactions))
     for table in tables:
         raise_if_requested()  # SIGTERM: the tables not applied yet wait for the next run
         if not table.applies:
@@ -230,6 +237,7 @@ def _apply(
             table.label,
             keys_may_repeat=table.keys_may_repeat,
             where=table.where,
+            history=table.history,
         )
     except (ReplicatorError, psycopg.Error) as exc:
         raise_if_requested()
@@ -245,6 +253,8 @@ def _apply(
     table.upserted += applied.upserted
     table.deleted += applied.deleted
     table.truncated = table.truncated or applied.truncated
+    if applied.versions is not None:
+        table.versions += applied.versions
     log.debug(
         "cdc: %s: %d change(s) applied in %.2f s",
         table.label,

@@ -23,6 +23,7 @@ from psycopg import sql
 from ...base.errors import TableProblem
 from ...base.failpoints import failpoint
 from ...postgres.database import execute, transaction
+from ...postgres.history_tables import HistoryTable, Versions
 from ..rows.table_stage import OP, SEQ, UNCHANGED_COLUMNS, TableStage
 from .applied import record_applied_step
 from .apply_sql import (
@@ -40,6 +41,7 @@ from .apply_sql import (
     updates_query,
     upsert_statement,
 )
+from .history_apply import write_versions
 
 log = logging.getLogger("replicator.cdc")
 
@@ -53,6 +55,7 @@ class Applied:
     upserted: int
     deleted: int
     truncated: bool
+    versions: Versions | None = None  # what its history table took
 
 
 def apply_stage(
@@ -64,13 +67,16 @@ def apply_stage(
     *,
     keys_may_repeat: bool = False,
     where: str | None = None,
+    history: HistoryTable | None = None,
 ) -> Applied:
     """Apply the staged changes and record `lsn` as the table's applied position (None: a
     part of a batch, inside the transaction its last part commits: no position yet).
     `keys_may_repeat`: the key is the config's `primary_key` (REPLICA IDENTITY FULL), which
     the source does not hold unique: rows that share it are said, as a full load says them.
     `where`: the table's filter when the apply runs it (apply_sql.filter_statement), before
-    the unchanged TOASTed values are looked for: a row it drops needs none."""
+    the unchanged TOASTed values are looked for: a row it drops needs none. `history`: the
+    table's history table, whose versions are written in the same transaction, first
+    (cdc/apply/history_apply.py)."""
     target = stage.target
     after = after_truncate(stage.truncated_at)
     truncated = stage.truncated_at or 0
@@ -81,11 +87,17 @@ def apply_stage(
             "that value, which neither the log nor the copy holds): its next sync reloads it"
         )
     with transaction(dest):
+        # moves are resolved before the copy is emptied: after a TRUNCATE the key a row moved
+        # from has its values in the batch, found first
+        for move_seq in stage.moves:
+            # a move before the TRUNCATE left nothing to resolve, but in the past
+            if move_seq > truncated or history is not None:
+                _resolve_move(dest, stage, key, move_seq)
+        versions = None
+        if history is not None:  # before the copy changes: it holds the unchanged values
+            versions = write_versions(dest, stage, history, stage.truncates, where)
         if stage.truncated_at is not None:
             execute(dest, truncate_statement(target))
-        for move_seq in stage.moves:
-            if move_seq > truncated:  # a move before the TRUNCATE left nothing to resolve
-                _resolve_move(dest, stage, key, move_seq)
         if keys_may_repeat:
             _say_repeated_keys(dest, stage, key, after, name)
         # Every key once in the batch (the common case): applied from the staging table as
@@ -109,7 +121,7 @@ def apply_stage(
             record = record_applied_step(target, lsn)
             execute(dest, record.statement, record.params)
             failpoint("cdc-before-apply-commit")
-    return Applied(max(upserted, 0), max(deleted, 0), stage.truncated_at is not None)
+    return Applied(max(upserted, 0), max(deleted, 0), stage.truncated_at is not None, versions)
 
 
 def _write(

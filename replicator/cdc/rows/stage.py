@@ -235,6 +235,7 @@ class Stager:
         if stage.raw:  # its updates are counted before, to be left out
             self._rows_of_raw(stage)
         stage.truncated_at = seq
+        stage.truncates.append(seq)
         stage.changes += 1
         stage.updates = 0  # the apply takes only the changes after it
 
@@ -351,6 +352,7 @@ class Stager:
                 block_rows=[],
                 keys=set(),
                 moves=list(stage.moves),
+                truncates=list(stage.truncates),
                 raw=[],
                 raw_seqs=[],
             )
@@ -370,6 +372,7 @@ def _start_over(stage: TableStage) -> None:
     stage.changes = 0
     stage.updates = 0
     stage.truncated_at = None
+    stage.truncates = []
     stage.incomplete_insert = None
     stage.moves = []
     stage.keys = set()

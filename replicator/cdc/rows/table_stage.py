@@ -29,6 +29,7 @@ class TableStage:
     # of a batch that holds every key once, known without reading the staging table
     updates: int = 0
     truncated_at: int | None = None  # seq of the last TRUNCATE of the table in the batch
+    truncates: list[int] = field(default_factory=list)  # every one's, for a history table
     # the seqs of the updates that moved a row to a new key and left TOASTed values as they
     # were (each one's old row is the delete staged just before it, at seq - 1)
     moves: list[int] = field(default_factory=list)

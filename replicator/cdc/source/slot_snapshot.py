@@ -17,6 +17,7 @@ postgres/snapshot.ExportedSnapshot). The temporary slot vanishes when the connec
 from __future__ import annotations
 
 import secrets
+from datetime import UTC, datetime
 from types import TracebackType
 from typing import Any
 
@@ -29,6 +30,8 @@ from ...base.redact import redact
 from ...postgres.open_transactions import waits_said
 from ...postgres.snapshot import ExportedSnapshot, import_snapshot
 from .slot import PLUGIN, parse_lsn
+
+_CLOCK = b"SELECT to_char(now() AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS.US')"
 
 
 class SlotSnapshot(ExportedSnapshot):
@@ -72,6 +75,13 @@ class SlotSnapshot(ExportedSnapshot):
     def _create_slot(self) -> None:
         assert self._replication is not None
         name = self.slot or f"replicator_load_{secrets.token_hex(6)}"
+        # the source's clock before the slot's snapshot: the snapshot's time as a history
+        # table takes it (a command on this connection after the slot's ends its snapshot)
+        clock = self._replication.pgconn.exec_(_CLOCK)
+        if clock.status == pq.ExecStatus.TUPLES_OK:
+            self.taken_at = datetime.strptime(
+                clock.get_value(0, 0).decode(), "%Y-%m-%d %H:%M:%S.%f"
+            ).replace(tzinfo=UTC)
         command = sql.SQL("CREATE_REPLICATION_SLOT {} {}LOGICAL {} (SNAPSHOT 'export')").format(
             sql.Identifier(name),
             sql.SQL("" if self.slot else "TEMPORARY "),

@@ -19,7 +19,7 @@ import logging
 import time
 from collections.abc import Sequence
 from contextlib import ExitStack
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import psycopg
@@ -57,6 +57,7 @@ from ...plan.evolution import Evolution
 from ...postgres import ddl
 from ...postgres.catalog import taken_names
 from ...postgres.database import Endpoints, execute, transaction
+from ...postgres.history_tables import Versions
 from ...postgres.partition_tree import PARTITIONED
 from ...postgres.swap import LOCK_TIMEOUT
 from ...postgres.table_lock import table_lock
@@ -89,6 +90,7 @@ class _Earlier:
     changes: int = 0
     deleted: int = 0
     truncated: bool = False
+    versions: Versions = field(default_factory=Versions)
 
     @classmethod
     def after(
@@ -106,11 +108,20 @@ class _Earlier:
             previous.add_to(table)
             reason = f"{previous.reason}; {reason}"
             positions, not_null = previous.positions, [*previous.not_null, *not_null]
-        return cls(reason, positions, not_null, table.changes, table.deleted, table.truncated)
+        return cls(
+            reason,
+            positions,
+            not_null,
+            table.changes,
+            table.deleted,
+            table.truncated,
+            table.versions,
+        )
 
     def add_to(self, table: CaptureTable) -> None:
         table.changes += self.changes
         table.deleted += self.deleted
+        table.versions += self.versions
         table.truncated = table.truncated or self.truncated
 
 
@@ -491,6 +502,12 @@ class CaptureRun:
             reason += "; truncated"
         result = job.success(action, table.changes, reason, 0, before, after)
         result = replace(result, deleted=table.deleted)
+        if table.history is not None:
+            result = replace(
+                result,
+                versions_added=table.versions.added,
+                versions_closed=table.versions.closed,
+            )
         job.write_state(
             state.model_copy(update={**update, "last_run": job.outcome(result, finished)})
         )

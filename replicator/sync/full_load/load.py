@@ -27,6 +27,7 @@ from ...postgres.catalog import TableInfo
 from ...postgres.copy_objects import CopyIndex
 from ...postgres.database import Endpoints, execute, render, run_steps
 from ...postgres.dependent_views import reload_problem
+from ...postgres.history_tables import Versions, snapshot_steps
 from ...postgres.naming import MARKER_TABLE
 from ...postgres.snapshot import ExportedSnapshot
 from ...postgres.swap import read_facts, swap_in
@@ -64,6 +65,7 @@ class LoadResult:
     partitions: int
     lock_seconds: float
     lsn: int | None = None  # a `cdc` table: the log position its snapshot holds
+    versions: Versions | None = None  # what the load wrote in the table's history
     resumed: tuple[int, int] | None = None  # (partitions an earlier run loaded, partitions)
 
 
@@ -85,6 +87,7 @@ def full_reload(
     unless `fresh` (sync --full-refresh)."""
     phases = _Phases(built.table.written_name)
     target = built.table.target
+    _ = built.history  # a history table that cannot be kept fails the table before it copies
     blocked = reload_problem(ends.dest, target)
     if blocked is not None:  # found before anything is copied, not by the swap at the end
         problem, fix = blocked
@@ -191,6 +194,7 @@ def _load_and_swap(
         )
         if capture:
             lsn = snap.lsn  # a slot's snapshot (_load_snapshot): its position in the log
+        taken_at = snap.taken_at
     failpoint("after-load-before-swap")
     rows, size = _loaded(ends.dest, load_id)
     progress.phase("building the primary key and indexes, analyzing")
@@ -205,7 +209,14 @@ def _load_and_swap(
     also = applied_steps(target, lsn)
     # Any full load ends an unfinished one (a table whose mode changed, say).
     also.append(resume.forget_step(target))
+    if built.history is not None:  # the copy and its history change together
+        assert taken_at is not None
+        also += snapshot_steps(built.history, taken_at)
     swapped = swap_in(ends.dest, side, target, side_key_name(built), also, indexes)
+    versions = None
+    if built.history is not None:  # its last two statements close, then open versions
+        closed, added = swapped.also_rows[-2:]
+        versions = Versions(added=added, closed=closed)
     lock_seconds = swapped.lock_seconds
     phases.mark(f"swapped (table lock held {lock_seconds * 1000:.0f} ms)")
     said = {i.name for i in wanted if i not in indexes and i.tail is not None}
@@ -228,6 +239,7 @@ def _load_and_swap(
         partitions=len(parts),
         lock_seconds=lock_seconds,
         lsn=lsn,
+        versions=versions,
         resumed=(len(found.loaded), len(parts)) if found else None,
     )
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 import psycopg
@@ -29,6 +30,7 @@ from ...base.identifiers import TableName
 from ...plan.cursor import advance, count_and_newest, fingerprint, newest_key, set_and_finite
 from ...plan.table_sql import TableSql, batch_query
 from ...postgres.database import Endpoints, execute, run_steps, transaction
+from ...postgres.history_tables import Versions, batch_steps
 from ...postgres.naming import MAX_STAGING_PARTS, staging_table, staging_tables
 from ...postgres.open_transactions import look
 from ...postgres.snapshot import ExportedSnapshot
@@ -69,6 +71,7 @@ class IncrementalResult:
     cursor: Cursor | None
     pending: Pending | None
     window: Window | None
+    versions: Versions | None = None  # written in the table's history table
 
 
 def batch_size(conn: psycopg.Connection[Any], built: TableSql, state: TableState) -> int:
@@ -111,6 +114,7 @@ class BatchRead:
     pending: Pending | None
     window: Window | None
     merged: int | None = None  # staged in parts: the rows their merges inserted or changed
+    taken_at: datetime | None = None  # the snapshot's time (postgres/snapshot.py)
 
 
 def batch_for(
@@ -165,18 +169,18 @@ def incremental_sync(
     run_steps(ends.dest, staging_steps(built, facts, batch.parts))
     try:
         read = _read_batch(ends, built, state, spark, batch, progress, resync)
-        merged = read.merged
+        merged, versions = read.merged, None
         if merged is None:  # staged whole: merged now
             failpoint("after-staging-copy")
             progress.phase("merging")
-            merged = _merge(ends.dest, built)
+            merged, versions = _merge(ends.dest, built, read.taken_at)
     except BaseException:
         discard(ends.dest, built.table.target, staging_tables(built.table.target, batch.parts))
         raise
     run_steps(ends.dest, drop_staging_steps(built, batch.parts))
     copied = read.copied
     return IncrementalResult(
-        copied.rows, merged, copied.bytes, read.cursor, read.pending, read.window
+        copied.rows, merged, copied.bytes, read.cursor, read.pending, read.window, versions
     )
 
 
@@ -198,6 +202,9 @@ def _direct(
         run_steps(dest, [script.create])
         with transaction(source, SOURCE_BEGIN, rollback=True):
             seen = look(source)  # right after the snapshot: open_transactions.py
+            taken_at = None
+            if built.history is not None:  # the transaction's start: before its snapshot
+                (taken_at,) = execute(source, "SELECT now()").fetchone()
             progress.phase("reading the batch's newest key from the model")
             hwm = newest_key(source, batch.keyed, batch.key, batch.key_type)
             progress.phase("copying")
@@ -215,8 +222,32 @@ def _direct(
         with merge_errors(built):
             merged = execute(dest, script.merge.statement).rowcount
             failpoint("mid-merge")
+        versions = _write_versions(dest, built, script.staging.identifier(), taken_at)
     log.debug("%s: merged, %d row(s) inserted or changed", built.table.written_name, merged)
-    return IncrementalResult(copied.rows, merged, copied.bytes, cursor, pending, window)
+    return IncrementalResult(copied.rows, merged, copied.bytes, cursor, pending, window, versions)
+
+
+def _write_versions(
+    dest: psycopg.Connection[Any],
+    built: TableSql,
+    staged: sql.Composable,
+    taken_at: datetime | None,
+) -> Versions | None:
+    """The batch's versions in the table's history table, in the merge's transaction."""
+    history = built.history
+    if history is None:
+        return None
+    assert taken_at is not None
+    steps = batch_steps(
+        history,
+        staged,
+        taken_at,
+        built.table.replication_key,
+        built.replication_key_type,
+        append=built.table.mode == "incremental-append",
+    )
+    rows = [execute(dest, step.statement, step.params).rowcount for step in steps]
+    return Versions(added=max(rows[2], 0), closed=max(rows[1], 0))
 
 
 def _copy_directly(ends: Endpoints, script: DirectBatch, rows: int, progress: Sink) -> CopyResult:
@@ -311,13 +342,15 @@ def _read_batch(
         forget_markers(ends.dest, load_id)
         _say_repeated_keys(ends.dest, built, staging)
         if resync is not None:
-            return BatchRead(copied, state.cursor, state.pending, state.window, merged)
+            return BatchRead(
+                copied, state.cursor, state.pending, state.window, merged, snap.taken_at
+            )
         progress.phase("computing the new cursor")
         cursor, pending = advance(
             snap.conn, batch.key_type, state.cursor, state.pending, hwm, seen, built.table.lookback
         )
         window = fingerprint(snap.conn, built, cursor)
-    return BatchRead(copied, cursor, pending, window, merged)
+    return BatchRead(copied, cursor, pending, window, merged, snap.taken_at)
 
 
 def _copy(
@@ -435,13 +468,18 @@ def _combined(results: list[CopyResult]) -> CopyResult:
     )
 
 
-def _merge(dest: psycopg.Connection[Any], built: TableSql) -> int:
-    """The merge macro in one destination transaction; rows inserted or changed."""
+def _merge(
+    dest: psycopg.Connection[Any], built: TableSql, taken_at: datetime | None
+) -> tuple[int, Versions | None]:
+    """The merge macro in one destination transaction, with the batch's versions; rows
+    inserted or changed."""
     assert built.merge is not None
     with merge_errors(built), transaction(dest):
         cursor = execute(dest, built.merge)
         failpoint("mid-merge")
+        staged = staging_table(built.table.target).identifier()
+        versions = _write_versions(dest, built, staged, taken_at)
     log.debug(
         "%s: merged, %d row(s) inserted or changed", built.table.written_name, cursor.rowcount
     )
-    return cursor.rowcount
+    return cursor.rowcount, versions

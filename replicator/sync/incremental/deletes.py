@@ -16,6 +16,7 @@ import logging
 from traceback import format_exception
 
 import psycopg
+from psycopg import sql
 
 from ...base.errors import ReplicatorError, StateError, TableProblem, one_line
 from ...base.failpoints import failpoint
@@ -24,6 +25,8 @@ from ...plan.decide import delete_check_due
 from ...plan.drift import destination_has_rows
 from ...postgres.catalog import describe_table
 from ...postgres.database import execute, transaction
+from ...postgres.history_tables import gone_steps
+from ...postgres.naming import MARK_COLUMN
 from ...postgres.open_transactions import snapshot_xmax
 from ...project.state import TableState
 from ...report.results import TableResult, utc_now
@@ -40,7 +43,7 @@ def propagate_deletes(job: TableJob, result: TableResult) -> TableResult:
         return result
     try:
         exact = snapshot_xmax(job.ends.dest)  # before the check reads the copy: see state.py
-        deleted = _delete_gone_rows(job)
+        deleted, closed = _delete_gone_rows(job)
     except (ReplicatorError, psycopg.Error) as exc:
         raise_if_requested()
         log.debug("%s: traceback:\n%s", job.name, "".join(format_exception(exc)))
@@ -51,6 +54,8 @@ def propagate_deletes(job: TableJob, result: TableResult) -> TableResult:
         _record(job, failure, checked=None)
         return failure
     done = dataclasses.replace(result, deleted=deleted, marked=job.table.deletes == "mark")
+    if closed:
+        done = dataclasses.replace(done, versions_closed=(done.versions_closed or 0) + closed)
     _record(job, done, checked=exact)
     return done
 
@@ -63,7 +68,8 @@ def _due(job: TableJob, result: TableResult) -> bool:
     return job.run.check_deletes or delete_check_due(job.table, job.state)
 
 
-def _delete_gone_rows(job: TableJob) -> int:
+def _delete_gone_rows(job: TableJob) -> tuple[int, int]:
+    """The rows deleted (or marked), and the history versions that closed."""
     # verify's comparison, imported when a check is due: a batch without one never loads it
     from ...compare.comparison import compared, sides_of
     from ...compare.repair import remove
@@ -73,13 +79,16 @@ def _delete_gone_rows(job: TableJob) -> int:
     if destination is None:
         raise TableProblem(f"{job.name}: destination table {job.table.target} is gone")
     sides = sides_of(ends, job.table, job.built, destination.columns, keys_only=True)
+    history = job.built.history
+    if history is not None:  # the check's time, on the source's clock as the versions' are
+        (checked_at,) = execute(ends.source, "SELECT now()").fetchone()
     with (
         job.built.reading_model(),
         compared(ends, job.table, sides, job.run.spark) as (found, _),
     ):
         gone = found.extra
         if not gone:
-            return 0
+            return 0, 0
         if 2 * len(gone) > found.destination_rows and not job.run.force_deletes:
             raise TableProblem(
                 f"{job.name}: it would delete {len(gone):,} of "
@@ -93,6 +102,15 @@ def _delete_gone_rows(job: TableJob) -> int:
                     sides.shape, sides.target, gone[start : start + BATCH_KEYS]
                 )
                 execute(job.ends.dest, statement, params)
+            closed = 0
+            if history is not None:
+                present = (
+                    sql.SQL("c.{} IS NULL").format(sql.Identifier(MARK_COLUMN))
+                    if sides.target.mark
+                    else sql.SQL("true")
+                )
+                for step in gone_steps(history, checked_at, present):
+                    closed += execute(job.ends.dest, step.statement, step.params).rowcount
             failpoint("deletes-before-commit")
     log.info(
         "%s: %s row(s) no longer in the source (deleted, or out of the model) %s here",
@@ -101,7 +119,7 @@ def _delete_gone_rows(job: TableJob) -> int:
         "marked deleted" if sides.target.mark else "deleted",
         extra={"fields": {"event": "table.deleted", "name": job.name, "rows": len(gone)}},
     )
-    return len(gone)
+    return len(gone), closed
 
 
 def _record(job: TableJob, result: TableResult, *, checked: str | None) -> None:

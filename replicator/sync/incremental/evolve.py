@@ -31,6 +31,7 @@ from ...plan.table_sql import TableSql
 from ...postgres import ddl
 from ...postgres.catalog import FIRST_NORMAL_OID, TableInfo
 from ...postgres.database import Endpoints, Step, execute, fetch_all, run_steps, transaction
+from ...postgres.history_tables import IS_CURRENT, key_match
 from ...postgres.naming import derived_name
 from ...postgres.swap import LOCK_NOT_AVAILABLE, LOCK_TIMEOUT, read_facts, view_steps
 from ...postgres.types.dest_types import type_work
@@ -102,6 +103,44 @@ class EvolveScript:
         ]
 
 
+def _history_steps(
+    built: TableSql, evo: Evolution, types: dict[str, str], current: dict[str, str]
+) -> list[Step]:
+    """The change in the table's history table, whose current versions then take the added
+    columns' values from the copy (where they differ: a NULL column writes none)."""
+    history = built.history
+    if history is None:
+        return []
+    steps = [
+        Step("destination", sql.SQL(statement))
+        for statement in evo.history_alters(history.name, types, current)
+    ]
+    added = [c.name for c in evo.added]
+    if added:
+        steps.append(
+            Step(
+                "destination",
+                sql.SQL(
+                    "UPDATE {h} AS h SET {set} FROM {copy} AS c WHERE {match} AND h.{current} "
+                    "AND ({differs})"
+                ).format(
+                    h=history.name.identifier(),
+                    set=sql.SQL(", ").join(
+                        sql.SQL("{c} = c.{c}").format(c=sql.Identifier(c)) for c in added
+                    ),
+                    copy=history.copy.identifier(),
+                    match=key_match("h", "c", history.key),
+                    current=sql.Identifier(IS_CURRENT),
+                    differs=sql.SQL(" OR ").join(
+                        sql.SQL("h.{c} IS DISTINCT FROM c.{c}").format(c=sql.Identifier(c))
+                        for c in added
+                    ),
+                ),
+            )
+        )
+    return steps
+
+
 def evolve_script(
     ends: Endpoints, built: TableSql, source: TableInfo, destination: TableInfo, evo: Evolution
 ) -> EvolveScript:
@@ -159,6 +198,7 @@ def evolve_script(
     tail = [
         *(Step("destination", statement) for statement in evo.not_null(target)),
         *create_views,
+        *_history_steps(built, evo, types, current),
     ]
     columns = [*key, *added]
     differs = sql.SQL(" OR ").join(

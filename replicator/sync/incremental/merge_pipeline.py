@@ -42,6 +42,7 @@ def part_rows(built: TableSql, rows: int, in_process: bool) -> int:
     """How many rows each part of a batch of about `rows` rows holds (the last takes the
     rest); 0: the batch is staged whole."""
     whole = not in_process or not built.merge_is_builtin or not built.unique_keys
+    whole = whole or built.history is not None  # its versions are read from the whole batch
     if whole or built.copies_as_text or rows < 2 * PART_ROWS:
         return 0
     return max(PART_ROWS, rows // MAX_STAGING_PARTS + 1)
