@@ -4,7 +4,11 @@ cdc/apply/history_apply.py), exact to the commit for a `cdc` table, never rewrit
 from __future__ import annotations
 
 import json
+import re
+import threading
+from pathlib import Path
 
+import psycopg
 import pytest
 from cdc_tables import create_orders, on_table
 from dbcompare import assert_same_table
@@ -363,3 +367,101 @@ def test_a_column_added_in_place_is_added_to_the_history_and_its_current_version
     _current_equals_copy(dest_conn, schema)
     _no_overlaps(dest_conn, schema)
     assert_same_table(source_conn, dest_conn, schema, "orders")
+
+
+def _guide_queries():
+    """The three SQL blocks of docs/guides/history.md's Queries section."""
+    guide = (Path(__file__).resolve().parents[1] / "docs/guides/history.md").read_text()
+    section = guide.split("## Queries", 1)[1].split("\n## ", 1)[0]
+    return [q.strip().rstrip(";") for q in re.findall(r"```sql\n(.*?)```", section, re.S)]
+
+
+def test_the_guide_s_as_of_range_and_deleted_key_queries_answer_from_the_log_s_history(
+    cdc_project, schema, writer, dest_conn
+):
+    orders = sql.Identifier(schema, "orders")
+    writer.execute(
+        sql.SQL("CREATE TABLE {} (id int PRIMARY KEY, status text, amount numeric)").format(orders)
+    )
+    writer.execute(
+        sql.SQL("INSERT INTO {} VALUES (1, 'open', 1), (2, 'open', 2), (3, 'closed', 3)").format(
+            orders
+        )
+    )
+    cdc_project.configure(schema, "orders", mode="cdc", history=True)
+    cdc_project.sync()
+    _committed(writer, schema, "UPDATE {t} SET status = 'closed' WHERE id = 1")
+    (middle,) = writer.execute("SELECT clock_timestamp()").fetchone()
+    deleted = _committed(writer, schema, "DELETE FROM {t} WHERE id = 2")
+    _committed(writer, schema, "UPDATE {t} SET status = 'open' WHERE id = 3")
+    (end,) = writer.execute("SELECT clock_timestamp()").fetchone()
+    cdc_project.sync()
+    as_of, during, gone = (q.replace("public.", f'"{schema}".') for q in _guide_queries())
+    as_of = as_of.replace("'2026-03-03 00:00+00'", "%(t)s")
+    during = during.replace("'2026-11-01 00:00+00'", "%(a)s").replace(
+        "'2026-12-01 00:00+00'", "%(b)s"
+    )
+    rows = dest_conn.execute(as_of + " ORDER BY id", {"t": middle}).fetchall()
+    assert [(r[0], r[1]) for r in rows] == [(1, "closed"), (2, "open"), (3, "closed")]
+    ids = dest_conn.execute(during, {"a": middle, "b": end}).fetchall()
+    assert sorted(r[0] for r in ids) == [2, 3]
+    assert dest_conn.execute(gone).fetchall() == [(2, "open", deleted)]
+
+
+def test_a_reload_beside_writers_keeps_the_past_and_the_log_goes_on_from_its_snapshot(
+    cdc_project, schema, writer, pg_servers, source_conn, dest_conn
+):
+    create_orders(writer, schema, rows=3000)
+    cdc_project.configure(schema, "orders", mode="cdc", history=True)
+    assert cdc_project.run("sync", env=IN_PROCESS).exit_code == 0
+    on_table(writer, schema, "UPDATE {t} SET note = 'first' WHERE id <= 100")
+    assert cdc_project.run("sync", env=IN_PROCESS).exit_code == 0
+    history = sql.Identifier(schema, "orders_history")
+    past = sql.SQL(
+        "SELECT id, note, _valid_from, _valid_to FROM {} WHERE NOT _is_current ORDER BY 1, 3"
+    ).format(history)
+    closed_before = dest_conn.execute(past).fetchall()
+    assert len(closed_before) == 100
+
+    stop = threading.Event()
+
+    def write() -> None:
+        with psycopg.connect(pg_servers.source_url, autocommit=True) as conn:
+            conn.execute("SET synchronous_commit = on")
+            n = 0
+            while not stop.is_set():
+                n += 1
+                on_table(
+                    conn, schema, "UPDATE {t} SET note = %s WHERE id = %s", f"w{n}", n % 3000 + 1
+                )
+
+    thread = threading.Thread(target=write)
+    thread.start()
+    try:
+        reloaded = cdc_project.run("sync", "-f", env=IN_PROCESS)
+        assert reloaded.exit_code == 0, reloaded.output
+        after = cdc_project.run("sync", env=IN_PROCESS)
+        assert after.exit_code == 0, after.output
+    finally:
+        stop.set()
+        thread.join()
+    assert cdc_project.run("sync", env=IN_PROCESS).exit_code == 0
+    closed_after = dest_conn.execute(past).fetchall()
+    assert set(closed_before) <= set(closed_after)  # the reload closed more, rewrote none
+    _current_equals_copy(dest_conn, schema)
+    _no_overlaps(dest_conn, schema)
+    assert_same_table(source_conn, dest_conn, schema, "orders")
+
+
+def test_a_history_table_dropped_by_hand_reloads_the_copy_and_begins_again(
+    db_project, schema, source_conn, dest_conn
+):
+    _create_events(source_conn, schema)
+    db_project.configure(schema, "orders", replication_key="updated_at", history=True)
+    db_project.sync()
+    dest_conn.execute(sql.SQL("DROP TABLE {}").format(sql.Identifier(schema, "orders_history")))
+    again = db_project.sync()
+    assert "history table" in again.stderr and "missing" in again.stderr, again.stderr
+    assert "full_reload" in again.stderr
+    assert {r[5] for r in _versions(dest_conn, schema)} == {"snapshot"}
+    _current_equals_copy(dest_conn, schema)
