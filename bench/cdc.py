@@ -65,10 +65,16 @@ def transaction_sizes(total: int, seed: int = 7, largest: int = 10_000) -> list[
     return sizes
 
 
-def make_changes(url: str, rows: int, total: int, largest: int) -> dict[str, int]:
-    """Updates in the middle of the key range, deletes from the low end, inserts at the top."""
+def make_changes(
+    url: str, rows: int, total: int, largest: int, where: dict[str, int] | None = None
+) -> dict[str, int]:
+    """Updates in the middle of the key range, deletes from the low end, inserts at the top.
+    `where`: the positions a previous call left (low, top, middle), for a next round; they
+    are updated."""
     counts = {"update": 0, "insert": 0, "delete": 0}
-    low, top, middle = 1, rows + 1, rows // 5 + 1
+    where = where if where is not None else {}
+    low, top, middle = where.get("low", 1), where.get("top", rows + 1), where.get("middle", 0)
+    middle = middle or low + rows // 5
     with psycopg.connect(url, autocommit=True) as conn:
         for size in transaction_sizes(total, largest=largest):
             inserts, deletes = size // 5, size // 5
@@ -94,6 +100,7 @@ def make_changes(url: str, rows: int, total: int, largest: int) -> dict[str, int
             counts["delete"] += deletes
         conn.execute("SET synchronous_commit = on")
         conn.execute("CREATE TABLE IF NOT EXISTS bench_flush (n int)")  # flushes the WAL
+    where.update(low=low, top=top, middle=middle)
     return counts
 
 

@@ -465,3 +465,22 @@ def test_a_history_table_dropped_by_hand_reloads_the_copy_and_begins_again(
     assert "full_reload" in again.stderr
     assert {r[5] for r in _versions(dest_conn, schema)} == {"snapshot"}
     _current_equals_copy(dest_conn, schema)
+
+
+def test_compile_prints_the_statements_that_write_the_versions(
+    db_project, schema, source_conn, dest_conn
+):
+    _create_events(source_conn, schema)
+    db_project.configure(schema, "orders", replication_key="updated_at", history=True)
+    before = db_project.run("compile")
+    assert before.exit_code == 0, before.output
+    history = f'"{schema}"."orders_history"'
+    # the first load: the history table made, and a snapshot version of every row
+    assert f"CREATE TABLE IF NOT EXISTS {history}" in before.stdout
+    assert f"INSERT INTO {history}" in before.stdout and "'snapshot'" in before.stdout
+    db_project.sync()
+    after = db_project.run("compile")
+    assert after.exit_code == 0, after.output
+    batch = after.stdout.split("incremental", 1)[1]
+    assert f'UPDATE {history} AS h SET "_valid_to"' in batch  # a batch closes, then opens
+    assert "<the snapshot's time>" in batch

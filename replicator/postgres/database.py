@@ -246,3 +246,13 @@ class Endpoints:
     dest: psycopg.Connection[Any]
     source_url: str
     dest_url: str
+
+
+def nested_loop(on: bool) -> list[sql.Composable]:
+    """The planner held to look each row of a batch up by an index (`on`), and let go
+    again: over a temporary table it has no statistics of, it would rather hash the batch
+    and read the whole table (cdc/apply/table_apply._write, postgres/history_tables.py)."""
+    return [
+        sql.SQL("SET LOCAL {} = off").format(setting) if on else sql.SQL("RESET {}").format(setting)
+        for setting in (sql.Identifier("enable_hashjoin"), sql.Identifier("enable_mergejoin"))
+    ]

@@ -18,7 +18,7 @@ cdc/apply/history_apply.py with the names below.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -26,7 +26,7 @@ from psycopg import sql
 
 from ..base.identifiers import TableName
 from .catalog import Column
-from .database import Step
+from .database import Step, nested_loop
 from .ddl import column_def, create_schema
 
 VALID_FROM, VALID_TO, IS_CURRENT, OP = "_valid_from", "_valid_to", "_is_current", "_op"
@@ -61,6 +61,11 @@ class HistoryTable:
 
     def problem(self) -> str | None:
         """Why the table cannot be kept (None: it can)."""
+        if not self.key:
+            return (
+                "a history table needs the copy's key (its versions are found by it): give the "
+                'table a primary key, or name one with "primary_key"'
+            )
         if len(self.name.name.encode()) > MAX_NAME_BYTES:
             return (
                 f"the history table's name {self.name.name} is longer than PostgreSQL's 63 "
@@ -113,10 +118,45 @@ def row_text(alias: str, columns: Sequence[str]) -> sql.Composed:
     )
 
 
-def key_match(left: str, right: str, key: Sequence[str]) -> sql.Composed:
+def key_match(
+    left: str, right: str, key: Sequence[str], equals: Mapping[str, str] | None = None
+) -> sql.Composed:
+    """`left` and `right` have the same key, by each key column's own equality (`equals`:
+    an operator where `=` may not find it, postgres/types/key_equality.py)."""
     return sql.SQL(" AND ").join(
-        sql.SQL("{} = {}").format(sql.Identifier(left, k), sql.Identifier(right, k)) for k in key
+        sql.SQL("{} {} {}").format(
+            sql.Identifier(left, k), sql.SQL((equals or {}).get(k, "=")), sql.Identifier(right, k)
+        )
+        for k in key
     )
+
+
+def current_version(
+    history: HistoryTable,
+    alias: str,
+    equals: Mapping[str, str] | None = None,
+    *,
+    left: bool = False,
+    name: str = "c",
+) -> sql.Composed:
+    """Each row `alias` joined with its key's latest version as `name` (its columns, and its
+    `_replicator_tid`): the key's current version when its `_is_current` is true
+    (a deleted key's latest version is closed). The latest is the last entry of the key in
+    the unique index on (key, `_valid_from`), since a key's versions only begin later: one
+    lookup, however many versions the key has. `left`: a key without a current version
+    keeps its row, with NULLs in `c`."""
+    latest = sql.SQL(
+        "LATERAL (SELECT x.ctid AS _replicator_tid, x.* "
+        "FROM {h} AS x WHERE {match} ORDER BY x.{valid_from} DESC LIMIT 1) AS {name}"
+    ).format(
+        valid_from=sql.Identifier(VALID_FROM),
+        h=history.name.identifier(),
+        match=key_match("x", alias, history.key, equals),
+        name=sql.Identifier(name),
+    )
+    if left:
+        return sql.SQL(" LEFT JOIN {} ON {}").format(latest, sql.Identifier(name, IS_CURRENT))
+    return sql.SQL(" CROSS JOIN {}").format(latest)
 
 
 def snapshot_steps(history: HistoryTable, taken_at: datetime | str) -> list[Step]:
@@ -173,7 +213,7 @@ def batch_steps(
     key_type: str = "",
     *,
     append: bool = False,
-) -> list[Step]:
+) -> VersionSteps:
     """A cursor batch's versions, after its merge, in the merge's transaction: each key the
     batch read whose row in the copy now differs from its current version (or that has none)
     gets a version, which ends the current one. It begins at the row's replication key
@@ -200,8 +240,7 @@ def batch_steps(
     read = sql.SQL(
         "CREATE TEMP TABLE {read} ON COMMIT DROP AS SELECT {c_names}, "
         "greatest({begins}, h.{valid_from} + interval '1 microsecond') AS {at}, "
-        "h.{valid_from} IS NOT NULL AS {was} FROM {rows} "
-        "LEFT JOIN {h} AS h ON {match_h} AND h.{is_current} "
+        "h.{valid_from} IS NOT NULL AS {was}, h._replicator_tid FROM {rows}{current} "
         "WHERE h.{valid_from} IS NULL OR {c_text} <> {h_text}"
     ).format(
         rows=rows.format(
@@ -216,22 +255,19 @@ def batch_steps(
         valid_from=sql.Identifier(VALID_FROM),
         at=sql.Identifier("_replicator_at"),
         was=sql.Identifier("_replicator_was"),
-        h=history.name.identifier(),
-        match_h=key_match("h", "c", history.key),
-        is_current=sql.Identifier(IS_CURRENT),
+        current=current_version(history, "c", left=True, name="h"),
         c_text=row_text("c", columns),
         h_text=row_text("h", columns),
     )
     close = sql.SQL(
         "UPDATE {h} AS h SET {valid_to} = r.{at}, {is_current} = false FROM {read} AS r "
-        "WHERE {match} AND h.{is_current}"
+        "WHERE h.ctid = r._replicator_tid"
     ).format(
         h=history.name.identifier(),
         valid_to=sql.Identifier(VALID_TO),
         at=sql.Identifier("_replicator_at"),
         is_current=sql.Identifier(IS_CURRENT),
         read=_READ,
-        match=key_match("h", "r", history.key),
     )
     open_ = sql.SQL(
         "INSERT INTO {h} ({names}, {valid_from}, {op}) SELECT {r_names}, r.{at}, "
@@ -246,13 +282,27 @@ def batch_steps(
         was=sql.Identifier("_replicator_was"),
         read=_READ,
     )
-    params = {"at": taken_at}
-    return [
-        Step("destination", read, params),
-        Step("destination", close),
-        Step("destination", open_),
+    closing, opening = Step("destination", close), Step("destination", open_)
+    held = [Step("destination", statement) for statement in nested_loop(True)]
+    let_go = [Step("destination", statement) for statement in nested_loop(False)]
+    steps = [
+        *held,
+        Step("destination", read, {"at": taken_at}),
+        closing,
+        *let_go,
+        opening,
         Step("destination", sql.SQL("DROP TABLE {}").format(_READ)),
     ]
+    return VersionSteps(steps, closing, opening)
+
+
+@dataclass(frozen=True)
+class VersionSteps:
+    """A batch's version statements, and which of them close and open versions."""
+
+    steps: list[Step]
+    close: Step
+    open: Step
 
 
 def gone_steps(history: HistoryTable, at: datetime, present: sql.Composable) -> list[Step]:

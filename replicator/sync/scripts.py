@@ -204,7 +204,7 @@ def merge_steps(built: TableSql, merged: int = 1, staged: int = 1) -> list[Step]
             built.table.replication_key,
             built.replication_key_type,
             append=built.table.mode == "incremental-append",
-        )
+        ).steps
     return [
         *map(_destination, begin),
         *(_destination(merge) for merge in merges if merge is not None),
@@ -275,7 +275,7 @@ def direct_batch(
             built.table.replication_key,
             built.replication_key_type,
             append=built.table.mode == "incremental-append",
-        )
+        ).steps
     left = set(leftovers)
     gone = [t for t in (retired_table(target), *staging_tables(target)) if t in left]
     return DirectBatch(

@@ -43,7 +43,7 @@ from ..rows.stage import Stager, wait_for
 from ..rows.table_stage import TableStage
 from ..source.slot import lsn_text
 from .applied import forget_applied, record_applied_step
-from .history_apply import record_transactions
+from .history_apply import Commits
 from .table_apply import apply_stage
 
 log = logging.getLogger("replicator.cdc")
@@ -141,7 +141,10 @@ class Applier:
 
 def _apply_batch(stager: Stager, batch: Batch, tables: Sequence[CaptureTable]) -> int | None:
     stager.settle()  # its last flush (Stager.flush_behind)
-    applied, hold = _apply_staged(stager.dest, stager.stages, batch, tables, record=True)
+    parted = frozenset(table.name for table in stager.parted)
+    applied, hold = _apply_staged(
+        stager.dest, stager.stages, batch, tables, record=True, parted=parted
+    )
     stager.reset()
     if stager.part_open:  # the transaction the batch's first part opened
         done = {table.name for table in applied}
@@ -183,7 +186,8 @@ def _apply_part(
     rows until it is done."""
     if stager.dest.info.transaction_status == pq.TransactionStatus.IDLE:
         execute(stager.dest, "BEGIN")
-    applied, hold = _apply_staged(stager.dest, part, batch, tables, record=False)
+    parted = frozenset(table.name for table in stager.parted)
+    applied, hold = _apply_staged(stager.dest, part, batch, tables, record=False, parted=parted)
     known = {table.name for table in stager.parted}
     stager.parted += [table for table in applied if table.name not in known]
     stager.empty_tables(part.values())  # a stage the reader added since holds no rows yet
@@ -198,19 +202,20 @@ def _apply_staged(
     batch: Batch,
     tables: Sequence[CaptureTable],
     record: bool,
+    parted: frozenset[TableName] = frozenset(),
 ) -> tuple[list[CaptureTable], int | None]:
-    """Each table's staged changes; the tables applied and the hold (see Applier.wait)."""
+    """Each table's staged changes; the tables applied and the hold (see Applier.wait).
+    `parted`: the tables an earlier part of the batch applied changes of."""
     applied: list[CaptureTable] = []
     hold: int | None = None
-    if any(t.history is not None and t.applies and t.target in stages for t in tables):
-        record_transactions(dest, list(batch.transactions))
+    commits = Commits.of(list(batch.transactions))  # for tables that keep history
     for table in tables:
         raise_if_requested()  # SIGTERM: the tables not applied yet wait for the next run
         if not table.applies:
             continue
         stage = stages.get(table.target)
         if stage is not None and stage.changes:
-            held = _apply(dest, table, stage, batch, record)
+            held = _apply(dest, table, stage, batch, record, commits, table.name in parted)
             if held is not None:
                 hold = held if hold is None else min(hold, held)
             elif table.applies:
@@ -224,6 +229,8 @@ def _apply(
     stage: TableStage,
     batch: Batch,
     record: bool = True,
+    commits: Commits | None = None,
+    parted: bool = False,
 ) -> int | None:
     """Apply one table's batch (or part: `record` False); returns where it holds the slot
     if it failed and its position could not be forgotten."""
@@ -238,6 +245,8 @@ def _apply(
             keys_may_repeat=table.keys_may_repeat,
             where=table.where,
             history=table.history,
+            commits=commits,
+            parted=parted,
         )
     except (ReplicatorError, psycopg.Error) as exc:
         raise_if_requested()

@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from psycopg import sql
 
 from ...base.identifiers import TableName
-from ...postgres.database import Step
+from ...postgres.database import Step, nested_loop
 from ..rows.table_stage import OP, SEQ
 from .applied import record_applied_step
 
@@ -225,15 +225,6 @@ def repeated_keys_query(
         target=target.identifier(),
         match=match("d", "s", key, equals),
     )
-
-
-def nested_loop(on: bool) -> list[sql.Composable]:
-    """The planner held to look each key of the batch up in the copy (`on`), and let go
-    again: see apply._write."""
-    return [
-        sql.SQL("SET LOCAL {} = off").format(setting) if on else sql.SQL("RESET {}").format(setting)
-        for setting in (sql.Identifier("enable_hashjoin"), sql.Identifier("enable_mergejoin"))
-    ]
 
 
 def apply_steps(

@@ -41,7 +41,7 @@ from .apply_sql import (
     updates_query,
     upsert_statement,
 )
-from .history_apply import write_versions
+from .history_apply import Commits, write_versions
 
 log = logging.getLogger("replicator.cdc")
 
@@ -68,6 +68,8 @@ def apply_stage(
     keys_may_repeat: bool = False,
     where: str | None = None,
     history: HistoryTable | None = None,
+    commits: Commits | None = None,
+    parted: bool = False,
 ) -> Applied:
     """Apply the staged changes and record `lsn` as the table's applied position (None: a
     part of a batch, inside the transaction its last part commits: no position yet).
@@ -76,7 +78,8 @@ def apply_stage(
     `where`: the table's filter when the apply runs it (apply_sql.filter_statement), before
     the unchanged TOASTed values are looked for: a row it drops needs none. `history`: the
     table's history table, whose versions are written in the same transaction, first
-    (cdc/apply/history_apply.py)."""
+    (cdc/apply/history_apply.py), with the batch's `commits`; `parted`: an earlier part of
+    the batch applied changes of the table."""
     target = stage.target
     after = after_truncate(stage.truncated_at)
     truncated = stage.truncated_at or 0
@@ -95,7 +98,8 @@ def apply_stage(
                 _resolve_move(dest, stage, key, move_seq)
         versions = None
         if history is not None:  # before the copy changes: it holds the unchanged values
-            versions = write_versions(dest, stage, history, stage.truncates, where)
+            assert commits is not None
+            versions = write_versions(dest, stage, history, commits, where=where, parted=parted)
         if stage.truncated_at is not None:
             execute(dest, truncate_statement(target))
         if keys_may_repeat:

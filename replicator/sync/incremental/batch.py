@@ -238,7 +238,7 @@ def _write_versions(
     if history is None:
         return None
     assert taken_at is not None
-    steps = batch_steps(
+    written = batch_steps(
         history,
         staged,
         taken_at,
@@ -246,8 +246,12 @@ def _write_versions(
         built.replication_key_type,
         append=built.table.mode == "incremental-append",
     )
-    rows = [execute(dest, step.statement, step.params).rowcount for step in steps]
-    return Versions(added=max(rows[2], 0), closed=max(rows[1], 0))
+    counts = {}
+    for step in written.steps:
+        counts[id(step)] = execute(dest, step.statement, step.params).rowcount
+    return Versions(
+        added=max(counts[id(written.open)], 0), closed=max(counts[id(written.close)], 0)
+    )
 
 
 def _copy_directly(ends: Endpoints, script: DirectBatch, rows: int, progress: Sink) -> CopyResult:
