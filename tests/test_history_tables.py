@@ -481,6 +481,7 @@ def test_compile_prints_the_statements_that_write_the_versions(
     db_project.sync()
     after = db_project.run("compile")
     assert after.exit_code == 0, after.output
-    batch = after.stdout.split("incremental", 1)[1]
+    batch = after.stdout.split("-- incremental:", 1)[1]
     assert f'UPDATE {history} AS h SET "_valid_to"' in batch  # a batch closes, then opens
-    assert "<the snapshot's time>" in batch
+    assert f"INSERT INTO {history}" in batch
+    assert "'<snapshot time>'" in batch  # the time sync binds

@@ -424,3 +424,27 @@ def test_dataset_namespaces_are_host_and_port_only(monkeypatch, conninfo, namesp
     for name in ("PGHOST", "PGPORT", "PGDATABASE", "PGUSER"):
         monkeypatch.delenv(name, raising=False)
     assert Endpoint.of(conninfo) == Endpoint(namespace, database)
+
+
+def test_a_history_table_is_an_output_with_its_columns_and_the_versions_written(
+    db_project, tables, receiver
+):
+    schema = tables
+    db_project.write(".env", f"OPENLINEAGE_URL={receiver.url_for('/')}\n")
+    db_project.write_config(
+        {"tables": [{"name": f"{schema}.countries", "mode": "full-refresh", "history": True}]}
+    )
+    db_project.sync(env=IN_PROCESS)
+    start, complete = received(receiver, 2)
+    for event in (start, complete):
+        copy, history = event.outputs
+        assert history.name == f"postgres.{schema}.countries_history"
+        assert columns(history) == [
+            ("code", "text"),
+            ("name", "text"),
+            ("_valid_from", "timestamp with time zone"),
+            ("_valid_to", "timestamp with time zone"),
+            ("_is_current", "boolean"),
+            ("_op", "text"),
+        ]
+    assert complete.outputs[1].outputFacets["outputStatistics"].rowCount == 2  # two versions

@@ -76,6 +76,8 @@ class Note:
     rows: int | None = None
     size: int | None = None
     error: str | None = None
+    history: Dataset | None = None  # the copy's history table (tables[].history), an output
+    versions: int | None = None  # the versions the run added there
 
 
 @dataclass(frozen=True)
@@ -101,6 +103,12 @@ class Endpoint:
 
     def dataset(self, table: TableName, columns: tuple[Column, ...] | None = None) -> Dataset:
         described = None if columns is None else tuple((c.name, c.type) for c in columns)
+        return self.named(table, described)
+
+    def named(
+        self, table: TableName, described: tuple[tuple[str, str], ...] | None = None
+    ) -> Dataset:
+        """The table, with its columns as (name, type) when known."""
         return Dataset(self.namespace, f"{self.database}.{table.schema}.{table.name}", described)
 
 
@@ -125,6 +133,16 @@ class _Opened:
     run_id: str
     source: Dataset
     copy: Dataset
+    history: Dataset | None = None
+
+
+# The columns a history table adds to the copy's (postgres/history_tables.py), with types.
+HISTORY_COLUMNS = (
+    ("_valid_from", "timestamp with time zone"),
+    ("_valid_to", "timestamp with time zone"),
+    ("_is_current", "boolean"),
+    ("_op", "text"),
+)
 
 
 class RunEvents:
@@ -162,11 +180,16 @@ class RunEvents:
         table = planned.built.table
         if table.written_name in self._open:  # a cdc table begun by its drain, reloaded
             return
+        history = None
+        if table.history_table is not None:
+            columns = [(c.name, c.type) for c in planned.built.columns]
+            history = self._copy.named(table.history_table, (*columns, *HISTORY_COLUMNS))
         opened = _Opened(
             table.name,
             str(uuid.uuid4()),
             self._source.dataset(table.name, planned.source.columns),
             self._copy.dataset(table.target, planned.built.destination_columns),
+            history,
         )
         self._open[table.written_name] = opened
         self._tell("START", utc_now(), opened)
@@ -187,11 +210,19 @@ class RunEvents:
                 str(uuid.uuid4()),
                 self._source.dataset(table.name),
                 self._copy.dataset(table.target),
+                self._copy.named(table.history_table) if table.history_table else None,
             )
             began = datetime.now(UTC) - timedelta(seconds=result.seconds)
             self._tell("START", _timestamp(began), opened)
         if result.status == "success":
-            self._tell("COMPLETE", utc_now(), opened, result.rows, result.bytes)
+            self._tell(
+                "COMPLETE",
+                utc_now(),
+                opened,
+                result.rows,
+                result.bytes,
+                versions=result.versions_added,
+            )
         else:
             self._tell("FAIL", utc_now(), opened, error=result.error)
 
@@ -214,8 +245,10 @@ class RunEvents:
         rows: int | None = None,
         size: int | None = None,
         error: str | None = None,
+        versions: int | None = None,
     ) -> None:
         note = Note(state, time, opened.table, opened.run_id, opened.source, opened.copy)
+        note = replace(note, history=opened.history, versions=versions)
         self._sender.put(replace(note, rows=rows, size=size, error=error))
 
 
@@ -370,8 +403,20 @@ def run_event(note: Note, jobs: Jobs) -> Any:
                 copy.namespace,
                 copy.name,
                 facets=_schema(copy),
-                outputFacets=_statistics(note),
-            )
+                outputFacets=_statistics(note.rows, note.size),
+            ),
+            *(
+                [
+                    OutputDataset(
+                        note.history.namespace,
+                        note.history.name,
+                        facets=_schema(note.history),
+                        outputFacets=_statistics(note.versions),
+                    )
+                ]
+                if note.history is not None
+                else []
+            ),
         ],
     )
 
@@ -388,10 +433,10 @@ def _schema(dataset: Dataset) -> dict[str, Any]:
     return {"schema": schema_dataset.SchemaDatasetFacet(fields=fields)}
 
 
-def _statistics(note: Note) -> dict[str, Any]:
+def _statistics(rows: int | None, size: int | None = None) -> dict[str, Any]:
     from openlineage.client.facet_v2 import output_statistics_output_dataset as statistics
 
-    if note.rows is None:
+    if rows is None:
         return {}
-    facet = statistics.OutputStatisticsOutputDatasetFacet(rowCount=note.rows, size=note.size)
+    facet = statistics.OutputStatisticsOutputDatasetFacet(rowCount=rows, size=size)
     return {"outputStatistics": facet}

@@ -215,7 +215,7 @@ def merge_steps(built: TableSql, merged: int = 1, staged: int = 1) -> list[Step]
 
 
 # What `compile` shows for the time of a snapshot a run takes (a history's versions begin then)
-SNAPSHOT_TIME = "<the snapshot's time>"
+SNAPSHOT_TIME = "<snapshot time>"
 
 
 # A batch staged in a temporary table: the session's own schema, whatever its number.
