@@ -485,3 +485,21 @@ def test_compile_prints_the_statements_that_write_the_versions(
     assert f'UPDATE {history} AS h SET "_valid_to"' in batch  # a batch closes, then opens
     assert f"INSERT INTO {history}" in batch
     assert "'<snapshot time>'" in batch  # the time sync binds
+
+
+def test_history_turned_off_and_on_again_reloads_and_keeps_the_past(
+    db_project, schema, source_conn, dest_conn
+):
+    _create_events(source_conn, schema)
+    db_project.configure(schema, "orders", replication_key="updated_at", history=True)
+    db_project.sync()
+    db_project.configure(schema, "orders", replication_key="updated_at")
+    on_table(source_conn, schema, "UPDATE {t} SET note = 'unseen', updated_at = now() WHERE id = 1")
+    db_project.sync()
+    db_project.configure(schema, "orders", replication_key="updated_at", history=True)
+    again = db_project.sync()
+    assert "not kept by the last sync" in again.stderr and "full_reload" in again.stderr
+    one = [r for r in _versions(dest_conn, schema) if r[0] == 1]
+    assert [(r[1], r[5]) for r in one] == [("n1", "snapshot"), ("unseen", "snapshot")]
+    _current_equals_copy(dest_conn, schema)
+    _no_overlaps(dest_conn, schema)

@@ -437,7 +437,7 @@ def test_a_history_table_is_an_output_with_its_columns_and_the_versions_written(
     db_project.sync(env=IN_PROCESS)
     start, complete = received(receiver, 2)
     for event in (start, complete):
-        copy, history = event.outputs
+        _copy, history = event.outputs
         assert history.name == f"postgres.{schema}.countries_history"
         assert columns(history) == [
             ("code", "text"),

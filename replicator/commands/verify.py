@@ -174,6 +174,9 @@ def _print(verdicts: list[Verdict], as_json: bool, repair: bool) -> None:
         # a table that failed was not compared: its zeros would read as an equal, empty table
         grid.add_row(v.name, v.status, *("-" if v.status == "failed" else f"{n:,}" for n in counts))
     console.print(grid)
+    for v in verdicts:  # its history table, checked against the copy (history_check.py)
+        if v.history is not None:
+            console.print(f"{v.name}: {v.history.line()}", markup=False, soft_wrap=True)
     errors: dict[str, list[str]] = {}  # one error of many tables (a database out of reach)
     for v in verdicts:
         if v.error:

@@ -88,8 +88,8 @@ def plan_table(
     if plan.action == "incremental" and history_missing is not None:
         plan = Plan(
             "full_reload",
-            f"history table {history_missing} missing: the reload begins its versions again "
-            "from the copy's rows",
+            f"{history_missing}: the reload begins its versions from the copy's rows, and "
+            "keeps what the history has",
         )
     if plan.action == "incremental" and destination_emptied:
         plan = Plan(

@@ -60,6 +60,8 @@ class Observed:
     evolution: Evolution | str | None = None
     # `tables[].history`: its history table is gone (dropped by hand), and the copy is there
     history_missing: TableName | None = None
+    # its last sync kept no history there (history was off, or in another table)
+    history_unkept: bool = False
 
     @property
     def schema_change(self) -> str | None:
@@ -145,6 +147,12 @@ def observe(
     if dest_conn is not None and destination is not None and history is not None:
         (found,) = execute(dest_conn, "SELECT to_regclass(%s)", (history.sql(),)).fetchone()
         history_missing = history if found is None else None
+    history_unkept = (
+        history is not None
+        and state is not None
+        and state.last_synced_at is not None
+        and state.history_table != str(history)
+    )
     return Observed(
         signature,
         destination,
@@ -156,6 +164,7 @@ def observe(
         changed_leaves,
         evolving,
         history_missing,
+        history_unkept,
     )
 
 
@@ -219,7 +228,11 @@ def plan_observed(
         name=table.written_name,
         pattern=table.pattern,
         history_missing=(
-            str(observed.history_missing) if observed.history_missing is not None else None
+            f"history table {observed.history_missing} missing"
+            if observed.history_missing is not None
+            else f"history table {table.history_table} not kept by the last sync"
+            if observed.history_unkept
+            else None
         ),
     )
 

@@ -114,6 +114,9 @@ class TableState(_Record):
     # yet). Another table there now (the config's destination switched back to an older
     # copy, or another source's load replaced it) is reloaded: the cursor is not its.
     destination_oid: int | None = None
+    # the history table the last sync kept the copy's versions in (tables[].history), None
+    # when it kept none: one that was not kept through every sync is begun again by a reload
+    history_table: str | None = None
     # The rows the last incremental batch read, kept through the no-op runs after it: the
     # size a batch the probe did not count is taken to be (sync/incremental/merge_pipeline.py).
     batch_rows: int | None = None

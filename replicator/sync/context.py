@@ -193,11 +193,21 @@ class TableJob:
         )
 
     def write_state(self, state: TableState) -> None:
-        self.run.project.store.write(state, self.table.name)
+        self.run.project.store.write(self._kept(state), self.table.name)
 
     def write_state_later(self, state: TableState) -> None:
         """A table the run left as it was: written with the others at the run's end."""
-        self.run.project.store.write_later(state, self.table.name)
+        self.run.project.store.write_later(self._kept(state), self.table.name)
+
+    def _kept(self, state: TableState) -> TableState:
+        """The state, saying which history table this sync kept (none: None)."""
+        history = self.table.history_table
+        kept = str(history) if history is not None else None
+        return (
+            state
+            if state.history_table == kept
+            else state.model_copy(update={"history_table": kept})
+        )
 
     def outcome(self, result: TableResult, finished: str) -> RunOutcome:
         return outcome(self.run, self.started_at, finished, result)
