@@ -200,7 +200,8 @@ def main() -> None:
         )
         print(
             f"storage per row: copy {sizes['copy']:.0f} B, history {sizes['history']:.0f} B "
-            f"({sizes['history'] / sizes['copy']:.2f}x); compacted (VACUUM FULL) {vacuumed['copy']:.0f} B "
+            f"({sizes['history'] / sizes['copy']:.2f}x); compacted (VACUUM FULL) "
+            f"{vacuumed['copy']:.0f} B "
             f"and {vacuumed['history']:.0f} B ({vacuumed['history'] / vacuumed['copy']:.2f}x); "
             f"a row of the copy as its load left it {loaded:.0f} B: a version "
             f"{vacuumed['history'] / loaded:.2f}x that"

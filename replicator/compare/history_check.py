@@ -29,10 +29,6 @@ from psycopg import sql
 
 from ..postgres.database import execute, transaction
 from ..postgres.history_tables import (
-    IS_CURRENT,
-    OP,
-    VALID_FROM,
-    VALID_TO,
     HistoryTable,
     key_match,
     row_text,
@@ -80,18 +76,12 @@ class HistoryFindings:
 def _names(history: HistoryTable, present: sql.Composable) -> dict[str, sql.Composable]:
     columns = history.column_names
     return {
-        "h": history.name.identifier(),
-        "copy": history.copy.identifier(),
-        "valid_from": sql.Identifier(VALID_FROM),
-        "valid_to": sql.Identifier(VALID_TO),
-        "is_current": sql.Identifier(IS_CURRENT),
-        "op": sql.Identifier(OP),
+        **history.names(),
         "ch": key_match("c", "h", history.key),
         "c_text": row_text("c", columns),
         "h_text": row_text("h", columns),
         "keys": sql.SQL(", ").join(map(sql.Identifier, history.key)),
         "present": present,
-        "names": sql.SQL(", ").join(map(sql.Identifier, columns)),
         "c_names": sql.SQL(", ").join(sql.Identifier("c", c) for c in columns),
     }
 
@@ -159,7 +149,7 @@ def repair_history(
         "{is_current} = false WHERE h.{is_current} AND NOT EXISTS "
         "(SELECT FROM {copy} AS c WHERE {present} AND {ch} AND {c_text} = {h_text})",
         # and a row of the copy without a current version begins one now
-        "INSERT INTO {h} ({names}, {valid_from}, {op}) SELECT {c_names}, greatest(%(now)s, "
+        "INSERT INTO {h} ({columns}, {valid_from}, {hop}) SELECT {c_names}, greatest(%(now)s, "
         "(SELECT max(h.{valid_from}) + interval '1 microsecond' FROM {h} AS h WHERE {ch})), "
         "'snapshot' FROM {copy} AS c WHERE {present} AND NOT EXISTS "
         "(SELECT FROM {h} AS h WHERE h.{is_current} AND {ch})",

@@ -43,7 +43,7 @@ def plan_table(
     pattern: str | None = None,
     partitions_change: str | None = None,
     taken: str | None = None,
-    history_missing: str | None = None,
+    history_gap: str | None = None,
 ) -> Plan:
     """Full reload when anything says so, else incremental from the stored cursor.
 
@@ -58,7 +58,9 @@ def plan_table(
     what the tool created;
     `not_owned` is the fix when the destination table exists but is not the tool's: only a
     start without backfill (which adopts a matching table) may touch it; `taken` the fix
-    when it is the copy another project keeps: nothing may. `name` is the table
+    when it is the copy another project keeps: nothing may; `history_gap` why the table's
+    history table lacks versions the syncs since its last one would have written (dropped,
+    or not kept by the last sync). `name` is the table
     as the config writes it, for the fixes; `pattern` the pattern that chose it, if one did."""
     plan = _plan(
         mode,
@@ -85,10 +87,10 @@ def plan_table(
             "there (the destination switched back to an older copy, or another load replaced "
             "it); its rows are not the cursor's",
         )
-    if plan.action == "incremental" and history_missing is not None:
+    if plan.action == "incremental" and history_gap is not None:
         plan = Plan(
             "full_reload",
-            f"{history_missing}: the reload begins its versions from the copy's rows, and "
+            f"{history_gap}: the reload begins its versions from the copy's rows, and "
             "keeps what the history has",
         )
     if plan.action == "incremental" and destination_emptied:

@@ -227,7 +227,7 @@ def plan_observed(
         ),
         name=table.written_name,
         pattern=table.pattern,
-        history_missing=(
+        history_gap=(
             f"history table {observed.history_missing} missing"
             if observed.history_missing is not None
             else f"history table {table.history_table} not kept by the last sync"

@@ -59,6 +59,19 @@ class HistoryTable:
     def column_names(self) -> tuple[str, ...]:
         return tuple(c.name for c in self.columns)
 
+    def names(self) -> dict[str, sql.Composable]:
+        """What every statement of the history names, for its `format`: the table (`h`),
+        the copy, the four columns (`hop` the version's `_op`), the copy's columns."""
+        return {
+            "h": self.name.identifier(),
+            "copy": self.copy.identifier(),
+            "valid_from": sql.Identifier(VALID_FROM),
+            "valid_to": sql.Identifier(VALID_TO),
+            "is_current": sql.Identifier(IS_CURRENT),
+            "hop": sql.Identifier(OP),
+            "columns": sql.SQL(", ").join(map(sql.Identifier, self.column_names)),
+        }
+
     def problem(self) -> str | None:
         """Why the table cannot be kept (None: it can)."""
         if not self.key:
@@ -86,17 +99,13 @@ def ensure_steps(history: HistoryTable) -> list[Step]:
     columns = [dataclasses.replace(c, not_null=False) for c in history.columns]
     unique = sql.SQL(", ").join(map(sql.Identifier, (*history.key, VALID_FROM)))
     create = sql.SQL(
-        "CREATE TABLE IF NOT EXISTS {name} ({columns}, {valid_from} timestamptz NOT NULL, "
+        "CREATE TABLE IF NOT EXISTS {h} ({definitions}, {valid_from} timestamptz NOT NULL, "
         "{valid_to} timestamptz, {is_current} boolean NOT NULL DEFAULT true, "
-        "{op} text NOT NULL, UNIQUE ({unique}))"
+        "{hop} text NOT NULL, UNIQUE ({unique}))"
     ).format(
-        name=history.name.identifier(),
-        columns=sql.SQL(", ").join(map(column_def, columns)),
-        valid_from=sql.Identifier(VALID_FROM),
-        valid_to=sql.Identifier(VALID_TO),
-        is_current=sql.Identifier(IS_CURRENT),
-        op=sql.Identifier(OP),
+        definitions=sql.SQL(", ").join(map(column_def, columns)),
         unique=unique,
+        **history.names(),
     )
     steps = [Step("destination", create_schema(history.name.schema)), Step("destination", create)]
     steps += [
@@ -149,10 +158,9 @@ def current_version(
         "LATERAL (SELECT x.ctid AS _replicator_tid, x.* "
         "FROM {h} AS x WHERE {match} ORDER BY x.{valid_from} DESC LIMIT 1) AS {name}"
     ).format(
-        valid_from=sql.Identifier(VALID_FROM),
-        h=history.name.identifier(),
         match=key_match("x", alias, history.key, equals),
         name=sql.Identifier(name),
+        **history.names(),
     )
     if left:
         return sql.SQL(" LEFT JOIN {} ON {}").format(latest, sql.Identifier(name, IS_CURRENT))
@@ -165,32 +173,24 @@ def snapshot_steps(history: HistoryTable, taken_at: datetime | str) -> list[Step
     every row of the copy without a current version gets one from then. The first load
     writes a version of every row; a reload of unchanged rows writes none."""
     columns = history.column_names
-    names = sql.SQL(", ").join(map(sql.Identifier, columns))
+    names = history.names()
     close = sql.SQL(
         "UPDATE {h} AS h SET {valid_to} = %(at)s, {is_current} = false WHERE h.{is_current} "
         "AND NOT EXISTS (SELECT FROM {copy} AS c WHERE {match} AND {c_text} = {h_text})"
     ).format(
-        h=history.name.identifier(),
-        valid_to=sql.Identifier(VALID_TO),
-        is_current=sql.Identifier(IS_CURRENT),
-        copy=history.copy.identifier(),
         match=key_match("c", "h", history.key),
         c_text=row_text("c", columns),
         h_text=row_text("h", columns),
+        **names,
     )
     open_ = sql.SQL(
-        "INSERT INTO {h} ({names}, {valid_from}, {op}) SELECT {c_names}, %(at)s, 'snapshot' "
-        "FROM {copy} AS c WHERE NOT EXISTS (SELECT FROM {h} AS h WHERE h.{is_current} AND "
-        "{match})"
+        "INSERT INTO {h} ({columns}, {valid_from}, {hop}) SELECT {c_names}, %(at)s, "
+        "'snapshot' FROM {copy} AS c WHERE NOT EXISTS (SELECT FROM {h} AS h "
+        "WHERE h.{is_current} AND {match})"
     ).format(
-        h=history.name.identifier(),
-        names=names,
-        valid_from=sql.Identifier(VALID_FROM),
-        op=sql.Identifier(OP),
         c_names=sql.SQL(", ").join(sql.Identifier("c", c) for c in columns),
-        copy=history.copy.identifier(),
-        is_current=sql.Identifier(IS_CURRENT),
         match=key_match("h", "c", history.key),
+        **names,
     )
     params = {"at": taken_at}
     return [
@@ -229,6 +229,12 @@ def batch_steps(
             sql.Identifier(replication_key)
         )
     keys = sql.SQL(", ").join(map(sql.Identifier, history.key))
+    names = {
+        **history.names(),
+        "read": _READ,
+        "at": sql.Identifier("_replicator_at"),
+        "was": sql.Identifier("_replicator_was"),
+    }
     rows = sql.SQL("{copy} AS c JOIN (SELECT DISTINCT {keys} FROM {staged}) AS s ON {match_s}")
     if append:
         newest = [sql.SQL("s::text DESC")]
@@ -249,39 +255,21 @@ def batch_steps(
             staged=staged,
             match_s=key_match("c", "s", history.key),
         ),
-        read=_READ,
         c_names=sql.SQL(", ").join(sql.Identifier("c", c) for c in columns),
         begins=begins,
-        valid_from=sql.Identifier(VALID_FROM),
-        at=sql.Identifier("_replicator_at"),
-        was=sql.Identifier("_replicator_was"),
         current=current_version(history, "c", left=True, name="h"),
         c_text=row_text("c", columns),
         h_text=row_text("h", columns),
+        **names,
     )
     close = sql.SQL(
         "UPDATE {h} AS h SET {valid_to} = r.{at}, {is_current} = false FROM {read} AS r "
         "WHERE h.ctid = r._replicator_tid"
-    ).format(
-        h=history.name.identifier(),
-        valid_to=sql.Identifier(VALID_TO),
-        at=sql.Identifier("_replicator_at"),
-        is_current=sql.Identifier(IS_CURRENT),
-        read=_READ,
-    )
+    ).format(**names)
     open_ = sql.SQL(
-        "INSERT INTO {h} ({names}, {valid_from}, {op}) SELECT {r_names}, r.{at}, "
+        "INSERT INTO {h} ({columns}, {valid_from}, {hop}) SELECT {r_names}, r.{at}, "
         "CASE WHEN r.{was} THEN 'update' ELSE 'insert' END FROM {read} AS r"
-    ).format(
-        h=history.name.identifier(),
-        names=sql.SQL(", ").join(map(sql.Identifier, columns)),
-        valid_from=sql.Identifier(VALID_FROM),
-        op=sql.Identifier(OP),
-        r_names=sql.SQL(", ").join(sql.Identifier("r", c) for c in columns),
-        at=sql.Identifier("_replicator_at"),
-        was=sql.Identifier("_replicator_was"),
-        read=_READ,
-    )
+    ).format(r_names=sql.SQL(", ").join(sql.Identifier("r", c) for c in columns), **names)
     closing, opening = Step("destination", close), Step("destination", open_)
     held = [Step("destination", statement) for statement in nested_loop(True)]
     let_go = [Step("destination", statement) for statement in nested_loop(False)]
@@ -311,13 +299,5 @@ def gone_steps(history: HistoryTable, at: datetime, present: sql.Composable) -> 
     close = sql.SQL(
         "UPDATE {h} AS h SET {valid_to} = greatest(%(at)s, h.{valid_from}), {is_current} = false "
         "WHERE h.{is_current} AND NOT EXISTS (SELECT FROM {copy} AS c WHERE {match} AND {present})"
-    ).format(
-        h=history.name.identifier(),
-        valid_to=sql.Identifier(VALID_TO),
-        valid_from=sql.Identifier(VALID_FROM),
-        is_current=sql.Identifier(IS_CURRENT),
-        copy=history.copy.identifier(),
-        match=key_match("c", "h", history.key),
-        present=present,
-    )
+    ).format(match=key_match("c", "h", history.key), present=present, **history.names())
     return [Step("destination", close, {"at": at})]

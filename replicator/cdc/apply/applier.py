@@ -208,7 +208,9 @@ def _apply_staged(
     `parted`: the tables an earlier part of the batch applied changes of."""
     applied: list[CaptureTable] = []
     hold: int | None = None
-    commits = Commits.of(list(batch.transactions))  # for tables that keep history
+    commits = None  # the commit times, for tables that keep history
+    if any(t.history is not None for t in tables):
+        commits = Commits.of(list(batch.transactions))
     for table in tables:
         raise_if_requested()  # SIGTERM: the tables not applied yet wait for the next run
         if not table.applies:

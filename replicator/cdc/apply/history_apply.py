@@ -37,10 +37,6 @@ from psycopg import sql
 
 from ...postgres.database import execute, nested_loop
 from ...postgres.history_tables import (
-    IS_CURRENT,
-    OP,
-    VALID_FROM,
-    VALID_TO,
     HistoryTable,
     Versions,
     current_version,
@@ -106,15 +102,9 @@ def write_versions(
 
 
 def _names(history: HistoryTable, equals: Equals) -> dict[str, sql.Composable]:
-    columns = history.column_names
     return {
-        "h": history.name.identifier(),
-        "valid_from": sql.Identifier(VALID_FROM),
-        "valid_to": sql.Identifier(VALID_TO),
-        "is_current": sql.Identifier(IS_CURRENT),
-        "hop": sql.Identifier(OP),
+        **history.names(),
         "keys": sql.SQL(", ").join(map(sql.Identifier, history.key)),
-        "columns": sql.SQL(", ").join(map(sql.Identifier, columns)),
         "seq": sql.Identifier(SEQ),
         "op": sql.Identifier(STAGED_OP),
         "at": _AT,
