@@ -476,6 +476,35 @@ def test_a_million_rows_through_spark(db_project, schema, source_conn, dest_conn
     assert _verify(db_project)[0].exit_code == 0
 
 
+def test_differences_in_more_buckets_than_one_row_query_reads_are_each_found(
+    db_project, schema, source_conn, dest_conn
+):
+    """Damage in 300 buckets of a few hundred rows: their rows are read in several row
+    queries (each holds a bounded number of rows), and every difference is found once."""
+    _orders(source_conn, schema, rows=120_000)
+    db_project.write_config(
+        {"tables": [{"name": f"{schema}.orders", "replication_key": "updated_at"}]}
+    )
+    assert db_project.run("sync", env=IN_PROCESS).exit_code == 0
+    orders = sql.Identifier(schema, "orders")
+    dest_conn.execute(sql.SQL("ANALYZE {}").format(orders))
+    dest_conn.execute(sql.SQL("UPDATE {} SET note = 'x' WHERE id % 800 = 1").format(orders))
+    dest_conn.execute(sql.SQL("DELETE FROM {} WHERE id % 800 = 401").format(orders))
+    dest_conn.execute(
+        sql.SQL(
+            "INSERT INTO {} SELECT -g, 'extra', 1, now() - interval '40 days' "
+            "FROM generate_series(1, 150) g"
+        ).format(orders)
+    )
+    result, verdicts = _verify(db_project, env=IN_PROCESS)
+    assert result.exit_code == 1, result.output
+    verdict = verdicts[f"{schema}.orders"]
+    assert (verdict["missing"], verdict["extra"], verdict["different"]) == (150, 150, 150)
+    assert verdict["rows_compared"] == 120_000
+    assert _verify(db_project, "--repair", env=IN_PROCESS)[0].exit_code == 0
+    assert assert_same_table(source_conn, dest_conn, schema, "orders") == 120_000
+
+
 def test_a_repair_that_would_empty_the_copy_needs_force(db_project, schema, source_conn, dest_conn):
     _orders(source_conn, schema, rows=1000)
     db_project.write_config({"tables": [{"name": f"{schema}.orders", "mode": "full-refresh"}]})

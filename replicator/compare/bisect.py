@@ -12,7 +12,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from array import array
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,7 +27,12 @@ LEAF_ROWS = 2000  # a bucket this small (on both sides) is compared row by row
 SPLIT_ROWS = 250  # a bigger one is cut into buckets of this many rows of its bigger side
 MAX_PIECES = 64  # ... or into at most this many, for a composite key (see range_sql.bucket)
 MAX_LEVELS = 12
-RANGES_PER_QUERY = 400  # small buckets read by one row query
+# Small buckets read by one row query: at most this many, holding at most this many rows on
+# either side (a bucket alone may hold more), so that the rows held at once stay the same
+# however large the table and however many of its buckets differ.
+RANGES_PER_QUERY = 400
+ROWS_PER_QUERY = 25_000
+MASK = (1 << 64) - 1
 
 Key = tuple[str, ...]
 Range = tuple[Bound | None, Bound | None]
@@ -66,7 +72,7 @@ class Pass:
 
     lo: Bound | None
     hi: Bound | None
-    thresholds: tuple[Bound, ...]
+    thresholds: Sequence[Bound]
 
     def bounds(self, bucket: int) -> Range:
         t = self.thresholds
@@ -87,68 +93,85 @@ def find_differences(
     per side (key ranges). `fresh`: a boolean expression over the source row that is true
     when the cursor has yet to reach it."""
     found = Found()
-    first = Pass(None, None, tuple(thresholds))
+    first = Pass(None, None, thresholds)
     sums = _first_pass(reader, shape, source, destination, first, chunks)
-    found.rows_compared = sum(count for count, _ in sums[0].values())
-    found.destination_rows = sum(count for count, _ in sums[1].values())
+    found.rows_compared = sums[0].total_rows()
+    found.destination_rows = sums[1].total_rows()
     passes = [(first, sums)]
-    leaves: list[Range] = []
+    leaves: list[tuple[Range, int]] = []  # each with the rows of its bigger side
     for _level in range(MAX_LEVELS):
         bigger: list[tuple[Range, str, int]] = []
         for done, (ours, theirs) in passes:
-            for bucket in sorted(set(ours) | set(theirs)):
-                mine, other = ours.get(bucket, (0, 0)), theirs.get(bucket, (0, 0))
-                if mine == other:
-                    continue
-                if max(mine[0], other[0]) <= LEAF_ROWS:
-                    leaves.append(done.bounds(bucket))
+            for bucket, mine, other in ours.differing(theirs):
+                if max(mine, other) <= LEAF_ROWS:
+                    leaves.append((done.bounds(bucket), max(mine, other)))
                 else:
-                    side = "source" if mine[0] >= other[0] else "destination"
-                    bigger.append((done.bounds(bucket), side, max(mine[0], other[0])))
+                    side = "source" if mine >= other else "destination"
+                    bigger.append((done.bounds(bucket), side, max(mine, other)))
         if not bigger:
             break
         passes = [_cut(reader, shape, source, destination, *big) for big in bigger]
     else:  # never seen: buckets this stubborn are compared row by row anyway
         leaves.extend(
-            p.bounds(b)
+            (p.bounds(b), max(mine, other))
             for p, (ours, theirs) in passes
-            for b in set(ours) | set(theirs)
-            if ours.get(b) != theirs.get(b)
+            for b, mine, other in ours.differing(theirs)
         )
-    for start in range(0, len(leaves), RANGES_PER_QUERY):
-        _compare_rows(
-            reader,
-            shape,
-            source,
-            destination,
-            leaves[start : start + RANGES_PER_QUERY],
-            fresh,
-            found,
-        )
+    for ranges in _row_queries(leaves):
+        _compare_rows(reader, shape, source, destination, ranges, fresh, found)
     return found
 
 
-Sums = dict[int, tuple[int, int]]
+class Sums:
+    """Each bucket's rows and the sum of their hashes, in two arrays of 8 bytes a bucket: a
+    large table's first pass has a bucket per few hundred rows, and a dictionary of Python
+    numbers would hold about 30 times that. A sum is kept modulo 2**64: the sums of two
+    buckets whose rows differ are equal modulo 2**64 as rarely as two 64-bit hashes are."""
+
+    def __init__(self, buckets: int, rows: Iterable[tuple[Any, ...]]) -> None:
+        self.rows = array("q", bytes(8 * buckets))
+        self.hashes = array("Q", bytes(8 * buckets))
+        for bucket, count, total in rows:
+            self.rows[bucket] += count
+            self.hashes[bucket] = (self.hashes[bucket] + total) & MASK
+
+    def total_rows(self) -> int:
+        return sum(self.rows)
+
+    def differing(self, other: Sums) -> Iterator[tuple[int, int, int]]:
+        """(bucket, our rows, their rows) for each bucket the two sides differ in."""
+        if self.rows == other.rows and self.hashes == other.hashes:
+            return
+        for bucket, (mine, theirs) in enumerate(zip(self.rows, other.rows, strict=True)):
+            if mine != theirs or self.hashes[bucket] != other.hashes[bucket]:
+                yield bucket, mine, theirs
 
 
-def _sums(rows: Iterable[tuple[Any, ...]]) -> Sums:
-    out: Sums = {}
-    for bucket, count, total in rows:
-        had = out.get(bucket, (0, 0))
-        out[bucket] = (had[0] + count, had[1] + total)
-    return out
+def _row_queries(leaves: Sequence[tuple[Range, int]]) -> Iterator[list[Range]]:
+    """The small buckets in groups of at most RANGES_PER_QUERY and ROWS_PER_QUERY rows."""
+    group: list[Range] = []
+    rows = 0
+    for span, size in leaves:
+        if group and (len(group) == RANGES_PER_QUERY or rows + size > ROWS_PER_QUERY):
+            yield group
+            group, rows = [], 0
+        group.append(span)
+        rows += size
+    if group:
+        yield group
 
 
 def _first_pass(
     reader: RangeReader, shape: Shape, source: Side, destination: Side, first: Pass, chunks: int
 ) -> tuple[Sums, Sums]:
+    n = len(first.thresholds) + 1  # buckets
     if reader.spark is None or not first.thresholds:
-        ours, theirs = reader.both(
+        return reader.both_folded(
             q.checksums(shape, source, first.thresholds, None, None),
             q.checksums(shape, destination, first.thresholds, None, None),
+            lambda rows: Sums(n, rows),
+            lambda rows: Sums(n, rows),
         )
-        return _sums(ours), _sums(theirs)
-    n = len(first.thresholds) + 1  # buckets
     edges = sorted({round(i * n / chunks) for i in range(1, chunks)} - {0, n})
     spans = list(zip([0, *edges], [*edges, n], strict=True))
     ranges = [(first.bounds(a)[0], first.bounds(b - 1)[1]) for a, b in spans]
@@ -156,7 +179,7 @@ def _first_pass(
         [q.checksums(shape, source, first.thresholds, lo, hi) for lo, hi in ranges],
         [q.checksums(shape, destination, first.thresholds, lo, hi) for lo, hi in ranges],
     )
-    return _sums(ours), _sums(theirs)
+    return Sums(n, ours), Sums(n, theirs)
 
 
 def _cut(
@@ -176,11 +199,13 @@ def _cut(
         side, q.split_points(shape, source if side == "source" else destination, lo, hi, every)
     )
     piece = Pass(lo, hi, tuple(tuple(row) for row in cuts))
-    ours, theirs = reader.both(
+    n = len(piece.thresholds) + 1
+    return piece, reader.both_folded(
         q.checksums(shape, source, piece.thresholds, lo, hi),
         q.checksums(shape, destination, piece.thresholds, lo, hi),
+        lambda rows: Sums(n, rows),
+        lambda rows: Sums(n, rows),
     )
-    return piece, (_sums(ours), _sums(theirs))
 
 
 def _compare_rows(
@@ -193,21 +218,27 @@ def _compare_rows(
     found: Found,
 ) -> None:
     width = len(shape.key)
-    ours, theirs = reader.both(
+
+    def by_key(rows: Iterator[tuple[Any, ...]]) -> tuple[dict[Key, Any], dict[Key, set[Any]]]:
+        """The source's rows by key: (hash, not yet synced), and the keys on more than one
+        row with each of their hashes."""
+        mine: dict[Key, tuple[Any, bool]] = {}
+        repeated: dict[Key, set[Any]] = {}
+        for row in rows:
+            key, digest, is_fresh = tuple(row[:width]), row[width], row[width + 1]
+            if key in mine:
+                repeated.setdefault(key, {mine[key][0]}).add(digest)
+                is_fresh = is_fresh or mine[key][1]  # any of its rows not yet synced: the key is
+            mine[key] = (digest, is_fresh)
+        return mine, repeated
+
+    (mine, repeated), other = reader.both_folded(
         q.row_hashes(shape, source, ranges, *(fresh or (None, []))),
         q.row_hashes(shape, destination, ranges),
+        by_key,
+        lambda rows: {tuple(row[:width]): row[width] for row in rows},
     )
-    mine: dict[Key, tuple[Any, bool]] = {}
-    repeated: dict[Key, set[Any]] = {}
-    for row in ours:
-        key = tuple(row[:width])
-        fresh = row[width + 1]
-        if key in mine:
-            repeated.setdefault(key, {mine[key][0]}).add(row[width])
-            fresh = fresh or mine[key][1]  # any of its rows not yet synced: the key is
-        mine[key] = (row[width], fresh)
     found.repeated.extend(repeated)
-    other = {tuple(row[:width]): row[width] for row in theirs}
     for key, (digest, is_fresh) in mine.items():
         there = other.get(key)
         if there == digest or there in repeated.get(key, ()):

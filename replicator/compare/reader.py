@@ -4,9 +4,9 @@ first pass over a large table as Spark tasks that import those snapshots."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, TypeVar
 
 from psycopg import sql
 
@@ -19,6 +19,8 @@ from .range_task import QueryTask, exact, run_query_task
 
 Query = tuple[sql.Composable, list[Any]]
 Rows = list[tuple[Any, ...]]
+T = TypeVar("T")
+U = TypeVar("U")
 
 
 class RangeReader:
@@ -38,17 +40,32 @@ class RangeReader:
             execute(snapshot.conn, "SET LOCAL jit = off")  # see range_task.TUNING
 
     def one(self, side: str, query: Query) -> Rows:
+        return self.folded(side, query, list)
+
+    def folded(self, side: str, query: Query, fold: Callable[[Iterator[tuple[Any, ...]]], T]) -> T:
+        """What `fold` makes of the query's rows, given one at a time: a large result is
+        summed or indexed as it is read, never held as a list of rows as well."""
         conn = self.snapshots[side].conn
         assert conn is not None
         self.statements += 1
         statement, params = query
-        return [exact(row) for row in execute(conn, statement, params).fetchall()]
+        return fold(exact(row) for row in execute(conn, statement, params))
 
     def both(self, source: Query, destination: Query) -> tuple[Rows, Rows]:
         """The two queries at once, each on its side's snapshot connection."""
+        return self.both_folded(source, destination, list, list)
+
+    def both_folded(
+        self,
+        source: Query,
+        destination: Query,
+        source_fold: Callable[[Iterator[tuple[Any, ...]]], T],
+        destination_fold: Callable[[Iterator[tuple[Any, ...]]], U],
+    ) -> tuple[T, U]:
+        """`folded` on both sides at once."""
         with ThreadPoolExecutor(2, thread_name_prefix="replicator-verify") as pool:
-            ahead = pool.submit(self.one, "source", source)
-            behind = self.one("destination", destination)
+            ahead = pool.submit(self.folded, "source", source, source_fold)
+            behind = self.folded("destination", destination, destination_fold)
             return ahead.result(), behind
 
     def spread(self, source: Sequence[Query], destination: Sequence[Query]) -> tuple[Rows, Rows]:

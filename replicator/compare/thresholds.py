@@ -16,6 +16,7 @@ row is cut again.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import psycopg
@@ -51,7 +52,7 @@ def estimated_rows(conn: psycopg.Connection[Any], target: TableName) -> tuple[in
 
 def first_thresholds(
     conn: psycopg.Connection[Any], shape: Shape, target: TableName, rows: int, pages: int
-) -> list[Bound]:
+) -> Sequence[Bound]:
     """The cuts of the first pass, read inside the destination's snapshot."""
     if rows < 2 * LEAF_ROWS:
         return []
@@ -68,7 +69,7 @@ def first_thresholds(
 
 def _evenly_spaced(
     conn: psycopg.Connection[Any], shape: Shape, target: TableName, rows: int
-) -> list[Bound]:
+) -> Sequence[Bound]:
     key = sql.Identifier(shape.key[0].name)  # cut on the first column only
     low, high = execute(
         conn,
@@ -80,4 +81,4 @@ def _evenly_spaced(
         return []
     buckets = max(rows // BUCKET_ROWS, 1)
     width = max((high - low + 1) // buckets, 1)
-    return [(str(value),) for value in range(low + width, high + 1, width)]
+    return q.EvenCuts(low + width, high, width)
