@@ -164,14 +164,9 @@ def _row_queries(leaves: Sequence[tuple[Range, int]]) -> Iterator[list[Range]]:
 def _first_pass(
     reader: RangeReader, shape: Shape, source: Side, destination: Side, first: Pass, chunks: int
 ) -> tuple[Sums, Sums]:
-    n = len(first.thresholds) + 1  # buckets
     if reader.spark is None or not first.thresholds:
-        return reader.both_folded(
-            q.checksums(shape, source, first.thresholds, None, None),
-            q.checksums(shape, destination, first.thresholds, None, None),
-            lambda rows: Sums(n, rows),
-            lambda rows: Sums(n, rows),
-        )
+        return _hashed(reader, shape, source, destination, first)
+    n = len(first.thresholds) + 1  # buckets
     edges = sorted({round(i * n / chunks) for i in range(1, chunks)} - {0, n})
     spans = list(zip([0, *edges], [*edges, n], strict=True))
     ranges = [(first.bounds(a)[0], first.bounds(b - 1)[1]) for a, b in spans]
@@ -199,12 +194,23 @@ def _cut(
         side, q.split_points(shape, source if side == "source" else destination, lo, hi, every)
     )
     piece = Pass(lo, hi, tuple(tuple(row) for row in cuts))
-    n = len(piece.thresholds) + 1
-    return piece, reader.both_folded(
-        q.checksums(shape, source, piece.thresholds, lo, hi),
-        q.checksums(shape, destination, piece.thresholds, lo, hi),
-        lambda rows: Sums(n, rows),
-        lambda rows: Sums(n, rows),
+    return piece, _hashed(reader, shape, source, destination, piece)
+
+
+def _hashed(
+    reader: RangeReader, shape: Shape, source: Side, destination: Side, done: Pass
+) -> tuple[Sums, Sums]:
+    """A pass's bucket sums on both sides at once, each folded as its rows are read."""
+    buckets = len(done.thresholds) + 1
+
+    def sums(rows: Iterable[tuple[Any, ...]]) -> Sums:
+        return Sums(buckets, rows)
+
+    return reader.both_folded(
+        q.checksums(shape, source, done.thresholds, done.lo, done.hi),
+        q.checksums(shape, destination, done.thresholds, done.lo, done.hi),
+        sums,
+        sums,
     )
 
 

@@ -48,12 +48,6 @@ class EvenCuts(Sequence[Bound]):
             raise TypeError("EvenCuts takes one index at a time")
         return (str(self.values[index]),)
 
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, EvenCuts) and self.values == other.values
-
-    def __hash__(self) -> int:
-        return hash(self.values)
-
 
 @dataclass(frozen=True)
 class KeyColumn:
