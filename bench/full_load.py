@@ -10,6 +10,9 @@ runs with its defaults (one Spark task per core), with the table setting `partit
 (one task, which copies frozen) and, for context, without Spark (`spark.min_rows` above the
 table: the process runs the same copy task itself).
 
+`--spark` adds the in-process row (if `--only` left it out) and a row forced through local Spark
+(`spark.min_rows` 0, `local[*]`: what a cluster user's copy costs on top of the rows, with its
+driver JVM and Python workers in the peak RSS), with the ratio of the one to the other.
 `--cluster` adds a row on a Spark standalone cluster started here (a master and two workers
 of 1 core, whose Python is the system python3: the run ships its environment). `--resume`
 adds two rows for a cursor table cut in 10 partitions: a fresh load, and the run that
@@ -20,6 +23,7 @@ the move of the Spark tasks from RDDs to the DataFrame API (`--against ba74b11`)
 
     .venv/bin/python bench/full_load.py --rows 5000000 --repeat 2
     .venv/bin/python bench/full_load.py --rows 5000000 --only replicator --cluster --resume
+    .venv/bin/python bench/full_load.py --rows 5000000 --only replicator --spark --repeat 3
     .venv/bin/python bench/full_load.py --rows 5000000 --only replicator --against ba74b11
     .venv/bin/python bench/full_load.py --rows 10000000 --only replicator \\
         --spark-conf spark.driver.memory=1g
@@ -78,11 +82,12 @@ SINGLE = "replicator sync, partitions: 1"
 # Context, not the design: `spark.min_rows` above the table, so the replicator process runs
 # the same copy task itself and no JVM starts. It shows what Spark's start costs here.
 IN_PROCESS = "replicator sync, no Spark (spark.min_rows above the table)"
+FORCED = "replicator sync, forced through local Spark (spark.min_rows 0)"
 CLUSTER = "replicator sync, standalone cluster (2 workers x 1 core)"
 FRESH = "replicator sync, cursor table, 10 partitions: fresh load"
 RESUMED = "replicator sync, same: resumed after a kill at 8 of 10 partitions"
 AGAINST = "replicator sync at {rev}"
-OURS_ROWS = (OURS, SINGLE, IN_PROCESS, CLUSTER, FRESH, RESUMED)
+OURS_ROWS = (OURS, SINGLE, IN_PROCESS, FORCED, CLUSTER, FRESH, RESUMED)
 KILL_AT_PARTS = 8
 
 
@@ -174,6 +179,7 @@ def main() -> None:
     parser.add_argument(
         "--partitions", type=int, help="replicator sync: Spark tasks (default: one per core)"
     )
+    parser.add_argument("--spark", action="store_true", help="add the forced local Spark row")
     parser.add_argument("--cluster", action="store_true", help="add the standalone cluster row")
     parser.add_argument("--resume", action="store_true", help="add the resumed-load rows")
     parser.add_argument("--against", metavar="REV", help="add a row for replicator at REV")
@@ -218,6 +224,9 @@ def main() -> None:
         }
         if args.only:
             paths = {OURS: paths[OURS]}
+        if args.spark:
+            paths[IN_PROCESS] = sync_command(in_process)
+            paths[FORCED] = sync_command(write_project(base / "project-forced", conf, None, 0))
         if spark_cluster is not None:
             wait_for_cores = {
                 "spark.cores.max": "2",
@@ -234,7 +243,9 @@ def main() -> None:
             paths[CLUSTER] = sync_command(on_cluster)
         against = AGAINST.format(rev=args.against) if args.against else None
         if against is not None:
-            paths[against] = f"PYTHONPATH={checkout(args.against, base)} {sync_command(project)}"
+            # From the worktree: `python -m` puts the working folder first on the path.
+            folder = checkout(args.against, base)
+            paths[against] = f"cd {folder} && PYTHONPATH={folder} {sync_command(project)}"
         if args.resume:
             resumable = write_project(base / "project-resumable", conf, 10, cursor=True)
             paths[FRESH] = paths[RESUMED] = sync_command(resumable)
@@ -289,6 +300,9 @@ def report(results: dict[str, list[Measured]], rows: int, table_bytes: int) -> N
         )
     if RESUMED in medians:
         print(f"\nresumed / fresh load: {medians[RESUMED] / medians[FRESH]:.2f}x")
+    if FORCED in medians:
+        ratio = medians[FORCED] / medians[IN_PROCESS]
+        print(f"forced through local Spark / in this process: {ratio:.2f}x")
     if CLUSTER in medians:
         print(f"standalone cluster / local[*]: {medians[CLUSTER] / ours:.2f}x")
     for name in medians:

@@ -331,6 +331,14 @@ LONGEST_FIRST = (
 )
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """A suite started in the background (`make test &`, `nohup`) inherits SIGINT ignored,
+    as would every command a test starts, and the tests of Ctrl-C would fail: the commands
+    get SIGINT as a terminal's user has it."""
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     def rank(item: pytest.Item) -> tuple[int, bool]:
         name = item.path.name

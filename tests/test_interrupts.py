@@ -10,7 +10,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import psycopg
@@ -190,7 +189,7 @@ def test_ctrl_c_in_other_commands_exits_130_without_aborted(db_project, table):
     cleanly with 130, not click's `Aborted!` and exit 1."""
     db_project.write_config({"tables": [{"name": f"{table}.t", "mode": "full-refresh"}]})
     db_project.write(f"models/{table}/t.sql", "SELECT id, v FROM {{ source }}")
-    with source_lock(db_project, table) as _:
+    with source_lock(db_project, table) as lock:
         process = subprocess.Popen(
             [sys.executable, "-m", "replicator", "status", "--project-dir", str(db_project.path)],
             env={**os.environ, **db_project.env},
@@ -199,7 +198,7 @@ def test_ctrl_c_in_other_commands_exits_130_without_aborted(db_project, table):
             stdin=subprocess.DEVNULL,
             text=True,
         )
-        time.sleep(3)
+        wait_for(lock.waited_on, 120, "status waiting on the locked table")
         os.kill(process.pid, signal.SIGINT)
         _, stderr = process.communicate(timeout=30)
     assert process.returncode == 130, stderr
@@ -223,6 +222,20 @@ class source_lock:
             )
         )
         return self
+
+    def waited_on(self) -> bool:
+        """Whether another session waits for this one's lock (asked from a session of its
+        own: a transaction sees pg_stat_activity as it was at its first look)."""
+        import psycopg
+
+        holder = self.conn.info.backend_pid
+        with psycopg.connect(self.conn.info.dsn, autocommit=True) as conn:
+            (waiting,) = conn.execute(
+                "SELECT EXISTS (SELECT FROM pg_stat_activity "
+                "WHERE %s = ANY(pg_blocking_pids(pid)))",
+                (holder,),
+            ).fetchone()
+        return waiting
 
     def __exit__(self, *exc):
         self.conn.rollback()

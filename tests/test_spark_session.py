@@ -97,6 +97,34 @@ def test_local_masters_retry_failed_tasks(master, expected):
     assert with_task_retries(master) == expected
 
 
+DRIVER_SCRIPT = """
+import sys
+from replicator.spark.jvm_stop import stop_jvm
+from replicator.spark.session import start_spark_context
+context = start_spark_context("local[1]")
+print(context.parallelize(range(3), 1).map(abs).sum())
+print(sorted({name.split(".")[0] for name in sys.modules} & {"pandas", "pyarrow", "numpy"}))
+import numpy
+print(context._jvm.java.lang.String.valueOf(numpy.int64(5)))
+print(context._jvm.java.util.Arrays.toString(numpy.array([1, 2], dtype="int32")))
+stop_jvm(context, graceful=True)
+"""
+
+
+def test_the_driver_loads_neither_pandas_nor_pyarrow_yet_still_sends_numpy_values():
+    """pyspark's NumPy converters import pandas and pyarrow when asked about any value: the
+    driver asks them only once NumPy is loaded (a process of its own: this one has them)."""
+    run = subprocess.run(
+        [sys.executable, "-c", DRIVER_SCRIPT],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        stdin=subprocess.DEVNULL,
+    )
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert run.stdout.split("\n")[:4] == ["3", "[]", "5", "[1, 2]"], run.stdout
+
+
 def test_local_workers_import_the_installed_pyspark_not_the_zip(spark):
     def where_pyspark_comes_from(_):
         import pyspark

@@ -32,14 +32,14 @@ from pathlib import Path
 from ..base.cache import cache_dir
 from ..base.processes import alive
 from ..base.readable import readable
-from .session import DRIVER_GC, QUICK_JIT
+from .session import DRIVER_GC, DRIVER_HEAP, QUICK_JIT
 
 # What the driver loads and how it runs, in words: the copy jobs' classes are in the list
 # only when it is taken after them (a run's list is taken as it ends). "static": the format,
 # so that an archive of an earlier kind is never taken for one; "RDD": the classes of a run
 # without Spark SQL (task_job.py), about 8,700 instead of 13,700; then the JVM options every
 # driver gets (the config's own are part of the key apart).
-LOADS = f"SparkContext, Python RDD jobs; static; {QUICK_JIT} {DRIVER_GC}"
+LOADS = f"SparkContext, Python RDD jobs; static; {QUICK_JIT} {DRIVER_GC} {DRIVER_HEAP}"
 # Unified-logging warnings (a stale archive, say) would go to stdout: errors only.
 QUIET_CDS = "-Xlog:cds=error,cds+dynamic=error"
 # The main class pyspark's launcher starts: the JVM's options are the arguments before it.

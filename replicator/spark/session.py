@@ -34,6 +34,11 @@ QUICK_JIT = "-XX:TieredStopAtLevel=1"
 # (two would stop the JVM at its start). A local run's JVM starts, runs its job and stops
 # sooner with it (bench/RESULTS.md: Spark without Spark SQL).
 DRIVER_GC = "-XX:+UseSerialGC"
+# Nor does it need the first heap the JVM sizes from the machine's memory (1/64 of it): its
+# young generation filled up before a first collection. A small one keeps the driver about
+# 50 MB smaller, in the same time (bench/RESULTS.md); the config's own -Xms comes after it,
+# so it wins.
+DRIVER_HEAP = "-Xms64m"
 _NAMES_A_GC = re.compile(r"-XX:\+Use\w*GC\b")
 _UTC_JAVA = "-Duser.timezone=UTC"
 JAVA_OPTION_KEYS = ("spark.driver.extraJavaOptions", "spark.executor.extraJavaOptions")
@@ -83,7 +88,7 @@ def spark_conf(
     Java options from the config are appended to ours (UTC, logging), never replace them."""
     settings = dict(BASE_CONF)
     settings["spark.master"] = master or DEFAULT_MASTER
-    driver = f"{settings[JAVA_OPTION_KEYS[0]]} {QUICK_JIT} {driver_options}".rstrip()
+    driver = f"{settings[JAVA_OPTION_KEYS[0]]} {QUICK_JIT} {DRIVER_HEAP} {driver_options}".rstrip()
     if quiet:
         log_config = resources.files("replicator.spark") / "log4j2.properties"
         driver += f" -Dlog4j2.configurationFile=file:{log_config}"
@@ -167,11 +172,52 @@ def start_spark_context(
     _choose_executor_python(settings)
     from pyspark import SparkConf, SparkContext
 
+    numpy_converters_wait_for_numpy()
     spark_config = SparkConf().setAll(list(settings.items()))
     with SparkContext._lock:
         if SparkContext._gateway is None:  # a new JVM: its stderr goes to the log (-v)
             SparkContext._ensure_initialized(gateway=_launch_gateway(spark_config))
         return SparkContext.getOrCreate(spark_config)
+
+
+class _OnceNumpyIsLoaded:
+    """One of pyspark's NumPy input converters, asked only once NumPy is loaded.
+
+    Py4J asks every registered converter about every argument of every call to the JVM, and
+    pyspark's NumPy converters answer by importing `pyspark.testing.utils`, which imports
+    pandas and pyarrow: the driver's first call into a new JVM paid most of a second and
+    85 MB for them (bench/RESULTS.md). A value can be a NumPy one only once NumPy is loaded,
+    so until then the answer is no, as the converter's would be; after, it is the
+    converter's own."""
+
+    def __init__(self, converter: Any):
+        self.converter = converter
+
+    def can_convert(self, obj: Any) -> bool:
+        return "numpy" in sys.modules and self.converter.can_convert(obj)
+
+    def convert(self, obj: Any, gateway_client: Any) -> Any:
+        return self.converter.convert(obj, gateway_client)
+
+
+def numpy_converters_wait_for_numpy() -> None:
+    """Wrap pyspark's NumPy converters in Py4J's list (once: the wrapped are no longer
+    theirs)."""
+    from py4j import protocol
+    from pyspark.sql import types
+
+    kinds = tuple(
+        kind
+        for kind in (
+            getattr(types, "NumpyArrayConverter", None),
+            getattr(types, "NumpyScalarConverter", None),
+        )
+        if kind is not None
+    )
+    protocol.INPUT_CONVERTER[:] = [
+        _OnceNumpyIsLoaded(converter) if isinstance(converter, kinds) else converter
+        for converter in protocol.INPUT_CONVERTER
+    ]
 
 
 def _launch_gateway(spark_config: SparkConf) -> Any:
