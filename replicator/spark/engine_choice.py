@@ -6,8 +6,9 @@ gain. Neither is a constant: a 2-core machine gains nothing from two tasks (both
 PostgreSQL backends already hold its cores), a cluster gains its executors. So, unless
 `spark.min_rows` is set (then it is the threshold, as configured), the choice comes from
 this host's measurements: every copy of at least `MEASURED_ROWS` rows records its rate
-(and, on Spark, how long the copy waited for Spark) in the cache folder, and a copy goes
-to Spark when the predicted time there is shorter than in this process.
+(and, on Spark, what Spark's start cost it: the whole start for the run's first such copy,
+even where the run did other work meanwhile) in the cache folder, and a copy goes to Spark
+when the predicted time there is shorter than in this process.
 
 Before an engine is measured: copies below `FLOOR` rows never start Spark; a local
 master (`local[*]`, the default, also behind the warm server) is tried only where its
@@ -50,7 +51,7 @@ _LOCAL = re.compile(r"^local(?:\[(\*|\d+)(?:,\s*\d+)?\])?$")
 
 @dataclass(frozen=True)
 class Figure:
-    """An engine's measured copy rate and, for Spark, the seconds a copy waited for it."""
+    """An engine's measured copy rate and, for Spark, the seconds its start cost a copy."""
 
     rows_per_second: float
     start_seconds: float = 0.0
