@@ -72,14 +72,7 @@ def test_a_load_in_this_process_records_its_rate(
 ):
     """With spark.min_rows unset, a 500,000-row table is copied here (no figure yet says
     Spark is faster) and the copy's rate is kept for the next choice."""
-    table = sql.Identifier(schema, "wide")
-    source_conn.execute(sql.SQL("CREATE TABLE {} (id bigint PRIMARY KEY, v text)").format(table))
-    source_conn.execute(
-        sql.SQL("INSERT INTO {} SELECT g, md5(g::text) FROM generate_series(1, 500000) g").format(
-            table
-        )
-    )
-    db_project.write_config({"tables": [{"name": f"{schema}.wide", "mode": "full-refresh"}]})
+    _wide_table(db_project, source_conn, schema)
     env = {"JAVA_HOME": "/nonexistent", "REPLICATOR_CACHE_DIR": str(tmp_path)}
     run = db_project.run_process("sync", "-v", env=env, drop=("REPLICATOR_SPARK_MIN_ROWS",))
     assert run.returncode == 0, run.stderr
@@ -96,6 +89,18 @@ def test_a_load_through_spark_is_charged_the_whole_start_of_spark(
     keeps all of it, which the run's other work waited for as well (on a small host the
     JVM's start slows it), so that a later choice does not take Spark for cheaper than it
     was."""
+    _wide_table(db_project, source_conn, schema)
+    run = db_project.run_process("sync", "-vv", env={"REPLICATOR_CACHE_DIR": str(tmp_path)})
+    assert run.returncode == 0, run.stderr[-3000:]
+    # the part of the start the load waited for while it planned its partitions
+    planned = re.search(r"snapshot exported, Spark ready in ([0-9.]+) s", run.stderr)
+    assert planned is not None, run.stderr[-3000:]
+    figures = json.loads((tmp_path / "engine-figures.json").read_text())
+    assert figures[LOCAL]["start_seconds"] >= float(planned.group(1))
+
+
+def _wide_table(db_project, source_conn, schema) -> None:
+    """A 500,000-row table, enough for a copy's figures to be kept (MEASURED_ROWS)."""
     table = sql.Identifier(schema, "wide")
     source_conn.execute(sql.SQL("CREATE TABLE {} (id bigint PRIMARY KEY, v text)").format(table))
     source_conn.execute(
@@ -104,10 +109,3 @@ def test_a_load_through_spark_is_charged_the_whole_start_of_spark(
         )
     )
     db_project.write_config({"tables": [{"name": f"{schema}.wide", "mode": "full-refresh"}]})
-    run = db_project.run_process("sync", "-vv", env={"REPLICATOR_CACHE_DIR": str(tmp_path)})
-    assert run.returncode == 0, run.stderr[-3000:]
-    # the part of the start the load waited for while it planned its partitions
-    planned = re.search(r"snapshot exported, Spark ready in ([0-9.]+) s", run.stderr)
-    assert planned is not None, run.stderr[-3000:]
-    figures = json.loads((tmp_path / "engine-figures.json").read_text())
-    assert figures[LOCAL]["start_seconds"] >= float(planned.group(1))

@@ -286,10 +286,10 @@ class SparkRunner:
 
     def _start_cost(self, waited: float) -> float:
         """What a copy that `waited` for Spark paid for its start: all of the start for the
-        first measured copy, though the run went on with its other work meanwhile (on a small host the
-        JVM's start slows that work about as much as the copy would have waited: a forced
-        5M-row load's copy waited 0.7 s of a start of more than 3); its wait for the later
-        ones."""
+        run's first measured copy, though the run did its other work meanwhile (on a small
+        host the JVM's start slows that work about as much as the copy would have waited: a
+        forced 5M-row load's copy waited 0.7 s of a start of more than 3); its own wait for
+        the later ones."""
         if self._start_began is None or self._start_ended is None:
             return waited
         cost = self._start_ended - self._start_began
