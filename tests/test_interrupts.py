@@ -184,7 +184,7 @@ def test_a_signal_the_command_was_started_ignoring_does_not_stop_it(
     assert dest_conn.execute(counted).fetchone() == (600,)
 
 
-def test_ctrl_c_in_other_commands_exits_130_without_aborted(db_project, table):
+def test_ctrl_c_in_other_commands_exits_130_without_aborted(db_project, table, source_conn):
     """A command waiting on the database (here `status` behind a locked table) stops
     cleanly with 130, not click's `Aborted!` and exit 1."""
     db_project.write_config({"tables": [{"name": f"{table}.t", "mode": "full-refresh"}]})
@@ -198,7 +198,16 @@ def test_ctrl_c_in_other_commands_exits_130_without_aborted(db_project, table):
             stdin=subprocess.DEVNULL,
             text=True,
         )
-        wait_for(lock.waited_on, 120, "status waiting on the locked table")
+        # asked outside the lock's transaction, which sees pg_stat_activity as it first was
+        wait_for(
+            lambda: source_conn.execute(
+                "SELECT EXISTS (SELECT FROM pg_stat_activity "
+                "WHERE %s = ANY(pg_blocking_pids(pid)))",
+                (lock.conn.info.backend_pid,),
+            ).fetchone()[0],
+            120,
+            "status waiting on the locked table",
+        )
         os.kill(process.pid, signal.SIGINT)
         _, stderr = process.communicate(timeout=30)
     assert process.returncode == 130, stderr
@@ -222,20 +231,6 @@ class source_lock:
             )
         )
         return self
-
-    def waited_on(self) -> bool:
-        """Whether another session waits for this one's lock (asked from a session of its
-        own: a transaction sees pg_stat_activity as it was at its first look)."""
-        import psycopg
-
-        holder = self.conn.info.backend_pid
-        with psycopg.connect(self.conn.info.dsn, autocommit=True) as conn:
-            (waiting,) = conn.execute(
-                "SELECT EXISTS (SELECT FROM pg_stat_activity "
-                "WHERE %s = ANY(pg_blocking_pids(pid)))",
-                (holder,),
-            ).fetchone()
-        return waiting
 
     def __exit__(self, *exc):
         self.conn.rollback()
