@@ -17,9 +17,11 @@ from psycopg import sql
 from psycopg.conninfo import make_conninfo
 from waiting import wait_for
 
+from replicator.base.errors import TaskError
 from replicator.base.identifiers import TableName
-from replicator.postgres.snapshot import ExportedSnapshot
-from replicator.transfer.copy_stream import stream_in_parts
+from replicator.postgres.database import connect, execute
+from replicator.postgres.snapshot import SessionSnapshot
+from replicator.transfer.copy_stream import CopyTask, stream_in_parts
 from replicator.transfer.copy_tasks import copy_tasks
 
 pytestmark = pytest.mark.spark
@@ -159,14 +161,25 @@ def test_a_part_that_fails_to_merge_leaves_the_copy_as_it_was(
 ):
     """The second part's merge fails (a trigger on the copy refuses one of its rows): the
     copy stops, the parts merged before roll back with it, the table fails (exit 1) saying
-    why, and nothing is left behind; the next run converges."""
+    why, and nothing is left behind; the next table syncs on the run's source session, which
+    the batch was read in; the next run converges."""
     before = _copy_print(dest_conn, schema)
     row = _trigger_on_a_row_of_the_second_part(
         source_conn, dest_conn, schema, big_batches, "refuse", "RAISE EXCEPTION 'row {id} refused'"
     )
+    source_conn.execute(
+        sql.SQL("CREATE TABLE {} AS SELECT g AS id FROM generate_series(1, 5) g").format(
+            sql.Identifier(schema, "after")
+        )
+    )
+    entry = {"name": f"{schema}.events", "replication_key": "updated_at", "lookback": 0}
+    after = {"name": f"{schema}.after", "mode": "full-refresh"}
+    db_project.write_config({"tables": [entry, after]})
     failed = db_project.run("sync", env=IN_PROCESS)
     assert failed.exit_code == 1, failed.output
     assert f"row {row} refused" in failed.stderr, failed.stderr
+    assert "connecting again" not in failed.stderr, failed.stderr
+    assert assert_same_table(source_conn, dest_conn, schema, "after") == 5
     assert _copy_print(dest_conn, schema) == before
     assert leftovers(dest_conn, [TableName(schema, "events")]) == []
     dest_conn.execute(sql.SQL("DROP TRIGGER refuse ON {}").format(sql.Identifier(schema, "events")))
@@ -241,24 +254,11 @@ def test_the_stream_cut_in_parts_lands_every_row_once(
                 sql.Identifier(schema, name)
             )
         )
-    query = sql.SQL("SELECT * FROM {} ORDER BY id").format(sql.Identifier(schema, "s"))
     landed: list[int] = []
-    with ExportedSnapshot(pg_servers.source_url) as snap:
-        tasks = [
-            task
-            for k, name in enumerate(tables)
-            for task in copy_tasks(
-                "test-load",
-                pg_servers.source_url,
-                pg_servers.dest_url,
-                snap.snapshot_id,
-                [query],
-                (schema, name),
-                ["id", "v", "n"],
-                parts=[k],
-            )
-        ]
-        result = stream_in_parts(tasks, 10, landed.append, threading.Event())
+    with connect(pg_servers.source_url, "source") as session, SessionSnapshot(session):
+        result = stream_in_parts(
+            session, _part_tasks(pg_servers, schema, tables), 10, landed.append, threading.Event()
+        )
     assert result.rows == rows
     held = [
         [
@@ -272,6 +272,61 @@ def test_the_stream_cut_in_parts_lands_every_row_once(
     assert [i for part in held for i in part] == list(range(1, rows + 1))
     assert [len(part) for part in held[:3]] == [min(10, max(0, rows - 10 * k)) for k in range(3)]
     assert landed == list(range(len(landed))) and landed, landed
+
+
+def _part_tasks(pg_servers, schema: str, tables: list[str]) -> list[CopyTask]:
+    """The tasks of a stream of `schema`.s, in key order, cut into `tables`."""
+    query = sql.SQL("SELECT * FROM {} ORDER BY id").format(sql.Identifier(schema, "s"))
+    return [
+        task
+        for k, name in enumerate(tables)
+        for task in copy_tasks(
+            "test-load",
+            pg_servers.source_url,
+            pg_servers.dest_url,
+            "",
+            [query],
+            (schema, name),
+            ["id", "v", "n"],
+            parts=[k],
+        )
+    ]
+
+
+def test_a_stream_stopped_part_way_leaves_the_source_session_usable(
+    pg_servers, source_conn, dest_conn, schema
+):
+    """The merge of a part failed while the source still sends rows: the stream stops, its
+    COPY out is cancelled and the rest of it dropped, and the run's source session (whose
+    transaction the batch was read in) goes on to the next table."""
+    source_conn.execute(
+        sql.SQL(
+            "CREATE TABLE {} AS SELECT g AS id, repeat('x', 100) AS v, g / 3.0 AS n "
+            "FROM generate_series(1, 200000) g"
+        ).format(sql.Identifier(schema, "s"))
+    )
+    tables = [f"p{k}" for k in range(4)]
+    for name in tables:
+        dest_conn.execute(
+            sql.SQL("CREATE TABLE {} (id int, v text, n numeric)").format(
+                sql.Identifier(schema, name)
+            )
+        )
+    stop = threading.Event()
+    with connect(pg_servers.source_url, "source") as session:
+        with SessionSnapshot(session), pytest.raises(TaskError, match="the merge failed"):
+            stream_in_parts(
+                session, _part_tasks(pg_servers, schema, tables), 10, lambda _: stop.set(), stop
+            )
+        assert not session.closed
+        (count,) = execute(
+            session, sql.SQL("SELECT count(*) FROM {}").format(sql.Identifier(schema, "s"))
+        ).fetchone()
+    assert count == 200_000
+    (first,) = dest_conn.execute(
+        sql.SQL("SELECT count(*) FROM {}").format(sql.Identifier(schema, "p0"))
+    ).fetchone()
+    assert first == 10
 
 
 def test_a_batch_the_probe_did_not_count_is_taken_as_big_as_the_last_one(

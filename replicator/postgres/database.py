@@ -15,6 +15,7 @@ import contextlib
 import logging
 import weakref
 from collections.abc import Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Union
@@ -142,6 +143,36 @@ def connect(
         message = str(exc).removeprefix(f"{role}: ")
         raise DatabaseError(f"cannot configure the {role} session: {message}") from None
     return conn
+
+
+def connect_both(
+    source_url: str, dest_url: str
+) -> tuple[psycopg.Connection[Any], psycopg.Connection[Any]]:
+    """A run's two sessions, the destination's opened on a thread while this one opens the
+    source's: each mostly waits for its server to start a backend. An error of either is
+    raised (the source's first), and the other connection closed."""
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="replicator-connect") as pool:
+        opening = pool.submit(connect, dest_url, "destination")
+        try:
+            source = connect(source_url, "source")
+        except BaseException:
+            with contextlib.suppress(BaseException):
+                opening.result().close()
+            raise
+        try:
+            return source, opening.result()
+        except BaseException:
+            source.close()
+            raise
+
+
+def idle(conn: psycopg.Connection[Any]) -> bool:
+    """Open, not broken and in no transaction: a session another step can run on."""
+    return (
+        not conn.closed
+        and not conn.broken
+        and conn.info.transaction_status == pq.TransactionStatus.IDLE
+    )
 
 
 def render(statement: Statement) -> str:

@@ -1,7 +1,10 @@
 """An exported snapshot: one REPEATABLE READ transaction that Spark tasks import.
 
 It stays open until every task has imported it; the cursor and partition bounds are read
-inside it, so they describe exactly the rows the tasks copy.
+inside it, so they describe exactly the rows the tasks copy. A read no other session joins
+(a batch this process streams in parts) takes its snapshot on the run's own source session
+instead (`SessionSnapshot`): nothing exported or imported, and no new backend whose first
+catalog reads are slow.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from .database import connect, execute
 # exporter waits on its client, not on a lock. Measured: a run and the application's DDL
 # stood still for 11 minutes, until the run was killed.
 IMPORTER_LOCK_TIMEOUT = "5s"
+SOURCE_BEGIN = "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"
 BOUNDED_LOCK_WAIT = f"SET LOCAL lock_timeout = '{IMPORTER_LOCK_TIMEOUT}'"
 LOCK_TIMEOUT_SQLSTATE = "55P03"
 GAVE_WAY = (
@@ -51,7 +55,7 @@ class ExportedSnapshot:
 
     def __enter__(self) -> ExportedSnapshot:
         self.conn = connect(self.source_url, self.side)
-        execute(self.conn, "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+        execute(self.conn, SOURCE_BEGIN)
         (self.snapshot_id, self.taken_at) = execute(
             self.conn, "SELECT pg_export_snapshot(), now()"
         ).fetchone()
@@ -70,6 +74,33 @@ class ExportedSnapshot:
                     execute(self.conn, "ROLLBACK")
             finally:
                 self.conn.close()
+
+
+class SessionSnapshot(ExportedSnapshot):
+    """A snapshot of a session the caller keeps (`conn`, the run's, idle): a REPEATABLE READ
+    transaction on it, rolled back after the block, the session left open; nothing is
+    exported (`snapshot_id` is empty) and `taken_at` is not read (no history table is
+    written from such a read)."""
+
+    def __init__(self, conn: psycopg.Connection[Any]) -> None:
+        super().__init__("")
+        self.session = conn
+
+    def __enter__(self) -> SessionSnapshot:
+        execute(self.session, SOURCE_BEGIN)
+        self.conn = self.session
+        return self
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        value: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        try:
+            execute(self.session, "ROLLBACK")
+        except DatabaseError:  # a session that cannot end its read is no use to the run
+            self.session.close()
 
 
 class ImportedSnapshot(ExportedSnapshot):
@@ -95,7 +126,7 @@ def import_snapshot(url: str, side: str, snapshot_id: str) -> psycopg.Connection
     (closed again when that fails)."""
     conn = connect(url, side)
     try:
-        execute(conn, "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+        execute(conn, SOURCE_BEGIN)
         execute(conn, sql.SQL("SET TRANSACTION SNAPSHOT {}").format(sql.Literal(snapshot_id)))
     except BaseException:
         conn.close()

@@ -7,7 +7,8 @@ also works through PgBouncer in transaction mode; released by the server when th
 dies. The transaction holds no snapshot between statements and writes nothing.
 
 A run locks its tables one after another: the lock's connection is kept for the next table
-(`lock_connections`), so a run of 1,000 tables opens one, not 1,000.
+(`lock_connections`), so a run of 1,000 tables opens one, not 1,000. A run that has tables
+to sync opens it on a thread while it plans the first (`open_ahead`).
 """
 
 from __future__ import annotations
@@ -15,14 +16,14 @@ from __future__ import annotations
 import contextlib
 import hashlib
 from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import psycopg
-from psycopg.pq import TransactionStatus
 
 from ..base.errors import TableLocked
 from ..base.identifiers import TableName
-from .database import connect, execute, transaction
+from .database import connect, execute, idle, transaction
 
 
 def lock_key(target: TableName) -> int:
@@ -31,8 +32,10 @@ def lock_key(target: TableName) -> int:
     return int.from_bytes(digest[:8], "big", signed=True)
 
 
-# Idle lock connections of the run under way, by destination URL (lock_connections()).
+# Idle lock connections of the run under way, by destination URL (lock_connections()), and
+# those being opened ahead (open_ahead).
 _idle: dict[str, list[psycopg.Connection[Any]]] | None = None
+_ahead: dict[str, Future[psycopg.Connection[Any]]] = {}
 
 
 @contextlib.contextmanager
@@ -44,10 +47,24 @@ def lock_connections() -> Iterator[None]:
         yield
     finally:
         if outer is None:
+            for url in list(_ahead):
+                with contextlib.suppress(Exception):
+                    _idle.setdefault(url, []).append(_ahead.pop(url).result())
             for pool in _idle.values():
                 for conn in pool:
                     conn.close()
             _idle = None
+
+
+def open_ahead(dest_url: str) -> None:
+    """Open a lock connection to `dest_url` on a thread, for the block's first lock there
+    (it waits for it then; an error opening it is that lock's). Only inside
+    `lock_connections`, and only when none is idle or opening already."""
+    if _idle is None or _idle.get(dest_url) or dest_url in _ahead:
+        return
+    opener = ThreadPoolExecutor(max_workers=1, thread_name_prefix="replicator-lock")
+    _ahead[dest_url] = opener.submit(_new_lock_connection, dest_url)
+    opener.shutdown(wait=False)
 
 
 @contextlib.contextmanager
@@ -55,13 +72,18 @@ def _lock_connection(dest_url: str) -> Iterator[psycopg.Connection[Any]]:
     """A connection for one lock: an idle one of the run's if any, else a new one; back to
     the run's idle ones when the block ends cleanly, closed otherwise."""
     pool = _idle.setdefault(dest_url, []) if _idle is not None else None
-    conn = pool.pop() if pool else _new_lock_connection(dest_url)
+    if pool:
+        conn = pool.pop()
+    elif (opening := _ahead.pop(dest_url, None)) is not None:
+        conn = opening.result()
+    else:
+        conn = _new_lock_connection(dest_url)
     try:
         yield conn
     except BaseException:
         conn.close()
         raise
-    if pool is None or conn.closed or conn.info.transaction_status != TransactionStatus.IDLE:
+    if pool is None or not idle(conn):
         conn.close()
     else:
         pool.append(conn)

@@ -102,14 +102,22 @@ def prune_statement() -> sql.Composed:
     ).format(RUNS_TABLE.identifier(), PROJECT)
 
 
-def record(dest_url: str, rows: Sequence[RunRow], history_days: int) -> bool:
-    """Insert the run's rows and prune the old ones; False (and a warning) when the
-    destination cannot take them."""
+def record(
+    dest_url: str,
+    rows: Sequence[RunRow],
+    history_days: int,
+    session: psycopg.Connection[Any] | None = None,
+) -> bool:
+    """Insert the run's rows and prune the old ones, on `session` (the run's own, idle) or
+    a connection of their own; False (and a warning) when the destination cannot take them."""
     if not rows:
         return True
     try:
-        with connect(dest_url, "destination") as dest:
-            write(dest, rows, history_days)
+        if session is not None:
+            write(session, rows, history_days)
+        else:
+            with connect(dest_url, "destination") as dest:
+                write(dest, rows, history_days)
     except (ReplicatorError, psycopg.Error) as exc:
         log.warning(
             "the run's history was not recorded in %s (the run itself is not affected): %s",

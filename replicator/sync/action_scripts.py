@@ -255,16 +255,18 @@ def _incremental(
     parallelism = 1 if in_process else _spark_cores(inputs.settings, ActionScripts([]))
     tasks = batch_tasks(inputs.source, SNAPSHOT, inputs.urls, built, batch, LOAD_ID, parallelism)
     merged = len(tasks) if batch.parts > 1 else 1  # in parts: each merged as it lands
+    if batch.parts > 1:  # no markers: read on the run's own session, never retried
+        copy = [Tasks([stream_steps(tasks)])]
+    else:
+        copy = [
+            *start_load_steps(built.table.target),
+            Tasks([task_steps(task, version) for task in tasks]),
+            *end_load_steps(LOAD_ID),
+        ]
     return [
         *unfinished_steps,
         *staging_steps(built, facts, batch.parts),
-        *start_load_steps(built.table.target),
-        Tasks(
-            [stream_steps(tasks, version)]
-            if batch.parts > 1
-            else [task_steps(task, version) for task in tasks]
-        ),
-        *end_load_steps(LOAD_ID),
+        *copy,
         *merge_steps(built, merged, batch.parts),
     ]
 

@@ -10,6 +10,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import psycopg
+
 from ..base.errors import StateWriteError
 from ..base.redact import mask_values, redact
 from ..plan.cursor import ProbeResult
@@ -18,7 +20,7 @@ from ..plan.drift import Observed, Planned
 from ..plan.read_ahead import NOTHING_READ, ReadAhead
 from ..plan.table_sql import TableSql
 from ..postgres.catalog import TableInfo
-from ..postgres.database import Endpoints
+from ..postgres.database import Endpoints, idle
 from ..project.config import TableConfig
 from ..project.project import Project
 from ..project.state import RunOutcome, TableState
@@ -100,6 +102,22 @@ class RunContext:
         self.slot_lost: str | None = None
         # `sync --follow`: decides whether a run's webhook is posted (follow.py)
         self.notify: Callable[[dict[str, Any], bool], None] | None = None
+        # the run's destination session once its tables are done, if idle: the run's history
+        # row is written on it (run_record.py), not on a connection of its own
+        self.history_session: psycopg.Connection[Any] | None = None
+
+    def keep_for_history(self, conn: psycopg.Connection[Any]) -> None:
+        """At the end of the tables: keep the run's destination session for the history
+        row when it can take it; close it otherwise."""
+        if self.history_session is None and idle(conn):
+            self.history_session = conn
+        else:
+            conn.close()
+
+    def close_history_session(self) -> None:
+        if self.history_session is not None:
+            self.history_session.close()
+            self.history_session = None
 
     def ahead_for(self, table: TableConfig) -> ReadAhead:
         """The read-ahead facts for a table's first plan in the run; a later plan of it

@@ -31,9 +31,9 @@ from ..cdc.source.unused_slot import unused_slot
 from ..plan.decide import Plan
 from ..plan.drift import plan_now, recheck
 from ..plan.read_ahead import read_ahead
-from ..postgres.database import Endpoints, connect
+from ..postgres.database import Endpoints, connect, connect_both
 from ..postgres.ownership import adopt_legacy, bookkeeping_gone
-from ..postgres.table_lock import lock_connections, table_lock
+from ..postgres.table_lock import lock_connections, open_ahead, table_lock
 from ..project.config import TableConfig
 from ..project.project import Project
 from ..project.runlock import run_lock
@@ -118,6 +118,9 @@ def run_sync(
         _report_interrupted(run, tables, output, exc)
         record_run(run, tables, exc.describe())
         raise
+    except BaseException:  # a bug: no history is written, and its session is closed
+        run.close_history_session()
+        raise
     finally:
         run.lineage.close(run.results)
     results = run.results
@@ -179,8 +182,9 @@ def _sync_all(
     )
     try:
         with ExitStack() as opened:
-            source = opened.enter_context(connect(connections.source, "source"))
-            dest = opened.enter_context(connect(connections.destination, "destination"))
+            source, dest = connect_both(connections.source, connections.destination)
+            opened.enter_context(source)
+            opened.callback(run.keep_for_history, dest)
             ends = Endpoints(source, dest, connections.source, connections.destination)
             # before a table (or the capture's set-up) creates the registry again
             run.bookkeeping_gone = bookkeeping_gone(dest)
@@ -194,6 +198,8 @@ def _sync_all(
             if capture is not None:
                 capture.set_up(ends, tables)
             untouched = screen_noops(run, ends, tables, output)
+            if len(untouched) < len(tables):  # the first table's lock, while it plans
+                open_ahead(ends.dest_url)
             for table in tables:
                 if stop_requested():  # `sync --follow` asked to stop: finish here
                     break
@@ -202,12 +208,12 @@ def _sync_all(
                     _log_result(run, result)
                     results.append(result)
                     continue
-                ends = _reconnected(ends, opened)
+                ends = _reconnected(run, ends, opened)
                 result = _sync_table(run, ends, table, output, capture)
                 if result is not None:  # None: a `cdc` table the drain below syncs
                     results.append(result)
             if capture is not None and not stop_requested():  # else its tables wait too
-                ends = _reconnected(ends, opened)
+                ends = _reconnected(run, ends, opened)
                 drained, drifted = capture.drain_deferred(ends)
                 for result in drained:
                     _log_result(run, result)
@@ -232,7 +238,7 @@ def _capture_run(run: RunContext) -> CaptureRun:
     return CaptureRun(run)
 
 
-def _reconnected(ends: Endpoints, opened: ExitStack) -> Endpoints:
+def _reconnected(run: RunContext, ends: Endpoints, opened: ExitStack) -> Endpoints:
     """The run's two connections, each opened again if it was lost (a server restarted, a
     session terminated): the table that was using it failed, the next ones go on. One that
     cannot be opened again fails the rest of the run (`fail_the_rest`)."""
@@ -242,7 +248,8 @@ def _reconnected(ends: Endpoints, opened: ExitStack) -> Endpoints:
         source = opened.enter_context(connect(ends.source_url, "source"))
     if dest.closed or dest.broken:
         log.warning("destination: the connection was lost; connecting again")
-        dest = opened.enter_context(connect(ends.dest_url, "destination"))
+        dest = connect(ends.dest_url, "destination")
+        opened.callback(run.keep_for_history, dest)
     return (
         ends
         if (source, dest) == (ends.source, ends.dest)

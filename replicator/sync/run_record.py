@@ -32,6 +32,7 @@ def record_run(
     except Exception as exc:  # a bug here must not turn a good run into a failed one
         log.warning("the run's history and metrics were not recorded: internal error: %s", exc)
     finally:
+        run.close_history_session()
         run.project.store.remember(False)  # the run's states were read: files from now on
 
 
@@ -51,7 +52,12 @@ def _record(run: RunContext, tables: Sequence[TableConfig], interrupted: str | N
     if any((r.error or "").startswith(UNREACHABLE) for r in run.results):  # said once already
         log.warning("the run's history was not recorded: the destination was out of reach")
     else:
-        history.record(project.connections().destination, rows, settings.history_days)
+        history.record(
+            project.connections().destination,
+            rows,
+            settings.history_days,
+            run.history_session,
+        )
     if settings.metrics_textfile is not None:
         registry = metrics.registry_for(
             _figures(project.config.tables, rows, states),

@@ -24,7 +24,7 @@ from ..base.failpoints import failpoint
 from ..base.identifiers import quote_ident
 from ..base.readable import readable
 from ..postgres.database import Step, connect, execute, note, transaction
-from ..postgres.snapshot import BOUNDED_LOCK_WAIT, GAVE_WAY, LOCK_TIMEOUT_SQLSTATE
+from ..postgres.snapshot import BOUNDED_LOCK_WAIT, GAVE_WAY, LOCK_TIMEOUT_SQLSTATE, SOURCE_BEGIN
 
 WRITE_BLOCK = 1 << 20
 
@@ -63,7 +63,6 @@ class CopyResult:
     seconds: float
 
 
-SOURCE_BEGIN = "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"
 SCHEMAS = "SELECT pg_catalog.current_schemas(false)::text[]"
 SEARCH_PATH = "SELECT pg_catalog.set_config('search_path', %s, true)"
 # A task killed mid-query (its Spark job cancelled, its worker gone) is noticed by the server
@@ -285,28 +284,37 @@ BINARY_TRAILER = b"\xff\xff"
 
 
 def stream_in_parts(
-    tasks: list[CopyTask], part_rows: int, landed: Callable[[int], None], stop: threading.Event
+    source: psycopg.Connection,
+    tasks: list[CopyTask],
+    part_rows: int,
+    landed: Callable[[int], None],
+    stop: threading.Event,
 ) -> CopyResult:
-    """One COPY out of the source (the tasks share it, their snapshot and connections), its
+    """One COPY out of `source` (a session of the caller's, in the transaction whose
+    snapshot the batch is read in; the tasks share it, and one destination connection), its
     rows into each task's table in turn: `part_rows` rows each, the rest into the last. Each
-    part commits, then `landed(part)` tells. `stop` set ends it early. No markers: a batch
-    copied in this process is not retried (sync/incremental/merge_pipeline.py)."""
+    part commits, then `landed(part)` tells. `stop` set ends it early, the COPY out
+    cancelled so that `source` can go on. No markers: a batch copied in this process is not
+    retried (sync/incremental/merge_pipeline.py)."""
     started = time.monotonic()
     with task_errors(tasks[0]):
-        rows, size = _stream_parts(tasks, part_rows, landed, stop)
+        rows, size = _stream_parts(source, tasks, part_rows, landed, stop)
     return CopyResult(0, rows, size, time.monotonic() - started)
 
 
 def _stream_parts(
-    tasks: list[CopyTask], part_rows: int, landed: Callable[[int], None], stop: threading.Event
+    source: psycopg.Connection,
+    tasks: list[CopyTask],
+    part_rows: int,
+    landed: Callable[[int], None],
+    stop: threading.Event,
 ) -> tuple[int, int]:
     first, rows, size = tasks[0], 0, 0
     binary = first.copy_in.endswith("(FORMAT binary)")
-    with (
+    with (  # the source starts sending while the destination's connection is made
+        _copy_out_ended(source, first.copy_out) as pgconn,
         connect(first.dest_url, "destination", application_name="replicator-task") as dest,
-        _source_snapshot(first) as source,
     ):
-        pgconn = _start_copy_out(source, first.copy_out)
         header, ended = b"", False
         for part, task in enumerate(tasks):
             last = part == len(tasks) - 1
@@ -342,8 +350,29 @@ def _stream_parts(
             landed(part)
             if ended:
                 break
-        _end_copy_out(pgconn)
     return rows, size
+
+
+@contextlib.contextmanager
+def _copy_out_ended(source: psycopg.Connection, copy_out: str) -> Iterator[pq.abc.PGconn]:
+    """`copy_out` started on `source`, and ended when the block does: read to its end
+    (its error raised), or, when the block raises before, cancelled and its rest read and
+    dropped, leaving the session in its transaction (closed if even that fails)."""
+    pgconn = _start_copy_out(source, copy_out)
+    try:
+        yield pgconn
+    except BaseException:
+        with contextlib.suppress(_SourceFailure, psycopg.Error):  # the cancellation's own
+            source.cancel_safe()
+            while _next_copy_data(pgconn) is not None:
+                pass
+        with contextlib.suppress(psycopg.Error):
+            while _next_result(pgconn) is not None:  # the COPY's error, then the end
+                pass
+        if pgconn.transaction_status == pq.TransactionStatus.ACTIVE:
+            source.close()
+        raise
+    _end_copy_out(pgconn)
 
 
 def _next_copy_data(pgconn: pq.abc.PGconn) -> memoryview | bytes | None:
@@ -392,11 +421,11 @@ def _quoted_path(schemas: list[str]) -> str:
     return ", ".join(map(quote_ident, schemas))
 
 
-def stream_steps(tasks: list[CopyTask], source_version: int) -> list[Step]:
-    """What `stream_in_parts` runs, as `compile` prints it: one COPY out of the source, its
-    rows into each task's table in a destination transaction of its own."""
+def stream_steps(tasks: list[CopyTask]) -> list[Step]:
+    """What `stream_in_parts` runs, as `compile` prints it: one COPY out of the source, in
+    the transaction of the batch's reads, its rows into each task's table in a destination
+    transaction of its own."""
     first = tasks[0]
-    check = [Step("source", CHECK_CLIENT)] if source_version >= 140000 else []
     parts = [
         step
         for task in tasks
@@ -407,10 +436,7 @@ def stream_steps(tasks: list[CopyTask], source_version: int) -> list[Step]:
         )
     ]
     return [
-        *check,
         Step("source", SOURCE_BEGIN),
-        snapshot_step(first),
-        Step("source", BOUNDED_LOCK_WAIT),
         Step("source", first.copy_out),
         *parts,
         Step("source", "ROLLBACK"),

@@ -8,8 +8,10 @@ own transaction, dropped as that transaction ends: no staging table to create be
 drop afterwards or leave behind when the run is killed, and no marker, since nothing retries
 the copy. The general one, for a batch copied on Spark, in COPY's text form (whose names
 need the source's search_path on the destination) or staged in parts (merge_pipeline.py):
-an exported snapshot the copy tasks import, UNLOGGED staging tables in `_replicator`, a
-marker per task. Either way the open transactions are looked at right after the snapshot,
+UNLOGGED staging tables in `_replicator`, and an exported snapshot the copy tasks import,
+with a marker per task; a batch staged in parts is read by this process alone, so its
+snapshot is a transaction of the run's own source session too, and it keeps no markers.
+Either way the open transactions are looked at right after the snapshot,
 then the newest key is read, the rows copied, and the new cursor and its fingerprint taken
 in the same snapshot.
 """
@@ -33,7 +35,7 @@ from ...postgres.database import Endpoints, execute, run_steps, transaction
 from ...postgres.history_tables import Versions, batch_steps
 from ...postgres.naming import MAX_STAGING_PARTS, staging_table, staging_tables
 from ...postgres.open_transactions import look
-from ...postgres.snapshot import ExportedSnapshot
+from ...postgres.snapshot import ExportedSnapshot, SessionSnapshot
 from ...postgres.types.type_closure import base_type
 from ...project.state import Cursor, Pending, TableState, Window
 from ...spark.engine_choice import IN_PROCESS
@@ -47,7 +49,7 @@ from ...transfer.copy_stream import (
     stream_between,
 )
 from ...transfer.copy_tasks import copy_tasks
-from ...transfer.markers import discard, forget_markers, new_load_id
+from ...transfer.markers import discard, forget_markers, fresh_load_id, new_load_id
 from ...transfer.partitions import KeyRange, range_predicate
 from ..context import KeyBounds
 from ..scripts import (
@@ -320,13 +322,14 @@ def _read_batch(
     resync: KeyBounds | None,
 ) -> BatchRead:
     """Copy the batch into staging inside one exported snapshot; compute the new cursor."""
-    staging = staging_table(built.table.target)
-    with ExportedSnapshot(ends.source_url) as snap:
+    staging, target = staging_table(built.table.target), built.table.target
+    in_parts = batch.parts > 1  # read by this process alone, on the run's session
+    with SessionSnapshot(ends.source) if in_parts else ExportedSnapshot(ends.source_url) as snap:
         assert snap.conn is not None
         seen = look(snap.conn)  # right after the snapshot: open_transactions.py
         progress.phase("reading the batch's newest key from the model")
         hwm = newest_key(snap.conn, batch.keyed, batch.key, batch.key_type)
-        load_id = new_load_id(ends.dest, built.table.target)
+        load_id = fresh_load_id(target) if in_parts else new_load_id(ends.dest, target)
         if not batch.in_process:
             progress.phase("starting Spark")
         parallelism = 1 if batch.in_process else spark.parallelism()
@@ -343,7 +346,8 @@ def _read_batch(
             len(tasks),
             " in-process" if batch.in_process else " on Spark",
         )
-        forget_markers(ends.dest, load_id)
+        if not in_parts:  # the parts keep no markers
+            forget_markers(ends.dest, load_id)
         _say_repeated_keys(ends.dest, built, staging)
         if resync is not None:
             return BatchRead(
@@ -366,7 +370,7 @@ def _copy(
         return spark.run_copy_tasks(tasks, in_process=batch.in_process), None
     staged = staging_tables(built.table.target, len(tasks))
     merges = [built.merge_from(table) or "" for table in staged]
-    result, merged = copy_and_merge(ends.dest, built, tasks, merges, batch.part_rows)
+    result, merged = copy_and_merge(ends.source, ends.dest, built, tasks, merges, batch.part_rows)
     spark.choice.record(IN_PROCESS, result.rows, result.seconds)
     return [result], merged
 

@@ -3,7 +3,8 @@ destination transaction: part k merges while part k+1 copies.
 
 Copied whole and then merged, a batch keeps one side waiting: the source and the staging
 COPY work while the destination's merge has nothing to do, then the other way round. The
-batch is still read by one COPY out of the source, in one snapshot; the copy cuts its rows
+batch is still read by one COPY out of the source, in one snapshot (a transaction of the
+run's own source session); the copy cuts its rows
 into up to four staging tables as they come (transfer/copy_stream.stream_in_parts), each
 part committed when it is full, and this module merges each part as soon as it lands. The
 parts are disjoint, so merging them one after another in one transaction writes what one
@@ -49,22 +50,24 @@ def part_rows(built: TableSql, rows: int, in_process: bool) -> int:
 
 
 def copy_and_merge(
+    source: psycopg.Connection[Any],
     dest: psycopg.Connection[Any],
     built: TableSql,
     tasks: list[CopyTask],
     merges: list[str],
     rows: int,
 ) -> tuple[CopyResult, int]:
-    """Stream the batch into the tasks' staging tables, `rows` rows each (the last takes the
-    rest), on a second thread, and merge each part (`merges`, one per task) on `dest` as
-    soon as it is committed; commit once all are. The copy's result and the rows the merges
-    inserted or changed."""
+    """Stream the batch out of `source` (in the batch's snapshot; the second thread has it
+    to itself until the copy ends) into the tasks' staging tables, `rows` rows each (the
+    last takes the rest), on a second thread, and merge each part (`merges`, one per task)
+    on `dest` as soon as it is committed; commit once all are. The copy's result and the
+    rows the merges inserted or changed."""
     landed: queue.Queue[int | None] = queue.Queue()
     stop = threading.Event()
 
     def relay() -> CopyResult:
         try:
-            return stream_in_parts(tasks, rows, landed.put, stop)
+            return stream_in_parts(source, tasks, rows, landed.put, stop)
         finally:
             landed.put(None)
 
