@@ -172,8 +172,7 @@ def staging_steps(built: TableSql, facts: DestinationFacts, parts: int = 1) -> l
     target = built.table.target
     return [
         *bookkeeping_steps(facts.missing, facts.bookkeeping),
-        _destination(ddl.drop_table(retired_table(target))),
-        *(_destination(ddl.drop_table(table)) for table in staging_tables(target)),
+        _destination(ddl.drop_tables([retired_table(target), *staging_tables(target)])),
         *(
             _destination(ddl.create_table(table, built.columns, unlogged=True))
             for table in staging_tables(target, parts)
@@ -291,9 +290,7 @@ def direct_batch(
 
 
 def drop_staging_steps(built: TableSql, parts: int = 1) -> list[Step]:
-    return [
-        _destination(ddl.drop_table(table)) for table in staging_tables(built.table.target, parts)
-    ]
+    return [_destination(ddl.drop_tables(staging_tables(built.table.target, parts)))]
 
 
 # ---------------------------------------------------------------- start without backfill
