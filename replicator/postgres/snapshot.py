@@ -68,6 +68,10 @@ class ExportedSnapshot:
         value: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
+        self._end()
+
+    def _end(self) -> None:
+        """The read ended, and its connection closed."""
         if self.conn is not None:
             try:
                 with contextlib.suppress(DatabaseError):  # a dead connection ends it anyway
@@ -91,12 +95,8 @@ class SessionSnapshot(ExportedSnapshot):
         self.conn = self.session
         return self
 
-    def __exit__(
-        self,
-        kind: type[BaseException] | None,
-        value: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def _end(self) -> None:
+        """The read ended; the session stays open for the run."""
         try:
             execute(self.session, "ROLLBACK")
         except DatabaseError:  # a session that cannot end its read is no use to the run
