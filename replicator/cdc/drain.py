@@ -29,7 +29,7 @@ import psycopg
 
 from ..base.errors import ReplicatorError
 from ..base.failpoints import failpoint, pause_point
-from ..postgres.database import connect, execute, note
+from ..postgres.database import connect_all, execute, note
 from .apply.applier import Applier, forget_drifted
 from .capture_table import CaptureTable
 from .read import Read, read_changes
@@ -72,9 +72,7 @@ def drain(
     position = start
     with (
         _imported_beside(upto - start >= BLOCK_WAL),
-        connect(source_url, "source") as source,
-        connect(dest_url, "destination") as staging,
-        connect(dest_url, "destination") as other_staging,
+        _connected(source_url, dest_url) as (source, staging, other_staging),
         ThreadPoolExecutor(1, thread_name_prefix="replicator-apply") as pool,
         ThreadPoolExecutor(1, thread_name_prefix="replicator-copy") as copier,
     ):
@@ -120,6 +118,17 @@ def drain(
         if table.takes_changes:
             table.position = max(table.position, position)
     return DrainResult(list(tables), start, position, read.batches)
+
+
+@contextlib.contextmanager
+def _connected(source_url: str, dest_url: str) -> Iterator[list[psycopg.Connection[Any]]]:
+    """The drain's source session and its two staging sessions, opened at once; closed
+    after the block."""
+    opened = connect_all((source_url, "source"), *[(dest_url, "destination")] * 2)
+    with contextlib.ExitStack() as stack:
+        for conn in opened:
+            stack.enter_context(conn)
+        yield opened
 
 
 @contextlib.contextmanager

@@ -145,25 +145,27 @@ def connect(
     return conn
 
 
-def connect_both(
-    source_url: str, dest_url: str
-) -> tuple[psycopg.Connection[Any], psycopg.Connection[Any]]:
-    """A run's two sessions, the destination's opened on a thread while this one opens the
-    source's: each mostly waits for its server to start a backend. An error of either is
-    raised (the source's first), and the other connection closed."""
-    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="replicator-connect") as pool:
-        opening = pool.submit(connect, dest_url, "destination")
+def connect_all(*targets: tuple[str, str]) -> list[psycopg.Connection[Any]]:
+    """A connection to each (url, role), in order, all opened at once: this thread opens the
+    first while threads open the rest (each mostly waits for its server to start a backend).
+    An error of any is raised (the first's first), and the others closed."""
+    (url, role), rest = targets[0], targets[1:]
+    with ThreadPoolExecutor(
+        max_workers=max(1, len(rest)), thread_name_prefix="replicator-connect"
+    ) as pool:
+        opening = [pool.submit(connect, *target) for target in rest]
+        opened: list[psycopg.Connection[Any]] = []
         try:
-            source = connect(source_url, "source")
+            opened.append(connect(url, role))
+            opened.extend(future.result() for future in opening)
         except BaseException:
-            with contextlib.suppress(BaseException):
-                opening.result().close()
+            for conn in opened:
+                conn.close()
+            for future in opening:
+                with contextlib.suppress(BaseException):
+                    future.result().close()
             raise
-        try:
-            return source, opening.result()
-        except BaseException:
-            source.close()
-            raise
+    return opened
 
 
 def idle(conn: psycopg.Connection[Any]) -> bool:

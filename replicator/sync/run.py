@@ -31,7 +31,7 @@ from ..cdc.source.unused_slot import unused_slot
 from ..plan.decide import Plan
 from ..plan.drift import plan_now, recheck
 from ..plan.read_ahead import read_ahead
-from ..postgres.database import Endpoints, connect, connect_both
+from ..postgres.database import Endpoints, connect, connect_all
 from ..postgres.ownership import adopt_legacy, bookkeeping_gone
 from ..postgres.table_lock import lock_connections, open_ahead, table_lock
 from ..project.config import TableConfig
@@ -182,7 +182,9 @@ def _sync_all(
     )
     try:
         with ExitStack() as opened:
-            source, dest = connect_both(connections.source, connections.destination)
+            source, dest = connect_all(
+                (connections.source, "source"), (connections.destination, "destination")
+            )
             opened.enter_context(source)
             opened.callback(run.keep_for_history, dest)
             ends = Endpoints(source, dest, connections.source, connections.destination)
