@@ -87,20 +87,19 @@ class SessionSnapshot(ExportedSnapshot):
     written from such a read)."""
 
     def __init__(self, conn: psycopg.Connection[Any]) -> None:
-        super().__init__("")
-        self.session = conn
+        super().__init__("")  # no URL: nothing is connected
+        self.conn = conn
 
     def __enter__(self) -> SessionSnapshot:
-        execute(self.session, SOURCE_BEGIN)
-        self.conn = self.session
+        execute(self.conn, SOURCE_BEGIN)
         return self
 
     def _end(self) -> None:
         """The read ended; the session stays open for the run."""
         try:
-            execute(self.session, "ROLLBACK")
+            execute(self.conn, "ROLLBACK")
         except DatabaseError:  # a session that cannot end its read is no use to the run
-            self.session.close()
+            self.conn.close()
 
 
 class ImportedSnapshot(ExportedSnapshot):

@@ -322,7 +322,8 @@ def _read_batch(
     resync: KeyBounds | None,
 ) -> BatchRead:
     """Copy the batch into staging inside one exported snapshot; compute the new cursor."""
-    staging, target = staging_table(built.table.target), built.table.target
+    target = built.table.target
+    staging = staging_table(target)
     in_parts = batch.parts > 1  # read by this process alone, on the run's session
     with SessionSnapshot(ends.source) if in_parts else ExportedSnapshot(ends.source_url) as snap:
         assert snap.conn is not None
