@@ -232,6 +232,15 @@ def test_the_helper_forks_from_a_single_thread(helper):
     assert os.listdir(f"/proc/{pid}/task") == [str(pid)]
 
 
+def test_the_helper_holds_what_its_commands_load_before_any_runs(helper):
+    """Its children fork with libpq (psycopg), pydantic's core and numpy (the log drain's
+    rows) mapped already: a helper that loads only the CLI leaves each command to load them
+    again, the very start it is there to save."""
+    maps = Path(f"/proc/{helper.status()['pid']}/maps").read_text()
+    for library in ("/libpq", "/_pydantic_core", "/_multiarray_umath"):
+        assert library in maps, f"{library} is not loaded in the helper"
+
+
 def test_the_helper_stops_once_its_code_changed(copy_helper):
     """A module's file changed under the helper (an upgrade, an edit): the next command runs
     in its own process, with the new code, and the helper stops."""

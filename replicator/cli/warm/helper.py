@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import importlib
 import io
 import os
 import resource
@@ -27,10 +28,14 @@ import socket
 import sys
 import time
 import traceback
+from itertools import chain
 from typing import Any
 
 from .wire import PACKAGE_DIR, RELAYED, connect, installation, receive_request, send_line
 
+# Beside what `replicator` loads for its most-run commands (cli/entry.py): the log drain's,
+# which a cdc table's `sync` loads only once it drains, and its row blocks (numpy).
+DRAIN_MODULES = ("replicator.sync.cdc.cdc_run", "replicator.cdc.rows.binary_block")
 READ_SECONDS = 5.0  # a client sends its request at once; a stuck one must not stall others
 
 
@@ -356,7 +361,11 @@ def main(path: str) -> None:
     os.environ["OPENBLAS_NUM_THREADS"] = "1"
     gc.disable()
     try:
+        from ..entry import COMMAND_MODULES
         from ..main import main as run
+
+        for module in (*chain(*COMMAND_MODULES.values()), *DRAIN_MODULES):
+            importlib.import_module(module)
     finally:
         gc.freeze()
         gc.enable()
