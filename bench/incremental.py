@@ -44,13 +44,24 @@ CREATE TABLE bench_orders (
   id bigint PRIMARY KEY, customer_id int NOT NULL, note text, amount numeric(12,2),
   payload jsonb, updated_at timestamptz NOT NULL)
 """
+# A second of updated_at per row, the newest a day before the build: every later change
+# (clock_timestamp()) is newer than any row, at any size. (It ended 60 days after the
+# first row, which put 20M rows' cursor 171 days ahead of every change.)
 FILL = """
 INSERT INTO bench_orders
 SELECT g, g %% 100000, 'order note ' || md5(g::text) || md5((g + 1)::text),
        (g %% 100000) / 100.0, jsonb_build_object('id', g, 'ok', g %% 2 = 0),
-       now() - interval '60 days' + g * interval '1 second'
-FROM generate_series(%s, %s) g
+       now() - interval '1 day' - (%(rows)s - g) * interval '1 second'
+FROM generate_series(%(low)s, %(high)s) g
 """
+
+
+def fill(conn: psycopg.Connection, rows: int) -> None:
+    """`rows` rows into an empty bench_orders, a million a statement."""
+    for low in range(1, rows + 1, 1_000_000):
+        conn.execute(FILL, {"rows": rows, "low": low, "high": min(rows, low + 999_999)})
+
+
 CHANGE = (
     "UPDATE bench_orders SET amount = amount + 1, updated_at = clock_timestamp() "
     "WHERE id %% 100 = %s"
@@ -70,8 +81,7 @@ WARM = "replicator sync (1% changed, the warm Spark server up)"
 def build(source_url: str, dest_url: str, rows: int) -> None:
     with psycopg.connect(source_url, autocommit=True) as conn:
         conn.execute(DDL)
-        for low in range(1, rows + 1, 1_000_000):
-            conn.execute(FILL, (low, min(rows, low + 999_999)))
+        fill(conn, rows)
         conn.execute("CREATE INDEX ON bench_orders (updated_at)")
         conn.execute("VACUUM ANALYZE bench_orders")
     with psycopg.connect(dest_url, autocommit=True) as conn:

@@ -85,7 +85,7 @@ import cdc
 import verify
 from follow_tick import FollowFailed, FollowProcess
 from full_load import fresh_destination
-from incremental import DDL, FILL, MERGE
+from incremental import DDL, MERGE, fill
 
 from replicator.postgres.pgcluster import PgCluster, find_pg_bin
 
@@ -445,8 +445,7 @@ def peer_tool(bench: Bench, name: str, label: str) -> Tool:
 def build_source(url: str, rows: int) -> None:
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute(DDL)
-        for low in range(1, rows + 1, 1_000_000):
-            conn.execute(FILL, (low, min(rows, low + 999_999)))
+        fill(conn, rows)
         conn.execute("CREATE INDEX ON bench_orders (updated_at)")
         conn.execute("VACUUM ANALYZE bench_orders")
 

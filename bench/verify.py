@@ -30,7 +30,7 @@ import psycopg
 from procwatch import Measured, run_measured
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from incremental import DDL, FILL
+from incremental import DDL, fill
 
 from replicator.postgres.pgcluster import PgCluster, find_pg_bin
 
@@ -41,8 +41,7 @@ HASH_KEYS = "SELECT md5(string_agg(md5(id::text), '' ORDER BY id)) FROM bench_or
 def build(source_url: str, rows: int) -> None:
     with psycopg.connect(source_url, autocommit=True) as conn:
         conn.execute(DDL)
-        for low in range(1, rows + 1, 1_000_000):
-            conn.execute(FILL, (low, min(rows, low + 999_999)))
+        fill(conn, rows)
         conn.execute("VACUUM ANALYZE bench_orders")
 
 
