@@ -132,6 +132,7 @@ class Tool:
     status: str = ""  # empty: it ran; else "failed: ...", "not installed: ...", "skipped"
     notes: list[str] = field(default_factory=list)
     extra: dict[str, list[float]] = field(default_factory=dict)
+    peaks: list[float] = field(default_factory=list)  # MB, each run's process tree at its peak
 
     @property
     def usable(self) -> bool:
@@ -245,6 +246,7 @@ class Bench:
         self.helper_cache = base / "helper-cache"  # the warm helper's socket: only there
         self.counter = 0
         self.worker_started = 0.0
+        self.peak_mb = 0.0  # the largest process tree of the commands timed since attempt reset it
 
     def launcher_rested(self, url: str) -> None:
         """Wait out the logical replication launcher's throttle: it starts a worker at most
@@ -287,6 +289,7 @@ class Bench:
         if measured.returncode != ok:
             tail = log.read_text(errors="replace").strip().splitlines()[-6:]
             raise ToolFailed(f"exit {measured.returncode}: " + " | ".join(tail))
+        self.peak_mb = max(self.peak_mb, measured.peak_rss_mb)
         return measured.seconds
 
     def replicator_env(self, source_url: str, dest_url: str, cache: Path | None = None) -> dict:
@@ -394,10 +397,13 @@ def wait_until(url: str, query: str, what: str, params: tuple = (), timeout: flo
             time.sleep(0.05)
 
 
-def attempt(tool: Tool, run: Callable[[], tuple[float, bool]]) -> None:
-    """One timed run of a tool and whether its result was right; a failure marks it failed."""
+def attempt(bench: Bench, tool: Tool, run: Callable[[], tuple[float, bool]]) -> None:
+    """One timed run of a tool and whether its result was right; a failure marks it failed.
+    Its peak RSS is that of the commands it ran (none for a server's own work; for a run
+    through the warm helper, whose command runs in the helper's child, none either)."""
     if not tool.usable:
         return
+    bench.peak_mb = 0.0
     try:
         seconds, exact = run()
     except (ToolFailed, psycopg.Error, OSError, ValueError, KeyError) as exc:
@@ -406,7 +412,11 @@ def attempt(tool: Tool, run: Callable[[], tuple[float, bool]]) -> None:
         return
     tool.runs.append(seconds)
     tool.exact = tool.exact and exact
-    print(f"  {tool.name}: {seconds:.2f} s{'' if exact else ', NOT EXACT'}", flush=True)
+    extras = "".join(f" ({name} {runs[-1]:.2f} s)" for name, runs in tool.extra.items())
+    if bench.peak_mb and HELPER_NOTE not in tool.name:
+        tool.peaks.append(bench.peak_mb)
+        extras += f" (peak RSS {bench.peak_mb:,.0f} MB)"
+    print(f"  {tool.name}: {seconds:.2f} s{extras}{'' if exact else ', NOT EXACT'}", flush=True)
 
 
 def copying(
@@ -552,7 +562,7 @@ def full_load(bench: Bench) -> list[Tool]:
         print(f"full load, round {round_no + 1}", flush=True)
         for tool, run, url in runs:
             bench.settled()
-            attempt(tool, copying(run, url, source_print))
+            attempt(bench, tool, copying(run, url, source_print))
             if url != dst_url:  # a copy that stays: vacuumed now, not by autovacuum in a turn
                 vacuumed(url)
             if tool.usable and "no primary key" not in tool.notes and not has_primary_key(url):
@@ -592,7 +602,7 @@ def verify_workload(bench: Bench) -> list[Tool]:
         ]
         for tool, run in _turn(runs, round_no):
             bench.settled()
-            attempt(tool, run)
+            attempt(bench, tool, run)
         bench.timed(f"{bench.cli} verify --repair -q {where}", env)
         if fingerprint(copy_url) != fingerprint(src_url):
             raise ToolFailed("the copy differs from the source after verify --repair")
@@ -713,7 +723,7 @@ def _incremental_rounds(bench: Bench, steps: dict, urls: dict[str, str]) -> None
         ]
         for tool, run in _turn(runs, round_no):
             bench.settled()
-            attempt(tool, run)
+            attempt(bench, tool, run)
 
 
 def _follow_run(follower: FollowProcess) -> float:
@@ -817,7 +827,7 @@ def _cdc_timed(bench: Bench, cdc_round: CdcRound, round_no: int, tools: list[Too
     ]
     for tool, run in _turn(runs, round_no):
         bench.settled()
-        attempt(tool, run)
+        attempt(bench, tool, run)
 
 
 def _cdc_env(bench: Bench, cdc_round: CdcRound, helped: bool = False) -> dict:
@@ -924,6 +934,8 @@ def report(title: str, tools: list[Tool]) -> None:
 def _cells(tool: Tool, fastest: float | None) -> list[str]:
     notes = list(tool.notes)
     notes += [f"{k}: {', '.join(f'{s:.2f}' for s in v)} s" for k, v in tool.extra.items()]
+    if tool.peaks:
+        notes.append(f"peak RSS {', '.join(f'{mb:,.0f}' for mb in tool.peaks)} MB")
     if not tool.runs:
         return [tool.name, "-", "-", "-", tool.status or "no run", "; ".join(notes)]
     median = statistics.median(tool.runs)
